@@ -1,0 +1,30 @@
+# Fresh-machine entry points. `make test` and `make demo` create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+# Any torch >= 2.6 works; this pin installs the CPU build shipped on the development machines.
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: install test demo lint bench
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -e ".[dev]"
+	touch $@
+
+test: install
+	$(BIN)/python -m pytest
+
+demo: install
+	$(BIN)/python tutorials/01_train_bae_live.py
+
+lint: install
+	$(BIN)/ruff check sae_lens_bae tests benchmarks tutorials
+	$(BIN)/ruff format --check sae_lens_bae tests benchmarks tutorials
+
+bench: install
+	$(BIN)/python benchmarks/train_step.py

@@ -1,0 +1,194 @@
+"""Speed of a BAE training step against SAELens' `standard` and `topk`, and the memory of the
+tiled covariance penalty against the dense one.
+
+    python benchmarks/train_step.py                       # CPU defaults, prints a markdown report
+    python benchmarks/train_step.py --device cuda --d-in 2048 --out bench.json
+
+Every figure is measured in this process (or, for peak memory, in a fresh child process per
+measurement) and reported as a ratio to a baseline measured the same way. Timings are medians over
+``--steps`` full training steps (forward, backward, clipping, Adam) through ``SAETrainer.step``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from sae_lens.config import SAETrainerConfig
+from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
+from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
+from sae_lens.training.sae_trainer import SAETrainer
+
+from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.losses import covariance_penalty, dense_covariance_penalty
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_training_step(sae: Any, batch: torch.Tensor, steps: int, warmup: int = 3) -> float:
+    """Median seconds per SAELens training step (SAETrainer.step) on one fixed batch."""
+    trainer = SAETrainer(
+        cfg=SAETrainerConfig(
+            total_training_samples=batch.shape[0] * (steps + warmup),
+            train_batch_size_samples=batch.shape[0],
+            lr=5e-4,
+            lr_end=5e-4,
+            device=str(batch.device),
+        ),
+        sae=sae,
+        data_provider=iter(()),
+    )
+    times = []
+    for i in range(warmup + steps):
+        _sync(str(batch.device))
+        start = time.perf_counter()
+        trainer.step(batch)
+        _sync(str(batch.device))
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def step_timings(d_in: int, d_sae: int, batch_size: int, steps: int, device: str) -> dict:
+    torch.manual_seed(0)
+    batch = torch.randn(batch_size, d_in, device=device)
+    models = {
+        "standard": StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae)),
+        "topk": TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=32)),
+        "bae": BAETrainingSAE(BAETrainingSAEConfig(d_in=d_in, d_sae=d_sae, entropy_off_steps=0)),
+        "bae_no_covariance": BAETrainingSAE(
+            BAETrainingSAEConfig(
+                d_in=d_in, d_sae=d_sae, entropy_off_steps=0, covariance_coefficient=0.0
+            )
+        ),
+    }
+    seconds = {}
+    for name, sae in models.items():
+        seconds[name] = time_training_step(sae.to(device), batch, steps)
+        print(f"  {name:18s} {seconds[name] * 1e3:9.2f} ms/step", flush=True)
+    return {
+        "seconds_per_step": seconds,
+        "bae_over_standard": seconds["bae"] / seconds["standard"],
+        "bae_over_topk": seconds["bae"] / seconds["topk"],
+        "bae_without_covariance_over_standard": seconds["bae_no_covariance"] / seconds["standard"],
+    }
+
+
+def _probe(n: int, batch: int, kind: str, device: str) -> float:
+    """Extra peak memory (MiB) of one forward + backward of the penalty, measured in this fresh
+    process: peak RSS over the RSS after the inputs exist (CPU) or CUDA's peak allocation."""
+    torch.manual_seed(0)
+    codes = (torch.rand(batch, n, device=device) < 0.05).float().requires_grad_()
+    fn = covariance_penalty if kind == "tiled" else dense_covariance_penalty
+    fn(torch.ones(2, 2, device=device)).item()  # library warm-up belongs to the baseline
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn(codes).backward()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    with open("/proc/self/statm") as f:
+        base_mib = int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    fn(codes).backward()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base_mib
+
+
+def measure_peak_memory_mib(n: int, batch: int, kind: str, device: str = "cpu") -> float:
+    """Run :func:`_probe` in a child process so each measurement starts from a clean peak."""
+    result = subprocess.run(
+        [sys.executable, __file__, "--probe", str(n), str(batch), kind, device],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def covariance_memory(sizes: list[int], batch: int, device: str, budget_gib: float) -> list[dict]:
+    rows = []
+    for n in sizes:
+        # torch.cov keeps ~4 n x n fp32 matrices alive (cov, abs, grad, sign) at its peak
+        dense_estimate_gib = 4 * n * n * 4 / 2**30
+        row: dict[str, Any] = {"d_sae": n, "batch": batch}
+        start = time.perf_counter()
+        row["tiled_peak_mib"] = measure_peak_memory_mib(n, batch, "tiled", device)
+        row["tiled_seconds"] = time.perf_counter() - start
+        if dense_estimate_gib <= budget_gib:
+            row["dense_peak_mib"] = measure_peak_memory_mib(n, batch, "dense", device)
+            row["tiled_over_dense"] = row["tiled_peak_mib"] / row["dense_peak_mib"]
+        else:
+            row["dense_peak_mib"] = None
+            row["dense_note"] = f"not run: needs about {dense_estimate_gib:.0f} GiB"
+        print(f"  d_sae={n}: {row}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d-in", type=int, default=576, help="576 = SmolLM2-135M's d_model")
+    parser.add_argument("--expansion", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--memory-sizes", default="4096,16384,65536")
+    parser.add_argument("--dense-budget-gib", type=float, default=8.0)
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--probe", nargs=4, metavar=("N", "BATCH", "KIND", "DEVICE"))
+    args = parser.parse_args()
+    if args.probe:
+        n, batch, kind, device = args.probe
+        print(_probe(int(n), int(batch), kind, device))
+        return
+
+    d_sae = args.expansion * args.d_in
+    info = {
+        "device": args.device,
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    if args.device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name()
+    print(f"Training step, d_in={args.d_in} d_sae={d_sae} batch={args.batch} on {info}")
+    timings = step_timings(args.d_in, d_sae, args.batch, args.steps, args.device)
+    print("Covariance penalty peak memory (forward + backward), batch", args.batch)
+    sizes = [int(s) for s in args.memory_sizes.split(",") if s]
+    memory = covariance_memory(sizes, args.batch, args.device, args.dense_budget_gib)
+
+    print("\n| model | ms/step | ratio to standard | ratio to topk |\n|---|---|---|---|")
+    for name, sec in timings["seconds_per_step"].items():
+        std, topk = timings["seconds_per_step"]["standard"], timings["seconds_per_step"]["topk"]
+        print(f"| {name} | {sec * 1e3:.2f} | {sec / std:.2f} | {sec / topk:.2f} |")
+    print("\n| d_sae | tiled peak MiB | dense peak MiB | tiled / dense | tiled s |")
+    print("|---|---|---|---|---|")
+    for row in memory:
+        dense = row["dense_peak_mib"]
+        dense_s = f"{dense:.0f}" if dense is not None else row["dense_note"]
+        ratio = f"{row['tiled_over_dense']:.3f}" if dense is not None else "-"
+        print(
+            f"| {row['d_sae']} | {row['tiled_peak_mib']:.0f} | {dense_s} | {ratio} "
+            f"| {row['tiled_seconds']:.1f} |"
+        )
+    if args.out:
+        args.out.write_text(
+            json.dumps({"info": info, "timings": timings, "memory": memory}, indent=2)
+        )
+        print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""sae-lens-bae: the Binary Autoencoder (BAE) for SAELens and TransformerLens.
+
+Importing the package registers the ``"bae"`` architecture (inference and training classes) with
+SAELens, so ``SAE.load_from_disk``, ``LanguageModelSAETrainingRunner`` and
+``MultiSAETrainingRunner`` accept BAEs like any built-in architecture.
+"""
+
+from sae_lens_bae.losses import covariance_penalty, minibatch_entropy, reconstruction_loss
+from sae_lens_bae.registry import register_all as _register_all
+from sae_lens_bae.saes.bae import (
+    BAE,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_LR,
+    BAEConfig,
+    BAETrainingSAE,
+    BAETrainingSAEConfig,
+    bits_to_values,
+)
+from sae_lens_bae.training import activation_batches, fill_training_schedule, train_bae
+
+_register_all()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BAE",
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_LR",
+    "BAEConfig",
+    "BAETrainingSAE",
+    "BAETrainingSAEConfig",
+    "activation_batches",
+    "bits_to_values",
+    "covariance_penalty",
+    "fill_training_schedule",
+    "minibatch_entropy",
+    "reconstruction_loss",
+    "train_bae",
+]

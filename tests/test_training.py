@@ -1,0 +1,208 @@
+import json
+
+import pytest
+import torch
+from sae_lens import SAE, LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner
+from sae_lens.config import SAETrainerConfig
+from sae_lens.multi_sae_training_runner import (
+    MultiSAETrainingRunner,
+    MultiSAETrainingRunnerConfig,
+)
+from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
+from sae_lens.training.sae_trainer import SAETrainer
+
+from sae_lens_bae import (
+    BAE,
+    BAETrainingSAE,
+    BAETrainingSAEConfig,
+    activation_batches,
+    fill_training_schedule,
+    train_bae,
+)
+from sae_lens_bae.losses import reconstruction_loss
+
+HOOK = "blocks.1.hook_resid_post"
+
+
+def low_rank_data(n=4096, d=16, rank=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    basis = torch.linalg.qr(torch.randn(d, rank, generator=g))[0].T
+    coefficients = torch.randint(0, 2, (n, rank), generator=g).float()
+    return coefficients @ basis
+
+
+def held_out_loss(sae, x):
+    with torch.no_grad():
+        return reconstruction_loss(sae(x), x).item()
+
+
+def test_activation_batches_cover_every_sample_each_epoch():
+    x = torch.arange(10).float().unsqueeze(1)
+    batches = activation_batches(x, batch_size=5, seed=1)
+    epoch = torch.cat([next(batches), next(batches)]).squeeze(1)
+    assert sorted(epoch.tolist()) == list(range(10))
+    with pytest.raises(ValueError, match="at least batch_size"):
+        next(activation_batches(x, batch_size=11))
+
+
+def test_sae_trainer_over_plain_iterator_learns():
+    x = low_rank_data()
+    cfg = BAETrainingSAEConfig(d_in=16, d_sae=32, entropy_off_steps=50)
+    torch.manual_seed(0)
+    sae = BAETrainingSAE(cfg)
+    before = held_out_loss(sae, x[:512])
+    trainer = SAETrainer(
+        cfg=SAETrainerConfig(
+            total_training_samples=200 * 256, train_batch_size_samples=256, lr=2e-3, lr_end=2e-3
+        ),
+        sae=sae,
+        data_provider=activation_batches(x, 256),  # any iterator of tensors
+    )
+    trainer.fit()
+    assert trainer.n_training_steps == 200
+    after = held_out_loss(sae, x[:512])
+    assert after < 0.25 * before, (before, after)
+
+
+def test_train_bae_helper_fills_schedule_and_learns():
+    x = low_rank_data(seed=1)
+    sae = train_bae(x, BAETrainingSAEConfig(d_in=16, d_sae=32), epochs=25, batch_size=256, lr=2e-3)
+    assert sae.cfg.total_training_steps == 25 * 4096 // 256
+    assert sae.cfg.resolved_entropy_off_steps() == 100
+    assert held_out_loss(sae, x[:512]) < 0.25 * x[:512].pow(2).mean().item()
+    assert sae.code_mean_count.item() == 400
+
+
+def test_train_bae_rejects_missing_length():
+    with pytest.raises(ValueError, match="how long"):
+        train_bae(torch.randn(600, 4))
+
+
+def _count_hook_calls(model, hook_name, run):
+    """Run ``run()`` while counting calls of one hook point: (result, count)."""
+    calls = []
+    model.hook_dict[hook_name].add_hook(lambda *_args, **_kwargs: calls.append(1))
+    try:
+        return run(), len(calls)
+    finally:
+        model.reset_hooks(including_permanent=True)
+
+
+def test_language_model_runner_trains_from_live_hooks(
+    tiny_llama, token_dataset, runner_kwargs, tmp_path
+):
+    cfg = LanguageModelSAERunnerConfig(
+        sae=BAETrainingSAEConfig(d_in=32),
+        hook_name=HOOK,
+        is_dataset_tokenized=True,
+        lr=5e-4,
+        output_path=str(tmp_path),
+        **runner_kwargs(batch=256, steps=12),
+    )
+    fill_training_schedule(cfg)
+    assert cfg.sae.total_training_steps == 12
+    sae, hook_calls = _count_hook_calls(
+        tiny_llama,
+        HOOK,
+        lambda: LanguageModelSAETrainingRunner(
+            cfg, override_dataset=token_dataset, override_model=tiny_llama
+        ).run(),
+    )
+    assert isinstance(sae, BAETrainingSAE)
+    assert hook_calls > 0, "activations must come from the live hook"
+    loaded = SAE.load_from_disk(tmp_path)
+    assert isinstance(loaded, BAE)
+    assert loaded.cfg.metadata.hook_name == HOOK
+    _, cache = tiny_llama.run_with_cache(torch.as_tensor(token_dataset[:4]["input_ids"]))
+    acts = cache[HOOK]
+    assert torch.equal(loaded.encode(acts), sae.encode(acts))
+    runner_cfg = json.loads((tmp_path / "runner_cfg.json").read_text())
+    assert runner_cfg["sae"]["architecture"] == "bae"
+
+
+def test_multi_runner_trains_bae_and_topk_from_same_forward(
+    tiny_llama, token_dataset, runner_kwargs, tmp_path
+):
+    def multi_cfg(saes, out):
+        cfg = MultiSAETrainingRunnerConfig(
+            saes=saes,
+            hook_names=HOOK,
+            output_path=str(out),
+            lr=5e-4,
+            **runner_kwargs(batch=256, steps=10),
+        )
+        return fill_training_schedule(cfg)
+
+    both = multi_cfg(
+        {
+            "bae": BAETrainingSAEConfig(d_in=32),
+            "topk": TopKTrainingSAEConfig(d_in=32, d_sae=128, k=8),
+        },
+        tmp_path,
+    )
+    saes, passes_both = _count_hook_calls(
+        tiny_llama,
+        "hook_embed",
+        lambda: MultiSAETrainingRunner(
+            both, override_dataset=token_dataset, override_model=tiny_llama
+        ).run(),
+    )
+    assert isinstance(saes["bae"], BAETrainingSAE)
+    assert saes["bae"].cfg.total_training_steps == 10
+    assert saes["topk"].cfg.architecture() == "topk"
+    assert isinstance(SAE.load_from_disk(tmp_path / "bae"), BAE)
+    assert SAE.load_from_disk(tmp_path / "topk").cfg.architecture() == "topk"
+
+    alone = multi_cfg({"bae": BAETrainingSAEConfig(d_in=32)}, tmp_path / "alone")
+    _, passes_alone = _count_hook_calls(
+        tiny_llama,
+        "hook_embed",
+        lambda: MultiSAETrainingRunner(
+            alone, override_dataset=token_dataset, override_model=tiny_llama
+        ).run(),
+    )
+    assert passes_both == passes_alone > 0  # both SAEs trained from the same LLM passes
+
+
+def _trainer(sae, total_steps, checkpoint_path=None, data=None):
+    return SAETrainer(
+        cfg=SAETrainerConfig(
+            total_training_samples=total_steps * 128,
+            train_batch_size_samples=128,
+            lr=1e-3,
+            lr_end=1e-3,
+            checkpoint_path=checkpoint_path,
+            save_final_checkpoint=checkpoint_path is not None,
+        ),
+        sae=sae,
+        data_provider=data,
+    )
+
+
+def test_checkpoint_resume_equals_uninterrupted_training(tmp_path):
+    x = low_rank_data(n=2048, seed=2)
+    cfg = BAETrainingSAEConfig(d_in=16, d_sae=32, entropy_off_steps=10)
+
+    def fresh():
+        torch.manual_seed(0)
+        return BAETrainingSAE(cfg)
+
+    full = fresh()
+    _trainer(full, 40, data=activation_batches(x, 128, seed=3)).fit()
+    assert not torch.allclose(full.W_enc, fresh().W_enc)  # training moved the weights
+
+    first = fresh()
+    data = activation_batches(x, 128, seed=3)
+    _trainer(first, 20, checkpoint_path=str(tmp_path), data=data).fit()
+    checkpoint = tmp_path / f"final_{20 * 128}"
+    assert (checkpoint / "trainer_state.pt").exists()
+
+    resumed = fresh()
+    trainer = _trainer(resumed, 40, data=data)  # the data stream continues where it stopped
+    trainer.load_trainer_state(checkpoint)
+    resumed.load_weights_from_checkpoint(checkpoint)
+    assert trainer.n_training_steps == 20
+    trainer.fit()
+    assert trainer.n_training_steps == 40
+    for name, value in full.state_dict().items():
+        assert torch.allclose(resumed.state_dict()[name], value, atol=1e-6), name
