@@ -123,7 +123,7 @@ def test_language_model_runner_trains_from_live_hooks(
 def test_multi_runner_trains_bae_and_topk_from_same_forward(
     tiny_llama, token_dataset, runner_kwargs, tmp_path
 ):
-    def multi_cfg(saes, out):
+    def run_multi(saes, out):
         cfg = MultiSAETrainingRunnerConfig(
             saes=saes,
             hook_names=HOOK,
@@ -131,21 +131,18 @@ def test_multi_runner_trains_bae_and_topk_from_same_forward(
             lr=5e-4,
             **runner_kwargs(batch=256, steps=10),
         )
-        return fill_training_schedule(cfg)
+        fill_training_schedule(cfg)
+        runner = MultiSAETrainingRunner(
+            cfg, override_dataset=token_dataset, override_model=tiny_llama
+        )
+        return _count_hook_calls(tiny_llama, "hook_embed", runner.run)
 
-    both = multi_cfg(
+    saes, passes_both = run_multi(
         {
             "bae": BAETrainingSAEConfig(d_in=32),
             "topk": TopKTrainingSAEConfig(d_in=32, d_sae=128, k=8),
         },
         tmp_path,
-    )
-    saes, passes_both = _count_hook_calls(
-        tiny_llama,
-        "hook_embed",
-        lambda: MultiSAETrainingRunner(
-            both, override_dataset=token_dataset, override_model=tiny_llama
-        ).run(),
     )
     assert isinstance(saes["bae"], BAETrainingSAE)
     assert saes["bae"].cfg.total_training_steps == 10
@@ -153,14 +150,7 @@ def test_multi_runner_trains_bae_and_topk_from_same_forward(
     assert isinstance(SAE.load_from_disk(tmp_path / "bae"), BAE)
     assert SAE.load_from_disk(tmp_path / "topk").cfg.architecture() == "topk"
 
-    alone = multi_cfg({"bae": BAETrainingSAEConfig(d_in=32)}, tmp_path / "alone")
-    _, passes_alone = _count_hook_calls(
-        tiny_llama,
-        "hook_embed",
-        lambda: MultiSAETrainingRunner(
-            alone, override_dataset=token_dataset, override_model=tiny_llama
-        ).run(),
-    )
+    _, passes_alone = run_multi({"bae": BAETrainingSAEConfig(d_in=32)}, tmp_path / "alone")
     assert passes_both == passes_alone > 0  # both SAEs trained from the same LLM passes
 
 

@@ -331,15 +331,28 @@ def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
 
 
 class _BAEMixin:
-    """Encoding, validation and folding shared by the inference and the training BAE."""
+    """Weights, encoding, decoding, validation and folding shared by the inference and the
+    training BAE (listed first in their bases, so ``super()`` reaches SAELens' classes)."""
 
     cfg: BAEConfig | BAETrainingSAEConfig
     W_enc: nn.Parameter
     b_enc: nn.Parameter | None
     code_mean: Tensor
     code_mean_count: Tensor
+    W_dec: nn.Parameter
+    b_dec: nn.Parameter
     hook_sae_acts_pre: Callable[[Tensor], Tensor]
     hook_sae_acts_post: Callable[[Tensor], Tensor]
+    hook_sae_recons: Callable[[Tensor], Tensor]
+    run_time_activation_norm_fn_out: Callable[[Tensor], Tensor]
+
+    def initialize_weights(self) -> None:
+        super().initialize_weights()  # type: ignore[misc]  # SAE's or TrainingSAE's
+        _init_bae_parameters(self)  # type: ignore[arg-type]
+
+    def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
+        sae_out = self.hook_sae_recons(feature_acts @ self.W_dec + self.b_dec)
+        return self.run_time_activation_norm_fn_out(sae_out)
 
     def _check_input(self, x: Tensor) -> None:
         if x.shape[-1] != self.cfg.d_in:
@@ -402,11 +415,6 @@ class _BAEMixin:
         return out
 
 
-def _decode(sae: SAE[Any], feature_acts: Tensor) -> Tensor:
-    sae_out_pre = sae.hook_sae_recons(feature_acts @ sae.W_dec + sae.b_dec)
-    return sae.run_time_activation_norm_fn_out(sae_out_pre)
-
-
 # ----------------------------------------------------------------------------- inference
 
 
@@ -417,18 +425,9 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
     b_enc: nn.Parameter | None
 
     @override
-    def initialize_weights(self) -> None:
-        super().initialize_weights()
-        _init_bae_parameters(self)
-
-    @override
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
         bits = step(self.hidden_pre(x))
         return self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits))
-
-    @override
-    def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
-        return _decode(self, feature_acts)
 
     @classmethod
     def load_from_disk(  # type: ignore[override]
@@ -457,11 +456,6 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     b_enc: nn.Parameter | None
 
     @override
-    def initialize_weights(self) -> None:
-        super().initialize_weights()
-        _init_bae_parameters(self)
-
-    @override
     def get_coefficients(self) -> dict[str, float | TrainCoefficientConfig]:
         return {
             "entropy": self.cfg.entropy_coefficient,
@@ -477,10 +471,6 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     def encode_with_hidden_pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
         bits, pre = self.encode_bits_with_grad(x)
         return self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits)), pre
-
-    @override
-    def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
-        return _decode(self, feature_acts)
 
     @override
     def calculate_aux_loss(
