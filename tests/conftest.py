@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from datasets import Dataset
@@ -64,3 +66,48 @@ def runner_kwargs():
     """Builds LanguageModelSAERunnerConfig / MultiSAETrainingRunnerConfig fields for tiny offline
     runs: ``runner_kwargs(batch=256, steps=20)``."""
     return _runner_kwargs
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_llama_dir(tmp_path_factory) -> Path:
+    """A randomly initialised Llama checkpoint in Hugging Face format with a word-level tokenizer,
+    written the way a user's local model directory looks (config, safetensors, tokenizer)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny_hf_llama")
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 100)}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    tokenizer.save_pretrained(path)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=128,
+        rope_theta=5000.0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """A text file of 'sentences' in the tiny tokenizer's vocabulary."""
+    generator = torch.Generator().manual_seed(1)
+    lines = [
+        " ".join(f"w{int(i)}" for i in torch.randint(3, 100, (int(n),), generator=generator))
+        for n in torch.randint(5, 40, (400,), generator=generator)
+    ]
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,137 @@
+import json
+
+import pytest
+import torch
+from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner
+
+from sae_lens_bae import BAETrainingSAEConfig, fill_training_schedule
+from sae_lens_bae.activations import ActivationCache, drop_outliers, harvest_activations
+from sae_lens_bae.entropy import estimate_entropy
+from sae_lens_bae.evaluation import evaluate_sae
+from sae_lens_bae.training import train_sae
+
+HOOKS = ["blocks.0.hook_resid_post", "blocks.1.hook_mlp_out"]
+
+
+@pytest.fixture
+def tokens(token_dataset):
+    return torch.as_tensor(token_dataset["input_ids"][:40])
+
+
+def test_harvest_round_trip_matches_run_with_cache(tiny_llama, tokens, tmp_path):
+    cache = harvest_activations(
+        tiny_llama, tokens, HOOKS, tmp_path, batch_size=7, shard_sequences=16, dtype="float32"
+    )
+    assert cache.meta["n_shards"] == 3 and cache.meta["complete"]
+    loaded = ActivationCache.load(tmp_path)
+    assert torch.equal(loaded.tokens(), tokens)
+    _, reference = tiny_llama.run_with_cache(tokens, names_filter=HOOKS)
+    for hook in HOOKS:
+        expected = reference[hook][:, 1:].reshape(-1, reference[hook].shape[-1])  # BOS dropped
+        assert torch.allclose(loaded.activations(hook), expected, atol=1e-5)
+    positions = loaded.token_positions()
+    assert positions.shape == (40 * 31, 2)
+    assert positions[0].tolist() == [0, 1] and positions[31].tolist() == [1, 1]
+    half = loaded.activations(HOOKS[0], sequences=slice(0, 20))
+    assert half.shape[0] == 20 * 31
+
+
+def test_fp16_storage_and_resume_after_interruption(tiny_llama, tokens, tmp_path):
+    full = harvest_activations(tiny_llama, tokens, HOOKS[:1], tmp_path / "a", shard_sequences=16)
+    meta_path = tmp_path / "a" / "activations.json"
+    meta = json.loads(meta_path.read_text())
+    meta.update(n_shards_done=1, complete=False)  # as if it stopped after the first shard
+    meta_path.write_text(json.dumps(meta))
+    (tmp_path / "a" / "shard_00002.safetensors").unlink()
+    with pytest.raises(ValueError, match="did not finish"):
+        ActivationCache.load(tmp_path / "a")
+    first_shard = (tmp_path / "a" / "shard_00000.safetensors").stat().st_mtime_ns
+    resumed = harvest_activations(tiny_llama, tokens, HOOKS[:1], tmp_path / "a", shard_sequences=16)
+    assert (tmp_path / "a" / "shard_00000.safetensors").stat().st_mtime_ns == first_shard
+    assert torch.equal(resumed.activations(HOOKS[0]), full.activations(HOOKS[0]))
+    assert full.activations(HOOKS[0], dtype=torch.float16).dtype == torch.float16
+
+
+def test_unknown_hook_name(tiny_llama, tokens, tmp_path):
+    with pytest.raises(ValueError, match=r"Unknown hook name\(s\) \['blocks.1.hook_resid_pots'\]"):
+        harvest_activations(tiny_llama, tokens, ["blocks.1.hook_resid_pots"], tmp_path)
+
+
+def test_nan_activations_stop_harvest_and_keep_done_shards(tiny_llama, tokens, tmp_path):
+    def poison(act, hook):
+        if hook.ctx.setdefault("calls", 0) >= 2:
+            act[0, 3, 0] = float("nan")
+        hook.ctx["calls"] += 1
+        return act
+
+    tiny_llama.hook_dict[HOOKS[0]].add_hook(poison)
+    try:
+        with pytest.raises(
+            ValueError, match="NaN/Inf activations at hook 'blocks.0.hook_resid_post'"
+        ):
+            harvest_activations(
+                tiny_llama, tokens, HOOKS[:1], tmp_path, batch_size=8, shard_sequences=16
+            )
+    finally:
+        tiny_llama.reset_hooks(including_permanent=True)
+        tiny_llama.hook_dict[HOOKS[0]].ctx.clear()
+    assert (tmp_path / "shard_00000.safetensors").exists()
+    assert json.loads((tmp_path / "activations.json").read_text())["n_shards_done"] == 1
+
+
+def test_drop_outliers():
+    x = torch.ones(10, 4)
+    x[3] *= 1000
+    kept, dropped = drop_outliers(x, 10.0)
+    assert dropped == 1 and kept.shape == (9, 4)
+    assert drop_outliers(x, None)[1] == 0
+
+
+def test_training_from_cache_matches_live_training(
+    tiny_llama, token_dataset, runner_kwargs, tmp_path
+):
+    """The same BAE config trained live from hooks (SAELens runner) and from the harvested cache
+    (SAETrainer over epochs) reaches the same kind of result on held-out activations."""
+    hook = "blocks.1.hook_resid_post"
+    train_tokens = torch.as_tensor(token_dataset["input_ids"][:160])
+    held_out_tokens = torch.as_tensor(token_dataset["input_ids"][160:])
+    steps, batch = 150, 256
+    bae_cfg = dict(d_in=32, d_sae=64, entropy_coefficient=1e-3, covariance_coefficient=1e-4)
+
+    cache = harvest_activations(
+        tiny_llama, train_tokens, [hook], tmp_path / "cache", drop_bos=False
+    )
+    from_cache = train_sae(
+        cache.activations(hook),
+        BAETrainingSAEConfig(**bae_cfg),
+        training_samples=steps * batch,
+        batch_size=batch,
+        lr=2e-3,
+    ).sae
+
+    live_cfg = LanguageModelSAERunnerConfig(
+        sae=BAETrainingSAEConfig(**bae_cfg),
+        hook_name=hook,
+        is_dataset_tokenized=True,
+        lr=2e-3,
+        output_path=None,
+        **runner_kwargs(batch=batch, steps=steps),
+    )
+    fill_training_schedule(live_cfg)
+    live = LanguageModelSAETrainingRunner(
+        live_cfg,
+        override_dataset=token_dataset.select(range(160)),
+        override_model=tiny_llama,
+    ).run()
+
+    _, held_out = tiny_llama.run_with_cache(held_out_tokens, names_filter=hook)
+    acts = held_out[hook].reshape(-1, 32)
+    results = {
+        name: evaluate_sae(sae, acts) for name, sae in [("cache", from_cache), ("live", live)]
+    }
+    for result in results.values():
+        assert result["explained_variance"] > 0.5
+    ev = [r["explained_variance"] for r in results.values()]
+    assert abs(ev[0] - ev[1]) < 0.15, results
+    entropies = [estimate_entropy(sae, acts).bits for sae in (from_cache, live)]
+    assert abs(entropies[0] - entropies[1]) < 0.25 * max(entropies), entropies
