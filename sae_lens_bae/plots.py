@@ -1,0 +1,74 @@
+"""Matplotlib figures saved as PNG: training curves and firing-frequency histograms."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+__all__ = ["plot_firing_frequencies", "plot_training_curves"]
+
+
+def plot_training_curves(
+    histories: Mapping[str, list[dict[str, float]]], path: str | Path, title: str = ""
+) -> Path:
+    """Reconstruction loss per step for every model, plus the BAE's batch entropy if logged."""
+    has_entropy = any(
+        "batch_entropy_bits" in row for history in histories.values() for row in history
+    )
+    fig, axes = plt.subplots(1, 2 if has_entropy else 1, figsize=(11 if has_entropy else 6, 4))
+    axes = np.atleast_1d(axes)
+    for name, history in histories.items():
+        steps = [row["step"] for row in history]
+        axes[0].plot(steps, [row["reconstruction_loss"] for row in history], label=name)
+        if has_entropy and "batch_entropy_bits" in history[0]:
+            axes[1].plot(steps, [row["batch_entropy_bits"] for row in history], label=name)
+    axes[0].set(xlabel="training step", ylabel="reconstruction loss (mean sq. error)", yscale="log")
+    axes[0].set_title("Reconstruction (normalised activations)")
+    axes[0].legend()
+    if has_entropy:
+        axes[1].set(xlabel="training step", ylabel="bits", title="Minibatch code entropy (BAE)")
+        axes[1].legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_firing_frequencies(
+    firing_rates: Mapping[str, Tensor], path: str | Path, title: str = ""
+) -> Path:
+    """Histogram of log10 feature firing frequency per model; dead features counted apart."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    floor = min(
+        (float(r[r > 0].min()) for r in firing_rates.values() if (r > 0).any()), default=1e-6
+    )
+    bins = np.linspace(np.log10(floor) - 0.1, 0.0, 50)
+    for name, rates in firing_rates.items():
+        rates = rates.detach().float().cpu().numpy()
+        alive = rates[rates > 0]
+        dead = int((rates == 0).sum())
+        dense = int((rates > 0.5).sum())
+        ax.hist(
+            np.log10(alive),
+            bins=bins,
+            alpha=0.55,
+            label=f"{name} ({len(rates)} features, {dead} dead, {dense} dense)",
+        )
+    ax.axvline(np.log10(0.5), color="k", linestyle=":", linewidth=1)
+    ax.text(np.log10(0.5), ax.get_ylim()[1] * 0.95, " 50%", va="top")
+    ax.set(xlabel="log10 firing frequency on held-out tokens", ylabel="features")
+    ax.set_title(title or "Feature firing frequency")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

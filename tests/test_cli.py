@@ -1,0 +1,72 @@
+import json
+
+import matplotlib.image
+from sae_lens import SAE
+from typer.testing import CliRunner
+
+from sae_lens_bae import BAE
+from sae_lens_bae.cli import app
+
+runner = CliRunner()
+
+
+def test_help_lists_commands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    assert "quickstart" in result.output and "train" in result.output
+
+
+def test_train_live_from_local_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
+    out = tmp_path / "bae"
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--model", str(tiny_hf_llama_dir),
+            "--dataset", str(tiny_corpus),
+            "--hook", "blocks.1.hook_resid_post",
+            "--out", str(out),
+            "--context-size", "32",
+            "--training-tokens", str(20 * 256),
+            "--batch-size", "256",
+            "--bits", "2",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    bae = SAE.load_from_disk(out)
+    assert isinstance(bae, BAE) and bae.cfg.bits == 2 and bae.cfg.d_in == 32
+    assert bae.cfg.metadata.hook_name == "blocks.1.hook_resid_post"
+
+
+def test_train_with_unknown_hook_fails_clearly(tiny_hf_llama_dir, tiny_corpus, tmp_path):
+    result = runner.invoke(
+        app,
+        ["train", "--model", str(tiny_hf_llama_dir), "--dataset", str(tiny_corpus),
+         "--hook", "blocks.7.hook_resid_post", "--out", str(tmp_path)],
+    )  # fmt: skip
+    assert result.exit_code != 0
+    assert "Unknown hook name(s) ['blocks.7.hook_resid_post']" in str(result.exception)
+
+
+def test_quickstart_pipeline_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
+    out = tmp_path / "report"
+    result = runner.invoke(
+        app,
+        ["quickstart", "--model", str(tiny_hf_llama_dir), "--corpus", str(tiny_corpus),
+         "--steps", "30", "--context-size", "32", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert str(out / "report.md") in result.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["hook"] == "blocks.1.hook_resid_post"  # the middle of 2 layers
+    for name in ("bae", "topk"):
+        model = metrics["models"][name]
+        assert set(model) >= {"reconstruction_loss", "entropy_bits", "dead", "dense"}
+        assert 0 <= model["dead"] <= model["d_sae"] == 128
+        assert isinstance(SAE.load_from_disk(out / name), SAE)
+    assert metrics["models"]["bae"]["entropy_estimate_bits"] > 0
+    report = (out / "report.md").read_text()
+    assert "| dense features" in report and "![training curves]" in report
+    for png in ("training_curves.png", "firing_frequency.png"):
+        image = matplotlib.image.imread(out / png)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
