@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import torch
 from jaxtyping import Float
@@ -330,6 +330,14 @@ def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
     sae.register_buffer("code_mean_count", torch.zeros((), dtype=torch.float32, device=sae.device))
 
 
+def _refuse_decoder_norm_folding() -> NoReturn:
+    raise ValueError(
+        "A BAE cannot fold decoder norms: its codes are binary, so scaling the encoder does not "
+        "scale them and the reconstruction would change. Load or use it without "
+        "fold_W_dec_norm (its outputs are already exact)."
+    )
+
+
 class _BAEMixin:
     """Weights, encoding, decoding, validation and folding shared by the inference and the
     training BAE (listed first in their bases, so ``super()`` reaches SAELens' classes)."""
@@ -393,20 +401,16 @@ class _BAEMixin:
     def _update_code_mean(self, bits: Tensor) -> None:
         batch_mean = bits.detach().reshape(-1, bits.shape[-1]).float().mean(0)
         self.code_mean_count += 1
-        rate = max(1.0 - self.cfg.code_mean_decay, 1.0 / float(self.code_mean_count))
+        # exact running mean for the first 1/(1-decay) steps, then an exponential average;
+        # computed on tensors so a GPU step does not wait for the host
+        rate = torch.clamp(self.code_mean_count.reciprocal(), min=1.0 - self.cfg.code_mean_decay)
         self.code_mean.lerp_(batch_mean, rate)
 
     def fold_W_dec_norm(self) -> None:
-        raise ValueError(
-            "A BAE cannot fold decoder norms: its codes are binary, so scaling the encoder does "
-            "not scale them and the reconstruction would change. Load or use it without "
-            "fold_W_dec_norm (its outputs are already exact)."
-        )
+        _refuse_decoder_norm_folding()
 
-    @torch.no_grad()
     def fold_and_get_W_dec_norm(self) -> Tensor:
-        self.fold_W_dec_norm()
-        raise AssertionError("unreachable")
+        _refuse_decoder_norm_folding()
 
     def _bae_histograms(self) -> dict[str, NDArray[Any]]:
         out = {"weights/code_mean": self.code_mean.detach().cpu().numpy()}
