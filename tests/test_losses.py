@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sae_lens_bae import losses
 from sae_lens_bae.losses import (
     binary_entropy,
     covariance_penalty,
@@ -64,9 +65,12 @@ def dense_reference(codes: torch.Tensor) -> torch.Tensor:
     return cov.abs().sum() - cov.diagonal().abs().sum()
 
 
+@pytest.mark.parametrize("backward", ["cached_signs", "recomputed"])
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "real"])
 @pytest.mark.parametrize(("n", "block"), [(37, 8), (300, 64), (300, None), (130, 1000)])
-def test_covariance_penalty_matches_dense_reference(binary, n, block):
+def test_covariance_penalty_matches_dense_reference(binary, n, block, backward, monkeypatch):
+    if backward == "recomputed":  # the path taken above 2048 channels
+        monkeypatch.setattr(losses, "_SIGN_CACHE_LIMIT", 0)
     torch.manual_seed(n)
     base = (torch.rand(96, n) < 0.2).double() if binary else torch.randn(96, n).double()
     tiled_in = base.float().requires_grad_()
