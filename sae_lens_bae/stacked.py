@@ -1,0 +1,167 @@
+"""Many small BAEs trained as one stacked module.
+
+Entropy tracing needs one BAE per (layer, position) or (layer, number of demonstrations): dozens
+to hundreds of small BAEs on hidden states from the same forward passes. Trained one by one, each
+pays Python and kernel-launch overhead for tiny matmuls; stacked, G BAEs are one set of
+``[G, ...]`` weights, batched matmuls and one Adam optimiser.
+
+The result equals G separate ``train_sae`` runs with the same seeds and data order: each BAE is
+initialised exactly as ``train_sae`` initialises it, sees its own minibatches and minibatch
+statistics, and has its gradient clipped to norm 1 on its own, as SAELens' ``SAETrainer`` does
+(Adam is elementwise, so one optimiser over stacked weights updates each BAE as its own would).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+from tqdm.auto import trange
+
+from sae_lens_bae.losses import covariance_penalty, minibatch_entropy
+from sae_lens_bae.saes.bae import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_LR,
+    BAETrainingSAE,
+    BAETrainingSAEConfig,
+    bits_to_values,
+    step,
+)
+from sae_lens_bae.training import activation_batches
+
+__all__ = ["StackedBAE", "train_stacked_baes"]
+
+_PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec")
+
+
+class StackedBAE(nn.Module):
+    """G BAEs with one config, stacked along a leading dimension of every weight."""
+
+    def __init__(self, cfg: BAETrainingSAEConfig, seeds: Sequence[int]) -> None:
+        super().__init__()
+        if cfg.normalize_activations != "none":
+            raise ValueError(
+                "StackedBAE trains on activations as given; normalise them beforehand "
+                f"(got normalize_activations={cfg.normalize_activations!r})"
+            )
+        self.cfg = cfg
+        members = []
+        for seed in seeds:  # the same initialisation as train_sae(..., seed=seed)
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                members.append(BAETrainingSAE(cfg))
+        for name in _PARAMS:
+            tensors = [getattr(m, name) for m in members]
+            if tensors[0] is None:
+                self.register_parameter(name, None)
+            else:
+                setattr(self, name, nn.Parameter(torch.stack([t.detach() for t in tensors])))
+        self.register_buffer("code_mean", torch.stack([m.code_mean for m in members]))
+        self.register_buffer("code_mean_count", torch.zeros(()))
+        self.n_models = len(members)
+
+    def hidden_pre(self, x: Float[Tensor, "G batch d_in"]) -> Float[Tensor, "G batch n_bits"]:
+        if x.shape[0] != self.n_models or x.shape[-1] != self.cfg.d_in:
+            raise ValueError(
+                f"Expected activations of shape [{self.n_models}, batch, {self.cfg.d_in}], "
+                f"got {tuple(x.shape)}"
+            )
+        x = x.to(self.W_enc.dtype)
+        if self.cfg.apply_b_dec_to_input:
+            x = x - self.b_dec.unsqueeze(1)
+        pre = torch.bmm(x, self.W_enc)
+        return pre if self.b_enc is None else pre + self.b_enc.unsqueeze(1)
+
+    def losses(self, x: Float[Tensor, "G batch d_in"], n_training_steps: int) -> dict[str, Tensor]:
+        """Per-BAE reconstruction, entropy and covariance losses (each of shape [G])."""
+        cfg = self.cfg
+        bits = step(self.hidden_pre(x), cfg.surrogate, cfg.surrogate_temperature)
+        out = torch.bmm(bits_to_values(bits, cfg.bits), self.W_dec) + self.b_dec.unsqueeze(1)
+        reconstruction = (out - x.to(out.dtype)).pow(2).mean(dim=(1, 2))
+        entropy_bits = minibatch_entropy(bits)
+        entropy_on = n_training_steps >= cfg.resolved_entropy_off_steps()
+        entropy = cfg.entropy_coefficient * entropy_bits if entropy_on else 0 * entropy_bits
+        if cfg.covariance_coefficient > 0:
+            covariance = cfg.covariance_coefficient * torch.stack(
+                [covariance_penalty(b, cfg.covariance_block_size) for b in bits]
+            )
+        else:
+            covariance = torch.zeros_like(reconstruction)
+        with torch.no_grad():
+            self.code_mean_count += 1
+            rate = torch.clamp(self.code_mean_count.reciprocal(), min=1.0 - cfg.code_mean_decay)
+            self.code_mean.lerp_(bits.float().mean(1), rate)
+        return {
+            "reconstruction_loss": reconstruction,
+            "entropy_loss": entropy,
+            "covariance_loss": covariance,
+            "batch_entropy_bits": entropy_bits.detach(),
+        }
+
+    @torch.no_grad()
+    def clip_grad_norms_(self, max_norm: float = 1.0) -> Tensor:
+        """Clip each BAE's gradient to ``max_norm`` separately (as SAETrainer clips one BAE)."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        norms = torch.stack([g.flatten(1).pow(2).sum(1) for g in grads]).sum(0).sqrt()
+        scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(scale.view(-1, *([1] * (g.ndim - 1))))
+        return norms
+
+    def unstack(self) -> list[BAETrainingSAE]:
+        """The G BAEs as ordinary (SAELens) ``BAETrainingSAE`` objects."""
+        members = []
+        for g in range(self.n_models):
+            sae = BAETrainingSAE(self.cfg)
+            state = {
+                name: getattr(self, name)[g] for name in _PARAMS if getattr(self, name) is not None
+            }
+            state["code_mean"] = self.code_mean[g]
+            state["code_mean_count"] = self.code_mean_count
+            sae.load_state_dict(state)
+            members.append(sae)
+        return members
+
+
+def train_stacked_baes(
+    activations: Float[Tensor, "G n d_in"] | Sequence[Float[Tensor, "n d_in"]],
+    cfg: BAETrainingSAEConfig,
+    *,
+    training_samples: int,
+    seeds: Sequence[int] | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    lr: float = DEFAULT_LR,
+    device: str = "cpu",
+    progress: bool = True,
+) -> tuple[list[BAETrainingSAE], list[dict[str, list[float]]]]:
+    """Train one BAE per activation set, all at once; returns the BAEs and per-BAE histories.
+
+    BAE ``g`` trains on ``activations[g]`` in reshuffled epochs with seed ``seeds[g]`` (default
+    ``g``), exactly as ``train_sae(activations[g], cfg, seed=seeds[g], ...)`` would.
+    """
+    sets = list(activations)
+    seeds = list(range(len(sets))) if seeds is None else list(seeds)
+    if len(seeds) != len(sets):
+        raise ValueError(f"{len(sets)} activation sets but {len(seeds)} seeds")
+    n_steps = training_samples // batch_size
+    if cfg.total_training_steps is None:
+        cfg = replace(cfg, total_training_steps=n_steps)
+    model = StackedBAE(cfg, seeds).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    streams = [activation_batches(x, batch_size, seed=s) for x, s in zip(sets, seeds, strict=True)]
+    histories: list[dict[str, list[float]]] = [{} for _ in sets]
+    for n in trange(n_steps, desc=f"Training {len(sets)} stacked BAEs", disable=not progress):
+        batch = torch.stack([next(stream) for stream in streams]).to(device)
+        losses = model.losses(batch, n)
+        total = losses["reconstruction_loss"] + losses["entropy_loss"] + losses["covariance_loss"]
+        total.sum().backward()
+        model.clip_grad_norms_(1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        for name, values in losses.items():
+            for g, value in enumerate(values.detach().cpu().tolist()):
+                histories[g].setdefault(name, []).append(value)
+    return [sae.to(device) for sae in model.unstack()], histories

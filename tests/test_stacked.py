@@ -1,0 +1,56 @@
+import pytest
+import torch
+
+from sae_lens_bae import BAETrainingSAEConfig, train_sae
+from sae_lens_bae.stacked import StackedBAE, train_stacked_baes
+
+
+def binary_mixtures(n_sets, n=1024, d=8, rank=3):
+    g = torch.Generator().manual_seed(0)
+    sets = []
+    for _ in range(n_sets):
+        basis = torch.linalg.qr(torch.randn(d, rank, generator=g, dtype=torch.float64))[0].T
+        sets.append(torch.randint(0, 2, (n, rank), generator=g).double() @ basis)
+    return sets
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_stacked_training_equals_separate_trainings(bits):
+    sets = binary_mixtures(3)
+    cfg = BAETrainingSAEConfig(
+        d_in=8,
+        d_sae=12,
+        bits=bits,
+        dtype="float64",
+        entropy_off_steps=10,
+        entropy_coefficient=1e-2,
+        covariance_coefficient=1e-3,
+    )
+    seeds = [5, 6, 7]
+    stacked, histories = train_stacked_baes(
+        sets, cfg, training_samples=40 * 64, seeds=seeds, batch_size=64, lr=2e-3, progress=False
+    )
+    assert len(histories[0]["reconstruction_loss"]) == 40
+    for g, (x, seed) in enumerate(zip(sets, seeds, strict=True)):
+        alone = train_sae(x, cfg, training_samples=40 * 64, batch_size=64, lr=2e-3, seed=seed).sae
+        for name, value in alone.state_dict().items():
+            assert torch.allclose(stacked[g].state_dict()[name], value, rtol=1e-9, atol=1e-12), (
+                g,
+                name,
+            )
+        first = BAETrainingSAEConfig(d_in=8, d_sae=12, bits=bits, dtype="float64")
+        assert not torch.allclose(alone.W_enc, StackedBAE(first, [seed]).W_enc[0])  # it trained
+
+
+def test_stacked_rejects_bad_shapes_and_normalisation():
+    model = StackedBAE(BAETrainingSAEConfig(d_in=8, entropy_off_steps=0), [0, 1])
+    with pytest.raises(ValueError, match=r"\[2, batch, 8\]"):
+        model.losses(torch.randn(3, 16, 8), 0)
+    with pytest.raises(ValueError, match="normalise them beforehand"):
+        StackedBAE(
+            BAETrainingSAEConfig(d_in=8, normalize_activations="expected_average_only_in"), [0]
+        )
+    with pytest.raises(ValueError, match="2 activation sets but 1 seeds"):
+        train_stacked_baes(
+            [torch.randn(64, 8)] * 2, BAETrainingSAEConfig(d_in=8), training_samples=64, seeds=[0]
+        )
