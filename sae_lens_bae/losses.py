@@ -107,14 +107,15 @@ def _integer_mm(a: Tensor, b: Tensor) -> Tensor:
     return a.float() @ b.float()
 
 
-_SIGN_CACHE_LIMIT = 1 << 22
-"""Codes with at most this many covariance entries (n <= 2048) keep the forward's sign tiles as
-int8 for backward (at most 4 MiB) instead of recomputing them: a quarter fewer matmul FLOPs."""
+_SIGN_CACHE_LIMIT = 1 << 24
+"""Codes with at most this many covariance entries (n <= 4096) keep the forward's sign tiles as
+int8 for backward (at most 16 MiB, less than the [batch, n] codes) instead of recomputing them:
+a quarter fewer matmul FLOPs."""
 
 
 class _CovariancePenalty(torch.autograd.Function):
     """D = sum_{i != j} |cov_ij| over upper-triangular tiles, recomputing tiles in backward
-    (for n x n above ``_SIGN_CACHE_LIMIT``; smaller codes keep their int8 sign tiles).
+    (above ``_SIGN_CACHE_LIMIT`` entries; smaller codes keep their int8 sign tiles).
 
     Binary codes H (batch B, column counts c): B(B-1) cov = B H^T H - c c^T, where H^T H counts
     co-occurrences, so every tile and its sign are exact integers. The gradient is
