@@ -29,6 +29,7 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAEConfig,
     bits_to_values,
     step,
+    update_running_mean,
 )
 from sae_lens_bae.training import activation_batches
 
@@ -90,10 +91,9 @@ class StackedBAE(nn.Module):
             )
         else:
             covariance = torch.zeros_like(reconstruction)
-        with torch.no_grad():
-            self.code_mean_count += 1
-            rate = torch.clamp(self.code_mean_count.reciprocal(), min=1.0 - cfg.code_mean_decay)
-            self.code_mean.lerp_(bits.float().mean(1), rate)
+        update_running_mean(
+            self.code_mean, self.code_mean_count, bits.detach().float().mean(1), cfg.code_mean_decay
+        )
         return {
             "reconstruction_loss": reconstruction,
             "entropy_loss": entropy,

@@ -330,6 +330,14 @@ def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
     sae.register_buffer("code_mean_count", torch.zeros((), dtype=torch.float32, device=sae.device))
 
 
+@torch.no_grad()
+def update_running_mean(mean: Tensor, count: Tensor, batch_mean: Tensor, decay: float) -> None:
+    """In place: the exact running mean for the first 1/(1-decay) updates, then an exponential
+    average with weight 1 - decay. Tensor arithmetic only: a GPU step never waits for the host."""
+    count += 1
+    mean.lerp_(batch_mean, torch.clamp(count.reciprocal(), min=1.0 - decay))
+
+
 def _refuse_decoder_norm_folding() -> NoReturn:
     raise ValueError(
         "A BAE cannot fold decoder norms: its codes are binary, so scaling the encoder does not "
@@ -397,14 +405,11 @@ class _BAEMixin:
         """Mean code seen in training (the burstiness prior); a copy, so callers cannot alias it."""
         return self.code_mean.clone()
 
-    @torch.no_grad()
     def _update_code_mean(self, bits: Tensor) -> None:
         batch_mean = bits.detach().reshape(-1, bits.shape[-1]).float().mean(0)
-        self.code_mean_count += 1
-        # exact running mean for the first 1/(1-decay) steps, then an exponential average;
-        # computed on tensors so a GPU step does not wait for the host
-        rate = torch.clamp(self.code_mean_count.reciprocal(), min=1.0 - self.cfg.code_mean_decay)
-        self.code_mean.lerp_(batch_mean, rate)
+        update_running_mean(
+            self.code_mean, self.code_mean_count, batch_mean, self.cfg.code_mean_decay
+        )
 
     def fold_W_dec_norm(self) -> None:
         _refuse_decoder_norm_folding()
