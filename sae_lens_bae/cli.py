@@ -116,6 +116,31 @@ def train(
     typer.echo(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")
 
 
+bench_app = typer.Typer(help="Benchmarks with known answers.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("synthetic")
+def bench_synthetic(
+    preset: str = typer.Option("cpu", help="cpu (2-core machine), paper (GPU) or test."),
+    out: Path = typer.Option(Path("runs/synthetic"), help="Folder for JSON, table and plots."),
+    steps: int | None = typer.Option(None, help="Override the preset's training steps."),
+) -> None:
+    """Estimate the entropy of data with exactly r bits, with and without the BAE objective."""
+    from dataclasses import replace
+
+    from sae_lens_bae.entropy.synthetic import PRESETS, passes_bar, run_synthetic
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    chosen = PRESETS[preset] if steps is None else replace(PRESETS[preset], steps=steps)
+    rows = run_synthetic(chosen, out)
+    verdict = passes_bar(rows, min_seeds=min(2, len(chosen.seeds)))
+    typer.echo((out / "synthetic.md").read_text())
+    typer.echo(f"objective bar met: {verdict['objective_ok']}, ablation: {verdict['ablation_ok']}")
+    typer.echo(f"results in {out}/")
+
+
 def main() -> None:
     app()
 

@@ -12,7 +12,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-__all__ = ["plot_firing_frequencies", "plot_training_curves"]
+__all__ = [
+    "plot_firing_frequencies",
+    "plot_synthetic_dynamics",
+    "plot_synthetic_scatter",
+    "plot_training_curves",
+]
 
 
 def plot_training_curves(
@@ -67,6 +72,78 @@ def plot_firing_frequencies(
     ax.text(np.log10(0.5), ax.get_ylim()[1] * 0.95, " 50%", va="top")
     ax.set(xlabel="log10 firing frequency on held-out tokens", ylabel="features")
     ax.set_title(title or "Feature firing frequency")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_synthetic_scatter(rows: list[dict], path: str | Path) -> Path:
+    """True entropy r against the BAE estimate: colour = with/without the entropy objective,
+    marker = expansion rate, opacity = held-out reconstruction (faint = poor), diagonal drawn."""
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    markers = {2: "o", 4: "s", 8: "^"}
+    colors = {True: "tab:blue", False: "tab:red"}
+    for row in rows:
+        error = row["relative_error"]
+        alpha = 1.0 if error is None else float(np.clip(1.0 - 20 * error, 0.15, 1.0))
+        ax.scatter(
+            row["r"],
+            row["estimate_bits"],
+            marker=markers.get(row["expansion"], "D"),
+            color=colors[row["objective"]],
+            alpha=alpha,
+            s=40,
+        )
+    top = max(max(r["r"] for r in rows), max(r["estimate_bits"] for r in rows)) * 1.1 + 1
+    ax.plot([0, top], [0, top], "k--", linewidth=1, label="estimate = r")
+    ax.set(
+        xscale="symlog",
+        yscale="symlog",
+        xlabel="true entropy r (bits)",
+        ylabel="estimated entropy (bits)",
+        title="Synthetic directional benchmark",
+    )
+    handles = [
+        plt.Line2D([], [], color=c, marker="o", linestyle="", label=label)
+        for c, label in ((colors[True], "with entropy objective"), (colors[False], "a_e = a_c = 0"))
+    ] + [
+        plt.Line2D([], [], color="gray", marker=m, linestyle="", label=f"{e}x expansion")
+        for e, m in markers.items()
+        if any(row["expansion"] == e for row in rows)
+    ]
+    ax.legend(handles=[*handles, ax.get_lines()[0]], fontsize=8, loc="upper left")
+    ax.text(
+        0.98,
+        0.02,
+        "opacity: held-out reconstruction (faint = worse)",
+        transform=ax.transAxes,
+        ha="right",
+        fontsize=7,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_synthetic_dynamics(
+    histories: Mapping[str, dict[str, list[float]]], path: str | Path
+) -> Path:
+    """Per training step: reconstruction loss against minibatch code entropy."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for label, history in histories.items():
+        ax.plot(
+            history["batch_entropy_bits"], history["reconstruction_loss"], label=label, alpha=0.8
+        )
+        ax.scatter(history["batch_entropy_bits"][-1], history["reconstruction_loss"][-1], s=25)
+    ax.set(
+        xlabel="minibatch code entropy (bits)",
+        ylabel="reconstruction loss",
+        yscale="log",
+        title="Training dynamics (largest r; dot = end of training)",
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

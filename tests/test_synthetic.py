@@ -1,0 +1,50 @@
+import json
+
+import matplotlib.image
+import pytest
+import torch
+
+from sae_lens_bae.entropy.synthetic import PRESETS, directional_data, passes_bar, run_synthetic
+
+
+@pytest.mark.parametrize("r", [0, 1, 3, 5])
+def test_directional_data_has_exactly_r_bits(r):
+    train, test = directional_data(r, d=8, n_train=4000, n_test=100, seed=r)
+    assert train.shape == (4000, 8) and test.shape == (100, 8)
+    assert torch.unique(train.round(decimals=5), dim=0).shape[0] == 2**r  # 2^r equally likely
+    if r:
+        basis_rank = torch.linalg.matrix_rank(train)
+        assert basis_rank == r
+    with pytest.raises(ValueError, match="cannot exceed"):
+        directional_data(9, d=8, n_train=10, n_test=10, seed=0)
+
+
+def _row(r, estimate, objective=True, error=0.01, seed=0, expansion=2):
+    return {"r": r, "seed": seed, "expansion": expansion, "objective": objective,
+            "estimate_bits": estimate, "reconstruction_mse": 1e-6,
+            "relative_error": error if r else None}  # fmt: skip
+
+
+def test_bar_on_hand_made_results():
+    good = [_row(0, 0.0), _row(8, 8.5), _row(32, 34.9), _row(8, 20.0, objective=False)]
+    verdict = passes_bar(good, min_seeds=1)
+    assert verdict["objective_ok"] and verdict["ablation_ok"]
+    assert not passes_bar([_row(32, 35.3)], 1)["objective_ok"]  # 3.3 bits off > 3.2
+    assert not passes_bar([_row(8, 8.0, error=0.03)], 1)["objective_ok"]  # reconstruction
+    assert not passes_bar([_row(8, 9.0, objective=False)], 1)["ablation_ok"]  # not above r + 1
+    two_of_three = [_row(4, 4.2, seed=0), _row(4, 9.0, seed=1), _row(4, 3.9, seed=2)]
+    assert passes_bar(two_of_three, min_seeds=2)["objective_ok"]
+
+
+def test_run_writes_json_table_and_plots(tmp_path):
+    rows = run_synthetic(PRESETS["test"], tmp_path, progress=False)
+    assert len(rows) == 2 * len(PRESETS["test"].ranks)
+    saved = json.loads((tmp_path / "synthetic.json").read_text())
+    assert saved["results"] == rows and "objective_ok" in saved["bar"]
+    assert "| r | expansion | objective |" in (tmp_path / "synthetic.md").read_text()
+    by_key = {(row["r"], row["objective"]): row for row in rows}
+    assert by_key[(0, True)]["estimate_bits"] == pytest.approx(0.0, abs=1e-6)
+    # without the penalties the code is far from minimal even in this short run
+    assert by_key[(4, False)]["estimate_bits"] > 4 + 1
+    for png in ("synthetic_entropy.png", "synthetic_dynamics.png"):
+        assert matplotlib.image.imread(tmp_path / png).shape[0] > 100
