@@ -50,7 +50,8 @@ class SyntheticPreset:
 
 
 PRESETS: dict[str, SyntheticPreset] = {
-    # 84 BAEs on 2 CPU cores
+    # 84 BAEs on 2 CPU cores in about 17 minutes. Measured: every r <= 32 at 2x and r <= 16 at 4x
+    # within 0.01 bits on 3 of 3 seeds; r = 32 at 4x still 37-40 bits (3000 steps: 48-67)
     "cpu": SyntheticPreset(
         d=64,
         ranks=(0, 1, 2, 4, 8, 16, 32),
@@ -58,7 +59,7 @@ PRESETS: dict[str, SyntheticPreset] = {
         seeds=(0, 1, 2),
         n_train=16384,
         n_test=4096,
-        steps=6000,
+        steps=4000,
     ),
     # the paper's scale, for a GPU
     "paper": SyntheticPreset(
