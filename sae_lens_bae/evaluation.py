@@ -23,7 +23,8 @@ def evaluate_sae(
     """Reconstruction and firing statistics of ``sae`` on ``activations``.
 
     Returns ``reconstruction_loss`` (squared error averaged over samples and dimensions),
-    ``relative_error`` (SSE / sum of squares), ``explained_variance`` (1 - SSE / SST), ``l0`` (mean
+    ``relative_error`` (SSE / sum of squares), ``explained_variance`` (1 - SSE / SST; both are None
+    for data without squares or variance, e.g. all-zero activations), ``l0`` (mean
     active features per sample), ``entropy_bits`` (H of the features' firing rates: for a BAE with
     ``bits = 1`` the entropy estimate of the set), ``dead`` (never fire), ``dense`` (fire on more
     than ``dense_threshold`` of samples) and the per-feature ``firing_rates``.
@@ -45,8 +46,8 @@ def evaluate_sae(
     return {
         "n_samples": n,
         "reconstruction_loss": sse / (n * activations.shape[1]),
-        "relative_error": sse / sum_sq,
-        "explained_variance": 1.0 - sse / sst,
+        "relative_error": sse / sum_sq if sum_sq > 0 else None,
+        "explained_variance": 1.0 - sse / sst if sst > 0 else None,
         "l0": float(fired.sum() / n),
         "entropy_bits": binary_entropy(rates).item(),
         "dead": int((rates == 0).sum()),

@@ -52,3 +52,12 @@ def test_evaluate_sae_statistics_match_direct_computation():
     assert stats["entropy_bits"] == pytest.approx(estimate_entropy(bae, x).bits, rel=1e-6)
     sse, sst = ((out - x) ** 2).sum(), ((x - x.mean(0)) ** 2).sum()
     assert stats["explained_variance"] == pytest.approx((1 - sse / sst).item(), rel=1e-5)
+
+
+def test_evaluate_sae_on_data_without_variance():
+    bae = BAE(BAEConfig(d_in=4, d_sae=8))
+    stats = evaluate_sae(bae, torch.zeros(10, 4))
+    assert stats["explained_variance"] is None and stats["relative_error"] is None
+    assert stats["reconstruction_loss"] == pytest.approx(
+        bae(torch.zeros(1, 4)).pow(2).mean().item()
+    )

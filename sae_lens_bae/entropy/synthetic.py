@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from sae_lens_bae.entropy.estimate import estimate_entropy
+from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.stacked import train_stacked_baes
 
@@ -126,9 +127,8 @@ def run_synthetic(
             )
             for (r, seed), bae, history in zip(cells, baes, histories, strict=True):
                 test = data[(r, seed)][1]
-                with torch.no_grad():
-                    sse = (bae(test) - test).pow(2).sum().item()
-                sst = (test - test.mean(0)).pow(2).sum().item()
+                evaluation = evaluate_sae(bae, test)
+                explained = evaluation["explained_variance"]
                 rows.append(
                     {
                         "r": r,
@@ -136,8 +136,9 @@ def run_synthetic(
                         "expansion": expansion,
                         "objective": objective,
                         "estimate_bits": estimate_entropy(bae, test).bits,
-                        "reconstruction_mse": sse / test.numel(),
-                        "relative_error": sse / sst if sst > 0 else None,
+                        "reconstruction_mse": evaluation["reconstruction_loss"],
+                        # held-out SSE as a fraction of the data variance (None for r = 0)
+                        "relative_error": None if explained is None else 1.0 - explained,
                     }
                 )
                 if seed == preset.seeds[0] and r == max(preset.ranks):
