@@ -94,63 +94,69 @@ def _tiles(n: int, block: int) -> Iterator[tuple[slice, slice, bool]]:
 
 
 def _integer_mm(a: Tensor, b: Tensor) -> Tensor:
-    """fp32 product of matrices with small-integer entries (0/1 codes, -1/0/1 signs).
+    """fp32 (batched) product of matrices with small-integer entries (0/1 codes, -1/0/1 signs).
 
     On CUDA it multiplies bf16 inputs with fp32 accumulation and output: exact for such entries and
     several times faster than fp32. Elsewhere fp32, exact while sums stay below 2**24.
     """
     if a.is_cuda:
+        mm = torch.mm if a.ndim == 2 else torch.bmm
         try:
-            return torch.mm(a.bfloat16(), b.bfloat16(), out_dtype=torch.float32)
+            return mm(a.bfloat16(), b.bfloat16(), out_dtype=torch.float32)
         except (TypeError, RuntimeError):  # a torch without mm(out_dtype=...) on this device
             pass
     return a.float() @ b.float()
 
 
 _SIGN_CACHE_LIMIT = 1 << 24
-"""Codes with at most this many covariance entries (n <= 4096) keep the forward's sign tiles as
-int8 for backward (at most 16 MiB, less than the [batch, n] codes) instead of recomputing them:
-a quarter fewer matmul FLOPs."""
+"""Codes with at most this many covariance entries in all (n <= 4096 for one BAE) keep the
+forward's sign tiles as int8 for backward (at most 16 MiB, less than the [batch, n] codes) instead
+of recomputing them: a quarter fewer matmul FLOPs."""
+
+_TILE_ELEMENTS = 1 << 22
+"""Default tile: at most this many entries over the whole stack (2048 x 2048 for one BAE)."""
 
 
 class _CovariancePenalty(torch.autograd.Function):
     """D = sum_{i != j} |cov_ij| over upper-triangular tiles, recomputing tiles in backward
     (above ``_SIGN_CACHE_LIMIT`` entries; smaller codes keep their int8 sign tiles).
 
-    Binary codes H (batch B, column counts c): B(B-1) cov = B H^T H - c c^T, where H^T H counts
-    co-occurrences, so every tile and its sign are exact integers. The gradient is
-    dD/dH = 2/(B-1) (H - 1 p^T) S with S = sign(cov) (zero diagonal), and
-    (H - 1 p^T) S = H S - 1 (c^T S) / B is an integer product too. Other codes are centred first
-    and go through the same tiles in fp32 (or in their own dtype if wider).
-    Extra memory: the [B, n] gradient plus a few block x block tiles.
+    Codes come as a stack [G, B, n] (G = 1 for one BAE); every tile is a batched matmul, so G small
+    BAEs cost one kernel per tile instead of G. Binary codes H (batch B, column counts c):
+    B(B-1) cov = B H^T H - c c^T, where H^T H counts co-occurrences, so every tile and its sign are
+    exact integers. The gradient is dD/dH = 2/(B-1) (H - 1 p^T) S with S = sign(cov) (zero
+    diagonal), and (H - 1 p^T) S = H S - 1 (c^T S) / B is an integer product too. Other codes are
+    centred first and go through the same tiles in fp32 (or in their own dtype if wider).
+    Extra memory: the [G, B, n] gradient plus a few [G, block, block] tiles.
     """
 
     @staticmethod
     def forward(ctx, codes: Tensor, block: int) -> Tensor:  # type: ignore[override]
-        batch, n = codes.shape
+        groups, batch, n = codes.shape
         binary = bool(((codes == 0) | (codes == 1)).all())
         work_dtype = torch.promote_types(codes.dtype, torch.float32)
         x = codes.detach()
         if binary:
-            counts = x.sum(0, dtype=work_dtype)
+            counts = x.sum(1, dtype=work_dtype)
             if x.is_cuda:
                 x = x.bfloat16()  # exact for 0/1, half the memory of fp32
             norm = float(batch) * (batch - 1)
         else:
-            x = (x - x.mean(0, keepdim=True)).to(work_dtype)
+            x = (x - x.mean(1, keepdim=True)).to(work_dtype)
             counts = None
             norm = float(batch - 1)
-        total = torch.zeros((), dtype=torch.float64, device=codes.device)
-        signs: list[Tensor] | None = [] if n * n <= _SIGN_CACHE_LIMIT else None
+        total = torch.zeros(groups, dtype=torch.float64, device=codes.device)
+        signs: list[Tensor] | None = [] if groups * n * n <= _SIGN_CACHE_LIMIT else None
         for rows, cols, diagonal in _tiles(n, block):
             tile = _scaled_cov_tile(x, counts, rows, cols, work_dtype)
             if signs is not None:
                 signs.append(tile.sign().to(torch.int8))
             tile = tile.abs_()
+            tile_sum = tile.sum(dim=(1, 2), dtype=torch.float64)
             if diagonal:
-                total += tile.sum(dtype=torch.float64) - tile.diagonal().sum(dtype=torch.float64)
+                total += tile_sum - tile.diagonal(dim1=1, dim2=2).sum(1, dtype=torch.float64)
             else:
-                total += 2.0 * tile.sum(dtype=torch.float64)
+                total += 2.0 * tile_sum
         ctx.save_for_backward(x, counts if counts is not None else x.new_empty(0))
         ctx.block, ctx.binary, ctx.work_dtype, ctx.signs = block, binary, work_dtype, signs
         return (total / norm).to(work_dtype)
@@ -159,26 +165,26 @@ class _CovariancePenalty(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         x, counts = ctx.saved_tensors
         binary, dtype = ctx.binary, ctx.work_dtype
-        batch, n = x.shape
-        grad = torch.zeros(batch, n, dtype=dtype, device=x.device)
-        sign_sums = torch.zeros(n, dtype=dtype, device=x.device)  # c^T S, binary codes only
+        groups, batch, n = x.shape
+        grad = torch.zeros(groups, batch, n, dtype=dtype, device=x.device)
+        sign_sums = torch.zeros(groups, 1, n, dtype=dtype, device=x.device)  # c^T S (binary)
         for index, (rows, cols, diagonal) in enumerate(_tiles(n, ctx.block)):
             if ctx.signs is not None:
                 sign = ctx.signs[index].to(dtype)
             else:
                 sign = _scaled_cov_tile(x, counts if binary else None, rows, cols, dtype).sign_()
             if diagonal:
-                sign.fill_diagonal_(0.0)
-            grad[:, cols] += _matmul(x[:, rows], sign, binary)
+                sign.diagonal(dim1=1, dim2=2).zero_()
+            grad[:, :, cols] += _matmul(x[:, :, rows], sign, binary)
             if binary:
-                sign_sums[cols] += counts[rows] @ sign
+                sign_sums[:, :, cols] += counts[:, None, rows] @ sign
             if not diagonal:
-                grad[:, rows] += _matmul(x[:, cols], sign.T, binary)
+                grad[:, :, rows] += _matmul(x[:, :, cols], sign.transpose(1, 2), binary)
                 if binary:
-                    sign_sums[rows] += sign @ counts[cols]
+                    sign_sums[:, :, rows] += counts[:, None, cols] @ sign.transpose(1, 2)
         if binary:
             grad -= sign_sums / batch
-        grad *= grad_out.to(dtype) * (2.0 / (batch - 1))
+        grad *= grad_out.to(dtype).view(groups, 1, 1) * (2.0 / (batch - 1))
         return grad, None
 
 
@@ -189,36 +195,43 @@ def _matmul(a: Tensor, b: Tensor, integer_entries: bool) -> Tensor:
 def _scaled_cov_tile(
     x: Tensor, counts: Tensor | None, rows: slice, cols: slice, dtype: torch.dtype
 ) -> Tensor:
-    """Covariance tile times B(B-1) for binary codes (integers: exact sign), else times B-1."""
-    product = _matmul(x[:, rows].T, x[:, cols], counts is not None).to(dtype)
+    """Covariance tiles [G, rows, cols] times B(B-1) for binary codes (integers: exact sign), else
+    times B-1."""
+    product = _matmul(x[:, :, rows].transpose(1, 2), x[:, :, cols], counts is not None).to(dtype)
     if counts is None:
         return product
-    return product.mul_(x.shape[0]).sub_(torch.outer(counts[rows], counts[cols]))
+    outer = counts[:, rows, None] * counts[:, None, cols]
+    return product.mul_(x.shape[1]).sub_(outer)
 
 
 def covariance_penalty(
-    codes: Float[Tensor, "batch n"], block_size: int | None = None
-) -> Float[Tensor, ""]:
+    codes: Float[Tensor, "*stack batch n"], block_size: int | None = None
+) -> Float[Tensor, "*stack"]:
     """Sum of |off-diagonal entries| of the unbiased covariance of the code channels.
 
     Exact and memory-bounded: the n x n covariance is never built. It is computed in
-    ``block_size`` x ``block_size`` tiles (default 2048, or n if smaller), using its symmetry,
-    and recomputed tile by tile in backward. At n = 65536, batch 512 the extra memory is a few
-    hundred MiB instead of the dense version's 16 GiB per n x n matrix. Pure 0/1 codes take an
-    exact integer path (bf16 matmuls with fp32 accumulation on CUDA).
+    ``block_size`` x ``block_size`` tiles, using its symmetry, and recomputed tile by tile in
+    backward. The default tile holds at most 4M entries over the stack (2048 x 2048, or n if
+    smaller, for one BAE). At n = 65536, batch 512 the extra memory is a few hundred MiB instead of
+    the dense version's 16 GiB per n x n matrix. Pure 0/1 codes take an exact integer path (bf16
+    matmuls with fp32 accumulation on CUDA). Leading dimensions are a stack of independent code
+    sets (one per BAE of a ``StackedBAE``), each with its own penalty, computed by batched matmuls.
     """
-    if codes.ndim != 2:
+    if codes.ndim < 2:
         raise ValueError(
-            f"covariance_penalty needs codes of shape [batch, n], got {tuple(codes.shape)}"
+            f"covariance_penalty needs codes of shape [..., batch, n], got {tuple(codes.shape)}"
         )
-    if codes.shape[0] < 2:
+    if codes.shape[-2] < 2:
         raise ValueError("covariance_penalty needs a batch of at least 2 samples")
     if block_size is not None and block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
     if not codes.is_floating_point():
         codes = codes.float()
-    block = block_size or min(codes.shape[1], 2048)
-    return _CovariancePenalty.apply(codes, block)  # type: ignore[no-any-return]
+    stack, (batch, n) = codes.shape[:-2], codes.shape[-2:]
+    groups = math.prod(stack)
+    block = block_size or min(n, max(128, math.isqrt(_TILE_ELEMENTS // max(groups, 1))))
+    penalty = _CovariancePenalty.apply(codes.reshape(groups, batch, n), block)
+    return penalty.reshape(stack)  # type: ignore[no-any-return]
 
 
 def dense_covariance_penalty(codes: Float[Tensor, "batch n"]) -> Float[Tensor, ""]:

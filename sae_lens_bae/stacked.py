@@ -86,8 +86,8 @@ class StackedBAE(nn.Module):
         entropy_on = n_training_steps >= cfg.resolved_entropy_off_steps()
         entropy = cfg.entropy_coefficient * entropy_bits if entropy_on else 0 * entropy_bits
         if cfg.covariance_coefficient > 0:
-            covariance = cfg.covariance_coefficient * torch.stack(
-                [covariance_penalty(b, cfg.covariance_block_size) for b in bits]
+            covariance = cfg.covariance_coefficient * covariance_penalty(
+                bits, cfg.covariance_block_size
             )
         else:
             covariance = torch.zeros_like(reconstruction)

@@ -103,8 +103,27 @@ def test_covariance_penalty_zero_for_independent_structure():
     assert covariance_penalty(codes).item() == pytest.approx(2 * cov01)
 
 
+@pytest.mark.parametrize("block", [None, 16])
+def test_covariance_penalty_of_a_stack_equals_each_member(block):
+    """[G, batch, n] codes (a StackedBAE's) give G penalties and gradients, each equal to the
+    penalty of that member alone, binary or not."""
+    torch.manual_seed(0)
+    for codes in ((torch.rand(2, 3, 64, 40) < 0.3).float(), torch.randn(5, 64, 40)):
+        stacked_in = codes.clone().requires_grad_()
+        stacked = covariance_penalty(stacked_in, block_size=block)
+        assert stacked.shape == codes.shape[:-2]
+        (stacked * torch.arange(1.0, stacked.numel() + 1).view(stacked.shape)).sum().backward()
+        for index, member in enumerate(codes.reshape(-1, 64, 40)):
+            alone_in = member.clone().requires_grad_()
+            alone = covariance_penalty(alone_in, block_size=block)
+            ((index + 1) * alone).backward()
+            assert stacked.flatten()[index].item() == pytest.approx(alone.item(), rel=1e-6)
+            member_grad = stacked_in.grad.reshape(-1, 64, 40)[index]
+            assert torch.allclose(member_grad, alone_in.grad, rtol=1e-5, atol=1e-7)
+
+
 def test_covariance_penalty_bad_input():
-    with pytest.raises(ValueError, match=r"\[batch, n\]"):
+    with pytest.raises(ValueError, match=r"\[\.\.\., batch, n\]"):
         covariance_penalty(torch.zeros(10))
     with pytest.raises(ValueError, match="at least 2"):
         covariance_penalty(torch.zeros(1, 4))
