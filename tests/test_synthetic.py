@@ -34,6 +34,11 @@ def test_bar_on_hand_made_results():
     assert not passes_bar([_row(8, 9.0, objective=False)], 1)["ablation_ok"]  # not above r + 1
     two_of_three = [_row(4, 4.2, seed=0), _row(4, 9.0, seed=1), _row(4, 3.9, seed=2)]
     assert passes_bar(two_of_three, min_seeds=2)["objective_ok"]
+    ablation = [_row(2, 12.0, False, seed=0), _row(2, 2.0, False, seed=1),
+                _row(2, 15.0, False, seed=2)]  # fmt: skip
+    verdict = passes_bar(ablation, min_seeds=2)
+    assert verdict["ablation_ok"] and not verdict["ablation_all_seeds"]
+    assert not passes_bar(ablation[:2], min_seeds=2)["ablation_ok"]
 
 
 def test_run_writes_json_table_and_plots(tmp_path):

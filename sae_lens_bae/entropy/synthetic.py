@@ -9,24 +9,22 @@ BAE of one (expansion, objective) cell is trained in one ``StackedBAE``.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from sae_lens_bae.entropy.estimate import estimate_entropy
-from sae_lens_bae.evaluation import evaluate_sae
-from sae_lens_bae.saes.bae import BAETrainingSAEConfig
-from sae_lens_bae.stacked import train_stacked_baes
+from sae_lens_bae.entropy.cells import EntropyRecipe, estimate_entropies
 
 __all__ = ["PRESETS", "SyntheticPreset", "directional_data", "passes_bar", "run_synthetic"]
 
 
 @dataclass(frozen=True)
 class SyntheticPreset:
-    """One benchmark grid. Coefficients are the paper's d = 2048 values rescaled by 2048 / d."""
+    """One benchmark grid: data size and the recipe every BAE of the grid is trained with (its
+    ``expansion`` is replaced by each of ``expansions``)."""
 
     d: int
     ranks: tuple[int, ...]
@@ -34,25 +32,13 @@ class SyntheticPreset:
     seeds: tuple[int, ...]
     n_train: int
     n_test: int
-    steps: int
-    batch_size: int = 512
-    lr: float = 2e-3
-    surrogate_temperature: float = 0.3
-    entropy_coefficient_2048: float = 5e-7
-    covariance_coefficient_2048: float = 1e-6
-
-    @property
-    def entropy_coefficient(self) -> float:
-        return self.entropy_coefficient_2048 * 2048 / self.d
-
-    @property
-    def covariance_coefficient(self) -> float:
-        return self.covariance_coefficient_2048 * 2048 / self.d
+    recipe: EntropyRecipe
 
 
 PRESETS: dict[str, SyntheticPreset] = {
-    # 84 BAEs on 2 CPU cores in about 17 minutes. Measured: every r <= 32 at 2x and r <= 16 at 4x
-    # within 0.01 bits on 3 of 3 seeds; r = 32 at 4x still 37-40 bits (3000 steps: 48-67)
+    # 84 BAEs in 16 min on 2 CPU cores. Measured: every cell within 0.01 bits on 3 of 3 seeds at
+    # <= 0.5% held-out error. lr 4e-3, not the prototype's 2e-3: at 4000 steps 2e-3 left r = 32 at
+    # 4x at 37-40 bits (4x needs about 10k steps at 2e-3, which does not fit 20 minutes)
     "cpu": SyntheticPreset(
         d=64,
         ranks=(0, 1, 2, 4, 8, 16, 32),
@@ -60,9 +46,9 @@ PRESETS: dict[str, SyntheticPreset] = {
         seeds=(0, 1, 2),
         n_train=16384,
         n_test=4096,
-        steps=4000,
+        recipe=EntropyRecipe(steps=4000, lr=4e-3),
     ),
-    # the paper's scale, for a GPU
+    # the paper's scale, for a GPU: 100 epochs of 65536 samples in batches of 512
     "paper": SyntheticPreset(
         d=2048,
         ranks=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
@@ -70,12 +56,17 @@ PRESETS: dict[str, SyntheticPreset] = {
         seeds=(0, 1, 2),
         n_train=65536,
         n_test=8192,
-        steps=128 * 100,  # 100 epochs of 65536 samples in batches of 512
-        lr=5e-4,
+        recipe=EntropyRecipe(steps=128 * 100, lr=5e-4),
     ),
     # seconds, for tests
     "test": SyntheticPreset(
-        d=16, ranks=(0, 2, 4), expansions=(2,), seeds=(0,), n_train=2048, n_test=512, steps=300
+        d=16,
+        ranks=(0, 2, 4),
+        expansions=(2,),
+        seeds=(0,),
+        n_train=2048,
+        n_test=512,
+        recipe=EntropyRecipe(steps=300),
     ),
 }
 
@@ -109,51 +100,44 @@ def run_synthetic(
     }
     for expansion in preset.expansions:
         for objective in (True, False):
-            cfg = BAETrainingSAEConfig(
-                d_in=preset.d,
-                d_sae=expansion * preset.d,
-                surrogate_temperature=preset.surrogate_temperature,
-                entropy_coefficient=preset.entropy_coefficient if objective else 0.0,
-                covariance_coefficient=preset.covariance_coefficient if objective else 0.0,
-            )
-            baes, histories = train_stacked_baes(
+            recipe = replace(preset.recipe, expansion=expansion, objective=objective)
+            estimates = estimate_entropies(
                 [data[cell][0] for cell in cells],
-                cfg,
-                training_samples=preset.steps * preset.batch_size,
+                recipe,
+                eval_sets=[data[cell][1] for cell in cells],
                 seeds=[seed for _, seed in cells],
-                batch_size=preset.batch_size,
-                lr=preset.lr,
+                normalise=False,  # the recipe's coefficients were set on this data's own scale
                 progress=progress,
             )
-            for (r, seed), bae, history in zip(cells, baes, histories, strict=True):
-                test = data[(r, seed)][1]
-                evaluation = evaluate_sae(bae, test)
-                explained = evaluation["explained_variance"]
+            for (r, seed), cell in zip(cells, estimates, strict=True):
                 rows.append(
                     {
                         "r": r,
                         "seed": seed,
                         "expansion": expansion,
                         "objective": objective,
-                        "estimate_bits": estimate_entropy(bae, test).bits,
-                        "reconstruction_mse": evaluation["reconstruction_loss"],
+                        "estimate_bits": cell.bits,
+                        "reconstruction_mse": cell.reconstruction_mse,
                         # held-out SSE as a fraction of the data variance (None for r = 0)
-                        "relative_error": None if explained is None else 1.0 - explained,
+                        "relative_error": cell.relative_error,
                     }
                 )
                 if seed == preset.seeds[0] and r == max(preset.ranks):
                     label = f"{'with' if objective else 'without'} objective, {expansion}x"
-                    dynamics[label] = history
+                    dynamics[label] = cell.history
     if out_dir is not None:
         _write_outputs(preset, rows, dynamics, Path(out_dir))
     return rows
 
 
 def passes_bar(rows: list[dict[str, Any]], min_seeds: int = 2) -> dict[str, Any]:
-    """The entropy issue's bar: with the objective, every r within max(1, 0.1 r) bits and held-out
-    relative error <= 2% (r = 0: MSE <= 1e-4, as the data has no variance) at every expansion
-    on at least ``min_seeds`` seeds; without it, every r >= 1 estimated above r + max(1, 0.1 r)."""
+    """The entropy issue's bar, counted per (r, expansion) over seeds: with the objective, r within
+    max(1, 0.1 r) bits and held-out relative error <= 2% (r = 0: MSE <= 1e-4, as the data has no
+    variance) on at least ``min_seeds`` seeds; without it (the ablation), every r >= 1 estimated
+    above r + max(1, 0.1 r) on at least ``min_seeds`` seeds too. ``ablation_all_seeds`` is the
+    stricter reading: above the bar on every seed."""
     verdict: dict[str, Any] = {"with_objective": {}, "ablation": {}}
+    seeds_per_cell: dict[str, int] = {}
     for row in rows:
         r, key = row["r"], f"r={row['r']},expansion={row['expansion']}"
         if row["objective"]:
@@ -165,10 +149,14 @@ def passes_bar(rows: list[dict[str, Any]], min_seeds: int = 2) -> dict[str, Any]
             verdict["with_objective"].setdefault(key, 0)
             verdict["with_objective"][key] += int(accurate and faithful)
         elif r >= 1:
-            verdict["ablation"].setdefault(key, True)
-            verdict["ablation"][key] &= row["estimate_bits"] > r + tolerance(r)
+            seeds_per_cell[key] = seeds_per_cell.get(key, 0) + 1
+            verdict["ablation"].setdefault(key, 0)
+            verdict["ablation"][key] += int(row["estimate_bits"] > r + tolerance(r))
     verdict["objective_ok"] = all(n >= min_seeds for n in verdict["with_objective"].values())
-    verdict["ablation_ok"] = all(verdict["ablation"].values())
+    verdict["ablation_ok"] = all(n >= min_seeds for n in verdict["ablation"].values())
+    verdict["ablation_all_seeds"] = all(
+        n == seeds_per_cell[key] for key, n in verdict["ablation"].items()
+    )
     return verdict
 
 
@@ -205,7 +193,8 @@ def _write_outputs(
             f"| {r} | {expansion} | {'yes' if objective else 'no'} | {estimate:.3f} | {error} |"
         )
     lines.append(
-        f"\nBar met with the objective: {verdict['objective_ok']}; "
-        f"ablation above r + tolerance for every r >= 1: {verdict['ablation_ok']}"
+        f"\nBar met with the objective (every cell, >= {min(2, len(preset.seeds))} seeds): "
+        f"{verdict['objective_ok']}; ablation above r + tolerance for every r >= 1 (same count of "
+        f"seeds): {verdict['ablation_ok']}; on every seed: {verdict['ablation_all_seeds']}"
     )
     (out / "synthetic.md").write_text("\n".join(lines) + "\n")
