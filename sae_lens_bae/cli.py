@@ -1,10 +1,13 @@
-"""The ``bae`` command line: ``bae quickstart`` and ``bae train``."""
+"""The ``bae`` command line: quickstart, train, entropy tracing and benchmarks."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
+
+from sae_lens_bae.entropy.cells import TRACING_RECIPE
 
 app = typer.Typer(
     help="Binary Autoencoders (BAE) on TransformerLens models, trained with SAELens.",
@@ -127,17 +130,185 @@ def bench_synthetic(
     steps: int | None = typer.Option(None, help="Override the preset's training steps."),
 ) -> None:
     """Estimate the entropy of data with exactly r bits, with and without the BAE objective."""
-    from dataclasses import replace
-
     from sae_lens_bae.entropy.synthetic import PRESETS, passes_bar, run_synthetic
 
     if preset not in PRESETS:
         raise typer.BadParameter(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
-    chosen = PRESETS[preset] if steps is None else replace(PRESETS[preset], steps=steps)
+    chosen = PRESETS[preset]
+    if steps is not None:
+        chosen = replace(chosen, recipe=replace(chosen.recipe, steps=steps))
     rows = run_synthetic(chosen, out)
     verdict = passes_bar(rows, min_seeds=min(2, len(chosen.seeds)))
     typer.echo((out / "synthetic.md").read_text())
     typer.echo(f"objective bar met: {verdict['objective_ok']}, ablation: {verdict['ablation_ok']}")
+    typer.echo(f"results in {out}/")
+
+
+@bench_app.command("two-token")
+def bench_two_token(
+    model: str = typer.Option("smollm2-135m", help="Embedded name, HF directory or TL name."),
+    layer: int = typer.Option(15, help="Layer whose hook is read."),
+    hook: str = typer.Option("hook_resid_post", help="Hook point inside each block."),
+    words: str = typer.Option(
+        "yes,no", help="The two words whose first tokens make the sequences."
+    ),
+    ranks: str = typer.Option("0,1,2,4,6,8,10,12", help="Sequence lengths r."),
+    n_samples: int = typer.Option(4096, help="Sequences per r."),
+    expansion: int = typer.Option(TRACING_RECIPE.expansion, help="d_sae / d_in of each BAE."),
+    steps: int = typer.Option(TRACING_RECIPE.steps, help="Training steps of each BAE."),
+    bae_batch_size: int = typer.Option(TRACING_RECIPE.batch_size, help="BAE minibatch."),
+    lr: float = typer.Option(TRACING_RECIPE.lr, help="Adam learning rate of the BAEs."),
+    device: str = typer.Option("cpu"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("runs/two_token"), help="Folder for JSON, table and plot."),
+) -> None:
+    """Entropy of hidden states after r random tokens from two: the estimate should stay <= r."""
+    from sae_lens_bae.entropy.two_token import TwoTokenConfig, run_two_token
+
+    pair = _csv(words, str, "--words")
+    if len(pair) != 2:
+        raise typer.BadParameter(f"--words needs exactly two words, got {pair}")
+    rows = run_two_token(
+        TwoTokenConfig(
+            model=model,
+            layer=layer,
+            hook=hook,
+            words=(pair[0], pair[1]),
+            ranks=_csv(ranks, int, "--ranks"),
+            n_samples=n_samples,
+            recipe=replace(
+                TRACING_RECIPE,
+                expansion=expansion,
+                steps=steps,
+                batch_size=bae_batch_size,
+                lr=lr,
+            ),
+            device=device,
+            seed=seed,
+            out=out,
+        )
+    )
+    typer.echo((out / "two_token.md").read_text())
+    typer.echo(f"every estimate within its ceiling: {all(r['within_ceiling'] for r in rows)}")
+    typer.echo(f"results in {out}/")
+
+
+entropy_app = typer.Typer(help="Trace an LLM's hidden-state entropy.", no_args_is_help=True)
+app.add_typer(entropy_app, name="entropy")
+
+
+def _csv(text: str, kind: type, option: str) -> list:
+    try:
+        return [kind(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError as e:
+        raise typer.BadParameter(f"{option} takes comma-separated values: {e}") from e
+
+
+@entropy_app.command("positions")
+def entropy_positions(
+    model: str = typer.Option("smollm2-135m", help="Embedded name, HF directory or TL name."),
+    dataset: str | None = typer.Option(None, help="Text file/folder/HF dataset; default embedded."),
+    text_column: str | None = typer.Option(None),
+    layers: str = typer.Option("5,15,25", help="Comma-separated layers."),
+    hook: str = typer.Option("hook_resid_post", help="Hook point inside each block."),
+    max_log2_position: int = typer.Option(6, help="K: positions 2^0 .. 2^K."),
+    n_sequences: int = typer.Option(2048, help="Document windows of 2^K tokens."),
+    expansion: int = typer.Option(TRACING_RECIPE.expansion, help="d_sae / d_in of each BAE."),
+    steps: int = typer.Option(TRACING_RECIPE.steps, help="Training steps of each BAE."),
+    bae_batch_size: int = typer.Option(TRACING_RECIPE.batch_size, help="BAE minibatch."),
+    lr: float = typer.Option(TRACING_RECIPE.lr, help="Adam learning rate of the BAEs."),
+    batch_size: int = typer.Option(32, help="Sequences per forward pass."),
+    device: str = typer.Option("cpu"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("runs/entropy_positions"), help="Folder for JSON and plot."),
+) -> None:
+    """Entropy per (layer, token position 2^j), one BAE per cell, all trained stacked."""
+    from sae_lens_bae.entropy.positions import PositionTracingConfig, run_position_tracing
+
+    run_position_tracing(
+        PositionTracingConfig(
+            model=model,
+            dataset=dataset,
+            text_column=text_column,
+            layers=_csv(layers, int, "--layers"),
+            hook=hook,
+            max_log2_position=max_log2_position,
+            n_sequences=n_sequences,
+            recipe=replace(
+                TRACING_RECIPE,
+                expansion=expansion,
+                steps=steps,
+                batch_size=bae_batch_size,
+                lr=lr,
+            ),
+            batch_size=batch_size,
+            device=device,
+            seed=seed,
+            out=out,
+        )
+    )
+    typer.echo((out / "positions.md").read_text())
+    typer.echo(f"results in {out}/")
+
+
+@entropy_app.command("icl")
+def entropy_icl(
+    dataset: str = typer.Option(..., help="Labelled sentences: TSV, folder (SST-2/MR), HF name."),
+    model: str = typer.Option("smollm2-135m", help="Embedded name, HF directory or TL name."),
+    split: str = typer.Option("train", help="Split file (<split>.tsv) or HF split."),
+    text_column: str | None = typer.Option(None),
+    label_column: str = typer.Option("label"),
+    label_words: str | None = typer.Option(None, help="e.g. '0=terrible,1=great'."),
+    layers: str = typer.Option("5,15,25", help="Comma-separated layers."),
+    shots: str = typer.Option("0,1,2,4,8", help="Numbers of demonstrations k."),
+    n_prompts: int = typer.Option(512, help="Queries (the same for every k)."),
+    max_sentence_words: int = typer.Option(24, help="Longer sentences are skipped; 0: keep all."),
+    expansion: int = typer.Option(TRACING_RECIPE.expansion, help="d_sae / d_in of each BAE."),
+    steps: int = typer.Option(TRACING_RECIPE.steps, help="Training steps of each BAE."),
+    bae_batch_size: int = typer.Option(TRACING_RECIPE.batch_size, help="BAE minibatch."),
+    lr: float = typer.Option(TRACING_RECIPE.lr, help="Adam learning rate of the BAEs."),
+    batch_size: int = typer.Option(16, help="Prompts per forward pass."),
+    device: str = typer.Option("cpu"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("runs/entropy_icl"), help="Folder for JSON and plot."),
+) -> None:
+    """Last-token entropy per (layer, k demonstrations), with the model's ICL accuracy per k."""
+    from sae_lens_bae.entropy.icl import ICLTracingConfig, run_icl_tracing
+
+    words = None
+    if label_words:
+        try:
+            words = dict(item.split("=", 1) for item in label_words.split(","))
+        except ValueError as e:
+            raise typer.BadParameter(
+                f"--label-words looks like '0=negative,1=positive': {e}"
+            ) from e
+    run_icl_tracing(
+        ICLTracingConfig(
+            dataset=dataset,
+            model=model,
+            split=split,
+            text_column=text_column,
+            label_column=label_column,
+            label_words=words,
+            layers=_csv(layers, int, "--layers"),
+            shots=_csv(shots, int, "--shots"),
+            n_prompts=n_prompts,
+            max_sentence_words=max_sentence_words or None,
+            recipe=replace(
+                TRACING_RECIPE,
+                expansion=expansion,
+                steps=steps,
+                batch_size=bae_batch_size,
+                lr=lr,
+            ),
+            batch_size=batch_size,
+            device=device,
+            seed=seed,
+            out=out,
+        )
+    )
+    typer.echo((out / "icl.md").read_text())
     typer.echo(f"results in {out}/")
 
 

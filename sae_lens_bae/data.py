@@ -25,7 +25,15 @@ from datasets import Dataset
 from sae_lens.tokenization_and_batching import concat_and_batch_sequences
 from transformers import PreTrainedTokenizerBase
 
-__all__ = ["default_corpus", "iter_texts", "load_token_dataset", "tokenize_texts"]
+__all__ = [
+    "LABEL_WORDS",
+    "default_corpus",
+    "document_windows",
+    "iter_texts",
+    "load_labelled_sentences",
+    "load_token_dataset",
+    "tokenize_texts",
+]
 
 TEXT_COLUMNS = ("text", "sentence", "content", "document", "review")
 SUFFIXES = (".txt", ".tsv", ".csv", ".jsonl", ".cor")
@@ -183,3 +191,131 @@ def load_token_dataset(
         prepend_bos=prepend_bos,
         max_sequences=max_sequences,
     )
+
+
+def document_windows(
+    texts: Iterable[str],
+    tokenizer: PreTrainedTokenizerBase,
+    length: int,
+    *,
+    max_sequences: int | None = None,
+) -> torch.Tensor:
+    """Rows of BOS + ``length`` consecutive tokens of *one* document, as an ``[n, 1 + length]``
+    tensor.
+
+    For tracing by token position: unlike ``tokenize_texts``' concatenated rows, no row crosses a
+    document boundary, so position p always has exactly p tokens of context after the BOS. Each
+    document is cut into non-overlapping windows; its remainder shorter than ``length`` is dropped.
+    """
+    if length < 1:
+        raise ValueError(f"length must be at least 1, got {length}")
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        raise ValueError("document_windows needs a tokenizer with a bos_token")
+    rows: list[list[int]] = []
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for start in range(0, len(ids) - length + 1, length):
+            rows.append([bos, *ids[start : start + length]])
+            if max_sequences is not None and len(rows) >= max_sequences:
+                return torch.tensor(rows, dtype=torch.long)
+    if not rows:
+        raise ValueError(
+            f"No document has {length} tokens; use longer texts or a smaller maximum position"
+        )
+    return torch.tensor(rows, dtype=torch.long)
+
+
+LABEL_WORDS = {"0": "negative", "1": "positive", "neg": "negative", "pos": "positive"}
+"""Default label words: SST-2's 0/1 and the MR files' neg/pos."""
+
+
+def load_labelled_sentences(
+    source: str | Path,
+    *,
+    split: str = "train",
+    text_column: str | None = None,
+    label_column: str = "label",
+    label_words: dict[str, str] | None = None,
+) -> list[tuple[str, str]]:
+    """(sentence, label word) pairs from a labelled sentence set.
+
+    ``source`` is a TSV/CSV/JSONL file with a text and a label column (SST-2's ``train.tsv``), a
+    folder holding ``<split>.tsv`` (SST-2), a folder of one ``<label>.txt`` file per class with one
+    sentence per line (MR's ``pos.txt``/``neg.txt``), or a Hugging Face dataset name (e.g.
+    ``stanfordnlp/sst2``; ClassLabel ids are mapped to their names). Labels become words with
+    ``label_words`` (default: 0/neg -> negative, 1/pos -> positive; unmapped labels are kept).
+    """
+    words = {**LABEL_WORDS, **(label_words or {})}
+    pairs = [
+        (text, words.get(label, label))
+        for text, label in _labelled(source, split, text_column, label_column)
+    ]
+    if not pairs:
+        raise ValueError(f"{source} holds no labelled sentences")
+    if len({label for _, label in pairs}) < 2:
+        raise ValueError(f"{source} has a single label {pairs[0][1]!r}; ICL needs at least two")
+    return pairs
+
+
+def _labelled(
+    source: str | Path, split: str, text_column: str | None, label_column: str
+) -> Iterator[tuple[str, str]]:
+    path = Path(source).expanduser()
+    if path.is_dir():
+        tables = [path / f"{split}{suffix}" for suffix in (".tsv", ".csv", ".jsonl")]
+        table = next((t for t in tables if t.exists()), None)
+        if table is not None:
+            yield from _labelled(table, split, text_column, label_column)
+            return
+        classes = sorted(path.glob("*.txt"))
+        classes = [c for c in classes if c.stem.lower() not in ("readme", "license")]
+        if len(classes) < 2:
+            raise FileNotFoundError(
+                f"{path} has neither {split}.tsv/.csv/.jsonl nor one <label>.txt file per class"
+            )
+        for file in classes:
+            for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
+                if line.strip():
+                    yield line.strip(), file.stem
+        return
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix == ".jsonl":
+            records: Iterable[dict] = (
+                json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line
+            )
+        elif suffix in (".tsv", ".csv"):
+            records = csv.DictReader(
+                path.open(encoding="utf-8", newline=""), delimiter="\t" if suffix == ".tsv" else ","
+            )
+        else:
+            raise ValueError(
+                f"Labelled sentences come from .tsv/.csv/.jsonl files, not {path.name}"
+            )
+        for number, record in enumerate(records, start=2):
+            if label_column not in record:
+                raise ValueError(
+                    f"{path} has no label column {label_column!r}; its columns are "
+                    f"{list(record)}. Name it with label_column=... (CLI: --label-column)."
+                )
+            column = _pick_column(record, text_column, f"{path}:{number}")
+            if str(record[column]).strip():
+                yield str(record[column]).strip(), str(record[label_column]).strip()
+        return
+    if str(source).startswith((".", "/", "~")) or path.suffix.lower() in SUFFIXES:
+        raise FileNotFoundError(f"No such file or folder: {path}")
+    from datasets import load_dataset
+
+    dataset = load_dataset(str(source), split=split)
+    column = _pick_column(dataset.column_names, text_column, f"dataset {source!r}")
+    if label_column not in dataset.column_names:
+        raise ValueError(
+            f"dataset {source!r} has no label column {label_column!r}; its columns are "
+            f"{dataset.column_names}"
+        )
+    feature = dataset.features[label_column]
+    names = getattr(feature, "names", None)
+    for record in dataset:
+        label = record[label_column]
+        yield str(record[column]).strip(), names[label] if names else str(label)

@@ -1,9 +1,11 @@
-"""Matplotlib figures saved as PNG: training curves and firing-frequency histograms."""
+"""Matplotlib figures saved as PNG: training curves, firing frequencies, entropy benchmarks and
+traces."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -13,10 +15,14 @@ import numpy as np  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 __all__ = [
+    "plot_entropy_by_layer",
+    "plot_entropy_by_position",
+    "plot_entropy_curves",
     "plot_firing_frequencies",
     "plot_synthetic_dynamics",
     "plot_synthetic_scatter",
     "plot_training_curves",
+    "plot_two_token_benchmark",
 ]
 
 
@@ -145,6 +151,110 @@ def plot_synthetic_dynamics(
         title="Training dynamics (largest r; dot = end of training)",
     )
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def _error_colour_bar(fig: Any, ax: Any, scatter: Any) -> None:
+    fig.colorbar(scatter, ax=ax, label="relative reconstruction error (SSE / variance)")
+
+
+def plot_entropy_curves(
+    rows: list[dict],
+    path: str | Path,
+    *,
+    x: str,
+    curve: str,
+    xlabel: str,
+    curve_label: str,
+    title: str = "",
+    log2_x: bool = False,
+) -> Path:
+    """Estimated bits against ``x``, one curve per value of ``curve``; points coloured by their
+    BAE's relative reconstruction error (an estimate from a poor reconstruction is not one)."""
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    errors = [r["relative_error"] for r in rows if r["relative_error"] is not None]
+    vmax = max(errors) if errors else 1.0
+    scatter = None
+    for value in sorted({r[curve] for r in rows}):
+        group = sorted((r for r in rows if r[curve] == value), key=lambda r: r[x])
+        xs = [r[x] for r in group]
+        ax.plot(xs, [r["bits"] for r in group], "-", alpha=0.7, label=f"{curve_label} {value}")
+        scatter = ax.scatter(
+            xs,
+            [r["bits"] for r in group],
+            c=[np.nan if r["relative_error"] is None else r["relative_error"] for r in group],
+            cmap="viridis",
+            vmin=0.0,
+            vmax=vmax,
+            s=36,
+            zorder=3,
+            edgecolors="k",
+            linewidths=0.3,
+        )
+    if log2_x:
+        ax.set_xscale("log", base=2)
+    ax.set(xlabel=xlabel, ylabel="estimated entropy (bits)", title=title)
+    ax.legend(fontsize=8)
+    if scatter is not None:
+        _error_colour_bar(fig, ax, scatter)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_entropy_by_position(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Entropy against token position (log2 axis), one curve per layer."""
+    return plot_entropy_curves(
+        rows,
+        path,
+        x="position",
+        curve="layer",
+        xlabel="token position (tokens after BOS)",
+        curve_label="layer",
+        title=title or "Hidden-state entropy by position",
+        log2_x=True,
+    )
+
+
+def plot_entropy_by_layer(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Entropy against layer, one curve per number of in-context demonstrations k."""
+    return plot_entropy_curves(
+        rows,
+        path,
+        x="layer",
+        curve="shots",
+        xlabel="layer",
+        curve_label="k =",
+        title=title or "Last-token entropy with k demonstrations",
+    )
+
+
+def plot_two_token_benchmark(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Estimate against r for r-token sequences over two tokens, with the ceilings drawn: r bits
+    and the plug-in entropy of the sequences actually sampled."""
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    rs = [row["r"] for row in rows]
+    ax.plot(rs, rs, "k--", linewidth=1, label="r (entropy of the sequence source)")
+    ax.plot(rs, [row["sample_entropy_bits"] for row in rows], ":", color="gray",
+            label="plug-in entropy of the sampled sequences")  # fmt: skip
+    scatter = ax.scatter(
+        rs,
+        [row["bits"] for row in rows],
+        c=[np.nan if row["relative_error"] is None else row["relative_error"] for row in rows],
+        cmap="viridis",
+        s=45,
+        zorder=3,
+        edgecolors="k",
+        linewidths=0.3,
+        label="BAE estimate",
+    )
+    ax.set(xlabel="sequence length r (bits of randomness)", ylabel="bits", title=title)
+    ax.legend(fontsize=8, loc="upper left")
+    _error_colour_bar(fig, ax, scatter)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -70,3 +70,30 @@ def test_quickstart_pipeline_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_p
     for png in ("training_curves.png", "firing_frequency.png"):
         image = matplotlib.image.imread(out / png)
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_entropy_and_bench_commands_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
+    result = runner.invoke(app, ["entropy", "--help"])
+    assert result.exit_code == 0 and "positions" in result.output and "icl" in result.output
+    quick = ["--steps", "20", "--bae-batch-size", "32", "--expansion", "2"]
+    result = runner.invoke(
+        app,
+        ["entropy", "positions", "--model", str(tiny_hf_llama_dir), "--dataset", str(tiny_corpus),
+         "--layers", "0,1", "--max-log2-position", "2", "--n-sequences", "64", *quick,
+         "--out", str(tmp_path / "pos")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    cells = json.loads((tmp_path / "pos" / "positions.json").read_text())["cells"]
+    assert len(cells) == 2 * 3 and "| layer | position | bits |" in result.output
+    result = runner.invoke(
+        app,
+        ["bench", "two-token", "--model", str(tiny_hf_llama_dir), "--layer", "1",
+         "--words", "w5,w6", "--ranks", "0,2", "--n-samples", "64", *quick,
+         "--out", str(tmp_path / "tt")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "tt" / "two_token.png").exists()
+    result = runner.invoke(app, ["bench", "two-token", "--words", "yes"])
+    assert result.exit_code != 0 and "exactly two words" in result.output
+    result = runner.invoke(app, ["entropy", "positions", "--layers", "1,x"])
+    assert result.exit_code != 0 and "comma-separated" in result.output

@@ -1,0 +1,131 @@
+"""Entropy of an LLM's hidden states by token position and layer (``bae entropy positions``).
+
+Take N windows of BOS + 2^K tokens from documents, the hidden states at positions 2^0 ... 2^K
+(position p has p tokens of context after the BOS) at chosen layers, and estimate each
+(layer, position) cell's entropy with its own BAE. All cells' BAEs train as one stacked module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from sae_lens_bae.entropy.cells import TRACING_RECIPE, EntropyRecipe, estimate_entropies
+from sae_lens_bae.entropy.states import gather_states
+
+__all__ = ["PositionTracingConfig", "trace_positions", "run_position_tracing"]
+
+
+@dataclass
+class PositionTracingConfig:
+    """What ``bae entropy positions`` runs; the defaults are the reduced grid for a 2-core CPU."""
+
+    model: str = "smollm2-135m"
+    dataset: str | None = None  # default: the embedded corpus
+    text_column: str | None = None
+    layers: Sequence[int] = (5, 15, 25)
+    hook: str = "hook_resid_post"
+    max_log2_position: int = 6
+    n_sequences: int = 2048
+    recipe: EntropyRecipe = TRACING_RECIPE
+    batch_size: int = 32
+    device: str = "cpu"
+    seed: int = 0
+    out: Path = Path("runs/entropy_positions")
+
+
+def trace_positions(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "n_seq ctx"],
+    layers: Sequence[int],
+    max_log2_position: int,
+    recipe: EntropyRecipe = TRACING_RECIPE,
+    *,
+    hook: str = "hook_resid_post",
+    batch_size: int = 32,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """One row per (layer, position 2^j): estimated bits and reconstruction quality.
+
+    ``tokens`` rows are BOS + at least 2^K tokens (``sae_lens_bae.data.document_windows``).
+    """
+    positions = [2**j for j in range(max_log2_position + 1)]
+    if tokens.shape[1] <= positions[-1]:
+        raise ValueError(
+            f"Position {positions[-1]} needs rows of at least {positions[-1] + 1} tokens (BOS + "
+            f"2^{max_log2_position}); got rows of {tokens.shape[1]}"
+        )
+    recipe.check_samples(tokens.shape[0], f"{tokens.shape[0]} sequences")
+    hooks = [f"blocks.{layer}.{hook}" for layer in layers]
+    index = torch.tensor(positions).expand(tokens.shape[0], -1)
+    states, _ = gather_states(model, tokens, hooks, index, batch_size=batch_size, progress=progress)
+    cells = [(layer, j) for layer in layers for j in range(len(positions))]
+    sets = [states[f"blocks.{layer}.{hook}"][:, j] for layer, j in cells]
+    estimates = estimate_entropies(
+        sets, recipe, seeds=[seed] * len(sets), device=str(model.cfg.device), progress=progress
+    )
+    return [
+        {"layer": layer, "position": positions[j], **cell.summary()}
+        for (layer, j), cell in zip(cells, estimates, strict=True)
+    ]
+
+
+def run_position_tracing(cfg: PositionTracingConfig, progress: bool = True) -> list[dict[str, Any]]:
+    """Load the model and text, trace, and write ``positions.json``, ``positions.md`` and
+    ``positions.png`` to ``cfg.out``."""
+    from sae_lens_bae.data import default_corpus, document_windows, iter_texts
+    from sae_lens_bae.models import load_model
+    from sae_lens_bae.plots import plot_entropy_by_position
+
+    model = load_model(cfg.model, device=cfg.device)
+    bad = [layer for layer in cfg.layers if not 0 <= layer < model.cfg.n_layers]
+    if bad:
+        raise ValueError(
+            f"Layers {bad} do not exist: the model has layers 0..{model.cfg.n_layers - 1}"
+        )
+    source = cfg.dataset if cfg.dataset is not None else default_corpus()
+    tokens = document_windows(
+        iter_texts(source, text_column=cfg.text_column),
+        model.tokenizer,
+        2**cfg.max_log2_position,
+        max_sequences=cfg.n_sequences,
+    )
+    if tokens.shape[0] < cfg.n_sequences:
+        print(f"Note: {source} gave {tokens.shape[0]} windows of {2**cfg.max_log2_position} tokens")
+    rows = trace_positions(
+        model,
+        tokens,
+        cfg.layers,
+        cfg.max_log2_position,
+        cfg.recipe,
+        hook=cfg.hook,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        progress=progress,
+    )
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {
+        **asdict(cfg),
+        "out": str(cfg.out),
+        "dataset": str(source),
+        "layers": list(cfg.layers),
+    }
+    config["n_sequences_used"] = int(tokens.shape[0])
+    (out / "positions.json").write_text(json.dumps({"config": config, "cells": rows}, indent=2))
+    plot_entropy_by_position(rows, out / "positions.png", title=f"{cfg.model}, {cfg.hook}")
+    lines = ["| layer | position | bits | relative error |", "|---|---|---|---|"]
+    for row in rows:
+        error = "-" if row["relative_error"] is None else f"{row['relative_error']:.4f}"
+        lines.append(f"| {row['layer']} | {row['position']} | {row['bits']:.2f} | {error} |")
+    (out / "positions.md").write_text("\n".join(lines) + "\n")
+    return rows

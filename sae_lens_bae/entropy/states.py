@@ -1,0 +1,105 @@
+"""Hidden states at chosen token positions, gathered with TransformerLens hooks.
+
+The tracing experiments need only a few positions of every sequence (powers of two, or each
+prompt's last token), not whole ``[batch, ctx, d]`` caches: a hook on each requested point keeps
+just those rows, and the forward pass stops after the last requested layer unless logits are
+needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+from transformers import PreTrainedTokenizerBase
+
+from sae_lens_bae.activations import _layer_of, check_hooks
+
+__all__ = ["first_token_ids", "gather_states"]
+
+
+@torch.no_grad()
+def gather_states(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "n_seq ctx"],
+    hooks: Sequence[str],
+    positions: Int[Tensor, "n_seq n_pos"],
+    *,
+    batch_size: int = 32,
+    logit_tokens: Sequence[int] | None = None,
+    progress: bool = True,
+    desc: str = "Gathering hidden states",
+) -> tuple[dict[str, Float[Tensor, "n_seq n_pos d"]], Float[Tensor, "n_seq n_pos k"] | None]:
+    """States of ``hooks`` at ``positions[i]`` of every row ``tokens[i]``, plus (optionally) the
+    logits of the ``logit_tokens`` there.
+
+    Rows may be right-padded with any token: in a causal model the state at position p depends on
+    tokens 0..p only, so gathering each row's own positions is exact. Logits are computed from the
+    gathered final residual only (never a [batch, ctx, vocab] tensor). States come back in float32
+    on the CPU. NaN/Inf states stop with an error naming the rows.
+    """
+    hooks = list(dict.fromkeys(hooks))
+    check_hooks(model, hooks)
+    final = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    wanted = hooks if logit_tokens is None else list(dict.fromkeys([*hooks, final]))
+    if tokens.ndim != 2 or positions.ndim != 2 or positions.shape[0] != tokens.shape[0]:
+        raise ValueError(
+            f"tokens must be [n_seq, ctx] and positions [n_seq, n_pos] with the same n_seq; got "
+            f"{tuple(tokens.shape)} and {tuple(positions.shape)}"
+        )
+    if positions.numel() and (positions.min() < 0 or positions.max() >= tokens.shape[1]):
+        raise ValueError(
+            f"positions must lie in [0, {tokens.shape[1] - 1}] (the rows' length); got "
+            f"{int(positions.min())}..{int(positions.max())}"
+        )
+    layers = [_layer_of(h) for h in wanted]
+    stop_at = None if None in layers else max(layers) + 1  # type: ignore[type-var]
+    gathered: dict[str, list[Tensor]] = {h: [] for h in wanted}
+    logits_parts: list[Tensor] = []
+    ids = None
+    if logit_tokens is not None:
+        ids = torch.as_tensor(list(logit_tokens), dtype=torch.long, device=model.cfg.device)
+    for start in tqdm(
+        range(0, tokens.shape[0], batch_size), desc=desc, unit="batch", disable=not progress
+    ):
+        batch = tokens[start : start + batch_size].to(model.cfg.device)
+        index = positions[start : start + batch_size].to(model.cfg.device)
+
+        def keep(act: Tensor, hook, index=index, start=start) -> None:
+            rows = torch.gather(act, 1, index[..., None].expand(-1, -1, act.shape[-1]))
+            if not torch.isfinite(rows).all():
+                raise ValueError(
+                    f"NaN/Inf hidden states at {hook.name} in rows {start}..{start + len(rows) - 1}"
+                )
+            gathered[hook.name].append(rows.float().cpu())
+
+        model.run_with_hooks(
+            batch,
+            fwd_hooks=[(h, keep) for h in wanted],
+            stop_at_layer=stop_at,
+            prepend_bos=False,
+        )
+        if ids is not None:
+            resid = gathered[final][-1].to(model.cfg.device, model.cfg.dtype)
+            normalised = model.ln_final(resid)
+            logits = normalised @ model.W_U[:, ids] + model.b_U[ids]
+            logits_parts.append(logits.float().cpu())
+    states = {h: torch.cat(gathered[h]) for h in hooks}
+    return states, None if ids is None else torch.cat(logits_parts)
+
+
+def first_token_ids(tokenizer: PreTrainedTokenizerBase, words: Sequence[str]) -> list[int]:
+    """The first token of each word as it follows other text (with a leading space): what a
+    label word's logit is read from. Errors if two words share it."""
+    ids = [tokenizer(" " + word, add_special_tokens=False)["input_ids"][0] for word in words]
+    if len(set(ids)) != len(ids):
+        names = [tokenizer.convert_ids_to_tokens(i) for i in ids]
+        raise ValueError(
+            f"Words {list(words)} share first tokens {names}; pick label words that start "
+            "with different tokens"
+        )
+    return ids
