@@ -7,6 +7,7 @@ SAELens, so ``SAE.load_from_disk``, ``LanguageModelSAETrainingRunner`` and
 
 from sae_lens_bae.activations import ActivationCache, harvest_activations
 from sae_lens_bae.entropy import EntropyEstimate, estimate_entropy
+from sae_lens_bae.features import burstiness
 from sae_lens_bae.losses import covariance_penalty, minibatch_entropy, reconstruction_loss
 from sae_lens_bae.models import load_model
 from sae_lens_bae.registry import register_all as _register_all
@@ -36,6 +37,7 @@ __all__ = [
     "ActivationCache",
     "EntropyEstimate",
     "TrainingRun",
+    "burstiness",
     "estimate_entropy",
     "harvest_activations",
     "load_model",

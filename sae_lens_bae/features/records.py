@@ -1,0 +1,146 @@
+"""Feature activation records: for every token its top-k features, and per feature its tokens.
+
+The raw material of feature interpretation (ComSem reads it): which tokens, in which sentences,
+make a feature fire most. Magnitudes are model-specific: burstiness for a BAE, the raw
+activation for an SAE, or an SAE's activation z-scored per channel ("rescaled"), so that
+channels with large decoder-compensated scales do not crowd out the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from sae_lens_bae.features.burstiness import burstiness
+
+__all__ = ["FeatureRecords", "Magnitude", "feature_magnitudes", "top_k_records"]
+
+Magnitude = Literal["burstiness", "raw", "rescaled"]
+
+
+@dataclass
+class FeatureRecords:
+    """Top-k active features of every token, with where the token is.
+
+    ``features[i]``/``magnitudes[i]`` are token i's top-k (feature, magnitude) pairs, best first;
+    slots beyond the token's active features hold feature -1. ``token_positions[i]`` is
+    (sequence, position) and ``token_ids[i]`` the token, so a sample can be shown in its sentence.
+    """
+
+    features: Int[Tensor, "n k"]
+    magnitudes: Float[Tensor, "n k"]
+    token_positions: Int[Tensor, "n 2"]
+    token_ids: Int[Tensor, " n"]
+    d_sae: int
+    magnitude: str
+
+    def counts(self) -> Int[Tensor, " d_sae"]:
+        """How many tokens hold each feature in their top-k."""
+        valid = self.features[self.features >= 0]
+        return torch.bincount(valid, minlength=self.d_sae)
+
+    def activated(self, min_samples: int = 8) -> int:
+        """Features with more than ``min_samples`` tokens in the records (interpretable ones)."""
+        return int((self.counts() > min_samples).sum())
+
+    def samples(self, feature: int, limit: int | None = None) -> list[tuple[int, float]]:
+        """(token index, magnitude) of the tokens whose top-k holds ``feature``, strongest first."""
+        if not 0 <= feature < self.d_sae:
+            raise IndexError(f"feature {feature} outside 0..{self.d_sae - 1}")
+        rows, slots = (self.features == feature).nonzero(as_tuple=True)
+        values = self.magnitudes[rows, slots]
+        order = torch.argsort(values, descending=True)[:limit]
+        return [(int(rows[i]), float(values[i])) for i in order]
+
+
+@torch.no_grad()
+def feature_magnitudes(
+    sae: torch.nn.Module,
+    activations: Float[Tensor, "n d_in"],
+    magnitude: Magnitude,
+    *,
+    prior: Float[Tensor, " n_bits"] | None = None,
+    batch_size: int = 4096,
+) -> Callable[[int, int], tuple[Tensor, Tensor]]:
+    """A function (start, stop) -> (magnitudes, active mask) of rows start:stop, per ``magnitude``.
+
+    ``burstiness`` needs ``prior`` (see ``code_prior``); ``rescaled`` first measures each channel's
+    mean and standard deviation over all of ``activations``.
+    """
+    if magnitude == "burstiness":
+        if prior is None:
+            raise ValueError("burstiness magnitudes need the code prior (see code_prior)")
+
+        def bae_rows(start: int, stop: int) -> tuple[Tensor, Tensor]:
+            bits = sae.encode_bits(activations[start:stop])  # type: ignore[operator]
+            return burstiness(bits, prior), bits > 0
+
+        return bae_rows
+    if magnitude not in ("raw", "rescaled"):
+        raise ValueError(f"magnitude must be burstiness, raw or rescaled, got {magnitude!r}")
+    mean = std = None
+    if magnitude == "rescaled":
+        total = total_sq = None
+        for start in range(0, activations.shape[0], batch_size):
+            acts = sae.encode(activations[start : start + batch_size]).double()  # type: ignore[operator]
+            s, sq = acts.sum(0), acts.pow(2).sum(0)
+            total, total_sq = (s, sq) if total is None else (total + s, total_sq + sq)
+        n = activations.shape[0]
+        mean = total / n  # type: ignore[operator]
+        std = (total_sq / n - mean.pow(2)).clamp_min(0).sqrt().clamp_min(1e-8)  # type: ignore[operator]
+
+    def sae_rows(start: int, stop: int) -> tuple[Tensor, Tensor]:
+        acts = sae.encode(activations[start:stop])  # type: ignore[operator]
+        active = acts != 0
+        if mean is None:
+            return acts.float(), active
+        return ((acts.double() - mean) / std).float(), active
+
+    return sae_rows
+
+
+@torch.no_grad()
+def top_k_records(
+    sae: torch.nn.Module,
+    activations: Float[Tensor, "n d_in"],
+    token_positions: Int[Tensor, "n 2"],
+    token_ids: Int[Tensor, " n"],
+    magnitude: Magnitude,
+    *,
+    k: int = 10,
+    prior: Float[Tensor, " n_bits"] | None = None,
+    batch_size: int = 4096,
+) -> FeatureRecords:
+    """Every token's top-k *active* features by ``magnitude`` (a feature that does not fire on a
+    token is never one of its records)."""
+    n = activations.shape[0]
+    if token_positions.shape[0] != n or token_ids.shape[0] != n:
+        raise ValueError(
+            f"{n} activation rows but {token_positions.shape[0]} token positions and "
+            f"{token_ids.shape[0]} token ids; pass those of the same rows"
+        )
+    rows_of = feature_magnitudes(sae, activations, magnitude, prior=prior, batch_size=batch_size)
+    features, magnitudes = [], []
+    width = 0
+    for start in range(0, n, batch_size):
+        values, active = rows_of(start, min(start + batch_size, n))
+        width = values.shape[-1]  # features, or code bits for a more-bit BAE
+        kk = min(k, width)
+        masked = values.masked_fill(~active, float("-inf"))
+        top_values, top_features = masked.topk(kk, dim=-1)
+        top_features = top_features.masked_fill(top_values == float("-inf"), -1)
+        features.append(top_features.cpu())
+        magnitudes.append(top_values.cpu())
+    return FeatureRecords(
+        features=torch.cat(features),
+        magnitudes=torch.cat(magnitudes),
+        token_positions=token_positions,
+        token_ids=token_ids,
+        d_sae=width,
+        magnitude=magnitude,
+    )

@@ -1,0 +1,122 @@
+"""Feature extraction on hand-built codes and activations: known answers."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sae_lens_bae import BAE, BAEConfig, burstiness
+from sae_lens_bae.features import (
+    code_prior,
+    decoder_covariance_norm,
+    feature_statistics,
+    top_k_records,
+)
+
+
+class FixedSAE:
+    """An 'SAE' whose feature activations are its inputs (codes for encode_bits too)."""
+
+    def __init__(self, d_sae):
+        self.cfg = SimpleNamespace(d_sae=d_sae)
+
+    def encode(self, x):
+        return x
+
+    def encode_bits(self, x):
+        return x
+
+
+def test_burstiness_known_values_and_no_aliasing():
+    codes = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    prior = torch.tensor([0.25, 0.5, 0.0])
+    kept = prior.clone()
+    out = burstiness(codes, prior)
+    expected = [[math.log2(0.75), -1.0, -24.0], [-2.0, -1.0, 0.0]]  # dead bit floored at -24
+    assert torch.allclose(out, torch.tensor(expected))
+    assert torch.equal(prior, kept) and out.data_ptr() != prior.data_ptr()
+    out += 1  # the caller's changes do not reach the prior
+    assert torch.equal(prior, kept)
+    with pytest.raises(ValueError, match="3 bits"):
+        burstiness(codes, torch.zeros(4))
+
+
+def test_code_prior_from_training_buffer_or_evaluation_set():
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=4, d_sae=6))
+    x = torch.randn(50, 4)
+    evaluation = code_prior(bae, x, source="evaluation", batch_size=7)
+    assert torch.allclose(evaluation, bae.encode_bits(x).mean(0))
+    with pytest.raises(ValueError, match="no training prior"):
+        code_prior(bae)  # never trained: code_mean_count is 0
+    bae.code_mean.fill_(0.3)
+    bae.code_mean_count.fill_(10)
+    prior = code_prior(bae)
+    assert torch.allclose(prior, torch.full((6,), 0.3))
+    prior += 1
+    assert torch.allclose(bae.code_mean, torch.full((6,), 0.3))  # a copy
+    with pytest.raises(ValueError, match="needs the evaluation"):
+        code_prior(bae, source="evaluation")
+
+
+def test_top_k_records_keep_only_active_features_best_first():
+    acts = torch.tensor(
+        [[0.0, 5.0, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0], [3.0, 4.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    )
+    positions = torch.tensor([[0, 1], [0, 2], [1, 1], [1, 2]])
+    records = top_k_records(
+        FixedSAE(4), acts, positions, torch.tensor([7, 8, 9, 10]), "raw", k=2, batch_size=3
+    )
+    assert records.features.tolist() == [[1, 2], [0, -1], [1, 0], [-1, -1]]
+    assert records.counts().tolist() == [2, 2, 1, 0]
+    assert records.activated(min_samples=1) == 2 and records.activated(min_samples=2) == 0
+    assert records.samples(1) == [(0, 5.0), (2, 4.0)]
+    assert records.samples(0, limit=1) == [(2, 3.0)]
+    with pytest.raises(IndexError):
+        records.samples(4)
+    # z-scored per channel: channel 2 (small values, rare) now outranks channel 1 on token 2
+    rescaled = top_k_records(FixedSAE(4), acts, positions, torch.arange(4), "rescaled", k=1)
+    raw_mean, raw_std = acts[:, 2].mean(), acts[:, 2].std(unbiased=False)
+    assert rescaled.magnitudes[0, 0].item() == pytest.approx(((1.0 - raw_mean) / raw_std).item())
+    assert rescaled.features[0, 0].item() == 2
+    with pytest.raises(ValueError, match="3 token positions"):
+        top_k_records(FixedSAE(4), acts, positions[:3], torch.arange(4), "raw")
+
+
+def test_top_k_records_by_burstiness_prefer_rare_bits():
+    codes = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
+    prior = codes.mean(0)  # bit 0: 1/4, bit 1: always, bit 2: 1/4
+    records = top_k_records(
+        FixedSAE(3), codes, torch.zeros(4, 2).long(), torch.arange(4), "burstiness",
+        k=1, prior=prior,
+    )  # fmt: skip
+    # an always-on bit is never surprising: log2|1 - 1| is the floor, below a rare bit's log2(3/4)
+    assert records.features[:, 0].tolist() == [0, 2, 1, 1]
+    with pytest.raises(ValueError, match="prior"):
+        top_k_records(FixedSAE(3), codes, torch.zeros(4, 2).long(), torch.arange(4), "burstiness")
+
+
+def test_decoder_covariance_norm_of_collinear_rows():
+    direction = torch.tensor([0.6, 0.8, 0.0])
+    scales = torch.tensor([1.0, 2.0, 3.0, 6.0])
+    rows = scales[:, None] * direction
+    assert decoder_covariance_norm(rows) == pytest.approx(scales.var().item())  # unbiased
+    # rows e_1, e_2, e_3: cov = (I - J/3) / 2, whose largest eigenvalue is 1/2
+    assert decoder_covariance_norm(torch.eye(3)) == pytest.approx(0.5)
+
+
+def test_feature_statistics_columns():
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=4, d_sae=8))
+    x = torch.randn(64, 4)
+    records = top_k_records(
+        bae, x, torch.zeros(64, 2).long(), torch.arange(64), "burstiness", k=3,
+        prior=code_prior(bae, x, source="evaluation"),
+    )  # fmt: skip
+    stats = feature_statistics(bae, x, records, dense_threshold=0.6, activated_min_samples=4)
+    rates = bae.encode_bits(x).mean(0)
+    assert stats["dense"] == int((rates > 0.6).sum()) and stats["dead"] == int((rates == 0).sum())
+    assert stats["activated"] == int((records.counts() > 4).sum())
+    assert stats["decoder_covariance_norm"] == pytest.approx(decoder_covariance_norm(bae.W_dec))
+    assert stats["l0"] == pytest.approx(rates.sum().item(), rel=1e-5)
