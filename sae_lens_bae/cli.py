@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from sae_lens_bae.entropy.cells import TRACING_RECIPE
+from sae_lens_bae.features.compare import BASELINES
 
 app = typer.Typer(
     help="Binary Autoencoders (BAE) on TransformerLens models, trained with SAELens.",
@@ -117,6 +118,50 @@ def train(
     fill_training_schedule(cfg)
     LanguageModelSAETrainingRunner(cfg, override_dataset=tokens, override_model=lm).run()
     typer.echo(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")
+
+
+@app.command()
+def compare(
+    dataset: str | None = typer.Option(None, help="Text file/folder/HF dataset; default embedded."),
+    model: str = typer.Option("smollm2-135m", help="Embedded name, HF directory or TL name."),
+    layer: int | None = typer.Option(None, help="Layer (default: the middle one)."),
+    text_column: str | None = typer.Option(None),
+    baselines: str = typer.Option(",".join(BASELINES), help="Comma-separated baselines."),
+    context_size: int = typer.Option(128),
+    max_sequences: int | None = typer.Option(1536, help="Cap on harvested sequences."),
+    expansion: int = typer.Option(4, help="d_sae / d_in of every model."),
+    steps: int = typer.Option(2000, help="Training steps of every model."),
+    prior: str = typer.Option("training", help="BAE burstiness prior: training or evaluation."),
+    records_k: int = typer.Option(10, help="Top-k features kept per token."),
+    dense_threshold: float = typer.Option(0.5),
+    device: str = typer.Option("cpu"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("runs/compare"), help="Report folder."),
+) -> None:
+    """Train a BAE and SAELens' SAEs on one layer's activations; compare their features."""
+    from sae_lens_bae.features.compare import CompareConfig, run_compare
+
+    run_compare(
+        CompareConfig(
+            dataset=dataset,
+            model=model,
+            layer=layer,
+            text_column=text_column,
+            baselines=_csv(baselines, str, "--baselines"),
+            context_size=context_size,
+            max_sequences=max_sequences,
+            expansion=expansion,
+            steps=steps,
+            prior=prior,  # type: ignore[arg-type]
+            records_k=records_k,
+            dense_threshold=dense_threshold,
+            device=device,
+            seed=seed,
+            out=out,
+        )
+    )
+    typer.echo((out / "compare.md").read_text())
+    typer.echo(f"results in {out}/")
 
 
 bench_app = typer.Typer(help="Benchmarks with known answers.", no_args_is_help=True)

@@ -19,6 +19,7 @@ def evaluate_sae(
     activations: Float[Tensor, "n d_in"],
     batch_size: int = 4096,
     dense_threshold: float = 0.5,
+    targets: Float[Tensor, "n d_out"] | None = None,
 ) -> dict[str, Any]:
     """Reconstruction and firing statistics of ``sae`` on ``activations``.
 
@@ -27,25 +28,33 @@ def evaluate_sae(
     for data without squares or variance, e.g. all-zero activations), ``l0`` (mean
     active features per sample), ``entropy_bits`` (H of the features' firing rates: for a BAE with
     ``bits = 1`` the entropy estimate of the set), ``dead`` (never fire), ``dense`` (fire on more
-    than ``dense_threshold`` of samples) and the per-feature ``firing_rates``.
+    than ``dense_threshold`` of samples) and the per-feature ``firing_rates``. ``targets``: what
+    the output should be when it is not the input (a transcoder's next hook point); errors and
+    variance are then measured against them.
     """
+    if targets is not None and targets.shape[0] != activations.shape[0]:
+        raise ValueError(
+            f"{activations.shape[0]} activation rows but {targets.shape[0]} target rows"
+        )
+    reference = activations if targets is None else targets
     sse = sum_sq = 0.0
     fired = torch.zeros(sae.cfg.d_sae, dtype=torch.float64)
     n = 0
-    mean = activations.double().mean(0)
-    sst = (activations.double() - mean).pow(2).sum().item()
+    mean = reference.double().mean(0)
+    sst = (reference.double() - mean).pow(2).sum().item()
     for start in range(0, activations.shape[0], batch_size):
         x = activations[start : start + batch_size].to(sae.device, sae.dtype)
         features = sae.encode(x)
         out = sae.decode(features)
-        sse += (out - x).double().pow(2).sum().item()
-        sum_sq += x.double().pow(2).sum().item()
+        y = reference[start : start + batch_size].to(sae.device, sae.dtype)
+        sse += (out - y).double().pow(2).sum().item()
+        sum_sq += y.double().pow(2).sum().item()
         fired += (features != 0).sum(0, dtype=torch.float64).cpu()
         n += x.shape[0]
     rates = (fired / n).float()
     return {
         "n_samples": n,
-        "reconstruction_loss": sse / (n * activations.shape[1]),
+        "reconstruction_loss": sse / (n * reference.shape[1]),
         "relative_error": sse / sum_sq if sum_sq > 0 else None,
         "explained_variance": 1.0 - sse / sst if sst > 0 else None,
         "l0": float(fired.sum() / n),

@@ -19,6 +19,8 @@ __all__ = [
     "plot_entropy_by_position",
     "plot_entropy_curves",
     "plot_firing_frequencies",
+    "plot_firing_frequency_grid",
+    "plot_magnitude_heatmaps",
     "plot_synthetic_dynamics",
     "plot_synthetic_scatter",
     "plot_training_curves",
@@ -54,33 +56,92 @@ def plot_training_curves(
     return Path(path)
 
 
-def plot_firing_frequencies(
-    firing_rates: Mapping[str, Tensor], path: str | Path, title: str = ""
-) -> Path:
-    """Histogram of log10 feature firing frequency per model; dead features counted apart."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+def _log_frequency_bins(firing_rates: Mapping[str, Tensor]) -> np.ndarray:
     floor = min(
         (float(r[r > 0].min()) for r in firing_rates.values() if (r > 0).any()), default=1e-6
     )
-    bins = np.linspace(np.log10(floor) - 0.1, 0.0, 50)
+    return np.linspace(np.log10(floor) - 0.1, 0.0, 50)
+
+
+def _firing_histogram(
+    ax: Any, firing_rates: Mapping[str, Tensor], bins: np.ndarray, dense_threshold: float = 0.5
+) -> None:
     for name, rates in firing_rates.items():
         rates = rates.detach().float().cpu().numpy()
         alive = rates[rates > 0]
         dead = int((rates == 0).sum())
-        dense = int((rates > 0.5).sum())
+        dense = int((rates > dense_threshold).sum())
         ax.hist(
             np.log10(alive),
             bins=bins,
             alpha=0.55,
             label=f"{name} ({len(rates)} features, {dead} dead, {dense} dense)",
         )
-    ax.axvline(np.log10(0.5), color="k", linestyle=":", linewidth=1)
-    ax.text(np.log10(0.5), ax.get_ylim()[1] * 0.95, " 50%", va="top")
+    ax.axvline(np.log10(dense_threshold), color="k", linestyle=":", linewidth=1)
     ax.set(xlabel="log10 firing frequency on held-out tokens", ylabel="features")
+    ax.legend(fontsize=7)
+
+
+def plot_firing_frequencies(
+    firing_rates: Mapping[str, Tensor], path: str | Path, title: str = ""
+) -> Path:
+    """Histogram of log10 feature firing frequency per model; dead features counted apart."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    _firing_histogram(ax, firing_rates, _log_frequency_bins(firing_rates))
     ax.set_title(title or "Feature firing frequency")
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_firing_frequency_grid(
+    firing_rates: Mapping[str, Tensor],
+    path: str | Path,
+    reference: str = "bae",
+    dense_threshold: float = 0.5,
+    title: str = "",
+) -> Path:
+    """One panel per baseline: its firing-frequency histogram over the reference model's."""
+    others = [name for name in firing_rates if name != reference]
+    if reference not in firing_rates or not others:
+        raise ValueError(
+            f"Need {reference!r} and at least one other model; got {list(firing_rates)}"
+        )
+    columns = min(3, len(others))
+    rows = -(-len(others) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
+    bins = _log_frequency_bins(firing_rates)
+    for ax, name in zip(axes.flat, others, strict=False):
+        pair = {reference: firing_rates[reference], name: firing_rates[name]}
+        _firing_histogram(ax, pair, bins, dense_threshold)
+        ax.set_title(f"{reference} vs {name}", fontsize=9)
+    for ax in list(axes.flat)[len(others) :]:
+        ax.axis("off")
+    fig.suptitle(title or "Feature firing frequency (dotted: dense threshold)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_magnitude_heatmaps(
+    magnitudes: Mapping[str, Tensor], path: str | Path, title: str = ""
+) -> Path:
+    """Per model, a [samples x channels] heat map of feature magnitudes (each model's own scale:
+    burstiness for a BAE, activations for an SAE)."""
+    columns = min(3, len(magnitudes))
+    rows = -(-len(magnitudes) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
+    for ax, (name, values) in zip(axes.flat, magnitudes.items(), strict=False):
+        image = ax.imshow(values.detach().float().cpu().numpy(), aspect="auto", cmap="magma")
+        fig.colorbar(image, ax=ax)
+        ax.set(title=name, xlabel="channel (most used first)", ylabel="held-out token")
+    for ax in list(axes.flat)[len(magnitudes) :]:
+        ax.axis("off")
+    fig.suptitle(title or "Feature magnitudes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
 

@@ -22,7 +22,7 @@ from sae_lens_bae.entropy import estimate_entropy
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
-from sae_lens_bae.saes.bae import BAETrainingSAEConfig
+from sae_lens_bae.saes.bae import SHORT_RUN_LR, BAETrainingSAEConfig, short_run_config
 from sae_lens_bae.training import TrainingRun, train_sae
 
 __all__ = ["QuickstartConfig", "run_quickstart"]
@@ -43,7 +43,7 @@ class QuickstartConfig:
     expansion: int = 4
     steps: int = 1000
     batch_size: int = 512
-    bae_lr: float = 2e-3
+    bae_lr: float = SHORT_RUN_LR
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
     topk_lr: float = 5e-4
     topk_k: int = 100  # SAELens' default k
@@ -58,20 +58,13 @@ class QuickstartConfig:
 
 
 def _bae_config(d_in: int, cfg: QuickstartConfig) -> BAETrainingSAEConfig:
-    """The BAE of the quickstart: a short run, so the prototype's rule for short training is used
-    (sigmoid surrogate at T = 0.3, a_e = 5e-7 * 2048/d, a_c = 1e-6 * 2048/d: the paper's d = 2048
-    coefficients rescaled to this width) unless ``cfg.bae_kwargs`` says otherwise."""
-    settings: dict[str, Any] = {
-        "surrogate_temperature": 0.3,
-        "entropy_coefficient": 5e-7 * 2048 / d_in,
-        "covariance_coefficient": 1e-6 * 2048 / d_in,
-        **cfg.bae_kwargs,
-    }
-    return BAETrainingSAEConfig(
-        d_in=d_in,
-        d_sae=cfg.expansion * d_in,
+    """The quickstart's BAE: a short run, so ``short_run_config``'s rule unless
+    ``cfg.bae_kwargs`` says otherwise."""
+    return short_run_config(
+        d_in,
+        cfg.expansion * d_in,
         normalize_activations="expected_average_only_in",
-        **settings,
+        **cfg.bae_kwargs,
     )
 
 

@@ -58,6 +58,7 @@ def register_architecture(
 
 def register_all() -> None:
     """Register every architecture this package defines."""
+    from sae_lens_bae.saes import gated_relu
     from sae_lens_bae.saes.bae import (
         ARCHITECTURE,
         BAE,
@@ -67,3 +68,10 @@ def register_all() -> None:
     )
 
     register_architecture(ARCHITECTURE, BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig)
+    register_architecture(
+        gated_relu.ARCHITECTURE,
+        gated_relu.GatedReLUSAE,
+        gated_relu.GatedReLUSAEConfig,
+        gated_relu.GatedReLUTrainingSAE,
+        gated_relu.GatedReLUTrainingSAEConfig,
+    )

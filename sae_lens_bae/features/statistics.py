@@ -35,11 +35,13 @@ def feature_statistics(
     *,
     dense_threshold: float = 0.5,
     activated_min_samples: int = 8,
+    targets: Float[Tensor, "n d_out"] | None = None,
 ) -> dict[str, Any]:
     """Held-out reconstruction loss, explained variance, L0, dead/dense counts, firing
     frequencies (from ``evaluate_sae``), the decoder covariance norm, and, given ``records``, the
-    number of activated features (more than ``activated_min_samples`` tokens in the records)."""
-    stats = evaluate_sae(sae, activations, dense_threshold=dense_threshold)
+    number of activated features (more than ``activated_min_samples`` tokens in the records).
+    ``targets``: a transcoder's output hook point (errors are measured against them)."""
+    stats = evaluate_sae(sae, activations, dense_threshold=dense_threshold, targets=targets)
     stats["decoder_covariance_norm"] = decoder_covariance_norm(sae.W_dec)
     stats["dense_threshold"] = dense_threshold
     if records is not None:

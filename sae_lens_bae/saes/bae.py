@@ -45,6 +45,8 @@ from typing_extensions import override
 from sae_lens_bae.losses import covariance_penalty, minibatch_entropy, reconstruction_loss
 
 __all__ = [
+    "SHORT_RUN_LR",
+    "short_run_config",
     "BAE",
     "BAEConfig",
     "BAETrainingSAE",
@@ -544,3 +546,24 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     def log_histograms(self) -> dict[str, NDArray[Any]]:
         return {**super().log_histograms(), **self._bae_histograms()}
+
+
+SHORT_RUN_LR = 2e-3
+"""Adam learning rate of ``short_run_config``: 1000-2000 steps instead of the paper's 100 epochs."""
+
+
+def short_run_config(d_in: int, d_sae: int | None = None, **overrides: Any) -> BAETrainingSAEConfig:
+    """A BAE config for short runs (a thousand or two steps, train with lr ``SHORT_RUN_LR``).
+
+    The paper's defaults (T = 1, a_e = a_c = 1e-7, lr 5e-4) need its long schedule. The prototype's
+    rule for short training: sigmoid surrogate at T = 0.3 and the paper's d = 2048 coefficients
+    (a_e = 5e-7, a_c = 1e-6) rescaled by 2048 / d_in, since the reconstruction loss is a mean over
+    d_in while the penalties are sums over channels. ``overrides`` replace any field.
+    """
+    settings: dict[str, Any] = {
+        "surrogate_temperature": 0.3,
+        "entropy_coefficient": 5e-7 * 2048 / d_in,
+        "covariance_coefficient": 1e-6 * 2048 / d_in,
+        **overrides,
+    }
+    return BAETrainingSAEConfig(d_in=d_in, d_sae=d_sae, **settings)

@@ -1,0 +1,306 @@
+"""``bae compare``: a BAE against SAELens' SAE architectures on the same cached activations.
+
+One harvest of one layer; every model trained on the same training tokens with the same
+expansion rate and number of steps; every model evaluated on the same held-out tokens: the
+reconstruction loss, the spectral norm of the decoder rows' covariance, activated / dead / dense
+feature counts, L0 and explained variance, as a markdown table, JSON and plots.
+
+All activations are scaled once by sqrt(d) / (mean training norm), as SAELens'
+``expected_average_only_in`` would, and every model trains on the scaled activations with
+``normalize_activations="none"``, so their losses are in one unit and comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAEConfig
+from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAEConfig
+from sae_lens.saes.standard_sae import StandardTrainingSAEConfig
+from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
+from torch import Tensor
+
+from sae_lens_bae.features.burstiness import code_prior
+from sae_lens_bae.features.records import FeatureRecords, top_k_records
+from sae_lens_bae.features.statistics import feature_statistics
+from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
+from sae_lens_bae.saes.gated_relu import GatedReLUTrainingSAEConfig
+
+__all__ = ["BASELINES", "CompareConfig", "run_compare"]
+
+BASELINES = (
+    "standard",
+    "standard_rescaled",
+    "topk15",
+    "topk",
+    "jumprelu",
+    "batchtopk",
+    "gated_relu",
+    "transcoder",
+)
+"""Every baseline ``bae compare`` knows. ``topk15`` is the paper's k = 15, ``topk`` SAELens'
+default k; ``standard_rescaled`` is the standard SAE read through per-channel z-scores (no
+training of its own); ``transcoder`` maps the MLP's input to the layer's residual output."""
+
+TABLE_COLUMNS = (
+    ("reconstruction_loss", "reconstruction loss", "{:.4f}"),
+    ("decoder_covariance_norm", "‖Cov(W_dec)‖", "{:.4f}"),
+    ("activated", "activated", "{}"),
+    ("dead", "dead", "{}"),
+    ("dense", "dense", "{}"),
+    ("l0", "L0", "{:.1f}"),
+    ("explained_variance", "explained variance", "{:.3f}"),
+)
+
+
+@dataclass
+class CompareConfig:
+    """What ``bae compare`` runs; the defaults fit 45 minutes on a 2-core CPU."""
+
+    dataset: str | None = None  # None: the embedded corpus
+    model: str = "smollm2-135m"
+    layer: int | None = None  # None: the middle layer
+    text_column: str | None = None
+    context_size: int = 128
+    max_sequences: int | None = 1536
+    held_out_fraction: float = 0.1
+    baselines: Sequence[str] = BASELINES
+    expansion: int = 4
+    steps: int = 2000
+    batch_size: int = 512
+    lr: float = 5e-4  # the SAEs'; the BAE trains with SHORT_RUN_LR
+    l1_coefficient: float = 5.0  # standard, gated_relu, transcoder
+    records_k: int = 10
+    activated_min_samples: int = 8
+    dense_threshold: float = 0.5
+    prior: Literal["training", "evaluation"] = "training"
+    outlier_norm_ratio: float = 10.0
+    bae_kwargs: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+    seed: int = 0
+    out: Path = Path("runs/compare")
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.baselines if b not in BASELINES]
+        if unknown:
+            raise ValueError(f"Unknown baselines {unknown}; choose from {list(BASELINES)}")
+        if not 0.0 < self.held_out_fraction < 1.0:
+            raise ValueError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction}")
+        if self.prior not in ("training", "evaluation"):
+            raise ValueError(f"prior must be 'training' or 'evaluation', got {self.prior!r}")
+
+
+def _sae_configs(d_in: int, cfg: CompareConfig) -> dict[str, Any]:
+    d_sae = cfg.expansion * d_in
+    common = {"d_in": d_in, "d_sae": d_sae, "normalize_activations": "none"}
+    configs: dict[str, Any] = {
+        "standard": StandardTrainingSAEConfig(**common, l1_coefficient=cfg.l1_coefficient),
+        "topk15": TopKTrainingSAEConfig(**common, k=15),
+        "topk": TopKTrainingSAEConfig(**common),
+        "jumprelu": JumpReLUTrainingSAEConfig(**common),
+        "batchtopk": BatchTopKTrainingSAEConfig(**common),
+        "gated_relu": GatedReLUTrainingSAEConfig(**common, l1_coefficient=cfg.l1_coefficient),
+    }
+    wanted = set(cfg.baselines) | ({"standard"} if "standard_rescaled" in cfg.baselines else set())
+    return {name: c for name, c in configs.items() if name in wanted}
+
+
+def _split(tensor: Tensor, n_train_rows: int) -> tuple[Tensor, Tensor]:
+    return tensor[:n_train_rows], tensor[n_train_rows:]
+
+
+def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
+    """Harvest, train every model, evaluate, and write ``compare.md``, ``compare.json`` and the
+    plots to ``cfg.out``; returns the summary."""
+    from sae_lens_bae.activations import harvest_activations
+    from sae_lens_bae.data import default_corpus, load_token_dataset
+    from sae_lens_bae.models import load_model
+    from sae_lens_bae.plots import (
+        plot_firing_frequency_grid,
+        plot_magnitude_heatmaps,
+        plot_training_curves,
+    )
+    from sae_lens_bae.saes.transcoder import train_transcoder
+    from sae_lens_bae.training import train_sae
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        timings[name] = round(time.perf_counter() - clock, 1)
+        clock = time.perf_counter()
+        print(f"[compare] {name}: {timings[name]:.1f} s", flush=True)
+
+    model = load_model(cfg.model, device=cfg.device)
+    layer = model.cfg.n_layers // 2 if cfg.layer is None else cfg.layer
+    if not 0 <= layer < model.cfg.n_layers:
+        raise ValueError(f"Layer {layer} does not exist: layers 0..{model.cfg.n_layers - 1}")
+    hook = f"blocks.{layer}.hook_resid_post"
+    mlp_in = f"blocks.{layer}.ln2.hook_normalized"
+    hooks = [hook, mlp_in] if "transcoder" in cfg.baselines else [hook]
+    source = cfg.dataset if cfg.dataset is not None else str(default_corpus())
+    tokens = load_token_dataset(
+        source,
+        model.tokenizer,
+        cfg.context_size,
+        text_column=cfg.text_column,
+        max_sequences=cfg.max_sequences,
+    )
+    cache = harvest_activations(model, tokens, hooks, out / "activations", batch_size=8)
+    del model
+    lap("harvest")
+
+    n_seq = cache.meta["n_sequences"]
+    n_train_seq = n_seq - max(1, round(cfg.held_out_fraction * n_seq))
+    acts = {h: cache.activations(h) for h in hooks}
+    per_seq = acts[hook].shape[0] // n_seq
+    # drop attention-sink outliers (norm > ratio x median) everywhere, by the residual's norm
+    norms = acts[hook].norm(dim=-1)
+    keep = norms <= cfg.outlier_norm_ratio * norms.median()
+    n_train_rows = int(keep[: n_train_seq * per_seq].sum())
+    positions = cache.token_positions()[keep]
+    token_ids = cache.tokens()[positions[:, 0], positions[:, 1]]
+    scaled = {}
+    for h in hooks:
+        kept = acts[h][keep]
+        scale = kept.shape[1] ** 0.5 / kept[:n_train_rows].norm(dim=-1).mean().item()
+        scaled[h] = kept * scale
+    train, test = _split(scaled[hook], n_train_rows)
+    test_positions, test_tokens = (
+        _split(positions, n_train_rows)[1],
+        _split(token_ids, n_train_rows)[1],
+    )
+    d_in = train.shape[1]
+    samples = cfg.steps * cfg.batch_size
+    trainer = {"training_samples": samples, "batch_size": cfg.batch_size, "device": cfg.device}
+    trainer["seed"] = cfg.seed
+
+    runs: dict[str, Any] = {}
+    histories: dict[str, list[dict[str, float]]] = {}
+    bae_cfg = short_run_config(d_in, cfg.expansion * d_in, **cfg.bae_kwargs)
+    run = train_sae(train, bae_cfg, lr=SHORT_RUN_LR, **trainer)
+    runs["bae"], histories["bae"] = run.sae, run.history
+    lap("train bae")
+    for name, sae_cfg in _sae_configs(d_in, cfg).items():
+        run = train_sae(train, sae_cfg, lr=cfg.lr, **trainer)
+        runs[name], histories[name] = run.sae, run.history
+        lap(f"train {name}")
+    if "transcoder" in cfg.baselines:
+        x_train, x_test = _split(scaled[mlp_in], n_train_rows)
+        transcoder, histories["transcoder"] = train_transcoder(
+            x_train,
+            train,
+            cfg.expansion * d_in,
+            training_samples=samples,
+            l1_coefficient=cfg.l1_coefficient,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            device=cfg.device,
+            seed=cfg.seed,
+            progress=progress,
+        )
+        runs["transcoder"] = transcoder
+        lap("train transcoder")
+
+    rows: dict[str, dict[str, Any]] = {}
+    rates: dict[str, Tensor] = {}
+    heat: dict[str, Tensor] = {}
+    records: dict[str, FeatureRecords] = {}
+    prior = None
+    for name in ["bae", *[b for b in cfg.baselines]]:
+        sae = runs["standard" if name == "standard_rescaled" else name]
+        sae.eval()
+        inputs, targets = (x_test, test) if name == "transcoder" else (test, None)
+        if name == "bae":
+            prior = code_prior(sae, test, source=cfg.prior)
+            magnitude = "burstiness"
+        else:
+            magnitude = "rescaled" if name == "standard_rescaled" else "raw"
+        records[name] = top_k_records(
+            sae, inputs, test_positions, test_tokens, magnitude, k=cfg.records_k,  # type: ignore[arg-type]
+            prior=prior if name == "bae" else None,
+        )  # fmt: skip
+        stats = feature_statistics(
+            sae,
+            inputs,
+            records[name],
+            dense_threshold=cfg.dense_threshold,
+            activated_min_samples=cfg.activated_min_samples,
+            targets=targets,
+        )
+        rates[name] = stats.pop("firing_rates")
+        stats["magnitude"] = magnitude
+        rows[name] = stats
+        heat[name] = _heat_map(sae, inputs, magnitude, prior, rates[name])
+        if name not in ("standard_rescaled",):
+            save = getattr(sae, "save_inference_model", None) or sae.save_model
+            save(out / "models" / name)
+    lap("evaluate")
+
+    summary = {
+        "config": {**asdict(cfg), "out": str(cfg.out), "baselines": list(cfg.baselines)},
+        "model": cfg.model,
+        "hook": hook,
+        "transcoder_input": mlp_in if "transcoder" in cfg.baselines else None,
+        "dataset": source,
+        "train_tokens": n_train_rows,
+        "held_out_tokens": int(test.shape[0]),
+        "outliers_dropped": int((~keep).sum()),
+        "bae_prior": cfg.prior,
+        "models": rows,
+        "seconds": timings,
+    }
+    (out / "compare.json").write_text(json.dumps(summary, indent=2))
+    (out / "compare.md").write_text(_table(summary))
+    plot_firing_frequency_grid(rates, out / "firing_frequency.png", "bae", cfg.dense_threshold)
+    plot_magnitude_heatmaps(heat, out / "magnitudes.png", title=f"{cfg.model} {hook}")
+    plot_training_curves(histories, out / "training_curves.png", title=f"{cfg.model} {hook}")
+    lap("report")
+    summary["seconds"] = timings
+    (out / "compare.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+@torch.no_grad()
+def _heat_map(
+    sae: Any, inputs: Tensor, magnitude: str, prior: Tensor | None, rates: Tensor
+) -> Tensor:
+    """Magnitudes of 64 held-out tokens on the 128 most used channels."""
+    from sae_lens_bae.features.records import feature_magnitudes
+
+    channels = torch.argsort(rates, descending=True)[:128]
+    values, _ = feature_magnitudes(sae, inputs, magnitude, prior=prior)(0, 64)  # type: ignore[arg-type]
+    return values[:, channels]
+
+
+def _table(summary: dict[str, Any]) -> str:
+    header = "| model | " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
+    lines = [
+        f"# BAE vs SAEs: {summary['model']} `{summary['hook']}`",
+        "",
+        f"{summary['train_tokens']} training tokens, {summary['held_out_tokens']} held-out tokens "
+        f"(statistics on held-out); BAE magnitudes: burstiness with the {summary['bae_prior']} "
+        "prior; activated: features with more than "
+        f"{summary['config']['activated_min_samples']} tokens in the top-"
+        f"{summary['config']['records_k']} records; dense: firing on more than "
+        f"{summary['config']['dense_threshold']:.0%} of tokens.",
+        "",
+        header,
+        "|" + "---|" * (len(TABLE_COLUMNS) + 1),
+    ]
+    for name, stats in summary["models"].items():
+        cells = []
+        for key, _, fmt in TABLE_COLUMNS:
+            value = stats.get(key)
+            cells.append("-" if value is None else fmt.format(value))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
