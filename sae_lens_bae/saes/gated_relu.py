@@ -35,39 +35,35 @@ __all__ = [
 ARCHITECTURE = "gated_relu"
 
 
-def _check_threshold(threshold: float) -> None:
-    if not threshold >= 0:
-        raise ValueError(f"gate_threshold must be >= 0 (a ReLU gate), got {threshold}")
+class _GatedReLUConfig:
+    """What both configs add to SAELens' standard ones: the fixed gate threshold, checked."""
+
+    gate_threshold: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc]
+        if not self.gate_threshold >= 0:
+            raise ValueError(
+                f"gate_threshold must be >= 0 (a ReLU gate), got {self.gate_threshold}"
+            )
+
+    @classmethod
+    def architecture(cls) -> str:
+        return ARCHITECTURE
 
 
 @dataclass
-class GatedReLUSAEConfig(StandardSAEConfig):
+class GatedReLUSAEConfig(_GatedReLUConfig, StandardSAEConfig):
     """A standard SAE config plus the fixed gate threshold (paper: 0.5)."""
 
     gate_threshold: float = 0.5
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_threshold(self.gate_threshold)
-
-    @classmethod
-    def architecture(cls) -> str:
-        return ARCHITECTURE
-
 
 @dataclass
-class GatedReLUTrainingSAEConfig(StandardTrainingSAEConfig):
+class GatedReLUTrainingSAEConfig(_GatedReLUConfig, StandardTrainingSAEConfig):
     """The training config: L1 coefficient as in ``standard`` plus the gate threshold."""
 
     gate_threshold: float = 0.5
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_threshold(self.gate_threshold)
-
-    @classmethod
-    def architecture(cls) -> str:
-        return ARCHITECTURE
 
 
 def _gated_relu(threshold: float) -> Callable[[torch.Tensor], torch.Tensor]:
