@@ -70,5 +70,9 @@ def test_compare_trains_every_baseline_and_writes_the_table(
     for png in ("firing_frequency.png", "magnitudes.png", "training_curves.png"):
         assert matplotlib.image.imread(tmp_path / png).shape[0] > 100
     assert isinstance(SAE.load_from_disk(tmp_path / "models" / "transcoder"), SAE)
+    from sae_lens_bae.features import FeatureRecords
+
+    bae_records = FeatureRecords.load(tmp_path / "records" / "bae.safetensors")
+    assert bae_records.magnitude == "burstiness" and bae_records.sequences is not None
     with pytest.raises(ValueError, match="Unknown baselines"):
         CompareConfig(baselines=("standard", "gated"))

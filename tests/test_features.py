@@ -120,3 +120,25 @@ def test_feature_statistics_columns():
     assert stats["activated"] == int((records.counts() > 4).sum())
     assert stats["decoder_covariance_norm"] == pytest.approx(decoder_covariance_norm(bae.W_dec))
     assert stats["l0"] == pytest.approx(rates.sum().item(), rel=1e-5)
+
+
+def test_records_save_load_and_context(tmp_path, tiny_hf_llama_dir):
+    from transformers import AutoTokenizer
+
+    from sae_lens_bae.features import FeatureRecords
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf_llama_dir)
+    sequences = torch.tensor([[1, 10, 11, 12, 13], [1, 20, 21, 22, 23]])
+    positions = torch.tensor([[0, 3], [1, 1]])
+    acts = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    records = top_k_records(
+        FixedSAE(2), acts, positions, torch.tensor([12, 20]), "raw", k=1, sequences=sequences
+    )
+    assert records.context(0, tokenizer, before=2, after=1) == "w10 w11<<w12>>w13"
+    records.save(tmp_path / "r.safetensors")
+    loaded = FeatureRecords.load(tmp_path / "r.safetensors")
+    assert torch.equal(loaded.features, records.features) and loaded.magnitude == "raw"
+    assert loaded.d_sae == 2 and torch.equal(loaded.sequences, sequences)
+    bare = top_k_records(FixedSAE(2), acts, positions, torch.tensor([12, 20]), "raw", k=1)
+    with pytest.raises(ValueError, match="without the token rows"):
+        bare.context(0, tokenizer)

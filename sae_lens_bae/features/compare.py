@@ -168,7 +168,8 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     keep = norms <= cfg.outlier_norm_ratio * norms.median()
     n_train_rows = int(keep[: n_train_seq * per_seq].sum())
     positions = cache.token_positions()[keep]
-    token_ids = cache.tokens()[positions[:, 0], positions[:, 1]]
+    sequences = cache.tokens()
+    token_ids = sequences[positions[:, 0], positions[:, 1]]
     scaled = {}
     for h in hooks:
         kept = acts[h][keep]
@@ -227,8 +228,10 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             magnitude = "rescaled" if name == "standard_rescaled" else "raw"
         records[name] = top_k_records(
             sae, inputs, test_positions, test_tokens, magnitude, k=cfg.records_k,  # type: ignore[arg-type]
-            prior=prior if name == "bae" else None,
+            prior=prior if name == "bae" else None, sequences=sequences,
         )  # fmt: skip
+        (out / "records").mkdir(exist_ok=True)
+        records[name].save(out / "records" / f"{name}.safetensors")
         stats = feature_statistics(
             sae,
             inputs,

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 
 from sae_lens_bae.features.burstiness import burstiness
@@ -38,6 +41,46 @@ class FeatureRecords:
     token_ids: Int[Tensor, " n"]
     d_sae: int
     magnitude: str
+    sequences: Int[Tensor, "n_seq ctx"] | None = None  # token rows, to show a sample in context
+
+    def context(self, index: int, tokenizer: Any, before: int = 24, after: int = 4) -> str:
+        """Text around token ``index`` with the token itself marked as <<token>>."""
+        if self.sequences is None:
+            raise ValueError("These records were made without the token rows (sequences=...)")
+        seq, pos = (int(v) for v in self.token_positions[index])
+        row = self.sequences[seq].tolist()
+        left = tokenizer.decode(row[max(0, pos - before) : pos])
+        token = tokenizer.decode(row[pos : pos + 1])
+        right = tokenizer.decode(row[pos + 1 : pos + 1 + after])
+        return f"{left}<<{token}>>{right}"
+
+    def save(self, path: str | Path) -> None:
+        """Write the records as one safetensors file (metadata in its header)."""
+        tensors = {
+            "features": self.features.contiguous(),
+            "magnitudes": self.magnitudes.contiguous(),
+            "token_positions": self.token_positions.contiguous(),
+            "token_ids": self.token_ids.contiguous(),
+        }
+        if self.sequences is not None:
+            tensors["sequences"] = self.sequences.contiguous()
+        meta = {"d_sae": str(self.d_sae), "magnitude": self.magnitude}
+        save_file(tensors, str(path), metadata=meta)
+
+    @classmethod
+    def load(cls, path: str | Path) -> FeatureRecords:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+            tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
+        return cls(
+            features=tensors["features"],
+            magnitudes=tensors["magnitudes"],
+            token_positions=tensors["token_positions"],
+            token_ids=tensors["token_ids"],
+            d_sae=int(meta["d_sae"]),
+            magnitude=meta["magnitude"],
+            sequences=tensors.get("sequences"),
+        )
 
     def counts(self) -> Int[Tensor, " d_sae"]:
         """How many tokens hold each feature in their top-k."""
@@ -115,9 +158,11 @@ def top_k_records(
     k: int = 10,
     prior: Float[Tensor, " n_bits"] | None = None,
     batch_size: int = 4096,
+    sequences: Int[Tensor, "n_seq ctx"] | None = None,
 ) -> FeatureRecords:
     """Every token's top-k *active* features by ``magnitude`` (a feature that does not fire on a
-    token is never one of its records)."""
+    token is never one of its records). ``sequences``: the token rows ``token_positions`` index,
+    kept so a sample can be shown in its sentence."""
     n = activations.shape[0]
     if token_positions.shape[0] != n or token_ids.shape[0] != n:
         raise ValueError(
@@ -143,4 +188,5 @@ def top_k_records(
         token_ids=token_ids,
         d_sae=width,
         magnitude=magnitude,
+        sequences=sequences,
     )
