@@ -242,7 +242,10 @@ def plot_entropy_curves(
     for value in sorted({r[curve] for r in rows}):
         group = sorted((r for r in rows if r[curve] == value), key=lambda r: r[x])
         xs = [r[x] for r in group]
-        ax.plot(xs, [r["bits"] for r in group], "-", alpha=0.7, label=f"{curve_label} {value}")
+        label = f"{curve_label} {value}"
+        if "accuracy" in group[0]:  # ICL traces: the model's accuracy with these k shots
+            label += f" (ICL accuracy {group[0]['accuracy']:.2f})"
+        ax.plot(xs, [r["bits"] for r in group], "-", alpha=0.7, label=label)
         scatter = ax.scatter(
             xs,
             [r["bits"] for r in group],
