@@ -56,5 +56,5 @@ def estimate_entropy(
     if counts is None or n == 0:
         raise ValueError("estimate_entropy needs at least one activation")
     rates = (counts / n).float()
-    bits = max(binary_entropy(rates).item(), 0.0)  # no -0.0 for a constant code
+    bits = max(binary_entropy(rates).item(), 0.0) + 0.0  # + 0.0: no -0.0 for a constant code
     return EntropyEstimate(bits=bits, firing_rates=rates, n_samples=n)

@@ -36,7 +36,7 @@ def two_token_sequences(
     rows = torch.cat([torch.full((n, 1), bos), body], dim=1)
     counts = Counter(map(tuple, choice.tolist()))
     sample_entropy = -sum(c / n * math.log2(c / n) for c in counts.values())
-    return rows, max(sample_entropy, 0.0)
+    return rows, max(sample_entropy, 0.0) + 0.0  # + 0.0 turns -0.0 into 0.0
 
 
 @dataclass
