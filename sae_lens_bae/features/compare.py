@@ -195,6 +195,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         run = train_sae(train, sae_cfg, lr=cfg.lr, **trainer)
         runs[name], histories[name] = run.sae, run.history
         lap(f"train {name}")
+    x_test = test  # the transcoder's inputs (the MLP input) replace these below
     if "transcoder" in cfg.baselines:
         x_train, x_test = _split(scaled[mlp_in], n_train_rows)
         transcoder, histories["transcoder"] = train_transcoder(
@@ -217,7 +218,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     heat: dict[str, Tensor] = {}
     records: dict[str, FeatureRecords] = {}
     prior = None
-    for name in ["bae", *[b for b in cfg.baselines]]:
+    for name in ["bae", *cfg.baselines]:
         sae = runs["standard" if name == "standard_rescaled" else name]
         sae.eval()
         inputs, targets = (x_test, test) if name == "transcoder" else (test, None)
@@ -244,7 +245,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         stats["magnitude"] = magnitude
         rows[name] = stats
         heat[name] = _heat_map(sae, inputs, magnitude, prior, rates[name])
-        if name not in ("standard_rescaled",):
+        if name != "standard_rescaled":  # the standard SAE's weights, saved as "standard"
             save = getattr(sae, "save_inference_model", None) or sae.save_model
             save(out / "models" / name)
     lap("evaluate")
