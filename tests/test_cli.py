@@ -97,3 +97,23 @@ def test_entropy_and_bench_commands_on_tiny_model(tiny_hf_llama_dir, tiny_corpus
     assert result.exit_code != 0 and "exactly two words" in result.output
     result = runner.invoke(app, ["entropy", "positions", "--layers", "1,x"])
     assert result.exit_code != 0 and "comma-separated" in result.output
+
+
+def test_entropy_icl_command_on_tiny_model(tiny_hf_llama_dir, tmp_path):
+    lines = ["label\tsentence"] + [f"{i % 2}\tw{20 + i} w{40 + i}" for i in range(40)]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    result = runner.invoke(
+        app,
+        ["entropy", "icl", "--dataset", str(tmp_path), "--model", str(tiny_hf_llama_dir),
+         "--label-words", "0=w5,1=w6", "--layers", "1", "--hook", "hook_resid_mid",
+         "--shots", "0,2", "--n-prompts", "16", "--steps", "10", "--bae-batch-size", "8",
+         "--out", str(tmp_path / "icl")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "icl" / "icl.json").read_text())
+    assert saved["config"]["hook"] == "hook_resid_mid" and len(saved["cells"]) == 2
+    assert set(saved["accuracy"]) == {"0", "2"}
+    result = runner.invoke(
+        app, ["entropy", "icl", "--dataset", str(tmp_path), "--label-words", "x"]
+    )
+    assert result.exit_code != 0 and "0=negative" in result.output
