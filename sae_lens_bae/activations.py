@@ -16,14 +16,21 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-__all__ = ["ActivationCache", "check_hooks", "drop_outliers", "harvest_activations"]
+__all__ = [
+    "ActivationCache",
+    "check_hooks",
+    "check_layers",
+    "drop_outliers",
+    "harvest_activations",
+    "outlier_mask",
+]
 
 META_FILE = "activations.json"
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -38,6 +45,15 @@ def check_hooks(model: HookedTransformer, hooks: Sequence[str]) -> None:
         raise ValueError(
             f"Unknown hook name(s) {unknown} for this model ({model.cfg.n_layers} layers). "
             f"Closest names: {hints}. Hook names look like 'blocks.3.hook_resid_post'."
+        )
+
+
+def check_layers(model: HookedTransformer, layers: Sequence[int]) -> None:
+    """Fail before any work if a requested layer index is outside the model."""
+    bad = [layer for layer in layers if not 0 <= layer < model.cfg.n_layers]
+    if bad:
+        raise ValueError(
+            f"Layers {bad} do not exist: the model has layers 0..{model.cfg.n_layers - 1}"
         )
 
 
@@ -197,6 +213,18 @@ def _fingerprint(tokens: Tensor) -> str:
     return hashlib.sha256(tokens.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
 
 
+def outlier_mask(
+    activations: Float[Tensor, "n d"], max_norm_ratio: float | None = 10.0
+) -> Bool[Tensor, " n"]:
+    """True for the rows to keep: norm at most ``max_norm_ratio`` x the median norm (all rows
+    when ``max_norm_ratio`` is None). A mask, so paired sets (a transcoder's input and target)
+    can drop the same rows."""
+    if max_norm_ratio is None:
+        return torch.ones(activations.shape[0], dtype=torch.bool)
+    norms = activations.float().norm(dim=-1)
+    return norms <= max_norm_ratio * norms.median()
+
+
 def drop_outliers(
     activations: Float[Tensor, "n d"], max_norm_ratio: float | None = 10.0
 ) -> tuple[Float[Tensor, "m d"], int]:
@@ -205,8 +233,5 @@ def drop_outliers(
     LLMs put "massive activations" (norms thousands of times the median) on attention-sink tokens,
     e.g. the first token after BOS. A handful of them would dominate any squared-error objective.
     """
-    if max_norm_ratio is None:
-        return activations, 0
-    norms = activations.float().norm(dim=-1)
-    keep = norms <= max_norm_ratio * norms.median()
+    keep = outlier_mask(activations, max_norm_ratio)
     return activations[keep], int((~keep).sum())

@@ -135,3 +135,15 @@ def test_training_from_cache_matches_live_training(
     assert abs(ev[0] - ev[1]) < 0.15, results
     entropies = [estimate_entropy(sae, acts).bits for sae in (from_cache, live)]
     assert abs(entropies[0] - entropies[1]) < 0.25 * max(entropies), entropies
+
+
+def test_outlier_mask_and_check_layers(tiny_llama):
+    from sae_lens_bae.activations import check_layers, outlier_mask
+
+    x = torch.ones(6, 3)
+    x[4] *= 100.0
+    assert outlier_mask(x, 10.0).tolist() == [True, True, True, True, False, True]
+    assert outlier_mask(x, None).all()
+    check_layers(tiny_llama, [0, 1])
+    with pytest.raises(ValueError, match=r"Layers \[2, -1\] do not exist: .* layers 0\.\.1"):
+        check_layers(tiny_llama, [0, 2, -1])

@@ -21,6 +21,7 @@ import torch
 from transformer_lens import HookedTransformer
 from transformers import PreTrainedTokenizerBase
 
+from sae_lens_bae.activations import check_layers
 from sae_lens_bae.entropy.cells import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.states import first_token_ids, gather_states
 
@@ -190,11 +191,7 @@ def run_icl_tracing(
     if cfg.max_sentence_words is not None:  # long reviews would make 8-shot prompts very long
         pairs = [p for p in pairs if len(p[0].split()) <= cfg.max_sentence_words]
     model = load_model(cfg.model, device=cfg.device)
-    bad = [layer for layer in cfg.layers if not 0 <= layer < model.cfg.n_layers]
-    if bad:
-        raise ValueError(
-            f"Layers {bad} do not exist: the model has layers 0..{model.cfg.n_layers - 1}"
-        )
+    check_layers(model, cfg.layers)
     rows, accuracy = trace_icl(
         model,
         pairs,

@@ -18,6 +18,7 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from sae_lens_bae.activations import check_layers
 from sae_lens_bae.entropy.cells import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.states import gather_states
 
@@ -87,11 +88,7 @@ def run_position_tracing(cfg: PositionTracingConfig, progress: bool = True) -> l
     from sae_lens_bae.plots import plot_entropy_by_position
 
     model = load_model(cfg.model, device=cfg.device)
-    bad = [layer for layer in cfg.layers if not 0 <= layer < model.cfg.n_layers]
-    if bad:
-        raise ValueError(
-            f"Layers {bad} do not exist: the model has layers 0..{model.cfg.n_layers - 1}"
-        )
+    check_layers(model, cfg.layers)
     source = cfg.dataset if cfg.dataset is not None else default_corpus()
     tokens = document_windows(
         iter_texts(source, text_column=cfg.text_column),

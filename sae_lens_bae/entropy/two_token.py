@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer
 
+from sae_lens_bae.activations import check_layers
 from sae_lens_bae.entropy.cells import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.states import first_token_ids, gather_states
 
@@ -60,10 +61,7 @@ def trace_two_token(
     model: HookedTransformer, cfg: TwoTokenConfig, progress: bool = True
 ) -> list[dict[str, Any]]:
     """One row per r: BAE estimate, the ceilings r and sample entropy, reconstruction quality."""
-    if not 0 <= cfg.layer < model.cfg.n_layers:
-        raise ValueError(
-            f"Layer {cfg.layer} does not exist: the model has layers 0..{model.cfg.n_layers - 1}"
-        )
+    check_layers(model, [cfg.layer])
     cfg.recipe.check_samples(cfg.n_samples, f"n_samples={cfg.n_samples}")
     ids = first_token_ids(model.tokenizer, list(cfg.words))
     bos = model.tokenizer.bos_token_id

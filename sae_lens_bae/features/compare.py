@@ -118,7 +118,7 @@ def _split(tensor: Tensor, n_train_rows: int) -> tuple[Tensor, Tensor]:
 def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     """Harvest, train every model, evaluate, and write ``compare.md``, ``compare.json`` and the
     plots to ``cfg.out``; returns the summary."""
-    from sae_lens_bae.activations import harvest_activations
+    from sae_lens_bae.activations import check_layers, harvest_activations, outlier_mask
     from sae_lens_bae.data import default_corpus, load_token_dataset
     from sae_lens_bae.models import load_model
     from sae_lens_bae.plots import (
@@ -142,8 +142,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
 
     model = load_model(cfg.model, device=cfg.device)
     layer = model.cfg.n_layers // 2 if cfg.layer is None else cfg.layer
-    if not 0 <= layer < model.cfg.n_layers:
-        raise ValueError(f"Layer {layer} does not exist: layers 0..{model.cfg.n_layers - 1}")
+    check_layers(model, [layer])
     hook = f"blocks.{layer}.hook_resid_post"
     mlp_in = f"blocks.{layer}.ln2.hook_normalized"
     hooks = [hook, mlp_in] if "transcoder" in cfg.baselines else [hook]
@@ -163,9 +162,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     n_train_seq = n_seq - max(1, round(cfg.held_out_fraction * n_seq))
     acts = {h: cache.activations(h) for h in hooks}
     per_seq = acts[hook].shape[0] // n_seq
-    # drop attention-sink outliers (norm > ratio x median) everywhere, by the residual's norm
-    norms = acts[hook].norm(dim=-1)
-    keep = norms <= cfg.outlier_norm_ratio * norms.median()
+    keep = outlier_mask(acts[hook], cfg.outlier_norm_ratio)  # the same rows of every hook
     n_train_rows = int(keep[: n_train_seq * per_seq].sum())
     positions = cache.token_positions()[keep]
     sequences = cache.tokens()
