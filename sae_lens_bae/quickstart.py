@@ -8,8 +8,6 @@ plots. Every stage is swappable (model, corpus, layer, steps) through :class:`Qu
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from sae_lens_bae.entropy import estimate_entropy
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
+from sae_lens_bae.reports import Stopwatch, write_json
 from sae_lens_bae.saes.bae import SHORT_RUN_LR, BAETrainingSAEConfig, short_run_config
 from sae_lens_bae.training import TrainingRun, train_sae
 
@@ -73,15 +72,8 @@ def run_quickstart(cfg: QuickstartConfig | None = None) -> Path:
     cfg = cfg or QuickstartConfig()
     out = cfg.out
     out.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        timings[name] = round(now - clock, 1)
-        clock = now
-        print(f"[quickstart] {name}: {timings[name]:.1f} s", flush=True)
+    watch = Stopwatch("quickstart")
+    lap = watch.lap
 
     model = load_model(cfg.model, device=cfg.device)
     layer = model.cfg.n_layers // 2 if cfg.layer is None else cfg.layer
@@ -160,10 +152,10 @@ def run_quickstart(cfg: QuickstartConfig | None = None) -> Path:
         "held_out_tokens": int(test_acts.shape[0]),
         "outliers_dropped": {"train": train_outliers, "held_out": test_outliers},
         "models": metrics,
-        "seconds": timings,
-        "total_seconds": round(sum(timings.values()), 1),
+        "seconds": watch.seconds,
+        "total_seconds": round(sum(watch.seconds.values()), 1),
     }
-    (out / "metrics.json").write_text(json.dumps(summary, indent=2))
+    write_json(out / "metrics.json", summary)
     (out / "report.md").write_text(_report(summary))
     print(f"[quickstart] report written to {out / 'report.md'}")
     return out

@@ -18,10 +18,12 @@ from torch import Tensor
 
 from sae_lens_bae.entropy.estimate import estimate_entropy
 from sae_lens_bae.evaluation import evaluate_sae
+from sae_lens_bae.reports import cell
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.stacked import train_stacked_baes
 
 __all__ = [
+    "CELL_COLUMNS",
     "TRACING_RECIPE",
     "CellEntropy",
     "EntropyRecipe",
@@ -80,6 +82,13 @@ dozen bits a set of a few thousand states can show, a batch of 256 halves the st
 two-token benchmark with it gave 1.00 / 2.42 / 3.83 / 4.93 bits for r = 1 / 2 / 4 / 8 (ceilings
 1 / 2 / 4 / 7.8), with relative reconstruction error 0 / 0.1% / 17% / 27%; normalising to mean
 squared norm 4 instead gave 1.0 / 3.2 / 7.5 / 9.9 at 0 / 0 / 9% / 17%."""
+
+
+CELL_COLUMNS = [
+    ("bits", lambda row: cell(row["bits"], ".2f")),
+    ("relative error", lambda row: cell(row["relative_error"], ".4f")),
+]
+"""The markdown columns of a cell's estimate, for the traces' tables."""
 
 
 @dataclass

@@ -10,7 +10,6 @@ logits of the label words' first tokens at that token.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,8 +21,14 @@ from transformer_lens import HookedTransformer
 from transformers import PreTrainedTokenizerBase
 
 from sae_lens_bae.activations import check_layers
-from sae_lens_bae.entropy.cells import TRACING_RECIPE, EntropyRecipe, estimate_entropies
+from sae_lens_bae.entropy.cells import (
+    CELL_COLUMNS,
+    TRACING_RECIPE,
+    EntropyRecipe,
+    estimate_entropies,
+)
 from sae_lens_bae.entropy.states import first_token_ids, gather_states
+from sae_lens_bae.reports import markdown_table, write_json
 
 __all__ = [
     "ICLTemplate",
@@ -207,16 +212,20 @@ def run_icl_tracing(
     )
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = {**asdict(cfg), "out": str(cfg.out), "layers": list(cfg.layers)}
-    config["shots"] = list(cfg.shots)
-    summary = {"config": config, "accuracy": accuracy, "cells": rows}
-    (out / "icl.json").write_text(json.dumps(summary, indent=2))
+    write_json(out / "icl.json", {"config": asdict(cfg), "accuracy": accuracy, "cells": rows})
     plot_entropy_by_layer(rows, out / "icl.png", title=f"{cfg.model}: last-token entropy")
-    lines = ["| k | ICL accuracy |", "|---|---|"]
-    lines += [f"| {k} | {acc:.3f} |" for k, acc in accuracy.items()]
-    lines += ["", "| layer | k | bits | relative error |", "|---|---|---|---|"]
-    for row in rows:
-        error = "-" if row["relative_error"] is None else f"{row['relative_error']:.4f}"
-        lines.append(f"| {row['layer']} | {row['shots']} | {row['bits']:.2f} | {error} |")
-    (out / "icl.md").write_text("\n".join(lines) + "\n")
+    accuracies = [{"k": k, "accuracy": acc} for k, acc in accuracy.items()]
+    table = markdown_table(
+        accuracies,
+        [("k", lambda row: str(row["k"])), ("ICL accuracy", lambda row: f"{row['accuracy']:.3f}")],
+    )
+    table += "\n" + markdown_table(
+        rows,
+        [
+            ("layer", lambda row: str(row["layer"])),
+            ("k", lambda row: str(row["shots"])),
+            *CELL_COLUMNS,
+        ],
+    )
+    (out / "icl.md").write_text(table)
     return rows, accuracy

@@ -7,7 +7,6 @@ Take N windows of BOS + 2^K tokens from documents, the hidden states at position
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,10 +18,21 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations import check_layers
-from sae_lens_bae.entropy.cells import TRACING_RECIPE, EntropyRecipe, estimate_entropies
+from sae_lens_bae.entropy.cells import (
+    CELL_COLUMNS,
+    TRACING_RECIPE,
+    EntropyRecipe,
+    estimate_entropies,
+)
 from sae_lens_bae.entropy.states import gather_states
+from sae_lens_bae.reports import markdown_table, write_json
 
 __all__ = ["PositionTracingConfig", "trace_positions", "run_position_tracing"]
+
+_CELL_KEYS = [
+    ("layer", lambda row: str(row["layer"])),
+    ("position", lambda row: str(row["position"])),
+]
 
 
 @dataclass
@@ -111,18 +121,9 @@ def run_position_tracing(cfg: PositionTracingConfig, progress: bool = True) -> l
     )
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = {
-        **asdict(cfg),
-        "out": str(cfg.out),
-        "dataset": str(source),
-        "layers": list(cfg.layers),
-    }
-    config["n_sequences_used"] = int(tokens.shape[0])
-    (out / "positions.json").write_text(json.dumps({"config": config, "cells": rows}, indent=2))
+    config = {**asdict(cfg), "dataset": str(source), "n_sequences_used": int(tokens.shape[0])}
+    write_json(out / "positions.json", {"config": config, "cells": rows})
     plot_entropy_by_position(rows, out / "positions.png", title=f"{cfg.model}, {cfg.hook}")
-    lines = ["| layer | position | bits | relative error |", "|---|---|---|---|"]
-    for row in rows:
-        error = "-" if row["relative_error"] is None else f"{row['relative_error']:.4f}"
-        lines.append(f"| {row['layer']} | {row['position']} | {row['bits']:.2f} | {error} |")
-    (out / "positions.md").write_text("\n".join(lines) + "\n")
+    table = markdown_table(rows, [*_CELL_KEYS, *CELL_COLUMNS])
+    (out / "positions.md").write_text(table)
     return rows

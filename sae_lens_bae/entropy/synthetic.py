@@ -8,7 +8,6 @@ BAE of one (expansion, objective) cell is trained in one ``StackedBAE``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 from torch import Tensor
 
 from sae_lens_bae.entropy.cells import EntropyRecipe, estimate_entropies
+from sae_lens_bae.reports import write_json
 
 __all__ = ["PRESETS", "SyntheticPreset", "directional_data", "passes_bar", "run_synthetic"]
 
@@ -170,9 +170,7 @@ def _write_outputs(
 
     out.mkdir(parents=True, exist_ok=True)
     verdict = passes_bar(rows, min_seeds=min(2, len(preset.seeds)))
-    (out / "synthetic.json").write_text(
-        json.dumps({"preset": asdict(preset), "results": rows, "bar": verdict}, indent=2)
-    )
+    write_json(out / "synthetic.json", {"preset": asdict(preset), "results": rows, "bar": verdict})
     plot_synthetic_scatter(rows, out / "synthetic_entropy.png")
     plot_synthetic_dynamics(dynamics, out / "synthetic_dynamics.png")
     lines = [

@@ -8,7 +8,6 @@ bits (and at most the plug-in entropy of the N sequences actually sampled, about
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -20,8 +19,13 @@ import torch
 from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations import check_layers
-from sae_lens_bae.entropy.cells import TRACING_RECIPE, EntropyRecipe, estimate_entropies
+from sae_lens_bae.entropy.cells import (
+    TRACING_RECIPE,
+    EntropyRecipe,
+    estimate_entropies,
+)
 from sae_lens_bae.entropy.states import first_token_ids, gather_states
+from sae_lens_bae.reports import cell, markdown_table, write_json
 
 __all__ = ["TwoTokenConfig", "run_two_token", "two_token_sequences"]
 
@@ -109,20 +113,19 @@ def run_two_token(cfg: TwoTokenConfig, progress: bool = True) -> list[dict[str, 
     rows = trace_two_token(model, cfg, progress=progress)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = {**asdict(cfg), "out": str(cfg.out), "ranks": list(cfg.ranks)}
-    (out / "two_token.json").write_text(json.dumps({"config": config, "results": rows}, indent=2))
+    write_json(out / "two_token.json", {"config": asdict(cfg), "results": rows})
     plot_two_token_benchmark(
         rows, out / "two_token.png", title=f"{cfg.model}, blocks.{cfg.layer}.{cfg.hook}"
     )
-    lines = [
-        "| r | sample entropy | BAE estimate | relative error | within ceiling |",
-        "|---|---|---|---|---|",
-    ]
-    for row in rows:
-        error = "-" if row["relative_error"] is None else f"{row['relative_error']:.4f}"
-        lines.append(
-            f"| {row['r']} | {row['sample_entropy_bits']:.2f} | {row['bits']:.2f} | {error} | "
-            f"{'yes' if row['within_ceiling'] else 'NO'} |"
-        )
-    (out / "two_token.md").write_text("\n".join(lines) + "\n")
+    table = markdown_table(
+        rows,
+        [
+            ("r", lambda row: str(row["r"])),
+            ("sample entropy", lambda row: f"{row['sample_entropy_bits']:.2f}"),
+            ("BAE estimate", lambda row: cell(row["bits"], ".2f")),
+            ("relative error", lambda row: cell(row["relative_error"], ".4f")),
+            ("within ceiling", lambda row: "yes" if row["within_ceiling"] else "NO"),
+        ],
+    )
+    (out / "two_token.md").write_text(table)
     return rows

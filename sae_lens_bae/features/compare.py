@@ -12,8 +12,6 @@ All activations are scaled once by sqrt(d) / (mean training norm), as SAELens'
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +27,7 @@ from torch import Tensor
 from sae_lens_bae.features.burstiness import code_prior
 from sae_lens_bae.features.records import FeatureRecords, top_k_records
 from sae_lens_bae.features.statistics import feature_statistics
+from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json
 from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
 from sae_lens_bae.saes.gated_relu import GatedReLUTrainingSAEConfig
 
@@ -49,13 +48,13 @@ default k; ``standard_rescaled`` is the standard SAE read through per-channel z-
 training of its own); ``transcoder`` maps the MLP's input to the layer's residual output."""
 
 TABLE_COLUMNS = (
-    ("reconstruction_loss", "reconstruction loss", "{:.4f}"),
-    ("decoder_covariance_norm", "‖Cov(W_dec)‖", "{:.4f}"),
-    ("activated", "activated", "{}"),
-    ("dead", "dead", "{}"),
-    ("dense", "dense", "{}"),
-    ("l0", "L0", "{:.1f}"),
-    ("explained_variance", "explained variance", "{:.3f}"),
+    ("reconstruction_loss", "reconstruction loss", ".4f"),
+    ("decoder_covariance_norm", "‖Cov(W_dec)‖", ".4f"),
+    ("activated", "activated", ""),
+    ("dead", "dead", ""),
+    ("dense", "dense", ""),
+    ("l0", "L0", ".1f"),
+    ("explained_variance", "explained variance", ".3f"),
 )
 
 
@@ -131,14 +130,8 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        timings[name] = round(time.perf_counter() - clock, 1)
-        clock = time.perf_counter()
-        print(f"[compare] {name}: {timings[name]:.1f} s", flush=True)
+    watch = Stopwatch("compare")
+    lap = watch.lap
 
     model = load_model(cfg.model, device=cfg.device)
     layer = model.cfg.n_layers // 2 if cfg.layer is None else cfg.layer
@@ -248,7 +241,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     lap("evaluate")
 
     summary = {
-        "config": {**asdict(cfg), "out": str(cfg.out), "baselines": list(cfg.baselines)},
+        "config": asdict(cfg),
         "model": cfg.model,
         "hook": hook,
         "transcoder_input": mlp_in if "transcoder" in cfg.baselines else None,
@@ -258,16 +251,15 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         "outliers_dropped": int((~keep).sum()),
         "bae_prior": cfg.prior,
         "models": rows,
-        "seconds": timings,
+        "seconds": watch.seconds,
     }
-    (out / "compare.json").write_text(json.dumps(summary, indent=2))
+    write_json(out / "compare.json", summary)  # the results are safe before any plotting
     (out / "compare.md").write_text(_table(summary))
     plot_firing_frequency_grid(rates, out / "firing_frequency.png", "bae", cfg.dense_threshold)
     plot_magnitude_heatmaps(heat, out / "magnitudes.png", title=f"{cfg.model} {hook}")
     plot_training_curves(histories, out / "training_curves.png", title=f"{cfg.model} {hook}")
     lap("report")
-    summary["seconds"] = timings
-    (out / "compare.json").write_text(json.dumps(summary, indent=2))
+    write_json(out / "compare.json", summary)  # again, with the report's seconds
     return summary
 
 
@@ -284,7 +276,6 @@ def _heat_map(
 
 
 def _table(summary: dict[str, Any]) -> str:
-    header = "| model | " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
     lines = [
         f"# BAE vs SAEs: {summary['model']} `{summary['hook']}`",
         "",
@@ -295,13 +286,11 @@ def _table(summary: dict[str, Any]) -> str:
         f"{summary['config']['records_k']} records; dense: firing on more than "
         f"{summary['config']['dense_threshold']:.0%} of tokens.",
         "",
-        header,
-        "|" + "---|" * (len(TABLE_COLUMNS) + 1),
     ]
-    for name, stats in summary["models"].items():
-        cells = []
-        for key, _, fmt in TABLE_COLUMNS:
-            value = stats.get(key)
-            cells.append("-" if value is None else fmt.format(value))
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    columns = [("model", lambda row: row["model"])]
+    columns += [
+        (title, lambda row, key=key, spec=spec: cell(row.get(key), spec))
+        for key, title, spec in TABLE_COLUMNS
+    ]
+    rows = [{"model": name, **stats} for name, stats in summary["models"].items()]
+    return "\n".join(lines) + "\n" + markdown_table(rows, columns)

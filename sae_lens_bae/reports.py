@@ -1,0 +1,46 @@
+"""What every command writes: stage timings, JSON summaries and markdown tables."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Stopwatch", "cell", "markdown_table", "write_json"]
+
+
+class Stopwatch:
+    """Seconds per pipeline stage, printed as each one ends (``[name] stage: 12.3 s``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seconds: dict[str, float] = {}
+        self._start = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(now - self._start, 1)
+        self._start = now
+        print(f"[{self.name}] {stage}: {self.seconds[stage]:.1f} s", flush=True)
+
+
+def write_json(path: str | Path, summary: Any) -> None:
+    """Indented JSON; paths and other non-JSON values (a config's ``Path``) as strings."""
+    Path(path).write_text(json.dumps(summary, indent=2, default=str))
+
+
+def cell(value: Any, spec: str = "") -> str:
+    """A table cell: ``-`` for a missing value (e.g. no relative error for a constant set)."""
+    return "-" if value is None else format(value, spec)
+
+
+def markdown_table(
+    rows: Iterable[dict[str, Any]], columns: Sequence[tuple[str, Callable[[dict[str, Any]], str]]]
+) -> str:
+    """A markdown table with one line per row; ``columns`` are (header, row -> cell text)."""
+    lines = ["| " + " | ".join(header for header, _ in columns) + " |"]
+    lines.append("|" + "---|" * len(columns))
+    lines += ["| " + " | ".join(text(row) for _, text in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
