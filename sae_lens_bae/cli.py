@@ -173,6 +173,10 @@ def bench_synthetic(
     preset: str = typer.Option("cpu", help="cpu (2-core machine), paper (GPU) or test."),
     out: Path = typer.Option(Path("runs/synthetic"), help="Folder for JSON, table and plots."),
     steps: int | None = typer.Option(None, help="Override the preset's training steps."),
+    ranks: str | None = typer.Option(None, help="Override the preset's ranks r, e.g. 0,8,64."),
+    expansions: str | None = typer.Option(None, help="Override the expansion rates, e.g. 4."),
+    seeds: str | None = typer.Option(None, help="Override the seeds, e.g. 0,1."),
+    device: str = typer.Option("cpu", help="cpu or cuda (the paper preset wants a GPU)."),
 ) -> None:
     """Estimate the entropy of data with exactly r bits, with and without the BAE objective."""
     from sae_lens_bae.entropy.synthetic import PRESETS, passes_bar, run_synthetic
@@ -182,7 +186,14 @@ def bench_synthetic(
     chosen = PRESETS[preset]
     if steps is not None:
         chosen = replace(chosen, recipe=replace(chosen.recipe, steps=steps))
-    rows = run_synthetic(chosen, out)
+    overrides = {"ranks": ranks, "expansions": expansions, "seeds": seeds}
+    for field_name, text in overrides.items():
+        if text is not None:
+            values = tuple(_csv(text, int, f"--{field_name}"))
+            chosen = replace(chosen, **{field_name: values})
+    if max(chosen.ranks) > chosen.d:
+        raise typer.BadParameter(f"--ranks go up to d = {chosen.d} for preset {preset!r}")
+    rows = run_synthetic(chosen, out, device=device)
     verdict = passes_bar(rows, min_seeds=min(2, len(chosen.seeds)))
     typer.echo((out / "synthetic.md").read_text())
     typer.echo(f"objective bar met: {verdict['objective_ok']}, ablation: {verdict['ablation_ok']}")

@@ -88,7 +88,10 @@ def tolerance(r: int) -> float:
 
 
 def run_synthetic(
-    preset: SyntheticPreset, out_dir: str | Path | None = None, progress: bool = True
+    preset: SyntheticPreset,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    device: str = "cpu",
 ) -> list[dict[str, Any]]:
     """Train every BAE of the grid, estimate entropies on held-out samples, write JSON/plots."""
     rows: list[dict[str, Any]] = []
@@ -107,6 +110,7 @@ def run_synthetic(
                 eval_sets=[data[cell][1] for cell in cells],
                 seeds=[seed for _, seed in cells],
                 normalise=False,  # the recipe's coefficients were set on this data's own scale
+                device=device,
                 progress=progress,
             )
             for (r, seed), cell in zip(cells, estimates, strict=True):
