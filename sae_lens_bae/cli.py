@@ -164,6 +164,83 @@ def compare(
     typer.echo(f"results in {out}/")
 
 
+@app.command()
+def interpret(
+    records: Path = typer.Option(
+        ..., help="Records file (bae compare writes records/<model>.safetensors)."
+    ),
+    base_url: str | None = typer.Option(
+        None, help="OpenAI-compatible endpoint (vLLM, Ollama, llama.cpp server); default OpenAI."
+    ),
+    llm: str = typer.Option("gpt-4o-mini", help="Model name the server serves."),
+    api_key: str | None = typer.Option(
+        None, help="Default: $OPENAI_API_KEY (local servers need none)."
+    ),
+    model: str | None = typer.Option(
+        None, help="LM whose tokenizer reads the records; default: the one recorded in them."
+    ),
+    out: Path = typer.Option(
+        Path("runs/interpret"), help="Report folder (also holds the reply cache)."
+    ),
+    cache: Path | None = typer.Option(
+        None, help="Reply cache (sqlite); default OUT/replies.sqlite."
+    ),
+    concurrency: int = typer.Option(16, help="Requests in flight at once."),
+    max_features: int | None = typer.Option(
+        None, help="Evaluate only the first N activated features."
+    ),
+    n_explain: int = typer.Option(5, help="Records shown to the explainer (n_I)."),
+    n_test: int = typer.Option(8, help="Records judged per feature (n_T)."),
+    detection: bool = typer.Option(
+        False, help="Also judge as many non-activating records; balanced accuracy."
+    ),
+    calibrate: bool = typer.Option(
+        False, help="Calibrate the judge on a content-free input (needs logprobs)."
+    ),
+    batch_api: bool = typer.Option(False, help="Use the OpenAI Batch API (half price, slower)."),
+    price_input: float = typer.Option(
+        0.0, help="USD per million prompt tokens, for the cost report."
+    ),
+    price_output: float = typer.Option(0.0, help="USD per million completion tokens."),
+    templates: Path | None = typer.Option(
+        None, help="Folder with explain.json/judge.json overrides."
+    ),
+    top: int = typer.Option(20, help="Rows of the top-features table."),
+) -> None:
+    """ComSem: ask an LLM what each feature's tokens have in common, then judge held-out tokens."""
+    from sae_lens_bae.comsem import ClientConfig, ComSemConfig, comsem
+    from sae_lens_bae.features.records import FeatureRecords
+    from sae_lens_bae.models import load_tokenizer
+
+    if not records.exists():
+        raise typer.BadParameter(f"no records file {records}; `bae compare` writes them")
+    loaded = FeatureRecords.load(records)
+    source = model or loaded.info.get("model")
+    if source is None:
+        raise typer.BadParameter("these records do not say which model made them: pass --model")
+    client = ClientConfig(
+        model=llm,
+        base_url=base_url,
+        api_key=api_key,
+        concurrency=concurrency,
+        price_input=price_input,
+        price_output=price_output,
+        batch_api=batch_api,
+    )
+    config = ComSemConfig(
+        n_explain=n_explain,
+        n_test=n_test,
+        detection=detection,
+        calibrate=calibrate,
+        max_features=max_features,
+        top=top,
+        templates=templates,
+    )
+    comsem(loaded, load_tokenizer(source), client, config, out=out, cache=cache)
+    typer.echo((out / "summary.md").read_text())
+    typer.echo(f"results in {out}/")
+
+
 bench_app = typer.Typer(help="Benchmarks with known answers.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 

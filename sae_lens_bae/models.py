@@ -31,7 +31,13 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-__all__ = ["EMBEDDED_MODELS", "cache_dir", "hooked_config_from_hf", "load_model"]
+__all__ = [
+    "EMBEDDED_MODELS",
+    "cache_dir",
+    "hooked_config_from_hf",
+    "load_model",
+    "load_tokenizer",
+]
 
 
 @dataclass(frozen=True)
@@ -246,3 +252,19 @@ def load_model(
         "'meta-llama/Llama-3.2-1B' (see transformer_lens.loading_from_pretrained."
         "OFFICIAL_MODEL_NAMES)."
     )
+
+
+def load_tokenizer(name_or_path: str | Path) -> Any:
+    """The tokenizer of a model ``load_model`` accepts, without loading the model's weights (what
+    reading token records needs)."""
+    from transformers import AutoTokenizer
+
+    name = str(name_or_path)
+    if name in EMBEDDED_MODELS:
+        return AutoTokenizer.from_pretrained(_embedded_hf_dir(name))
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return AutoTokenizer.from_pretrained(path)
+    from transformer_lens.loading_from_pretrained import get_official_model_name
+
+    return AutoTokenizer.from_pretrained(get_official_model_name(name))

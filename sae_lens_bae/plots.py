@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 __all__ = [
+    "plot_comsem_scores",
     "plot_entropy_by_layer",
     "plot_entropy_by_position",
     "plot_entropy_curves",
@@ -319,6 +320,30 @@ def plot_two_token_benchmark(rows: list[dict], path: str | Path, title: str = ""
     ax.set(xlabel="sequence length r (bits of randomness)", ylabel="bits", title=title)
     ax.legend(fontsize=8, loc="upper left")
     _error_colour_bar(fig, ax, scatter)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_comsem_scores(
+    scores: Mapping[str, list[float]] | list[float], path: str | Path, title: str = ""
+) -> Path:
+    """Per-feature ComSem scores sorted from best to worst, with their running mean (the summary
+    score after the best n features): one curve pair per model when given a mapping."""
+    series = scores if isinstance(scores, Mapping) else {"ComSem": scores}
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for n, (name, values) in enumerate(series.items()):
+        ranked = np.sort(np.asarray(values, dtype=float))[::-1]
+        if ranked.size == 0:
+            continue
+        rank = np.arange(1, ranked.size + 1)
+        colour = f"C{n}"
+        ax.plot(rank, ranked, color=colour, linewidth=1.5, label=f"{name}: score")
+        ax.plot(rank, np.cumsum(ranked) / rank, "--", color=colour, linewidth=1,
+                label=f"{name}: running mean")  # fmt: skip
+    ax.set(xlabel="features, best first", ylabel="ComSem score", ylim=(-0.02, 1.02), title=title)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

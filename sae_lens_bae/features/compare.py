@@ -221,6 +221,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             sae, inputs, test_positions, test_tokens, magnitude, k=cfg.records_k,  # type: ignore[arg-type]
             prior=prior if name == "bae" else None, sequences=sequences,
         )  # fmt: skip
+        records[name].info = {"model": cfg.model, "hook": hook, "sae": name}
         (out / "records").mkdir(exist_ok=True)
         records[name].save(out / "records" / f"{name}.safetensors")
         stats = feature_statistics(

@@ -8,8 +8,9 @@ channels with large decoder-compensated scales do not crowd out the rest.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +43,7 @@ class FeatureRecords:
     d_sae: int
     magnitude: str
     sequences: Int[Tensor, "n_seq ctx"] | None = None  # token rows, to show a sample in context
+    info: dict[str, str] = field(default_factory=dict)  # where they come from: model, hook, ...
 
     def context(self, index: int, tokenizer: Any, before: int = 24, after: int = 4) -> str:
         """Text around token ``index`` with the token itself marked as <<token>>."""
@@ -64,7 +66,11 @@ class FeatureRecords:
         }
         if self.sequences is not None:
             tensors["sequences"] = self.sequences.contiguous()
-        meta = {"d_sae": str(self.d_sae), "magnitude": self.magnitude}
+        meta = {
+            "d_sae": str(self.d_sae),
+            "magnitude": self.magnitude,
+            "info": json.dumps(self.info),
+        }
         save_file(tensors, str(path), metadata=meta)
 
     @classmethod
@@ -80,6 +86,7 @@ class FeatureRecords:
             d_sae=int(meta["d_sae"]),
             magnitude=meta["magnitude"],
             sequences=tensors.get("sequences"),
+            info=json.loads(meta.get("info", "{}")),
         )
 
     def counts(self) -> Int[Tensor, " d_sae"]:

@@ -1,0 +1,54 @@
+"""ComSem: interpret features by what their activating tokens have in common, judged by an LLM.
+
+Stages, each a plain function: ``select_samples`` (records -> what each prompt shows),
+``explain`` (one phrase per feature), ``judge`` (Yes/No per held-out record) and ``score``;
+``comsem`` runs them all with a ``ChatClient`` (any OpenAI-compatible server, cached on disk).
+"""
+
+from sae_lens_bae.comsem.cache import ReplyCache
+from sae_lens_bae.comsem.client import ChatClient, ClientConfig, ComSemAPIError, Reply, Usage
+from sae_lens_bae.comsem.pipeline import (
+    ComSemConfig,
+    Explanation,
+    FeatureScore,
+    Judgement,
+    acomsem,
+    comsem,
+    explain,
+    judge,
+    score,
+    summarise,
+)
+from sae_lens_bae.comsem.prompts import (
+    Templates,
+    load_templates,
+    parse_explanation,
+    parse_judgement,
+)
+from sae_lens_bae.comsem.samples import FeatureSamples, Sample, select_samples
+
+__all__ = [
+    "ChatClient",
+    "ClientConfig",
+    "ComSemAPIError",
+    "ComSemConfig",
+    "Explanation",
+    "FeatureSamples",
+    "FeatureScore",
+    "Judgement",
+    "Reply",
+    "ReplyCache",
+    "Sample",
+    "Templates",
+    "Usage",
+    "acomsem",
+    "comsem",
+    "explain",
+    "judge",
+    "load_templates",
+    "parse_explanation",
+    "parse_judgement",
+    "score",
+    "select_samples",
+    "summarise",
+]

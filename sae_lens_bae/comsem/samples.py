@@ -1,0 +1,109 @@
+"""ComSem's first stage: from top-k feature records to the samples each prompt shows.
+
+A feature with at least ``n_explain + 1`` records is *activated* (FA). Its ``n_explain`` strongest
+records go to the explainer; the next ``n_test`` (at most) are judged. For the optional detection
+score, as many *non-activating* samples are drawn at random (seeded per feature) from tokens whose
+records do not hold the feature, so that a vague explanation that fits everything cannot score 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from sae_lens_bae.features.records import FeatureRecords
+
+__all__ = ["FeatureSamples", "Sample", "select_samples"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One token as a prompt shows it: the token's text, its position in its sequence, and the
+    text around it with the token marked ``<<token>>``."""
+
+    index: int  # row of the records
+    token: str
+    position: int
+    sentence: str
+    magnitude: float | None = None
+
+    def prompt_fields(self) -> dict[str, Any]:
+        return {"token": self.token, "position": self.position, "sentence": self.sentence}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class FeatureSamples:
+    """What ComSem shows about one activated feature."""
+
+    feature: int
+    explain: list[Sample]
+    test: list[Sample]
+    negatives: list[Sample] = field(default_factory=list)
+
+
+def _sample(records: FeatureRecords, tokenizer: Any, index: int, magnitude: float | None) -> Sample:
+    seq, pos = (int(v) for v in records.token_positions[index])
+    token_id = int(records.token_ids[index])
+    return Sample(
+        index=index,
+        token=tokenizer.decode([token_id]),
+        position=pos,
+        sentence=records.context(index, tokenizer),
+        magnitude=magnitude,
+    )
+
+
+def select_samples(
+    records: FeatureRecords,
+    tokenizer: Any,
+    *,
+    n_explain: int = 5,
+    n_test: int = 8,
+    negatives: bool = False,
+    features: Sequence[int] | None = None,
+    max_features: int | None = None,
+    seed: int = 0,
+) -> list[FeatureSamples]:
+    """The samples of every activated feature (or of ``features``, those of them activated),
+    in feature order; ``max_features`` keeps the first ones. Deterministic given ``seed``."""
+    if n_explain < 1 or n_test < 1:
+        raise ValueError(f"n_explain and n_test must be >= 1, got {n_explain} and {n_test}")
+    if records.sequences is None:
+        raise ValueError(
+            "ComSem shows each token in its text, but these records were saved without their "
+            "token rows; make them with top_k_records(..., sequences=...) (bae compare does)"
+        )
+    counts = records.counts()
+    activated = (counts >= n_explain + 1).nonzero().flatten().tolist()
+    if features is not None:
+        unknown = [f for f in features if not 0 <= f < records.d_sae]
+        if unknown:
+            raise ValueError(f"features {unknown} outside 0..{records.d_sae - 1}")
+        wanted = set(features)
+        activated = [f for f in activated if f in wanted]
+    if max_features is not None:
+        activated = activated[:max_features]
+    selected = []
+    for feature in activated:
+        ranked = records.samples(feature, limit=n_explain + n_test)
+        shown = [_sample(records, tokenizer, i, m) for i, m in ranked]
+        item = FeatureSamples(feature, explain=shown[:n_explain], test=shown[n_explain:])
+        if negatives:
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + feature)
+            holders = (records.features == feature).any(-1)
+            free = (~holders).nonzero().flatten()
+            if free.numel() < len(item.test):
+                raise ValueError(
+                    f"feature {feature}: only {free.numel()} tokens without it in the records, "
+                    f"{len(item.test)} needed for the detection score"
+                )
+            picks = free[torch.randperm(free.numel(), generator=generator)[: len(item.test)]]
+            item.negatives = [_sample(records, tokenizer, int(i), None) for i in picks]
+        selected.append(item)
+    return selected
