@@ -137,9 +137,17 @@ def compare(
     device: str = typer.Option("cpu"),
     seed: int = typer.Option(0),
     out: Path = typer.Option(Path("runs/compare"), help="Report folder."),
+    comsem_llm: str | None = typer.Option(None, help="Add ComSem columns, judged by this LLM."),
+    comsem_base_url: str | None = typer.Option(None, help="Its OpenAI-compatible endpoint."),
+    comsem_max_features: int | None = typer.Option(None, help="ComSem on the first N features."),
 ) -> None:
     """Train a BAE and SAELens' SAEs on one layer's activations; compare their features."""
+    from sae_lens_bae.comsem import ClientConfig
     from sae_lens_bae.features.compare import CompareConfig, run_compare
+
+    llm = None
+    if comsem_llm is not None:
+        llm = ClientConfig(model=comsem_llm, base_url=comsem_base_url)
 
     run_compare(
         CompareConfig(
@@ -158,6 +166,8 @@ def compare(
             device=device,
             seed=seed,
             out=out,
+            comsem=llm,
+            comsem_max_features=comsem_max_features,
         )
     )
     typer.echo((out / "compare.md").read_text())

@@ -38,21 +38,37 @@ N_FEATURES = 12  # features evaluated per run: keeps each run to ~110 requests
 
 @pytest.fixture(scope="module")
 def compare_out(tiny_hf_llama_dir, tiny_corpus, tmp_path_factory) -> Path:
-    """Records of a BAE and a standard SAE trained on the tiny model (as bae compare writes)."""
+    """bae compare on the tiny model (a BAE and a standard SAE, raw and rescaled) with ComSem
+    columns judged by the loopback server; its records feed the other tests."""
     out = tmp_path_factory.mktemp("compare")
-    cfg = CompareConfig(
-        dataset=str(tiny_corpus),
-        model=str(tiny_hf_llama_dir),
-        context_size=32,
-        max_sequences=96,
-        baselines=("standard",),
-        steps=30,
-        batch_size=128,
-        records_k=4,
-        out=out,
-    )
-    run_compare(cfg, progress=False)
+    with LoopbackServer() as server:
+        cfg = CompareConfig(
+            dataset=str(tiny_corpus),
+            model=str(tiny_hf_llama_dir),
+            context_size=32,
+            max_sequences=96,
+            baselines=("standard", "standard_rescaled"),
+            steps=30,
+            batch_size=128,
+            records_k=4,
+            out=out,
+            comsem=ClientConfig(model="rules", base_url=server.base_url),
+            comsem_max_features=4,
+        )
+        run_compare(cfg, progress=False)
     return out
+
+
+def test_compare_gains_comsem_columns(compare_out):
+    summary = json.loads((compare_out / "compare.json").read_text())
+    table = (compare_out / "compare.md").read_text()
+    assert "| FA | FI | ComSem |" in table
+    for name in ("bae", "standard", "standard_rescaled"):
+        row = summary["models"][name]
+        own = json.loads((compare_out / "comsem" / name / "summary.json").read_text())
+        assert row["comsem_score"] == own["mean_score"] and own["evaluated"] <= 4
+        assert row["comsem_activated"] == own["activated"] >= row["comsem_interpretable"]
+    assert matplotlib.image.imread(compare_out / "comsem_scores.png").shape[0] > 100
 
 
 @pytest.fixture(scope="module")

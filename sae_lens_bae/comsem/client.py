@@ -166,6 +166,12 @@ class ChatClient:
             self._loop = loop
         return self._client
 
+    async def aclose(self) -> None:
+        """Close the HTTP connections (before the event loop ends; a later call reopens)."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = self._loop = None
+
     def body(self, messages: Sequence[Message], logprobs: bool = False) -> dict[str, Any]:
         """The request body; its canonical JSON is the cache key."""
         body: dict[str, Any] = {

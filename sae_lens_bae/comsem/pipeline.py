@@ -305,8 +305,11 @@ async def acomsem(
         seed=config.seed,
     )
     activated = int((records.counts() >= config.n_explain + 1).sum())
-    explanations = await explain(client, templates, items, progress)
-    judgements = await judge(client, templates, items, explanations, config.calibrate, progress)
+    try:
+        explanations = await explain(client, templates, items, progress)
+        judgements = await judge(client, templates, items, explanations, config.calibrate, progress)
+    finally:
+        await client.aclose()
     tokens = _tokens_per_feature(client, templates, items, explanations, config.calibrate)
     results = score(items, explanations, judgements, tokens)
     summary = summarise(

@@ -56,6 +56,12 @@ TABLE_COLUMNS = (
     ("l0", "L0", ".1f"),
     ("explained_variance", "explained variance", ".3f"),
 )
+COMSEM_COLUMNS = (
+    ("comsem_activated", "FA", ""),
+    ("comsem_interpretable", "FI", ""),
+    ("comsem_score", "ComSem", ".3f"),
+)
+"""Shown when ``CompareConfig.comsem`` names an LLM (see ``sae_lens_bae.comsem``)."""
 
 
 @dataclass
@@ -81,6 +87,8 @@ class CompareConfig:
     prior: Literal["training", "evaluation"] = "training"
     outlier_norm_ratio: float = 10.0
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
+    comsem: Any = None  # a comsem.ClientConfig: interpret every model's records with that LLM
+    comsem_max_features: int | None = None  # None: every activated feature
     device: str = "cpu"
     seed: int = 0
     out: Path = Path("runs/compare")
@@ -148,6 +156,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         max_sequences=cfg.max_sequences,
     )
     cache = harvest_activations(model, tokens, hooks, out / "activations", batch_size=8)
+    tokenizer = model.tokenizer
     del model
     lap("harvest")
 
@@ -240,6 +249,9 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             save = getattr(sae, "save_inference_model", None) or sae.save_model
             save(out / "models" / name)
     lap("evaluate")
+    comsem_scores = _run_comsem(cfg, records, tokenizer, rows, out, progress)
+    if comsem_scores:
+        lap("comsem")
 
     summary = {
         "config": asdict(cfg),
@@ -259,9 +271,48 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     plot_firing_frequency_grid(rates, out / "firing_frequency.png", "bae", cfg.dense_threshold)
     plot_magnitude_heatmaps(heat, out / "magnitudes.png", title=f"{cfg.model} {hook}")
     plot_training_curves(histories, out / "training_curves.png", title=f"{cfg.model} {hook}")
+    if comsem_scores:
+        from sae_lens_bae.plots import plot_comsem_scores
+
+        plot_comsem_scores(comsem_scores, out / "comsem_scores.png", title=f"{cfg.model} {hook}")
     lap("report")
     write_json(out / "compare.json", summary)  # again, with the report's seconds
     return summary
+
+
+def _run_comsem(
+    cfg: CompareConfig,
+    records: dict[str, FeatureRecords],
+    tokenizer: Any,
+    rows: dict[str, dict[str, Any]],
+    out: Path,
+    progress: bool,
+) -> dict[str, list[float]]:
+    """ComSem on every model's records (one reply cache for all); its figures join the rows."""
+    if cfg.comsem is None:
+        return {}
+    import json
+
+    from sae_lens_bae.comsem import ChatClient, ComSemConfig, comsem
+
+    client = ChatClient(cfg.comsem, out / "comsem" / "replies.sqlite")
+    scores = {}
+    for name, held in records.items():
+        folder = out / "comsem" / name
+        summary = comsem(
+            held,
+            tokenizer,
+            client,
+            ComSemConfig(max_features=cfg.comsem_max_features),
+            out=folder,
+            progress=progress,
+        )
+        rows[name]["comsem_activated"] = summary["activated"]
+        rows[name]["comsem_interpretable"] = summary["interpretable"]
+        rows[name]["comsem_score"] = summary["mean_score"]
+        lines = (folder / "features.jsonl").read_text().splitlines()
+        scores[name] = [s for s in (json.loads(x)["score"] for x in lines) if s is not None]
+    return scores
 
 
 @torch.no_grad()
@@ -292,6 +343,7 @@ def _table(summary: dict[str, Any]) -> str:
     columns += [
         (title, lambda row, key=key, spec=spec: cell(row.get(key), spec))
         for key, title, spec in TABLE_COLUMNS
+        + (COMSEM_COLUMNS if "comsem_score" in next(iter(summary["models"].values())) else ())
     ]
     rows = [{"model": name, **stats} for name, stats in summary["models"].items()]
     return "\n".join(lines) + "\n" + markdown_table(rows, columns)
