@@ -340,6 +340,16 @@ entropy_app = typer.Typer(help="Trace an LLM's hidden-state entropy.", no_args_i
 app.add_typer(entropy_app, name="entropy")
 
 
+def _label_words(text: str | None) -> dict[str, str] | None:
+    """--label-words '0=negative,1=positive' as a dict."""
+    if not text:
+        return None
+    try:
+        return dict(item.split("=", 1) for item in text.split(","))  # type: ignore[misc]
+    except ValueError as e:
+        raise typer.BadParameter(f"--label-words looks like '0=negative,1=positive': {e}") from e
+
+
 def _csv(text: str, kind: type, option: str) -> list:
     try:
         return [kind(part.strip()) for part in text.split(",") if part.strip()]
@@ -419,14 +429,7 @@ def entropy_icl(
     """Last-token entropy per (layer, k demonstrations), with the model's ICL accuracy per k."""
     from sae_lens_bae.entropy.icl import ICLTracingConfig, run_icl_tracing
 
-    words = None
-    if label_words:
-        try:
-            words = dict(item.split("=", 1) for item in label_words.split(","))
-        except ValueError as e:
-            raise typer.BadParameter(
-                f"--label-words looks like '0=negative,1=positive': {e}"
-            ) from e
+    words = _label_words(label_words)
     run_icl_tracing(
         ICLTracingConfig(
             dataset=dataset,
@@ -455,6 +458,73 @@ def entropy_icl(
     )
     typer.echo((out / "icl.md").read_text())
     typer.echo(f"results in {out}/")
+
+
+steer_app = typer.Typer(help="Steer an LLM with task vectors from features.", no_args_is_help=True)
+app.add_typer(steer_app, name="steer")
+
+
+@steer_app.command("icl")
+def steer_icl(
+    dataset: str = typer.Option(..., help="Labelled sentences: TSV/CSV/JSONL, folder or HF name."),
+    model: str = typer.Option("smollm2-135m", help="Embedded name, HF directory or TL name."),
+    layer: int = typer.Option(15, help="Layer whose residual stream is steered."),
+    hook: str = typer.Option("hook_resid_post", help="Hook point within the layer."),
+    split: str = typer.Option("train"),
+    text_column: str | None = typer.Option(None),
+    label_column: str = typer.Option("label"),
+    label_words: str | None = typer.Option(
+        None, help="label=word pairs, e.g. 0=negative,1=positive."
+    ),
+    shots: int = typer.Option(8, help="Demonstrations in the positive prompts."),
+    vector_prompts: int = typer.Option(128, help="Queries making the vectors (k-shot and 0-shot)."),
+    eval_prompts: int = typer.Option(
+        256, help="Held-out 0-shot queries the vectors are tested on."
+    ),
+    top: int = typer.Option(256, help="Features kept in each task vector."),
+    baselines: str = typer.Option("standard,topk15", help="SAELens baselines (see bae compare)."),
+    strengths: str = typer.Option("0.5,1,2,4,8", help="Steering strengths swept."),
+    normalise: bool = typer.Option(True, help="Rescale vectors to the mean difference's norm."),
+    steps: int = typer.Option(1000, help="Training steps of the BAE and each SAE."),
+    expansion: int = typer.Option(4),
+    device: str = typer.Option("cpu"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("runs/steer_icl"), help="Report folder."),
+) -> None:
+    """Task vectors from k-shot vs 0-shot states, added to held-out 0-shot prompts."""
+    from sae_lens_bae.steering.icl import SteerICLConfig, run_steer_icl
+
+    names = _csv(baselines, str, "--baselines")
+    unknown = [b for b in names if b not in BASELINES or b in ("transcoder", "standard_rescaled")]
+    if unknown:
+        raise typer.BadParameter(f"--baselines {unknown}: choose among standard, topk15, topk, "
+                                 "jumprelu, batchtopk, gated_relu")  # fmt: skip
+    summary = run_steer_icl(
+        SteerICLConfig(
+            dataset=dataset,
+            model=model,
+            layer=layer,
+            hook=hook,
+            split=split,
+            text_column=text_column,
+            label_column=label_column,
+            label_words=_label_words(label_words),
+            shots=shots,
+            n_vector_prompts=vector_prompts,
+            n_eval_prompts=eval_prompts,
+            top=top,
+            baselines=names,
+            strengths=_csv(strengths, float, "--strengths"),
+            normalise=normalise,
+            steps=steps,
+            expansion=expansion,
+            device=device,
+            seed=seed,
+            out=out,
+        )
+    )
+    typer.echo((out / "steer.md").read_text())
+    typer.echo(f"results in {out}/ ({sum(summary['seconds'].values()):.0f} s)")
 
 
 def main() -> None:

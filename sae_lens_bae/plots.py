@@ -22,6 +22,7 @@ __all__ = [
     "plot_firing_frequencies",
     "plot_firing_frequency_grid",
     "plot_magnitude_heatmaps",
+    "plot_steering",
     "plot_synthetic_dynamics",
     "plot_synthetic_scatter",
     "plot_training_curves",
@@ -343,6 +344,26 @@ def plot_comsem_scores(
         ax.plot(rank, np.cumsum(ranked) / rank, "--", color=colour, linewidth=1,
                 label=f"{name}: running mean")  # fmt: skip
     ax.set(xlabel="features, best first", ylabel="ComSem score", ylim=(-0.02, 1.02), title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_steering(
+    rows: list[dict], unsteered: float, k_shot: float, shots: int, path: str | Path, title: str = ""
+) -> Path:
+    """0-shot accuracy against steering strength, one curve per model's task vector, with the
+    unsteered 0-shot and the k-shot accuracies as reference lines."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for n, row in enumerate(rows):
+        strengths = sorted(row["accuracy"], key=float)
+        ax.plot([float(s) for s in strengths], [row["accuracy"][s] for s in strengths], "o-",
+                color=f"C{n}", label=row["model"], markersize=4)  # fmt: skip
+    ax.axhline(unsteered, color="gray", linestyle=":", label="0-shot, no steering")
+    ax.axhline(k_shot, color="k", linestyle="--", linewidth=1, label=f"{shots}-shot")
+    ax.set(xlabel="strength α", ylabel="0-shot accuracy", title=title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

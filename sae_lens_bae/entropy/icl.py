@@ -34,6 +34,7 @@ __all__ = [
     "ICLTemplate",
     "ICLTracingConfig",
     "build_icl_prompts",
+    "encode_prompts",
     "run_icl_tracing",
     "trace_icl",
 ]
@@ -85,10 +86,10 @@ def build_icl_prompts(
     return prompts
 
 
-def _encode(
+def encode_prompts(
     prompts: Sequence[str], tokenizer: PreTrainedTokenizerBase
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """BOS + prompt ids, right-padded with BOS, and each row's last real position."""
+    """BOS + prompt ids, right-padded with BOS, and each row's last real position ([n, 1])."""
     bos = tokenizer.bos_token_id
     if bos is None:
         raise ValueError("ICL tracing needs a tokenizer with a bos_token")
@@ -123,7 +124,7 @@ def trace_icl(
     accuracy: dict[int, float] = {}
     for k in shots:
         prompts = build_icl_prompts(shuffled, k, n_prompts, template=template, seed=seed)
-        tokens, last = _encode([p for p, _ in prompts], model.tokenizer)
+        tokens, last = encode_prompts([p for p, _ in prompts], model.tokenizer)
         order = torch.argsort(last[:, 0])  # similar lengths together: less padding per batch
         gathered, logits = gather_states(
             model,

@@ -31,7 +31,7 @@ from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json
 from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
 from sae_lens_bae.saes.gated_relu import GatedReLUTrainingSAEConfig
 
-__all__ = ["BASELINES", "CompareConfig", "run_compare"]
+__all__ = ["BASELINES", "CompareConfig", "baseline_configs", "run_compare"]
 
 BASELINES = (
     "standard",
@@ -103,18 +103,23 @@ class CompareConfig:
             raise ValueError(f"prior must be 'training' or 'evaluation', got {self.prior!r}")
 
 
-def _sae_configs(d_in: int, cfg: CompareConfig) -> dict[str, Any]:
-    d_sae = cfg.expansion * d_in
+def baseline_configs(
+    d_in: int, expansion: int, names: Sequence[str], l1_coefficient: float = 5.0
+) -> dict[str, Any]:
+    """Training configs of the SAELens baselines among ``names`` (d_sae = expansion * d_in, no
+    activation normalisation: callers scale activations once for every model). ``standard`` comes
+    along with ``standard_rescaled``, which reads the same SAE."""
+    d_sae = expansion * d_in
     common = {"d_in": d_in, "d_sae": d_sae, "normalize_activations": "none"}
     configs: dict[str, Any] = {
-        "standard": StandardTrainingSAEConfig(**common, l1_coefficient=cfg.l1_coefficient),
+        "standard": StandardTrainingSAEConfig(**common, l1_coefficient=l1_coefficient),
         "topk15": TopKTrainingSAEConfig(**common, k=15),
         "topk": TopKTrainingSAEConfig(**common),
         "jumprelu": JumpReLUTrainingSAEConfig(**common),
         "batchtopk": BatchTopKTrainingSAEConfig(**common),
-        "gated_relu": GatedReLUTrainingSAEConfig(**common, l1_coefficient=cfg.l1_coefficient),
+        "gated_relu": GatedReLUTrainingSAEConfig(**common, l1_coefficient=l1_coefficient),
     }
-    wanted = set(cfg.baselines) | ({"standard"} if "standard_rescaled" in cfg.baselines else set())
+    wanted = set(names) | ({"standard"} if "standard_rescaled" in names else set())
     return {name: c for name, c in configs.items() if name in wanted}
 
 
@@ -190,7 +195,9 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     run = train_sae(train, bae_cfg, lr=SHORT_RUN_LR, **trainer)
     runs["bae"], histories["bae"] = run.sae, run.history
     lap("train bae")
-    for name, sae_cfg in _sae_configs(d_in, cfg).items():
+    for name, sae_cfg in baseline_configs(
+        d_in, cfg.expansion, cfg.baselines, cfg.l1_coefficient
+    ).items():
         run = train_sae(train, sae_cfg, lr=cfg.lr, **trainer)
         runs[name], histories[name] = run.sae, run.history
         lap(f"train {name}")
