@@ -6,6 +6,7 @@ SAELens, so ``SAE.load_from_disk``, ``LanguageModelSAETrainingRunner`` and
 """
 
 from sae_lens_bae.activations import ActivationCache, harvest_activations
+from sae_lens_bae.compression import compress, decompress
 from sae_lens_bae.entropy import EntropyEstimate, estimate_entropy
 from sae_lens_bae.features import burstiness
 from sae_lens_bae.losses import covariance_penalty, minibatch_entropy, reconstruction_loss
@@ -20,6 +21,7 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAEConfig,
     bits_to_values,
 )
+from sae_lens_bae.steering import steer, steering_hook, task_vector
 from sae_lens_bae.training import (
     TrainingRun,
     activation_batches,
@@ -38,9 +40,14 @@ __all__ = [
     "EntropyEstimate",
     "TrainingRun",
     "burstiness",
+    "compress",
+    "decompress",
     "estimate_entropy",
     "harvest_activations",
     "load_model",
+    "steer",
+    "steering_hook",
+    "task_vector",
     "train_sae",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_LR",

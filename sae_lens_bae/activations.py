@@ -25,10 +25,12 @@ from transformer_lens import HookedTransformer
 
 __all__ = [
     "ActivationCache",
+    "LayerActivations",
     "check_hooks",
     "check_layers",
     "drop_outliers",
     "harvest_activations",
+    "harvest_layer",
     "outlier_mask",
 ]
 
@@ -235,3 +237,91 @@ def drop_outliers(
     """
     keep = outlier_mask(activations, max_norm_ratio)
     return activations[keep], int((~keep).sum())
+
+
+@dataclass
+class LayerActivations:
+    """One layer's activations over a text source, ready for training and held-out evaluation.
+
+    Rows are tokens (BOS dropped, outliers by norm dropped), split by *sequence* into training
+    and held-out rows, every hook scaled once by sqrt(d) / (mean training norm) as SAELens'
+    ``expected_average_only_in`` would (``scales[hook]``), so that models trained on them share
+    one loss unit. ``positions``/``token_ids`` locate the held-out rows in ``sequences``.
+    """
+
+    hook: str
+    train: dict[str, Tensor]
+    test: dict[str, Tensor]
+    scales: dict[str, float]
+    positions: Tensor
+    token_ids: Tensor
+    sequences: Tensor
+    tokenizer: Any
+    model: str
+    dataset: str
+    outliers_dropped: int
+
+
+def harvest_layer(
+    model_name: str,
+    dataset: str | None,
+    layer: int | None,
+    out_dir: str | Path,
+    *,
+    extra_hooks: Sequence[str] = (),
+    text_column: str | None = None,
+    context_size: int = 128,
+    max_sequences: int | None = 1536,
+    held_out_fraction: float = 0.1,
+    outlier_norm_ratio: float = 10.0,
+    device: str = "cpu",
+) -> LayerActivations:
+    """Load the model and the text (``None``: the embedded corpus), harvest
+    ``blocks.{layer}.hook_resid_post`` (``None``: the middle layer) and ``extra_hooks`` (names
+    inside that layer after ``blocks.{layer}.``) once, then drop, scale and split."""
+    from sae_lens_bae.data import default_corpus, load_token_dataset
+    from sae_lens_bae.models import load_model
+
+    if not 0.0 < held_out_fraction < 1.0:
+        raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
+    model = load_model(model_name, device=device)
+    layer = model.cfg.n_layers // 2 if layer is None else layer
+    check_layers(model, [layer])
+    hook = f"blocks.{layer}.hook_resid_post"
+    hooks = [hook, *[f"blocks.{layer}.{name}" for name in extra_hooks]]
+    check_hooks(model, hooks)
+    source = dataset if dataset is not None else str(default_corpus())
+    tokens = load_token_dataset(
+        source, model.tokenizer, context_size, text_column=text_column, max_sequences=max_sequences
+    )
+    cache = harvest_activations(model, tokens, hooks, Path(out_dir), batch_size=8)
+    tokenizer = model.tokenizer
+    del model
+
+    n_seq = cache.meta["n_sequences"]
+    n_train_seq = n_seq - max(1, round(held_out_fraction * n_seq))
+    acts = {h: cache.activations(h) for h in hooks}
+    per_seq = acts[hook].shape[0] // n_seq
+    keep = outlier_mask(acts[hook], outlier_norm_ratio)  # the same rows of every hook
+    n_train = int(keep[: n_train_seq * per_seq].sum())
+    positions = cache.token_positions()[keep]
+    sequences = cache.tokens()
+    token_ids = sequences[positions[:, 0], positions[:, 1]]
+    train, test, scales = {}, {}, {}
+    for h in hooks:
+        kept = acts[h][keep]
+        scales[h] = kept.shape[1] ** 0.5 / kept[:n_train].norm(dim=-1).mean().item()
+        train[h], test[h] = kept[:n_train] * scales[h], kept[n_train:] * scales[h]
+    return LayerActivations(
+        hook=hook,
+        train=train,
+        test=test,
+        scales=scales,
+        positions=positions[n_train:],
+        token_ids=token_ids[n_train:],
+        sequences=sequences,
+        tokenizer=tokenizer,
+        model=model_name,
+        dataset=source,
+        outliers_dropped=int((~keep).sum()),
+    )

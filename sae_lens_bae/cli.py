@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -142,12 +143,9 @@ def compare(
     comsem_max_features: int | None = typer.Option(None, help="ComSem on the first N features."),
 ) -> None:
     """Train a BAE and SAELens' SAEs on one layer's activations; compare their features."""
-    from sae_lens_bae.comsem import ClientConfig
     from sae_lens_bae.features.compare import CompareConfig, run_compare
 
-    llm = None
-    if comsem_llm is not None:
-        llm = ClientConfig(model=comsem_llm, base_url=comsem_base_url)
+    llm = _comsem_client(comsem_llm, comsem_base_url)
 
     run_compare(
         CompareConfig(
@@ -334,6 +332,98 @@ def bench_two_token(
     typer.echo((out / "two_token.md").read_text())
     typer.echo(f"every estimate within its ceiling: {all(r['within_ceiling'] for r in rows)}")
     typer.echo(f"results in {out}/")
+
+
+@bench_app.command("more-bits")
+def bench_more_bits(
+    dataset: str | None = typer.Option(None, help="Text file/folder/HF dataset; default embedded."),
+    model: str = typer.Option("smollm2-135m", help="Embedded name, HF directory or TL name."),
+    layer: int | None = typer.Option(None, help="Layer (default: the middle one)."),
+    bits: str = typer.Option("1,2,3,4", help="Code bits per feature C, one BAE each."),
+    expansion: int = typer.Option(1, help="Decoder width d_sae / d_in, the same for every C."),
+    steps: int = typer.Option(1000, help="Training steps per BAE."),
+    max_sequences: int | None = typer.Option(512, help="Cap on harvested sequences."),
+    context_size: int = typer.Option(128),
+    comsem_llm: str | None = typer.Option(None, help="Add ComSem columns, judged by this LLM."),
+    comsem_base_url: str | None = typer.Option(None, help="Its OpenAI-compatible endpoint."),
+    comsem_max_features: int | None = typer.Option(None, help="ComSem on the first N features."),
+    device: str = typer.Option("cpu"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("runs/more_bits"), help="Report folder."),
+) -> None:
+    """BAEs with C = 1..4 bits per feature at one decoder width: reconstruction vs features."""
+    from sae_lens_bae.features.more_bits import MoreBitsConfig, run_more_bits
+
+    run_more_bits(
+        MoreBitsConfig(
+            dataset=dataset,
+            model=model,
+            layer=layer,
+            bits=_csv(bits, int, "--bits"),
+            expansion=expansion,
+            steps=steps,
+            max_sequences=max_sequences,
+            context_size=context_size,
+            comsem=_comsem_client(comsem_llm, comsem_base_url),
+            comsem_max_features=comsem_max_features,
+            device=device,
+            seed=seed,
+            out=out,
+        )
+    )
+    typer.echo((out / "more_bits.md").read_text())
+    typer.echo(f"results in {out}/")
+
+
+@app.command("compress")
+def compress_states(
+    dataset: str | None = typer.Option(None, help="Text file/folder/HF dataset; default embedded."),
+    model: str = typer.Option("smollm2-135m", help="Embedded name, HF directory or TL name."),
+    layer: int | None = typer.Option(None, help="Layer (default: the middle one)."),
+    thresholds: str = typer.Option(
+        "-1,-0.75,-0.5,-0.25,0", help="Burstiness thresholds in [-1, 0]."
+    ),
+    expansion: int = typer.Option(4),
+    steps: int = typer.Option(1000, help="Training steps of the BAE."),
+    max_sequences: int | None = typer.Option(512, help="Cap on harvested sequences."),
+    context_size: int = typer.Option(128),
+    device: str = typer.Option("cpu"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("runs/compress"), help="Report folder."),
+) -> None:
+    """Train a BAE on one layer and compress held-out hidden states to their surprising bits."""
+    from sae_lens_bae.compression import CompressionConfig, run_compression
+
+    values = tuple(_csv(thresholds, float, "--thresholds"))
+    bad = [t for t in values if not -1.0 <= t <= 0.0]
+    if bad:
+        raise typer.BadParameter(f"--thresholds {bad} outside [log2 0.5, 0] = [-1, 0]")
+    run_compression(
+        CompressionConfig(
+            dataset=dataset,
+            model=model,
+            layer=layer,
+            thresholds=values,
+            expansion=expansion,
+            steps=steps,
+            max_sequences=max_sequences,
+            context_size=context_size,
+            device=device,
+            seed=seed,
+            out=out,
+        )
+    )
+    typer.echo((out / "compression.md").read_text())
+    typer.echo(f"results in {out}/")
+
+
+def _comsem_client(llm: str | None, base_url: str | None) -> Any:
+    """The ComSem client config of --comsem-llm/--comsem-base-url, or None."""
+    if llm is None:
+        return None
+    from sae_lens_bae.comsem import ClientConfig
+
+    return ClientConfig(model=llm, base_url=base_url)
 
 
 entropy_app = typer.Typer(help="Trace an LLM's hidden-state entropy.", no_args_is_help=True)

@@ -16,12 +16,14 @@ from torch import Tensor  # noqa: E402
 
 __all__ = [
     "plot_comsem_scores",
+    "plot_compression",
     "plot_entropy_by_layer",
     "plot_entropy_by_position",
     "plot_entropy_curves",
     "plot_firing_frequencies",
     "plot_firing_frequency_grid",
     "plot_magnitude_heatmaps",
+    "plot_more_bits",
     "plot_steering",
     "plot_synthetic_dynamics",
     "plot_synthetic_scatter",
@@ -365,6 +367,41 @@ def plot_steering(
     ax.axhline(k_shot, color="k", linestyle="--", linewidth=1, label=f"{shots}-shot")
     ax.set(xlabel="strength α", ylabel="0-shot accuracy", title=title)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_more_bits(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Reconstruction loss and activated features against C, the code bits per feature."""
+    bits = [row["bits"] for row in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
+    left.plot(bits, [row["reconstruction_loss"] for row in rows], "o-")
+    left.set(xlabel="C (bits per feature)", ylabel="held-out reconstruction loss", xticks=bits)
+    right.plot(bits, [row["activated"] for row in rows], "o-", label="activated")
+    if all(row.get("comsem_interpretable") is not None for row in rows):
+        right.plot(bits, [row["comsem_interpretable"] for row in rows], "s--", label="FI (ComSem)")
+    right.set(xlabel="C (bits per feature)", ylabel="features", xticks=bits)
+    right.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_compression(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Compression ratio against cosine similarity to the originals, one point per threshold."""
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    ratios = [row["ratio_float32"] for row in rows]
+    cosines = [row["cosine"] for row in rows]
+    ax.plot(ratios, cosines, "o-")
+    for row, x, y in zip(rows, ratios, cosines, strict=True):
+        ax.annotate(f"{row['threshold']:g}", (x, y), textcoords="offset points", xytext=(4, 4),
+                    fontsize=8)  # fmt: skip
+    ax.set(xlabel="compression ratio vs float32 (decoder not counted)",
+           ylabel="mean cosine similarity to the originals", xscale="log", title=title)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

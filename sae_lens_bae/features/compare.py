@@ -123,16 +123,10 @@ def baseline_configs(
     return {name: c for name, c in configs.items() if name in wanted}
 
 
-def _split(tensor: Tensor, n_train_rows: int) -> tuple[Tensor, Tensor]:
-    return tensor[:n_train_rows], tensor[n_train_rows:]
-
-
 def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     """Harvest, train every model, evaluate, and write ``compare.md``, ``compare.json`` and the
     plots to ``cfg.out``; returns the summary."""
-    from sae_lens_bae.activations import check_layers, harvest_activations, outlier_mask
-    from sae_lens_bae.data import default_corpus, load_token_dataset
-    from sae_lens_bae.models import load_model
+    from sae_lens_bae.activations import harvest_layer
     from sae_lens_bae.plots import (
         plot_firing_frequency_grid,
         plot_magnitude_heatmaps,
@@ -146,44 +140,25 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     watch = Stopwatch("compare")
     lap = watch.lap
 
-    model = load_model(cfg.model, device=cfg.device)
-    layer = model.cfg.n_layers // 2 if cfg.layer is None else cfg.layer
-    check_layers(model, [layer])
-    hook = f"blocks.{layer}.hook_resid_post"
-    mlp_in = f"blocks.{layer}.ln2.hook_normalized"
-    hooks = [hook, mlp_in] if "transcoder" in cfg.baselines else [hook]
-    source = cfg.dataset if cfg.dataset is not None else str(default_corpus())
-    tokens = load_token_dataset(
-        source,
-        model.tokenizer,
-        cfg.context_size,
+    mlp_name = "ln2.hook_normalized"
+    data = harvest_layer(
+        cfg.model,
+        cfg.dataset,
+        cfg.layer,
+        out / "activations",
+        extra_hooks=[mlp_name] if "transcoder" in cfg.baselines else [],
         text_column=cfg.text_column,
+        context_size=cfg.context_size,
         max_sequences=cfg.max_sequences,
+        held_out_fraction=cfg.held_out_fraction,
+        outlier_norm_ratio=cfg.outlier_norm_ratio,
+        device=cfg.device,
     )
-    cache = harvest_activations(model, tokens, hooks, out / "activations", batch_size=8)
-    tokenizer = model.tokenizer
-    del model
     lap("harvest")
-
-    n_seq = cache.meta["n_sequences"]
-    n_train_seq = n_seq - max(1, round(cfg.held_out_fraction * n_seq))
-    acts = {h: cache.activations(h) for h in hooks}
-    per_seq = acts[hook].shape[0] // n_seq
-    keep = outlier_mask(acts[hook], cfg.outlier_norm_ratio)  # the same rows of every hook
-    n_train_rows = int(keep[: n_train_seq * per_seq].sum())
-    positions = cache.token_positions()[keep]
-    sequences = cache.tokens()
-    token_ids = sequences[positions[:, 0], positions[:, 1]]
-    scaled = {}
-    for h in hooks:
-        kept = acts[h][keep]
-        scale = kept.shape[1] ** 0.5 / kept[:n_train_rows].norm(dim=-1).mean().item()
-        scaled[h] = kept * scale
-    train, test = _split(scaled[hook], n_train_rows)
-    test_positions, test_tokens = (
-        _split(positions, n_train_rows)[1],
-        _split(token_ids, n_train_rows)[1],
-    )
+    hook, tokenizer, sequences = data.hook, data.tokenizer, data.sequences
+    mlp_in = hook.replace("hook_resid_post", mlp_name)
+    train, test = data.train[hook], data.test[hook]
+    test_positions, test_tokens = data.positions, data.token_ids
     d_in = train.shape[1]
     samples = cfg.steps * cfg.batch_size
     trainer = {"training_samples": samples, "batch_size": cfg.batch_size, "device": cfg.device}
@@ -203,7 +178,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         lap(f"train {name}")
     x_test = test  # the transcoder's inputs (the MLP input) replace these below
     if "transcoder" in cfg.baselines:
-        x_train, x_test = _split(scaled[mlp_in], n_train_rows)
+        x_train, x_test = data.train[mlp_in], data.test[mlp_in]
         transcoder, histories["transcoder"] = train_transcoder(
             x_train,
             train,
@@ -265,10 +240,10 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         "model": cfg.model,
         "hook": hook,
         "transcoder_input": mlp_in if "transcoder" in cfg.baselines else None,
-        "dataset": source,
-        "train_tokens": n_train_rows,
+        "dataset": data.dataset,
+        "train_tokens": int(train.shape[0]),
         "held_out_tokens": int(test.shape[0]),
-        "outliers_dropped": int((~keep).sum()),
+        "outliers_dropped": data.outliers_dropped,
         "bae_prior": cfg.prior,
         "models": rows,
         "seconds": watch.seconds,

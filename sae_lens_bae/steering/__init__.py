@@ -2,8 +2,8 @@
 
 from sae_lens_bae.steering.hooks import Positions, steer, steering_hook
 from sae_lens_bae.steering.icl import (
-    SteerICLConfig,
     SteeredClassifier,
+    SteerICLConfig,
     label_accuracy,
     run_steer_icl,
 )

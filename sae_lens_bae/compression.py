@@ -1,0 +1,298 @@
+"""Hidden-state compression with a BAE: store only the bits that surprise the prior.
+
+A BAE's code differs from the rounded prior round(p) in few channels (the code is globally sparse
+around its mean). ``compress`` keeps, per vector, the indices of channels whose code differs from
+round(p) and whose burstiness log2|h_B - p| is at least ``threshold`` (in [log2 0.5, 0]); at
+log2 0.5 that is every differing channel, so the code is kept exactly; higher thresholds drop the
+flips of channels whose prior was close to 1/2 (the least surprising ones). ``decompress`` flips
+round(p) at the stored indices and decodes. Indices are bit-packed at ceil(log2 n_bits) bits each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from sae_lens_bae.features.burstiness import burstiness, code_prior
+from sae_lens_bae.saes.bae import bits_to_values
+
+__all__ = [
+    "LOSSLESS_THRESHOLD",
+    "CompressedStates",
+    "CompressionConfig",
+    "compress",
+    "compression_report",
+    "decompress",
+    "pack_uints",
+    "run_compression",
+    "unpack_uints",
+]
+
+LOSSLESS_THRESHOLD = math.log2(0.5)
+"""At this threshold every channel whose code differs from round(prior) is stored."""
+
+
+def pack_uints(values: Int[Tensor, " n"], width: int) -> bytes:
+    """Non-negative integers as a little-endian bit stream of ``width`` bits each."""
+    if values.numel() and (values.min() < 0 or values.max() >= 2**width):
+        raise ValueError(f"values must lie in [0, 2^{width}) to pack at {width} bits")
+    shifts = torch.arange(width, dtype=torch.int64)
+    bits = ((values.to(torch.int64)[:, None] >> shifts) & 1).to(torch.uint8).numpy()
+    return np.packbits(bits.reshape(-1), bitorder="little").tobytes()
+
+
+def unpack_uints(data: bytes, width: int, count: int) -> Int[Tensor, " count"]:
+    """Inverse of ``pack_uints``."""
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
+    bits = bits[: count * width].reshape(count, width).astype(np.int64)
+    return torch.from_numpy((bits << np.arange(width, dtype=np.int64)).sum(1))
+
+
+def _width(n: int) -> int:
+    return max(1, math.ceil(math.log2(max(n, 2))))
+
+
+@dataclass
+class CompressedStates:
+    """Per vector, the channels whose bit flips the rounded prior: ``counts[i]`` indices of vector
+    i, all vectors' indices concatenated in ``indices``."""
+
+    counts: Int[Tensor, " n"]
+    indices: Int[Tensor, " total"]
+    n_bits: int
+    threshold: float
+
+    def codes(self, prior: Float[Tensor, " n_bits"]) -> Float[Tensor, "n n_bits"]:
+        """The binary codes: round(prior) with the stored channels flipped."""
+        if prior.shape[-1] != self.n_bits:
+            raise ValueError(
+                f"these states were compressed with {self.n_bits} code bits, the prior has "
+                f"{prior.shape[-1]}: use the prior of the BAE that compressed them"
+            )
+        base = (prior.float().cpu() > 0.5).float()
+        codes = base.repeat(self.counts.shape[0], 1)
+        rows = torch.repeat_interleave(torch.arange(self.counts.shape[0]), self.counts)
+        codes[rows, self.indices] = 1.0 - codes[rows, self.indices]
+        return codes
+
+    def save(self, path: str | Path) -> int:
+        """Write the packed form (one safetensors file); returns its size in bytes."""
+        index_bits, count_bits = _width(self.n_bits), _width(self.n_bits + 1)
+        tensors = {
+            "counts": torch.frombuffer(
+                bytearray(pack_uints(self.counts, count_bits)) or bytearray(1), dtype=torch.uint8
+            ),
+            "indices": torch.frombuffer(
+                bytearray(pack_uints(self.indices, index_bits)) or bytearray(1), dtype=torch.uint8
+            ),
+        }
+        meta = {
+            "n": str(self.counts.shape[0]),
+            "total": str(self.indices.shape[0]),
+            "n_bits": str(self.n_bits),
+            "threshold": repr(self.threshold),
+            "format": "sae_lens_bae.compression/1",
+        }
+        save_file(tensors, str(path), metadata=meta)
+        return Path(path).stat().st_size
+
+    @classmethod
+    def load(cls, path: str | Path) -> CompressedStates:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+            counts_data = f.get_tensor("counts").numpy().tobytes()
+            index_data = f.get_tensor("indices").numpy().tobytes()
+        n, total, n_bits = int(meta["n"]), int(meta["total"]), int(meta["n_bits"])
+        return cls(
+            counts=unpack_uints(counts_data, _width(n_bits + 1), n),
+            indices=unpack_uints(index_data, _width(n_bits), total),
+            n_bits=n_bits,
+            threshold=float(meta["threshold"]),
+        )
+
+
+def _prior(bae: Any, prior: Tensor | None) -> Tensor:
+    return code_prior(bae) if prior is None else prior.detach().float()
+
+
+@torch.no_grad()
+def compress(
+    bae: Any,
+    h0: Float[Tensor, "n d_in"],
+    threshold: float = LOSSLESS_THRESHOLD,
+    *,
+    prior: Float[Tensor, " n_bits"] | None = None,
+    batch_size: int = 4096,
+) -> CompressedStates:
+    """Compress hidden states (as the BAE reads them) to the indices of their surprising bits.
+    ``prior``: default the BAE's training mean code (``code_prior``)."""
+    if not LOSSLESS_THRESHOLD - 1e-9 <= threshold <= 0.0:
+        raise ValueError(
+            f"threshold must lie in [log2 0.5, 0] = [-1, 0] (burstiness of a flipped bit), "
+            f"got {threshold}"
+        )
+    if h0.ndim != 2 or h0.shape[1] != bae.cfg.d_in:
+        raise ValueError(f"h0 must be [n, {bae.cfg.d_in}] (the BAE's d_in), got {tuple(h0.shape)}")
+    p = _prior(bae, prior).to(bae.device)
+    base = p > 0.5
+    counts, indices = [], []
+    for start in range(0, h0.shape[0], batch_size):
+        bits = bae.encode_bits(h0[start : start + batch_size].to(bae.device, bae.dtype))
+        stored = (bits.bool() != base) & (burstiness(bits, p) >= threshold - 1e-6)
+        counts.append(stored.sum(-1).cpu())
+        indices.append(stored.nonzero()[:, 1].cpu())
+    return CompressedStates(
+        counts=torch.cat(counts),
+        indices=torch.cat(indices),
+        n_bits=int(p.shape[0]),
+        threshold=float(threshold),
+    )
+
+
+@torch.no_grad()
+def decompress(
+    bae: Any, compressed: CompressedStates, *, prior: Float[Tensor, " n_bits"] | None = None
+) -> Float[Tensor, "n d_in"]:
+    """Rebuild the codes from the stored flips and decode them with the BAE."""
+    codes = compressed.codes(_prior(bae, prior)).to(bae.device, bae.dtype)
+    return bae.decode(bits_to_values(codes, bae.cfg.bits)).float().cpu()
+
+
+def _decoder_bytes(bae: Any) -> int:
+    """What decompression needs of the model: decoder weights and bias, and the prior."""
+    tensors = [bae.W_dec, bae.b_dec, bae.code_mean]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@torch.no_grad()
+def compression_report(
+    bae: Any,
+    states: Float[Tensor, "n d_in"],
+    thresholds: tuple[float, ...] = (-1.0, -0.75, -0.5, -0.25, 0.0),
+    *,
+    input_scale: float = 1.0,
+    prior: Float[Tensor, " n_bits"] | None = None,
+    work_dir: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """Per threshold: stored flips per vector, bytes on disk (alone and with the decoder) against
+    the float32 and float16 originals, and MSE / cosine similarity of the decompressed states to
+    the originals (in the original units: ``input_scale`` is what the BAE's inputs were
+    multiplied by)."""
+    import tempfile
+
+    states = states.float()
+    original32 = states.numel() * 4
+    model_bytes = _decoder_bytes(bae)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(work_dir or scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        for threshold in thresholds:
+            packed = compress(bae, states * input_scale, threshold, prior=prior)
+            size = packed.save(folder / f"states_{threshold:+.2f}.safetensors")
+            reloaded = CompressedStates.load(folder / f"states_{threshold:+.2f}.safetensors")
+            restored = decompress(bae, reloaded, prior=prior) / input_scale
+            rows.append(
+                {
+                    "threshold": threshold,
+                    "flips_per_vector": float(packed.counts.float().mean()),
+                    "bytes": size,
+                    "bytes_with_decoder": size + model_bytes,
+                    "original_bytes_float32": original32,
+                    "original_bytes_float16": original32 // 2,
+                    "ratio_float32": original32 / size,
+                    "ratio_float32_with_decoder": original32 / (size + model_bytes),
+                    "mse": float((restored - states).pow(2).mean()),
+                    "relative_error": float((restored - states).pow(2).sum() / states.pow(2).sum()),
+                    "cosine": float(torch.cosine_similarity(restored, states, dim=-1).mean()),
+                }
+            )
+    return rows
+
+
+@dataclass
+class CompressionConfig:
+    """What ``bae compress`` runs: train a BAE on one layer and compress its held-out states."""
+
+    dataset: str | None = None
+    model: str = "smollm2-135m"
+    layer: int | None = None
+    text_column: str | None = None
+    context_size: int = 128
+    max_sequences: int | None = 512
+    expansion: int = 4
+    steps: int = 1000
+    batch_size: int = 512
+    thresholds: tuple[float, ...] = (-1.0, -0.75, -0.5, -0.25, 0.0)
+    device: str = "cpu"
+    seed: int = 0
+    out: Path = Path("runs/compress")
+
+
+def run_compression(cfg: CompressionConfig) -> dict[str, Any]:
+    """Harvest, train, compress the held-out states at every threshold; writes
+    ``compression.md``, ``compression.json``, ``compression.png`` and the trained BAE."""
+    from sae_lens_bae.activations import harvest_layer
+    from sae_lens_bae.plots import plot_compression
+    from sae_lens_bae.reports import Stopwatch, markdown_table, write_json
+    from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
+    from sae_lens_bae.training import train_sae
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    watch = Stopwatch("compress")
+    data = harvest_layer(cfg.model, cfg.dataset, cfg.layer, out / "activations",
+                         text_column=cfg.text_column, context_size=cfg.context_size,
+                         max_sequences=cfg.max_sequences, device=cfg.device)  # fmt: skip
+    watch.lap("harvest")
+    train, test = data.train[data.hook], data.test[data.hook]
+    scale = data.scales[data.hook]
+    d_in = train.shape[1]
+    bae = train_sae(train, short_run_config(d_in, cfg.expansion * d_in),
+                    training_samples=cfg.steps * cfg.batch_size, batch_size=cfg.batch_size,
+                    lr=SHORT_RUN_LR, device=cfg.device, seed=cfg.seed).sae.eval()  # fmt: skip
+    bae.save_inference_model(out / "bae")
+    watch.lap("train")
+    rows = compression_report(bae, test / scale, cfg.thresholds, input_scale=scale,
+                              work_dir=out / "compressed")  # fmt: skip
+    watch.lap("compress")
+    summary = {
+        "config": asdict(cfg),
+        "hook": data.hook,
+        "dataset": data.dataset,
+        "held_out_vectors": int(test.shape[0]),
+        "d_in": d_in,
+        "code_bits": bae.cfg.n_bits,
+        "decoder_bytes": _decoder_bytes(bae),
+        "rows": rows,
+        "seconds": watch.seconds,
+    }
+    write_json(out / "compression.json", summary)
+    plot_compression(rows, out / "compression.png", title=f"{cfg.model} {data.hook}")
+    columns = [
+        ("threshold", lambda r: f"{r['threshold']:g}"),
+        ("flips / vector", lambda r: f"{r['flips_per_vector']:.1f}"),
+        ("bytes", lambda r: str(r["bytes"])),
+        ("ratio vs fp32", lambda r: f"{r['ratio_float32']:.1f}x"),
+        ("ratio incl. decoder", lambda r: f"{r['ratio_float32_with_decoder']:.2f}x"),
+        ("MSE", lambda r: f"{r['mse']:.4g}"),
+        ("relative error", lambda r: f"{r['relative_error']:.3f}"),
+        ("cosine", lambda r: f"{r['cosine']:.3f}"),
+    ]
+    header = (
+        f"# Hidden-state compression: {cfg.model} `{data.hook}`\n\n"
+        f"{test.shape[0]} held-out vectors of d = {d_in} ({test.shape[0] * d_in * 4} bytes in "
+        f"float32); BAE with {bae.cfg.n_bits} code bits, decoder + prior "
+        f"{_decoder_bytes(bae)} bytes.\n\n"
+    )
+    (out / "compression.md").write_text(header + markdown_table(rows, columns))
+    return summary

@@ -1,0 +1,123 @@
+"""Hidden-state compression (compress/decompress, packed format) and the more-bit benchmark."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.image
+import pytest
+import torch
+
+from sae_lens_bae import BAE, BAEConfig, bits_to_values, compress, decompress
+from sae_lens_bae.compression import (
+    LOSSLESS_THRESHOLD,
+    CompressedStates,
+    compression_report,
+    pack_uints,
+    unpack_uints,
+)
+
+
+def _bae(bits: int = 1, d_in: int = 8, d_sae: int = 32) -> tuple[BAE, torch.Tensor]:
+    """A BAE whose codes are sparse around a known prior (encoder bias pushes most bits off)."""
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=d_in, d_sae=d_sae, bits=bits, encoder_bias=True))
+    with torch.no_grad():
+        bae.b_enc.fill_(-1.5)
+        bae.b_enc[:3] = 2.0  # three channels mostly on: their prior rounds to 1
+    prior = torch.rand(bae.cfg.n_bits, generator=torch.Generator().manual_seed(1)) * 0.3
+    prior[:3] = 0.9
+    prior[3] = 0.5  # a tie: round(0.5) is 0 here, and a 0 bit must not count as a flip
+    return bae, prior
+
+
+@pytest.mark.parametrize("width", [1, 5, 12, 17])
+def test_pack_unpack_round_trip(width):
+    values = torch.randint(0, 2**width, (1001,), generator=torch.Generator().manual_seed(width))
+    data = pack_uints(values, width)
+    assert len(data) == (1001 * width + 7) // 8
+    assert torch.equal(unpack_uints(data, width, 1001), values)
+    with pytest.raises(ValueError, match="lie in"):
+        pack_uints(torch.tensor([2**width]), width)
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_lossless_threshold_round_trip_is_exact(bits, tmp_path):
+    bae, prior = _bae(bits)
+    h0 = torch.randn(300, 8)
+    packed = compress(bae, h0, LOSSLESS_THRESHOLD, prior=prior)
+    code = bae.encode_bits(h0)
+    assert torch.equal(packed.codes(prior), code)  # the stored flips are the code
+    size = packed.save(tmp_path / "c.safetensors")
+    loaded = CompressedStates.load(tmp_path / "c.safetensors")
+    assert torch.equal(loaded.counts, packed.counts) and torch.equal(loaded.indices, packed.indices)
+    restored = decompress(bae, loaded, prior=prior)
+    assert torch.equal(restored, bae.decode(bits_to_values(code, bits)))
+    base = (prior > 0.5).float()
+    assert torch.equal(packed.counts, (code != base).sum(-1))  # only flips are stored
+    assert size < h0.numel() * 4  # sparse codes take less than the float32 states
+
+
+def test_higher_thresholds_keep_fewer_flips_and_errors():
+    bae, prior = _bae()
+    h0 = torch.randn(300, 8)
+    counts = [compress(bae, h0, t, prior=prior).counts.sum() for t in (-1.0, -0.5, -0.2, 0.0)]
+    assert all(a >= b for a, b in zip(counts, counts[1:], strict=False))
+    top = compress(bae, h0, 0.0, prior=prior)  # only channels whose prior is exactly 0 or 1
+    surprising = ((bae.encode_bits(h0) - prior).abs() >= 1.0 - 1e-6).sum()
+    assert top.counts.sum() == surprising
+    with pytest.raises(ValueError, match="threshold"):
+        compress(bae, h0, -1.5, prior=prior)
+    with pytest.raises(ValueError, match="d_in"):
+        compress(bae, torch.randn(4, 9), prior=prior)
+    with pytest.raises(ValueError, match="prior"):
+        top.codes(torch.rand(5))
+
+
+def test_compression_report_measures_size_and_error():
+    bae, prior = _bae()
+    h0 = torch.randn(200, 8)
+    rows = compression_report(bae, h0, (-1.0, 0.0), prior=prior, input_scale=2.0)
+    assert [r["threshold"] for r in rows] == [-1.0, 0.0]
+    for row in rows:
+        assert row["original_bytes_float32"] == 200 * 8 * 4
+        assert row["ratio_float32"] == pytest.approx(200 * 8 * 4 / row["bytes"])
+        assert row["bytes_with_decoder"] > row["bytes"]
+        assert -1.0 <= row["cosine"] <= 1.0 and row["mse"] >= 0
+    exact = decompress(bae, compress(bae, 2 * h0, prior=prior), prior=prior) / 2
+    assert rows[0]["mse"] == pytest.approx(float((exact - h0).pow(2).mean()), rel=1e-5)
+
+
+def test_more_bit_decoding_matches_the_formula_on_hand_made_bits():
+    bae, _ = _bae(bits=3, d_sae=2)
+    bits = torch.tensor([[1.0, 0.0, 1.0, 0.0, 1.0, 1.0]])  # feature 0: 1 + 4 = 5, feature 1: 6
+    values = bits_to_values(bits, 3)
+    assert torch.allclose(values, torch.tensor([[5 / 7, 6 / 7]]))
+    expected = values @ bae.W_dec + bae.b_dec
+    assert torch.allclose(bae.decode(values), expected, atol=1e-6)
+
+
+def test_bae_compress_and_more_bits_on_the_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
+    from sae_lens_bae.compression import CompressionConfig, run_compression
+    from sae_lens_bae.features.more_bits import MoreBitsConfig, run_more_bits
+
+    common = dict(dataset=str(tiny_corpus), model=str(tiny_hf_llama_dir), context_size=32,
+                  max_sequences=64, steps=20, batch_size=128)  # fmt: skip
+    summary = run_compression(
+        CompressionConfig(**common, thresholds=(-1.0, -0.5), out=tmp_path / "c")
+    )
+    assert [r["threshold"] for r in summary["rows"]] == [-1.0, -0.5]
+    assert summary["rows"][0]["flips_per_vector"] >= summary["rows"][1]["flips_per_vector"]
+    assert "| -1 |" in (tmp_path / "c" / "compression.md").read_text()
+    assert matplotlib.image.imread(tmp_path / "c" / "compression.png").shape[0] > 100
+
+    result = run_more_bits(MoreBitsConfig(**common, bits=(1, 3), out=tmp_path / "m"))
+    rows = result["rows"]
+    assert [r["bits"] for r in rows] == [1, 3]
+    assert [r["code_bits"] for r in rows] == [32, 96]  # decoder width d_in = 32 for every C
+    assert rows[0]["magnitude"] == "burstiness" and rows[1]["magnitude"] == "raw"
+    saved = json.loads((tmp_path / "m" / "more_bits.json").read_text())
+    assert saved["rows"] == rows
+    assert matplotlib.image.imread(tmp_path / "m" / "more_bits.png").shape[0] > 100
+    with pytest.raises(ValueError, match="bits"):
+        MoreBitsConfig(bits=(0,))

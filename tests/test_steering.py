@@ -1,0 +1,159 @@
+"""Task vectors, the steering hook (run_with_hooks, hooks context, generate) and bae steer icl."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.image
+import pytest
+import torch
+from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
+
+from sae_lens_bae import BAE, BAEConfig, steer, steering_hook, task_vector
+from sae_lens_bae.entropy.icl import ICLTemplate, build_icl_prompts, encode_prompts
+from sae_lens_bae.entropy.states import first_token_ids
+from sae_lens_bae.models import load_model
+from sae_lens_bae.steering import SteeredClassifier, label_accuracy, mean_difference
+
+HOOK = "blocks.0.hook_resid_post"
+# the tiny tokenizer knows only w3..w99: templates and label words are made of those
+TEMPLATE = ICLTemplate(demonstration="w10 {sentence} w11 {label} w12 ", query="w10 {sentence} w11")
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_hf_llama_dir):
+    return load_model(tiny_hf_llama_dir)
+
+
+def _bae(d_in: int = 8, d_sae: int = 32) -> BAE:
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=d_in, d_sae=d_sae))
+    torch.nn.init.normal_(bae.b_dec)
+    return bae
+
+
+def test_task_vector_is_the_top_mean_code_difference_decoded():
+    bae = _bae()
+    pos, neg = torch.randn(200, 8) + 0.5, torch.randn(300, 8) - 0.5
+    diff = bae.encode_bits(pos).mean(0) - bae.encode_bits(neg).mean(0)
+    keep = diff.abs().topk(5).indices
+    sparse = torch.zeros_like(diff)
+    sparse[keep] = diff[keep]
+    assert torch.allclose(task_vector(bae, pos, neg, top=5), sparse @ bae.W_dec, atol=1e-5)
+    assert torch.allclose(task_vector(bae, pos, neg, top=None), diff @ bae.W_dec, atol=1e-5)
+    # states scaled before encoding, the vector back in the states' units
+    scaled = task_vector(bae, pos, neg, top=5, input_scale=2.0)
+    assert torch.allclose(scaled, task_vector(bae, 2 * pos, 2 * neg, top=5) / 2, atol=1e-5)
+    assert torch.allclose(mean_difference(pos, neg), pos.mean(0) - neg.mean(0), atol=1e-6)
+
+
+def test_task_vector_for_an_sae_and_bad_input():
+    torch.manual_seed(0)
+    sae = StandardSAE(StandardSAEConfig(d_in=8, d_sae=16))
+    torch.nn.init.normal_(sae.b_enc)
+    pos, neg = torch.randn(50, 8), torch.randn(60, 8)
+    diff = sae.encode(pos).mean(0) - sae.encode(neg).mean(0)
+    assert torch.allclose(task_vector(sae, pos, neg, top=None), diff @ sae.W_dec, atol=1e-5)
+    with pytest.raises(ValueError, match="d_in = 8"):
+        task_vector(sae, torch.randn(5, 7), torch.randn(5, 7))
+    with pytest.raises(ValueError, match="NaN"):
+        task_vector(sae, torch.full((5, 8), float("nan")), neg)
+    with pytest.raises(ValueError, match="top"):
+        task_vector(sae, pos, neg, top=0)
+
+
+def test_the_hook_changes_only_the_targeted_positions(tiny_llama):
+    tokens = torch.randint(1, 100, (3, 10), generator=torch.Generator().manual_seed(0))
+    vector = torch.randn(32)
+    _, clean = tiny_llama.run_with_cache(tokens)
+    with steer(tiny_llama, HOOK, vector, 3.0):
+        _, steered = tiny_llama.run_with_cache(tokens)
+    delta = steered[HOOK] - clean[HOOK]
+    assert torch.allclose(delta[:, -1], (3.0 * vector).expand(3, -1), atol=1e-5)
+    assert torch.equal(delta[:, :-1], torch.zeros_like(delta[:, :-1]))
+    later = "blocks.1.hook_resid_post"  # causal: earlier positions never see the change
+    assert torch.allclose(steered[later][:, :-1], clean[later][:, :-1], atol=1e-6)
+    assert not torch.allclose(steered[later][:, -1], clean[later][:, -1])
+    _, after = tiny_llama.run_with_cache(tokens)  # the hook is gone after the block
+    assert torch.equal(after[HOOK], clean[HOOK])
+
+    rows = torch.tensor([3, 5, 9])  # one position per row (right-padded prompts)
+    hook = steering_hook(vector, 2.0, positions=rows)
+    cache = {}
+    tiny_llama.run_with_hooks(
+        tokens,
+        fwd_hooks=[(HOOK, hook), (HOOK, lambda act, **_: cache.__setitem__("a", act.clone()))],
+    )
+    changed = (cache["a"] - clean[HOOK]).abs().sum(-1) > 0
+    expected = torch.zeros(3, 10, dtype=torch.bool)
+    expected[torch.arange(3), rows] = True
+    assert torch.equal(changed, expected)
+    with pytest.raises(ValueError, match="Unknown hook"), steer(tiny_llama, HOOK + "t", vector):
+        pass
+    with pytest.raises(ValueError, match="size 31"):
+        tiny_llama.run_with_hooks(tokens, fwd_hooks=[(HOOK, steering_hook(torch.randn(31)))])
+
+
+def test_generate_with_steering(hf_model):
+    model = hf_model
+    final = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    target = int(model.W_U.norm(dim=0).argmax())  # the unembedding column with the largest norm
+    prompt = torch.tensor([[1, 5, 6, 7]])
+    kwargs = dict(max_new_tokens=4, do_sample=False, stop_at_eos=False, verbose=False)
+    plain = model.generate(prompt, **kwargs)
+    with steer(model, final, model.W_U[:, target].detach(), 1e4):
+        steered = model.generate(prompt, **kwargs)
+    assert steered[0, 4:].tolist() == [target] * 4  # every generated token steered
+    assert torch.equal(model.generate(prompt, **kwargs), plain)  # and the hook removed after
+
+
+def test_steered_classifier_equals_a_full_forward(hf_model):
+    template = TEMPLATE
+    pairs = [(f"w{20 + i} w{40 + i}" + " w30" * (i % 3), ("w5", "w6")[i % 2]) for i in range(20)]
+    prompts = build_icl_prompts(pairs, 0, 12, template=template)
+    tokens, last = encode_prompts([p for p, _ in prompts], hf_model.tokenizer)
+    ids = first_token_ids(hf_model.tokenizer, ["w5", "w6"])
+    truth = torch.tensor([["w5", "w6"].index(y) for _, y in prompts])
+    vector = torch.randn(32, generator=torch.Generator().manual_seed(0))
+    classifier = SteeredClassifier(hf_model, tokens, last[:, 0], ids, truth, HOOK, batch_size=5)
+    for strength in (0.0, 2.0, 8.0):
+        full = label_accuracy(hf_model, tokens, last[:, 0], ids, truth, hook_name=HOOK,
+                              vector=vector, strength=strength, batch_size=4)  # fmt: skip
+        assert classifier.accuracy(vector, strength) == full
+
+
+def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
+    from sae_lens_bae.steering import SteerICLConfig, run_steer_icl
+
+    lines = ["label\tsentence"] + [f"{i % 2}\tw{20 + i % 50} w{40 + i % 37}" for i in range(80)]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    cfg = SteerICLConfig(
+        dataset=str(tmp_path / "train.tsv"),
+        model=str(tiny_hf_llama_dir),
+        label_words={"0": "w5", "1": "w6"},
+        template=TEMPLATE,
+        layer=0,
+        shots=4,
+        n_vector_prompts=16,
+        n_eval_prompts=24,
+        top=8,
+        baselines=("standard",),
+        steps=20,
+        batch_size=64,
+        strengths=(1.0, 4.0),
+        out=tmp_path / "out",
+    )
+    summary = run_steer_icl(cfg, progress=False)
+    rows = {row["model"]: row for row in summary["models"]}
+    assert set(rows) == {"bae", "standard", "mean_difference"}
+    for row in rows.values():
+        assert set(row["accuracy"]) == {"0", "1.0", "4.0"}
+        assert row["accuracy"]["0"] == summary["unsteered_0_shot_accuracy"]
+        assert row["best_accuracy"] == max(row["accuracy"].values())
+    assert rows["mean_difference"]["cosine_to_mean_difference"] == pytest.approx(1.0)
+    saved = json.loads((tmp_path / "out" / "steer.json").read_text())
+    assert saved["models"] == summary["models"]
+    assert "| bae |" in (tmp_path / "out" / "steer.md").read_text()
+    assert matplotlib.image.imread(tmp_path / "out" / "steer.png").shape[0] > 100
+    with pytest.raises(ValueError, match="labelled sentences"):
+        run_steer_icl(SteerICLConfig(**{**cfg.__dict__, "n_eval_prompts": 100}), progress=False)
