@@ -117,3 +117,20 @@ def test_entropy_icl_command_on_tiny_model(tiny_hf_llama_dir, tmp_path):
         app, ["entropy", "icl", "--dataset", str(tmp_path), "--label-words", "x"]
     )
     assert result.exit_code != 0 and "0=negative" in result.output
+
+
+def test_application_commands_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
+    common = ["--model", str(tiny_hf_llama_dir), "--dataset", str(tiny_corpus),
+              "--context-size", "32", "--max-sequences", "48", "--steps", "10"]  # fmt: skip
+    result = runner.invoke(app, ["compress", *common, "--thresholds", "-1,-0.5",
+                                 "--out", str(tmp_path / "c")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "ratio vs fp32" in result.output
+    result = runner.invoke(app, ["compress", *common, "--thresholds", "-2"])
+    assert result.exit_code != 0 and "outside" in result.output
+    result = runner.invoke(app, ["bench", "more-bits", *common, "--bits", "1,2",
+                                 "--out", str(tmp_path / "m")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "m" / "more_bits.json").read_text())["rows"][1]["bits"] == 2
+    result = runner.invoke(app, ["steer", "icl", "--dataset", "x", "--baselines", "transcoder"])
+    assert result.exit_code != 0 and "--baselines" in result.output
