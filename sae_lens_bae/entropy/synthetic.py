@@ -48,7 +48,10 @@ PRESETS: dict[str, SyntheticPreset] = {
         n_test=4096,
         recipe=EntropyRecipe(steps=4000, lr=4e-3),
     ),
-    # the paper's scale, for a GPU: 100 epochs of 65536 samples in batches of 512
+    # the paper's scale, for a GPU: 100 epochs of 65536 samples in batches of 512. Measured on
+    # an H100 (seed 0, 2x, 492 s for r = 1/16/64/256 with and without the objective): r = 1, 16,
+    # 64 within 0.01 bits at <= 0.6% held-out error; r = 256 fails (653 bits, 13% error), and
+    # lr 2e-3 is worse (r = 256: 586 bits at 16%; r = 512 collapses to a constant code)
     "paper": SyntheticPreset(
         d=2048,
         ranks=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
