@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import random
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -232,6 +233,11 @@ class ChatClient:
                 f"{e.status_code} ({e.message}); check the model name, API key and base URL. "
                 "Replies so far are cached; rerun to resume."
             ) from e
+        except openai.APIError as e:  # a reply that is not a chat completion at all
+            raise ComSemAPIError(
+                f"{self.config.base_url or 'OpenAI'} sent an unusable response ({e}); is it an "
+                "OpenAI-compatible /v1 endpoint? Replies so far are cached; rerun to resume."
+            ) from e
         self.usage.requests += 1
         return _reply_from_response(response)
 
@@ -336,6 +342,12 @@ class ChatClient:
                 break
             await asyncio.sleep(self.config.batch_poll_seconds)
         bar.close()
+        if batch.status != "completed":
+            warnings.warn(
+                f"Batch {batch_id} ended {batch.status}; its unanswered requests are sent "
+                "directly instead",
+                stacklevel=2,
+            )
         if batch.output_file_id:
             content = await client.files.content(batch.output_file_id)
             for line in content.text.splitlines():
