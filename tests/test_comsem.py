@@ -173,6 +173,10 @@ def test_a_refused_request_stops_with_a_clear_error_and_keeps_the_replies(
     reread = ReplyCache(cache)
     assert len(reread) == kept > 0
     assert all(reread.get(key) is None for key in received)  # cached replies were not asked again
+    with LoopbackServer() as server:  # a wrong base URL: the server answers 404
+        wrong = ClientConfig(model="rules", base_url=server.base_url + "/nowhere")
+        with pytest.raises(ComSemAPIError, match="HTTP 404.*base URL"):
+            comsem(records, tokenizer, ChatClient(wrong, None), _config(), progress=False)
     with LoopbackServer(faults=[500] * 3) as server:
         client = ChatClient(_client(server, max_attempts=3, concurrency=1), None)
         with pytest.raises(ComSemAPIError, match="after 3 attempts"):

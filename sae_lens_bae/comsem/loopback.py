@@ -237,9 +237,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         owner = self.owner
-        if self.path.endswith("/chat/completions"):
+        if self.path == "/v1/chat/completions":
             self._send(*owner.chat(json.loads(self._body())))
-        elif self.path.endswith("/files"):
+        elif self.path == "/v1/files":
             raw = self._body()
             head = f"Content-Type: {self.headers['Content-Type']}\r\n\r\n".encode()
             message = email.message_from_bytes(head + raw, policy=email.policy.HTTP)
@@ -261,17 +261,19 @@ class _Handler(BaseHTTPRequestHandler):
                     "status": "processed",
                 },
             )
-        elif self.path.endswith("/batches"):
+        elif self.path == "/v1/batches":
             self._send(200, owner.create_batch(json.loads(self._body())))
         else:
             self._send(404, {"error": {"message": f"no route {self.path}"}})
 
     def do_GET(self) -> None:  # noqa: N802
         owner = self.owner
-        parts = self.path.rstrip("/").split("/")
-        if len(parts) >= 2 and parts[-2] == "batches" and parts[-1] in owner.batches:
-            self._send(200, owner.retrieve_batch(parts[-1]))
-        elif parts[-1] == "content" and parts[-2] in owner.files:
+        parts = self.path.rstrip("/").split("/")  # "", "v1", "batches", id / "files", id, ...
+        if parts[:3] == ["", "v1", "batches"] and len(parts) == 4 and parts[3] in owner.batches:
+            self._send(200, owner.retrieve_batch(parts[3]))
+        elif (
+            parts[:3] == ["", "v1", "files"] and parts[-1] == "content" and parts[-2] in owner.files
+        ):
             self._send(200, owner.files[parts[-2]])
         else:
             self._send(404, {"error": {"message": f"no route {self.path}"}})
