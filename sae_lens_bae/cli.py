@@ -174,9 +174,15 @@ def compare(
 
 @app.command()
 def interpret(
-    records: Path = typer.Option(
-        ..., help="Records file (bae compare writes records/<model>.safetensors)."
-    ),
+    records: Path | None = typer.Option(None, help="Records file (bae compare writes them)."),
+    sae: Path | None = typer.Option(None, help="Or a saved SAE/BAE folder, read on --dataset."),
+    dataset: str | None = typer.Option(None, help="With --sae: text file/folder/HF dataset."),
+    hook: str | None = typer.Option(None, help="With --sae: hook point (default: the SAE's)."),
+    sentences: int = typer.Option(8192, help="With --sae: evaluation rows (N)."),
+    context_size: int = typer.Option(64, help="With --sae: tokens per row."),
+    k: int = typer.Option(10, help="With --sae: top-k features kept per token."),
+    magnitude: str | None = typer.Option(None, help="With --sae: burstiness, raw or rescaled."),
+    input_scale: float = typer.Option(1.0, help="With --sae: its training activations' scale."),
     base_url: str | None = typer.Option(
         None, help="OpenAI-compatible endpoint (vLLM, Ollama, llama.cpp server); default OpenAI."
     ),
@@ -220,9 +226,16 @@ def interpret(
     from sae_lens_bae.features.records import FeatureRecords
     from sae_lens_bae.models import load_tokenizer
 
-    if not records.exists():
-        raise typer.BadParameter(f"no records file {records}; `bae compare` writes them")
-    loaded = FeatureRecords.load(records)
+    if (records is None) == (sae is None):
+        raise typer.BadParameter("pass either --records FILE or --sae FOLDER (with --dataset)")
+    if records is not None:
+        if not records.exists():
+            raise typer.BadParameter(f"no records file {records}; `bae compare` writes them")
+        loaded = FeatureRecords.load(records)
+    else:
+        loaded = _records_from_sae(
+            sae, dataset, model, hook, sentences, context_size, k, magnitude, input_scale, out
+        )
     source = model or loaded.info.get("model")
     if source is None:
         raise typer.BadParameter("these records do not say which model made them: pass --model")
@@ -247,6 +260,48 @@ def interpret(
     comsem(loaded, load_tokenizer(source), client, config, out=out, cache=cache)
     typer.echo((out / "summary.md").read_text())
     typer.echo(f"results in {out}/")
+
+
+def _records_from_sae(
+    sae_dir: Path,
+    dataset: str | None,
+    model: str | None,
+    hook: str | None,
+    sentences: int,
+    context_size: int,
+    k: int,
+    magnitude: str | None,
+    input_scale: float,
+    out: Path,
+) -> Any:
+    """ComSem's records made from a saved SAE over --dataset (saved to OUT/records.safetensors)."""
+    from sae_lens import SAE
+
+    from sae_lens_bae.activations import check_hooks
+    from sae_lens_bae.data import load_token_dataset
+    from sae_lens_bae.features.records import records_from_text
+    from sae_lens_bae.models import load_model
+
+    if dataset is None:
+        raise typer.BadParameter("--sae needs --dataset (the text whose tokens are interpreted)")
+    if magnitude not in (None, "burstiness", "raw", "rescaled"):
+        raise typer.BadParameter(f"--magnitude {magnitude!r}: burstiness, raw or rescaled")
+    loaded_sae = SAE.load_from_disk(sae_dir)
+    hook = hook or loaded_sae.cfg.metadata.hook_name
+    name = model or loaded_sae.cfg.metadata.model_name or "smollm2-135m"
+    if hook is None:
+        raise typer.BadParameter("this SAE does not name its hook point: pass --hook")
+    lm = load_model(name)
+    check_hooks(lm, [hook])
+    tokens = load_token_dataset(dataset, lm.tokenizer, context_size, max_sequences=sentences)
+    records = records_from_text(
+        lm, loaded_sae, tokens, hook, out / "activations", k=k,
+        magnitude=magnitude, input_scale=input_scale,  # type: ignore[arg-type]
+    )  # fmt: skip
+    records.info["model"] = name
+    out.mkdir(parents=True, exist_ok=True)
+    records.save(out / "records.safetensors")
+    return records
 
 
 bench_app = typer.Typer(help="Benchmarks with known answers.", no_args_is_help=True)

@@ -334,3 +334,30 @@ def test_reply_parsing_and_templates(tmp_path):
         load_templates(custom)
     with pytest.raises(FileNotFoundError):
         load_templates(tmp_path / "missing")
+
+
+def test_interpret_a_saved_sae_on_text(compare_out, tiny_hf_llama_dir, tiny_corpus, tmp_path):
+    from typer.testing import CliRunner
+
+    from sae_lens_bae.cli import app
+
+    compare = json.loads((compare_out / "compare.json").read_text())
+    with LoopbackServer() as server:
+        result = CliRunner().invoke(
+            app,
+            [
+                "interpret", "--sae", str(compare_out / "models" / "bae"),
+                "--dataset", str(tiny_corpus), "--model", str(tiny_hf_llama_dir),
+                "--hook", compare["hook"], "--input-scale", str(compare["activation_scale"]),
+                "--sentences", "40", "--context-size", "32", "--k", "4",
+                "--base-url", server.base_url, "--llm", "rules", "--max-features", "3",
+                "--out", str(tmp_path),
+            ],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    made = FeatureRecords.load(tmp_path / "records.safetensors")
+    assert made.magnitude == "burstiness" and made.features.shape[1] == 4
+    assert made.info == {"hook": compare["hook"], "model": str(tiny_hf_llama_dir)}
+    assert json.loads((tmp_path / "summary.json").read_text())["evaluated"] == 3
+    result = CliRunner().invoke(app, ["interpret", "--llm", "rules"])
+    assert result.exit_code != 0 and "either --records" in result.output

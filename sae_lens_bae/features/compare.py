@@ -244,6 +244,8 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         "train_tokens": int(train.shape[0]),
         "held_out_tokens": int(test.shape[0]),
         "outliers_dropped": data.outliers_dropped,
+        # every model reads states multiplied by this (bae interpret --sae ... --input-scale)
+        "activation_scale": data.scales[hook],
         "bae_prior": cfg.prior,
         "models": rows,
         "seconds": watch.seconds,

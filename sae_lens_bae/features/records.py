@@ -22,7 +22,13 @@ from torch import Tensor
 
 from sae_lens_bae.features.burstiness import burstiness
 
-__all__ = ["FeatureRecords", "Magnitude", "feature_magnitudes", "top_k_records"]
+__all__ = [
+    "FeatureRecords",
+    "Magnitude",
+    "feature_magnitudes",
+    "records_from_text",
+    "top_k_records",
+]
 
 Magnitude = Literal["burstiness", "raw", "rescaled"]
 
@@ -197,3 +203,55 @@ def top_k_records(
         magnitude=magnitude,
         sequences=sequences,
     )
+
+
+def records_from_text(
+    model: Any,
+    sae: Any,
+    tokens: Any,
+    hook: str,
+    out_dir: str | Path,
+    *,
+    k: int = 10,
+    magnitude: Magnitude | None = None,
+    input_scale: float = 1.0,
+    batch_size: int = 16,
+) -> FeatureRecords:
+    """Top-k records of a trained SAE (a BAE or any SAELens SAE) over token rows: harvest ``hook``
+    once (shards under ``out_dir``), then rank every token's active features.
+
+    ``magnitude``: default burstiness for a BAE (with its training prior, or the evaluation prior
+    when it has none) and raw activations for an SAE. ``input_scale``: the factor the SAE's
+    training activations were multiplied by (1 for SAEs that read raw states, as ``bae train`` and
+    SAELens' own normalisation produce them).
+    """
+    from sae_lens_bae.activations import harvest_activations
+    from sae_lens_bae.features.burstiness import code_prior
+
+    cache = harvest_activations(model, tokens, [hook], out_dir, batch_size=batch_size)
+    acts = cache.activations(hook).float() * input_scale
+    if acts.shape[1] != sae.cfg.d_in:
+        raise ValueError(
+            f"{hook} gives width {acts.shape[1]} but the SAE reads d_in = {sae.cfg.d_in}"
+        )
+    positions, sequences = cache.token_positions(), cache.tokens()
+    is_bae = hasattr(sae, "encode_bits")
+    magnitude = magnitude or ("burstiness" if is_bae else "raw")
+    prior = None
+    if magnitude == "burstiness":
+        if not is_bae:
+            raise ValueError("burstiness magnitudes need a BAE; use raw or rescaled for an SAE")
+        trained = float(getattr(sae, "code_mean_count", 0)) > 0
+        prior = code_prior(sae, acts, source="training" if trained else "evaluation")
+    records = top_k_records(
+        sae,
+        acts.to(sae.dtype),
+        positions,
+        sequences[positions[:, 0], positions[:, 1]],
+        magnitude,
+        k=k,
+        prior=prior,
+        sequences=sequences,
+    )
+    records.info = {"hook": hook}  # the caller adds how to load the model ("model")
+    return records
