@@ -5,7 +5,8 @@ around its mean). ``compress`` keeps, per vector, the indices of channels whose 
 round(p) and whose burstiness log2|h_B - p| is at least ``threshold`` (in [log2 0.5, 0]); at
 log2 0.5 that is every differing channel, so the code is kept exactly; higher thresholds drop the
 flips of channels whose prior was close to 1/2 (the least surprising ones). ``decompress`` flips
-round(p) at the stored indices and decodes. Indices are bit-packed at ceil(log2 n_bits) bits each.
+round(p) at the stored indices and decodes. On disk the flips are bit-packed indices
+(ceil(log2 n_bits) bits each) or, when flips are dense enough that this is larger, a packed bitmap.
 """
 
 from __future__ import annotations
@@ -85,21 +86,36 @@ class CompressedStates:
         return codes
 
     def save(self, path: str | Path) -> int:
-        """Write the packed form (one safetensors file); returns its size in bytes."""
-        index_bits, count_bits = _width(self.n_bits), _width(self.n_bits + 1)
-        tensors = {
-            "counts": torch.frombuffer(
-                bytearray(pack_uints(self.counts, count_bits)) or bytearray(1), dtype=torch.uint8
-            ),
-            "indices": torch.frombuffer(
-                bytearray(pack_uints(self.indices, index_bits)) or bytearray(1), dtype=torch.uint8
-            ),
-        }
+        """Write the packed form (one safetensors file); returns its size in bytes.
+
+        The flips are stored as bit-packed indices (ceil(log2 n_bits) bits each, with per-vector
+        counts) or, when that would be larger (more than about n_bits / log2 n_bits flips per
+        vector), as a packed n x n_bits bitmap: whichever is smaller."""
+        n, index_bits, count_bits = (
+            self.counts.shape[0],
+            _width(self.n_bits),
+            _width(self.n_bits + 1),
+        )
+        as_indices = self.indices.shape[0] * index_bits + n * count_bits
+        if as_indices <= n * self.n_bits:
+            layout = "indices"
+            tensors = {
+                "counts": _bytes_tensor(pack_uints(self.counts, count_bits)),
+                "indices": _bytes_tensor(pack_uints(self.indices, index_bits)),
+            }
+        else:
+            layout = "bitmap"
+            mask = torch.zeros(n, self.n_bits, dtype=torch.uint8)
+            rows = torch.repeat_interleave(torch.arange(n), self.counts)
+            mask[rows, self.indices] = 1
+            packed = np.packbits(mask.numpy().reshape(-1), bitorder="little").tobytes()
+            tensors = {"bitmap": _bytes_tensor(packed)}
         meta = {
-            "n": str(self.counts.shape[0]),
+            "n": str(n),
             "total": str(self.indices.shape[0]),
             "n_bits": str(self.n_bits),
             "threshold": repr(self.threshold),
+            "layout": layout,
             "format": "sae_lens_bae.compression/1",
         }
         save_file(tensors, str(path), metadata=meta)
@@ -109,15 +125,28 @@ class CompressedStates:
     def load(cls, path: str | Path) -> CompressedStates:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata()
-            counts_data = f.get_tensor("counts").numpy().tobytes()
-            index_data = f.get_tensor("indices").numpy().tobytes()
+            data = {key: f.get_tensor(key).numpy().tobytes() for key in f.keys()}  # noqa: SIM118
         n, total, n_bits = int(meta["n"]), int(meta["total"]), int(meta["n_bits"])
+        if meta.get("layout", "indices") == "bitmap":
+            bits = np.unpackbits(np.frombuffer(data["bitmap"], dtype=np.uint8), bitorder="little")
+            mask = torch.from_numpy(bits[: n * n_bits].reshape(n, n_bits).astype(bool))
+            counts, indices = mask.sum(-1), mask.nonzero()[:, 1]
+        else:
+            counts = unpack_uints(data["counts"], _width(n_bits + 1), n)
+            indices = unpack_uints(data["indices"], _width(n_bits), total)
         return cls(
-            counts=unpack_uints(counts_data, _width(n_bits + 1), n),
-            indices=unpack_uints(index_data, _width(n_bits), total),
-            n_bits=n_bits,
-            threshold=float(meta["threshold"]),
+            counts=counts, indices=indices, n_bits=n_bits, threshold=float(meta["threshold"])
         )
+
+    def layout(self) -> str:
+        """How ``save`` stores these flips: ``indices`` or ``bitmap``."""
+        n = self.counts.shape[0]
+        as_indices = self.indices.shape[0] * _width(self.n_bits) + n * _width(self.n_bits + 1)
+        return "indices" if as_indices <= n * self.n_bits else "bitmap"
+
+
+def _bytes_tensor(data: bytes) -> Tensor:
+    return torch.frombuffer(bytearray(data) or bytearray(1), dtype=torch.uint8)
 
 
 def _prior(bae: Any, prior: Tensor | None) -> Tensor:
@@ -205,6 +234,7 @@ def compression_report(
                 {
                     "threshold": threshold,
                     "flips_per_vector": float(packed.counts.float().mean()),
+                    "layout": packed.layout(),
                     "bytes": size,
                     "bytes_with_decoder": size + model_bytes,
                     "original_bytes_float32": original32,
@@ -281,6 +311,7 @@ def run_compression(cfg: CompressionConfig) -> dict[str, Any]:
     columns = [
         ("threshold", lambda r: f"{r['threshold']:g}"),
         ("flips / vector", lambda r: f"{r['flips_per_vector']:.1f}"),
+        ("stored as", lambda r: r["layout"]),
         ("bytes", lambda r: str(r["bytes"])),
         ("ratio vs fp32", lambda r: f"{r['ratio_float32']:.1f}x"),
         ("ratio incl. decoder", lambda r: f"{r['ratio_float32_with_decoder']:.2f}x"),

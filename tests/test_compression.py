@@ -121,3 +121,18 @@ def test_bae_compress_and_more_bits_on_the_tiny_model(tiny_hf_llama_dir, tiny_co
     assert matplotlib.image.imread(tmp_path / "m" / "more_bits.png").shape[0] > 100
     with pytest.raises(ValueError, match="bits"):
         MoreBitsConfig(bits=(0,))
+
+
+@pytest.mark.parametrize(("flips", "layout"), [(1, "indices"), (8, "bitmap")])
+def test_the_smaller_layout_is_saved_and_round_trips(flips, layout, tmp_path):
+    generator = torch.Generator().manual_seed(flips)
+    rows = [torch.randperm(16, generator=generator)[:flips].sort().values for _ in range(10)]
+    packed = CompressedStates(
+        counts=torch.full((10,), flips), indices=torch.cat(rows), n_bits=16, threshold=-1.0
+    )
+    assert packed.layout() == layout
+    packed.save(tmp_path / "s.safetensors")
+    loaded = CompressedStates.load(tmp_path / "s.safetensors")
+    assert torch.equal(loaded.counts, packed.counts) and torch.equal(loaded.indices, packed.indices)
+    prior = torch.full((16,), 0.2)
+    assert torch.equal(loaded.codes(prior), packed.codes(prior))
