@@ -8,6 +8,7 @@ import torch
 
 from sae_lens_bae import BAE, BAEConfig, burstiness
 from sae_lens_bae.features import (
+    FeatureRecords,
     code_prior,
     decoder_covariance_norm,
     feature_statistics,
@@ -75,6 +76,13 @@ def test_top_k_records_keep_only_active_features_best_first():
     assert records.samples(0, limit=1) == [(2, 3.0)]
     with pytest.raises(IndexError):
         records.samples(4)
+    # ties (a BAE bit's burstiness is the same wherever it fires): seeded random order
+    zeros = torch.zeros(50, 2, dtype=torch.long)
+    tied = FeatureRecords(zeros[:, :1], torch.ones(50, 1), zeros, torch.arange(50), 1, "burstiness")
+    assert [i for i, _ in tied.samples(0, limit=5)] == [0, 1, 2, 3, 4]  # data order
+    shuffled = [i for i, _ in tied.samples(0, limit=5, seed=1)]
+    assert shuffled == [i for i, _ in tied.samples(0, limit=5, seed=1)] != [0, 1, 2, 3, 4]
+    assert records.samples(1, seed=3) == [(0, 5.0), (2, 4.0)]  # no ties: by magnitude
     # z-scored per channel: channel 2 (small values, rare) now outranks channel 1 on token 2
     rescaled = top_k_records(FixedSAE(4), acts, positions, torch.arange(4), "rescaled", k=1)
     raw_mean, raw_std = acts[:, 2].mean(), acts[:, 2].std(unbiased=False)

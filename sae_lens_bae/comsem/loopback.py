@@ -20,7 +20,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -44,6 +44,8 @@ class LoopbackServer:
             reply ("Maybe" for the judge, a two-line list for the explainer); 0: never.
         hold_after: after this many answered chat requests, hold further ones until
             ``release()`` (to kill a client at a known point).
+        responder: replaces the rule-based answers: body -> reply text (e.g. a local model's
+            generation, see ``benchmarks/comsem_local_llm.py``); called one request at a time.
     """
 
     def __init__(
@@ -53,7 +55,10 @@ class LoopbackServer:
         invalid_every: int = 0,
         hold_after: int | None = None,
         batch_polls: int = 1,
+        responder: Callable[[dict[str, Any]], str] | None = None,
     ) -> None:
+        self.responder = responder
+        self._respond_lock = threading.Lock()
         self.latency = latency
         self.faults = list(faults)
         self.invalid_every = invalid_every
@@ -129,6 +134,10 @@ class LoopbackServer:
             text = f'the word "{common[0][0]}"' if common else "nothing"
             if invalid:
                 text = "1. some words\n2. other words"
+        if self.responder is not None:
+            with self._respond_lock:
+                text = self.responder(body)
+            p_yes = None
         words = sum(len(str(m.get("content", "")).split()) for m in messages)
         choice: dict[str, Any] = {
             "index": 0,

@@ -1,9 +1,11 @@
 """ComSem's first stage: from top-k feature records to the samples each prompt shows.
 
 A feature with at least ``n_explain + 1`` records is *activated* (FA). Its ``n_explain`` strongest
-records go to the explainer; the next ``n_test`` (at most) are judged. For the optional detection
-score, as many *non-activating* samples are drawn at random (seeded per feature) from tokens whose
-records do not hold the feature, so that a vague explanation that fits everything cannot score 1.
+records go to the explainer; the next ``n_test`` (at most) are judged. Equal magnitudes (every
+token a BAE bit fires on has the same burstiness) are ordered at random, seeded per feature. For
+the optional detection score, as many *non-activating* samples are drawn at random (seeded per
+feature) from tokens whose records do not hold the feature, so that a vague explanation that fits
+everything cannot score 1.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def select_samples(
         activated = activated[:max_features]
     selected = []
     for feature in activated:
-        ranked = records.samples(feature, limit=n_explain + n_test)
+        ranked = records.samples(feature, limit=n_explain + n_test, seed=seed * 1_000_003 + feature)
         shown = [_sample(records, tokenizer, i, m) for i, m in ranked]
         item = FeatureSamples(feature, explain=shown[:n_explain], test=shown[n_explain:])
         if negatives:

@@ -57,9 +57,9 @@ class FeatureRecords:
             raise ValueError("These records were made without the token rows (sequences=...)")
         seq, pos = (int(v) for v in self.token_positions[index])
         row = self.sequences[seq].tolist()
-        left = tokenizer.decode(row[max(0, pos - before) : pos])
+        left = tokenizer.decode(row[max(0, pos - before) : pos], skip_special_tokens=True)
         token = tokenizer.decode(row[pos : pos + 1])
-        right = tokenizer.decode(row[pos + 1 : pos + 1 + after])
+        right = tokenizer.decode(row[pos + 1 : pos + 1 + after], skip_special_tokens=True)
         return f"{left}<<{token}>>{right}"
 
     def save(self, path: str | Path) -> None:
@@ -104,13 +104,23 @@ class FeatureRecords:
         """Features with more than ``min_samples`` tokens in the records (interpretable ones)."""
         return int((self.counts() > min_samples).sum())
 
-    def samples(self, feature: int, limit: int | None = None) -> list[tuple[int, float]]:
-        """(token index, magnitude) of the tokens whose top-k holds ``feature``, strongest first."""
+    def samples(
+        self, feature: int, limit: int | None = None, seed: int | None = None
+    ) -> list[tuple[int, float]]:
+        """(token index, magnitude) of the tokens whose top-k holds ``feature``, strongest first.
+
+        Ties are common: a BAE bit's burstiness takes one value wherever it fires. With ``seed``
+        tied tokens come in a seeded random order (so a feature's first records are not simply
+        the first tokens of the data, often one passage); without, in data order.
+        """
         if not 0 <= feature < self.d_sae:
             raise IndexError(f"feature {feature} outside 0..{self.d_sae - 1}")
         rows, slots = (self.features == feature).nonzero(as_tuple=True)
         values = self.magnitudes[rows, slots]
-        order = torch.argsort(values, descending=True)[:limit]
+        if seed is not None:
+            shuffle = torch.randperm(rows.numel(), generator=torch.Generator().manual_seed(seed))
+            rows, values = rows[shuffle], values[shuffle]
+        order = torch.argsort(values, descending=True, stable=True)[:limit]
         return [(int(rows[i]), float(values[i])) for i in order]
 
 
