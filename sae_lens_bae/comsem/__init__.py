@@ -1,8 +1,9 @@
 """ComSem: interpret features by what their activating tokens have in common, judged by an LLM.
 
 Stages, each a plain function: ``select_samples`` (records -> what each prompt shows),
-``explain`` (one phrase per feature), ``judge`` (Yes/No per held-out record) and ``score``;
-``comsem`` runs them all with a ``ChatClient`` (any OpenAI-compatible server, cached on disk).
+``explain`` (one phrase per feature), optionally ``calibrate`` (the judge's bias), ``judge``
+(Yes/No per held-out record) and ``score``; ``comsem`` runs them all with a ``ChatClient`` (any
+OpenAI-compatible server, cached on disk).
 """
 
 from sae_lens_bae.comsem.cache import ReplyCache
@@ -13,6 +14,7 @@ from sae_lens_bae.comsem.pipeline import (
     FeatureScore,
     Judgement,
     acomsem,
+    calibrate,
     comsem,
     explain,
     judge,
@@ -42,6 +44,7 @@ __all__ = [
     "Templates",
     "Usage",
     "acomsem",
+    "calibrate",
     "comsem",
     "explain",
     "judge",

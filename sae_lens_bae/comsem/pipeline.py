@@ -12,7 +12,7 @@ import asyncio
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ __all__ = [
     "FeatureScore",
     "Judgement",
     "acomsem",
+    "calibrate",
     "comsem",
     "explain",
     "judge",
@@ -63,6 +64,10 @@ class Explanation:
     feature: int
     reply: str | None
     phrase: str | None  # None: the reply was not one usable phrase
+    tokens: tuple[int, int] = (0, 0)  # prompt, completion
+    # the judge's (P(Yes), P(No)) on the content-free input, and that request's tokens
+    prior: tuple[float, float] | None = None
+    prior_tokens: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -72,6 +77,7 @@ class Judgement:
     reply: str | None
     answer: bool | None  # None: invalid reply (not Yes/No), never counted as No
     raw_answer: bool | None = None  # before calibration, when calibrating
+    tokens: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -105,7 +111,12 @@ async def explain(
         progress=progress,
     )
     return [
-        Explanation(item.feature, reply.text, parse_explanation(reply.text, templates))
+        Explanation(
+            item.feature,
+            reply.text,
+            parse_explanation(reply.text, templates),
+            tokens=(reply.prompt_tokens, reply.completion_tokens),
+        )
         for item, reply in zip(items, replies, strict=True)
     ]
 
@@ -137,40 +148,63 @@ def _calibrated(reply: Reply, prior: tuple[float, float]) -> bool | None:
     return yes / prior_yes > no / prior_no
 
 
+async def calibrate(
+    client: ChatClient,
+    templates: Templates,
+    explanations: Sequence[Explanation],
+    progress: bool = True,
+) -> list[Explanation]:
+    """Optional stage between explain and judge: the judge's Yes/No probabilities for each usable
+    explanation on the content-free input (the explanations come back with their ``prior``)."""
+    explained = [e for e in explanations if e.phrase is not None]
+    replies = await client.complete_many(
+        [templates.judge_messages(e.phrase, None) for e in explained],  # type: ignore[arg-type]
+        logprobs=True,
+        desc="calibrate",
+        progress=progress,
+    )
+    answers = iter(replies)
+    calibrated = []
+    for e in explanations:
+        if e.phrase is not None:
+            r = next(answers)
+            e = replace(
+                e, prior=_yes_no_mass(r), prior_tokens=(r.prompt_tokens, r.completion_tokens)
+            )
+        calibrated.append(e)
+    return calibrated
+
+
 async def judge(
     client: ChatClient,
     templates: Templates,
     items: Sequence[FeatureSamples],
     explanations: Sequence[Explanation],
-    calibrate: bool = False,
     progress: bool = True,
 ) -> list[list[Judgement]]:
     """Stage 3: a Yes/No request per test (and non-activating) record of every explained feature;
-    features without a usable explanation get no judgements."""
+    features without a usable explanation get no judgements. Explanations that carry a ``prior``
+    (see ``calibrate``) have their answers calibrated against it."""
+    calibrating = any(e.prior is not None for e in explanations)
     requests, owners = [], []
     for n, (item, explanation) in enumerate(zip(items, explanations, strict=True)):
         if explanation.phrase is None:
             continue
-        if calibrate:
-            requests.append(templates.judge_messages(explanation.phrase, None))
-            owners.append((n, None, True))
         for activating, samples in ((True, item.test), (False, item.negatives)):
             for sample in samples:
                 requests.append(templates.judge_messages(explanation.phrase, sample))
                 owners.append((n, sample, activating))
     replies = await client.complete_many(
-        requests, logprobs=calibrate, desc="judge", progress=progress
+        requests, logprobs=calibrating, desc="judge", progress=progress
     )
     judgements: list[list[Judgement]] = [[] for _ in items]
-    priors: dict[int, tuple[float, float]] = {}
     for (n, sample, activating), reply in zip(owners, replies, strict=True):
-        if sample is None:
-            priors[n] = _yes_no_mass(reply)
-            continue
         answer = parse_judgement(reply.text)
-        judgement = Judgement(sample, activating, reply.text, answer, raw_answer=answer)
-        if calibrate:
-            judgement.answer = _calibrated(reply, priors[n])
+        tokens = (reply.prompt_tokens, reply.completion_tokens)
+        judgement = Judgement(sample, activating, reply.text, answer, answer, tokens)
+        prior = explanations[n].prior
+        if prior is not None:
+            judgement.answer = _calibrated(reply, prior)
         judgements[n].append(judgement)
     return judgements
 
@@ -179,7 +213,6 @@ def score(
     items: Sequence[FeatureSamples],
     explanations: Sequence[Explanation],
     judgements: Sequence[Sequence[Judgement]],
-    tokens: Sequence[dict[str, int]] | None = None,
 ) -> list[FeatureScore]:
     """Stage 4: per feature, the fraction of Yes over validly judged activating records and, with
     non-activating records, the balanced accuracy (mean of the Yes rate on activating records and
@@ -193,6 +226,7 @@ def score(
         balanced = None
         if value is not None and negative:
             balanced = (value + sum(not a for a in negative) / len(negative)) / 2
+        used = [explanation.tokens, explanation.prior_tokens, *(j.tokens for j in answers)]
         results.append(
             FeatureScore(
                 feature=item.feature,
@@ -202,7 +236,7 @@ def score(
                 judgements=list(answers),
                 score=value,
                 balanced_accuracy=balanced,
-                tokens=dict(tokens[n]) if tokens is not None else {},
+                tokens={"prompt": sum(t[0] for t in used), "completion": sum(t[1] for t in used)},
             )
         )
     return results
@@ -248,35 +282,6 @@ def summarise(
     }
 
 
-def _tokens_per_feature(
-    client: ChatClient,
-    templates: Templates,
-    items: Sequence[FeatureSamples],
-    explanations: Sequence[Explanation],
-    calibrate: bool,
-) -> list[dict[str, int]]:
-    """Tokens of every reply each feature used, read back from the cache (so a resumed run
-    reports the same totals as an uninterrupted one)."""
-    from sae_lens_bae.comsem.cache import request_key
-
-    def tokens_of(messages: list[dict[str, str]], logprobs: bool) -> tuple[int, int]:
-        hit = client.cache.get(request_key(client.body(messages, logprobs)))
-        return (0, 0) if hit is None else (hit["prompt_tokens"], hit["completion_tokens"])
-
-    out = []
-    for item, explanation in zip(items, explanations, strict=True):
-        prompt, completion = tokens_of(templates.explain_messages(item.explain), False)
-        if explanation.phrase is not None:
-            samples: list[Sample | None] = [*item.test, *item.negatives]
-            if calibrate:
-                samples.append(None)
-            for sample in samples:
-                p, c = tokens_of(templates.judge_messages(explanation.phrase, sample), calibrate)
-                prompt, completion = prompt + p, completion + c
-        out.append({"prompt": prompt, "completion": completion})
-    return out
-
-
 async def acomsem(
     records: FeatureRecords,
     tokenizer: Any,
@@ -307,11 +312,12 @@ async def acomsem(
     activated = int((records.counts() >= config.n_explain + 1).sum())
     try:
         explanations = await explain(client, templates, items, progress)
-        judgements = await judge(client, templates, items, explanations, config.calibrate, progress)
+        if config.calibrate:
+            explanations = await calibrate(client, templates, explanations, progress)
+        judgements = await judge(client, templates, items, explanations, progress)
     finally:
         await client.aclose()
-    tokens = _tokens_per_feature(client, templates, items, explanations, config.calibrate)
-    results = score(items, explanations, judgements, tokens)
+    results = score(items, explanations, judgements)
     summary = summarise(
         results,
         d_sae=records.d_sae,
