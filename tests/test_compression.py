@@ -111,8 +111,19 @@ def test_bae_compress_and_more_bits_on_the_tiny_model(tiny_hf_llama_dir, tiny_co
     assert "| -1 |" in (tmp_path / "c" / "compression.md").read_text()
     assert matplotlib.image.imread(tmp_path / "c" / "compression.png").shape[0] > 100
 
-    result = run_more_bits(MoreBitsConfig(**common, bits=(1, 3), out=tmp_path / "m"))
+    from sae_lens_bae.comsem import ClientConfig
+    from sae_lens_bae.comsem.loopback import LoopbackServer
+
+    with LoopbackServer() as server:  # with the ComSem columns, judged by the rule-based server
+        llm = ClientConfig(model="rules", base_url=server.base_url)
+        settings = MoreBitsConfig(**common, bits=(1, 3), comsem=llm, comsem_max_features=2,
+                                  out=tmp_path / "m")  # fmt: skip
+        result = run_more_bits(settings)
     rows = result["rows"]
+    assert "| FA | FI | ComSem |" in (tmp_path / "m" / "more_bits.md").read_text()
+    for row, name in zip(rows, ("C1", "C3"), strict=True):
+        own = json.loads((tmp_path / "m" / "comsem" / name / "summary.json").read_text())
+        assert row["comsem_score"] == own["mean_score"] and own["evaluated"] <= 2
     assert [r["bits"] for r in rows] == [1, 3]
     assert [r["code_bits"] for r in rows] == [32, 96]  # decoder width d_in = 32 for every C
     assert rows[0]["magnitude"] == "burstiness" and rows[1]["magnitude"] == "raw"

@@ -9,6 +9,7 @@ OpenAI-compatible server, cached on disk).
 from sae_lens_bae.comsem.cache import ReplyCache
 from sae_lens_bae.comsem.client import ChatClient, ClientConfig, ComSemAPIError, Reply, Usage
 from sae_lens_bae.comsem.pipeline import (
+    COMSEM_COLUMNS,
     ComSemConfig,
     Explanation,
     FeatureScore,
@@ -16,6 +17,7 @@ from sae_lens_bae.comsem.pipeline import (
     acomsem,
     calibrate,
     comsem,
+    comsem_columns,
     explain,
     judge,
     score,
@@ -30,6 +32,7 @@ from sae_lens_bae.comsem.prompts import (
 from sae_lens_bae.comsem.samples import FeatureSamples, Sample, select_samples
 
 __all__ = [
+    "COMSEM_COLUMNS",
     "ChatClient",
     "ClientConfig",
     "ComSemAPIError",
@@ -46,6 +49,7 @@ __all__ = [
     "acomsem",
     "calibrate",
     "comsem",
+    "comsem_columns",
     "explain",
     "judge",
     "load_templates",

@@ -32,9 +32,11 @@ __all__ = [
     "Explanation",
     "FeatureScore",
     "Judgement",
+    "COMSEM_COLUMNS",
     "acomsem",
     "calibrate",
     "comsem",
+    "comsem_columns",
     "explain",
     "judge",
     "score",
@@ -351,6 +353,39 @@ def comsem(
     return asyncio.run(
         acomsem(records, tokenizer, client, config, out=out, cache=cache, progress=progress)
     )
+
+
+COMSEM_COLUMNS = (
+    ("comsem_activated", "FA", ""),
+    ("comsem_interpretable", "FI", ""),
+    ("comsem_score", "ComSem", ".3f"),
+)
+"""(key, title, format) of the ComSem columns ``comsem_columns`` adds to a table's rows."""
+
+
+def comsem_columns(
+    records: dict[str, FeatureRecords],
+    tokenizer: Any,
+    client: ClientConfig,
+    rows: dict[str, dict[str, Any]],
+    out: Path,
+    max_features: int | None = None,
+    progress: bool = True,
+) -> dict[str, list[float]]:
+    """ComSem on several models' records (one reply cache for all, reports in ``out/<name>``):
+    adds FA, FI and the mean score to ``rows[name]`` and returns each model's feature scores."""
+    chat = ChatClient(client, out / "replies.sqlite")
+    scores = {}
+    for name, held in records.items():
+        settings = ComSemConfig(max_features=max_features)
+        folder = out / name.replace("=", "")
+        summary = comsem(held, tokenizer, chat, settings, out=folder, progress=progress)
+        rows[name]["comsem_activated"] = summary["activated"]
+        rows[name]["comsem_interpretable"] = summary["interpretable"]
+        rows[name]["comsem_score"] = summary["mean_score"]
+        lines = (folder / "features.jsonl").read_text().splitlines()
+        scores[name] = [s for s in (json.loads(x)["score"] for x in lines) if s is not None]
+    return scores
 
 
 def write_report(

@@ -56,12 +56,6 @@ TABLE_COLUMNS = (
     ("l0", "L0", ".1f"),
     ("explained_variance", "explained variance", ".3f"),
 )
-COMSEM_COLUMNS = (
-    ("comsem_activated", "FA", ""),
-    ("comsem_interpretable", "FI", ""),
-    ("comsem_score", "ComSem", ".3f"),
-)
-"""Shown when ``CompareConfig.comsem`` names an LLM (see ``sae_lens_bae.comsem``)."""
 
 
 @dataclass
@@ -231,8 +225,13 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             save = getattr(sae, "save_inference_model", None) or sae.save_model
             save(out / "models" / name)
     lap("evaluate")
-    comsem_scores = _run_comsem(cfg, records, tokenizer, rows, out, progress)
-    if comsem_scores:
+    comsem_scores: dict[str, list[float]] = {}
+    if cfg.comsem is not None:
+        from sae_lens_bae.comsem import comsem_columns
+
+        comsem_scores = comsem_columns(
+            records, tokenizer, cfg.comsem, rows, out / "comsem", cfg.comsem_max_features, progress
+        )
         lap("comsem")
 
     summary = {
@@ -264,41 +263,6 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     return summary
 
 
-def _run_comsem(
-    cfg: CompareConfig,
-    records: dict[str, FeatureRecords],
-    tokenizer: Any,
-    rows: dict[str, dict[str, Any]],
-    out: Path,
-    progress: bool,
-) -> dict[str, list[float]]:
-    """ComSem on every model's records (one reply cache for all); its figures join the rows."""
-    if cfg.comsem is None:
-        return {}
-    import json
-
-    from sae_lens_bae.comsem import ChatClient, ComSemConfig, comsem
-
-    client = ChatClient(cfg.comsem, out / "comsem" / "replies.sqlite")
-    scores = {}
-    for name, held in records.items():
-        folder = out / "comsem" / name
-        summary = comsem(
-            held,
-            tokenizer,
-            client,
-            ComSemConfig(max_features=cfg.comsem_max_features),
-            out=folder,
-            progress=progress,
-        )
-        rows[name]["comsem_activated"] = summary["activated"]
-        rows[name]["comsem_interpretable"] = summary["interpretable"]
-        rows[name]["comsem_score"] = summary["mean_score"]
-        lines = (folder / "features.jsonl").read_text().splitlines()
-        scores[name] = [s for s in (json.loads(x)["score"] for x in lines) if s is not None]
-    return scores
-
-
 @torch.no_grad()
 def _heat_map(
     sae: Any, inputs: Tensor, magnitude: str, prior: Tensor | None, rates: Tensor
@@ -323,6 +287,8 @@ def _table(summary: dict[str, Any]) -> str:
         f"{summary['config']['dense_threshold']:.0%} of tokens.",
         "",
     ]
+    from sae_lens_bae.comsem.pipeline import COMSEM_COLUMNS
+
     columns = [("model", lambda row: row["model"])]
     columns += [
         (title, lambda row, key=key, spec=spec: cell(row.get(key), spec))

@@ -110,16 +110,11 @@ def run_more_bits(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
         rows.append({"bits": c, "code_bits": c * sae.cfg.d_sae, "magnitude": magnitude, **stats})
         watch.lap(f"C = {c}")
     if cfg.comsem is not None:
-        from sae_lens_bae.comsem import ChatClient, ComSemConfig, comsem
+        from sae_lens_bae.comsem import comsem_columns
 
-        client = ChatClient(cfg.comsem, out / "comsem" / "replies.sqlite")
-        for row, (name, held) in zip(rows, records.items(), strict=True):
-            settings = ComSemConfig(max_features=cfg.comsem_max_features)
-            folder = out / "comsem" / name.replace("=", "")
-            summary = comsem(held, data.tokenizer, client, settings, out=folder, progress=progress)
-            row["comsem_activated"] = summary["activated"]
-            row["comsem_interpretable"] = summary["interpretable"]
-            row["comsem_score"] = summary["mean_score"]
+        by_name = {f"C={row['bits']}": row for row in rows}
+        comsem_columns(records, data.tokenizer, cfg.comsem, by_name, out / "comsem",
+                       cfg.comsem_max_features, progress)  # fmt: skip
         watch.lap("comsem")
     summary = {
         "config": asdict(cfg),
@@ -144,10 +139,11 @@ def run_more_bits(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
         ("L0", lambda r: cell(r["l0"], ".1f")),
     ]
     if cfg.comsem is not None:
+        from sae_lens_bae.comsem import COMSEM_COLUMNS
+
         columns += [
-            ("FA", lambda r: str(r["comsem_activated"])),
-            ("FI", lambda r: str(r["comsem_interpretable"])),
-            ("ComSem", lambda r: cell(r["comsem_score"], ".3f")),
+            (title, lambda r, key=key, spec=spec: cell(r[key], spec))
+            for key, title, spec in COMSEM_COLUMNS
         ]
     header = (
         f"# More-bit decoding: {cfg.model} `{data.hook}`, decoder width {cfg.expansion * d_in}\n\n"
