@@ -31,6 +31,7 @@ __all__ = [
     "drop_outliers",
     "harvest_activations",
     "harvest_layer",
+    "norm_scale",
     "outlier_mask",
 ]
 
@@ -239,6 +240,13 @@ def drop_outliers(
     return activations[keep], int((~keep).sum())
 
 
+def norm_scale(acts: Float[Tensor, "n d"]) -> float:
+    """sqrt(d) / mean norm: the factor that gives ``acts`` a mean norm of sqrt(d), as SAELens'
+    ``expected_average_only_in`` would. Every command here scales states by it once, for all
+    the models it trains, so their losses share one unit."""
+    return acts.shape[1] ** 0.5 / acts.norm(dim=-1).mean().item()
+
+
 @dataclass
 class LayerActivations:
     """One layer's activations over a text source, ready for training and held-out evaluation.
@@ -310,7 +318,7 @@ def harvest_layer(
     train, test, scales = {}, {}, {}
     for h in hooks:
         kept = acts[h][keep]
-        scales[h] = kept.shape[1] ** 0.5 / kept[:n_train].norm(dim=-1).mean().item()
+        scales[h] = norm_scale(kept[:n_train])
         train[h], test[h] = kept[:n_train] * scales[h], kept[n_train:] * scales[h]
     return LayerActivations(
         hook=hook,

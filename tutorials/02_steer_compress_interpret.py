@@ -16,13 +16,14 @@ import argparse
 import torch
 
 from sae_lens_bae import compress, decompress, steer, task_vector, train_sae
+from sae_lens_bae.activations import norm_scale
 from sae_lens_bae.comsem import ClientConfig, ComSemConfig, comsem
 from sae_lens_bae.comsem.loopback import LoopbackServer
 from sae_lens_bae.entropy.icl import build_icl_prompts, encode_prompts
-from sae_lens_bae.entropy.states import gather_states
 from sae_lens_bae.features import code_prior, top_k_records
 from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
+from sae_lens_bae.steering import prompt_states
 
 REVIEWS = [
     ("a gorgeous, witty and deeply moving film", "positive"),
@@ -58,13 +59,12 @@ def main() -> None:
     for name, shots in (("4-shot", 4), ("0-shot", 0)):
         prompts = build_icl_prompts(REVIEWS, shots, 8, seed=0)
         tokens, last = encode_prompts([p for p, _ in prompts], model.tokenizer)
-        positions = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
-        every = gather_states(model, tokens, [hook], positions, progress=False)[0][hook]
-        real = (positions >= 1) & (positions <= last)
-        states[name], rows[name], where[name] = every[real], tokens, real.nonzero()
-        last_states[name] = every[torch.arange(tokens.shape[0]), last[:, 0]]
+        states[name], where[name], last_states[name] = prompt_states(
+            model, tokens, last[:, 0], hook, progress=False
+        )
+        rows[name] = tokens
     train = torch.cat(list(states.values()))
-    scale = train.shape[1] ** 0.5 / train.norm(dim=-1).mean().item()
+    scale = norm_scale(train)
     print(f"{train.shape[0]} token states of width {train.shape[1]} at {hook}")
 
     # 2. A BAE on those states (a short run: the short-run recipe, not the paper's schedule).

@@ -35,6 +35,7 @@ __all__ = [
     "ICLTracingConfig",
     "build_icl_prompts",
     "encode_prompts",
+    "load_icl_pairs",
     "run_icl_tracing",
     "trace_icl",
 ]
@@ -179,13 +180,11 @@ class ICLTracingConfig:
     out: Path = Path("runs/entropy_icl")
 
 
-def run_icl_tracing(
-    cfg: ICLTracingConfig, progress: bool = True
-) -> tuple[list[dict[str, Any]], dict[int, float]]:
-    """Load model and sentences, trace, and write ``icl.json``, ``icl.md`` and ``icl.png``."""
+def load_icl_pairs(cfg: Any) -> list[tuple[str, str]]:
+    """The (sentence, label word) pairs a config names through its ``dataset``, ``split``,
+    ``text_column``, ``label_column``, ``label_words`` and ``max_sentence_words`` fields (ICL
+    tracing's and steering's configs both have them)."""
     from sae_lens_bae.data import load_labelled_sentences
-    from sae_lens_bae.models import load_model
-    from sae_lens_bae.plots import plot_entropy_by_layer
 
     pairs = load_labelled_sentences(
         cfg.dataset,
@@ -196,6 +195,17 @@ def run_icl_tracing(
     )
     if cfg.max_sentence_words is not None:  # long reviews would make 8-shot prompts very long
         pairs = [p for p in pairs if len(p[0].split()) <= cfg.max_sentence_words]
+    return pairs
+
+
+def run_icl_tracing(
+    cfg: ICLTracingConfig, progress: bool = True
+) -> tuple[list[dict[str, Any]], dict[int, float]]:
+    """Load model and sentences, trace, and write ``icl.json``, ``icl.md`` and ``icl.png``."""
+    from sae_lens_bae.models import load_model
+    from sae_lens_bae.plots import plot_entropy_by_layer
+
+    pairs = load_icl_pairs(cfg)
     model = load_model(cfg.model, device=cfg.device)
     check_layers(model, cfg.layers)
     rows, accuracy = trace_icl(

@@ -5,6 +5,7 @@ from sae_lens_bae.steering.icl import (
     SteeredClassifier,
     SteerICLConfig,
     label_accuracy,
+    prompt_states,
     run_steer_icl,
 )
 from sae_lens_bae.steering.vectors import feature_difference, mean_difference, task_vector
@@ -16,6 +17,7 @@ __all__ = [
     "feature_difference",
     "label_accuracy",
     "mean_difference",
+    "prompt_states",
     "run_steer_icl",
     "steer",
     "steering_hook",

@@ -23,13 +23,24 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from sae_lens_bae.entropy.icl import ICLTemplate, build_icl_prompts, encode_prompts
+from sae_lens_bae.entropy.icl import (
+    ICLTemplate,
+    build_icl_prompts,
+    encode_prompts,
+    load_icl_pairs,
+)
 from sae_lens_bae.entropy.states import first_token_ids, gather_states
 from sae_lens_bae.reports import Stopwatch, markdown_table, write_json
 from sae_lens_bae.steering.hooks import steering_hook
 from sae_lens_bae.steering.vectors import mean_difference, task_vector
 
-__all__ = ["SteerICLConfig", "SteeredClassifier", "label_accuracy", "run_steer_icl"]
+__all__ = [
+    "SteerICLConfig",
+    "SteeredClassifier",
+    "label_accuracy",
+    "prompt_states",
+    "run_steer_icl",
+]
 
 
 @dataclass
@@ -145,23 +156,30 @@ class SteeredClassifier:
         return correct / seen
 
 
-def _all_token_states(
-    model: HookedTransformer, tokens: Tensor, last: Tensor, hook: str, batch_size: int, desc: str
-) -> tuple[Tensor, Tensor]:
-    """(states of every real token but BOS, last-token states) of right-padded prompts."""
+def prompt_states(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "n ctx"],
+    last: Int[Tensor, " n"],
+    hook: str,
+    *,
+    batch_size: int = 16,
+    progress: bool = True,
+    desc: str = "prompt states",
+) -> tuple[Float[Tensor, "m d"], Int[Tensor, "m 2"], Float[Tensor, "n d"]]:
+    """States of right-padded prompts (``encode_prompts``) at ``hook``: every real token but BOS,
+    their (prompt, position), and each prompt's last token."""
     positions = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
     states, _ = gather_states(
-        model, tokens, [hook], positions, batch_size=batch_size, progress=True, desc=desc
+        model, tokens, [hook], positions, batch_size=batch_size, progress=progress, desc=desc
     )
     every = states[hook]
     real = (positions >= 1) & (positions <= last[:, None])
-    return every[real], every[torch.arange(tokens.shape[0]), last]
+    return every[real], real.nonzero(), every[torch.arange(tokens.shape[0]), last]
 
 
 def run_steer_icl(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
     """The whole experiment; writes ``steer.json``, ``steer.md`` and ``steer.png``."""
-    from sae_lens_bae.activations import check_layers
-    from sae_lens_bae.data import load_labelled_sentences
+    from sae_lens_bae.activations import check_layers, norm_scale
     from sae_lens_bae.features.compare import baseline_configs
     from sae_lens_bae.models import load_model
     from sae_lens_bae.plots import plot_steering
@@ -171,15 +189,7 @@ def run_steer_icl(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch("steer icl")
-    pairs = load_labelled_sentences(
-        cfg.dataset,
-        split=cfg.split,
-        text_column=cfg.text_column,
-        label_column=cfg.label_column,
-        label_words=cfg.label_words,
-    )
-    if cfg.max_sentence_words is not None:
-        pairs = [p for p in pairs if len(p[0].split()) <= cfg.max_sentence_words]
+    pairs = load_icl_pairs(cfg)
     random.Random(cfg.seed).shuffle(pairs)
     needed = cfg.n_eval_prompts + cfg.n_vector_prompts + cfg.shots
     if len(pairs) < needed:
@@ -201,16 +211,17 @@ def run_steer_icl(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
             rest, shots, cfg.n_vector_prompts, template=cfg.template, seed=cfg.seed
         )
         tokens, last = encode_prompts([p for p, _ in prompts], model.tokenizer)
-        every, at_last = _all_token_states(
-            model, tokens, last[:, 0], hook, cfg.prompt_batch_size, f"{name} prompts ({shots}-shot)"
-        )
+        every, _, at_last = prompt_states(
+            model, tokens, last[:, 0], hook, batch_size=cfg.prompt_batch_size,
+            progress=progress, desc=f"{name} prompts ({shots}-shot)",
+        )  # fmt: skip
         truth = torch.tensor([labels.index(y) for _, y in prompts])
         sets[name] = {"every": every, "last": at_last, "tokens": tokens, "lastpos": last[:, 0],
                       "truth": truth}  # fmt: skip
     watch.lap("gather states")
 
     train = torch.cat([sets["positive"]["every"], sets["negative"]["every"]])
-    scale = train.shape[1] ** 0.5 / train.norm(dim=-1).mean().item()
+    scale = norm_scale(train)
     train = train[torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(cfg.seed))]
     trainer = {
         "training_samples": cfg.steps * cfg.batch_size,
