@@ -91,20 +91,13 @@ class CompressedStates:
         The flips are stored as bit-packed indices (ceil(log2 n_bits) bits each, with per-vector
         counts) or, when that would be larger (more than about n_bits / log2 n_bits flips per
         vector), as a packed n x n_bits bitmap: whichever is smaller."""
-        n, index_bits, count_bits = (
-            self.counts.shape[0],
-            _width(self.n_bits),
-            _width(self.n_bits + 1),
-        )
-        as_indices = self.indices.shape[0] * index_bits + n * count_bits
-        if as_indices <= n * self.n_bits:
-            layout = "indices"
+        n, layout = self.counts.shape[0], self.layout()
+        if layout == "indices":
             tensors = {
-                "counts": _bytes_tensor(pack_uints(self.counts, count_bits)),
-                "indices": _bytes_tensor(pack_uints(self.indices, index_bits)),
+                "counts": _bytes_tensor(pack_uints(self.counts, _width(self.n_bits + 1))),
+                "indices": _bytes_tensor(pack_uints(self.indices, _width(self.n_bits))),
             }
         else:
-            layout = "bitmap"
             mask = torch.zeros(n, self.n_bits, dtype=torch.uint8)
             rows = torch.repeat_interleave(torch.arange(n), self.counts)
             mask[rows, self.indices] = 1
