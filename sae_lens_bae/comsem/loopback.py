@@ -116,28 +116,11 @@ class LoopbackServer:
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         messages = body.get("messages") or []
-        last = messages[-1]["content"] if messages else ""
-        judge = last.startswith("Description:")
-        invalid = self.invalid_every and int(_key(body), 16) % self.invalid_every == 0
-        marked = [m.strip().lower() for m in _MARKED.findall(last)]
-        p_yes = None
-        if judge:
-            description = last.splitlines()[0].lower()
-            if marked:
-                fits = bool(marked[0]) and marked[0] in description
-                p_yes = 0.9 if fits else 0.2
-            else:  # the content-free input: a judge biased towards Yes
-                fits, p_yes = True, 0.7
-            text = "Maybe" if invalid else ("Yes" if fits else "No")
-        else:
-            common = Counter(marked).most_common(1)
-            text = f'the word "{common[0][0]}"' if common else "nothing"
-            if invalid:
-                text = "1. some words\n2. other words"
         if self.responder is not None:
             with self._respond_lock:
-                text = self.responder(body)
-            p_yes = None
+                text, p_yes = self.responder(body), None
+        else:
+            text, p_yes = self._rule_based(body)
         words = sum(len(str(m.get("content", "")).split()) for m in messages)
         choice: dict[str, Any] = {
             "index": 0,
@@ -167,6 +150,25 @@ class LoopbackServer:
                 "total_tokens": words + len(text.split()),
             },
         }
+
+    def _rule_based(self, body: dict[str, Any]) -> tuple[str, float | None]:
+        """(reply, P(Yes) for the judge's logprobs): see the class docstring."""
+        messages = body.get("messages") or []
+        last = messages[-1]["content"] if messages else ""
+        invalid = self.invalid_every and int(_key(body), 16) % self.invalid_every == 0
+        marked = [m.strip().lower() for m in _MARKED.findall(last)]
+        if last.startswith("Description:"):  # the judge
+            description = last.splitlines()[0].lower()
+            if marked:
+                fits = bool(marked[0]) and marked[0] in description
+                p_yes = 0.9 if fits else 0.2
+            else:  # the content-free input: a judge biased towards Yes
+                fits, p_yes = True, 0.7
+            return ("Maybe" if invalid else ("Yes" if fits else "No")), p_yes
+        if invalid:
+            return "1. some words\n2. other words", None
+        common = Counter(marked).most_common(1)
+        return (f'the word "{common[0][0]}"' if common else "nothing"), None
 
     # -- Batch API --------------------------------------------------------------------------
     def create_batch(self, request: dict[str, Any]) -> dict[str, Any]:
