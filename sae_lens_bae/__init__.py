@@ -9,7 +9,12 @@ from sae_lens_bae.activations import ActivationCache, harvest_activations
 from sae_lens_bae.compression import compress, decompress
 from sae_lens_bae.entropy import EntropyEstimate, estimate_entropy
 from sae_lens_bae.features import burstiness
-from sae_lens_bae.losses import covariance_penalty, minibatch_entropy, reconstruction_loss
+from sae_lens_bae.losses import (
+    bae_objective,
+    covariance_penalty,
+    minibatch_entropy,
+    reconstruction_loss,
+)
 from sae_lens_bae.models import load_model
 from sae_lens_bae.registry import register_all as _register_all
 from sae_lens_bae.saes.bae import (
@@ -19,8 +24,8 @@ from sae_lens_bae.saes.bae import (
     BAEConfig,
     BAETrainingSAE,
     BAETrainingSAEConfig,
-    bits_to_values,
 )
+from sae_lens_bae.saes.binary import bits_to_values
 from sae_lens_bae.steering import steer, steering_hook, task_vector
 from sae_lens_bae.training import (
     TrainingRun,
@@ -55,6 +60,7 @@ __all__ = [
     "BAETrainingSAE",
     "BAETrainingSAEConfig",
     "activation_batches",
+    "bae_objective",
     "bits_to_values",
     "covariance_penalty",
     "fill_training_schedule",

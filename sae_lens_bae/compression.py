@@ -12,7 +12,9 @@ round(p) at the stored indices and decodes. On disk the flips are bit-packed ind
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,11 @@ from sae_lens_bae.saes.bae import bits_to_values
 __all__ = [
     "LOSSLESS_THRESHOLD",
     "CompressedStates",
-    "CompressionConfig",
     "compress",
     "compression_report",
+    "decoder_bytes",
     "decompress",
     "pack_uints",
-    "run_compression",
     "unpack_uints",
 ]
 
@@ -189,7 +190,7 @@ def decompress(
     return bae.decode(bits_to_values(codes, bae.cfg.bits)).float().cpu()
 
 
-def _decoder_bytes(bae: Any) -> int:
+def decoder_bytes(bae: Any) -> int:
     """What decompression needs of the model: decoder weights and bias, and the prior."""
     tensors = [bae.W_dec, bae.b_dec, bae.code_mean]
     return sum(t.numel() * t.element_size() for t in tensors)
@@ -199,7 +200,7 @@ def _decoder_bytes(bae: Any) -> int:
 def compression_report(
     bae: Any,
     states: Float[Tensor, "n d_in"],
-    thresholds: tuple[float, ...] = (-1.0, -0.75, -0.5, -0.25, 0.0),
+    thresholds: Sequence[float] = (-1.0, -0.75, -0.5, -0.25, 0.0),
     *,
     input_scale: float = 1.0,
     prior: Float[Tensor, " n_bits"] | None = None,
@@ -209,11 +210,9 @@ def compression_report(
     the float32 and float16 originals, and MSE / cosine similarity of the decompressed states to
     the originals (in the original units: ``input_scale`` is what the BAE's inputs were
     multiplied by)."""
-    import tempfile
-
     states = states.float()
     original32 = states.numel() * 4
-    model_bytes = _decoder_bytes(bae)
+    model_bytes = decoder_bytes(bae)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(work_dir or scratch)
@@ -240,83 +239,3 @@ def compression_report(
                 }
             )
     return rows
-
-
-@dataclass
-class CompressionConfig:
-    """What ``bae compress`` runs: train a BAE on one layer and compress its held-out states."""
-
-    dataset: str | None = None
-    model: str = "smollm2-135m"
-    layer: int | None = None
-    text_column: str | None = None
-    context_size: int = 128
-    max_sequences: int | None = 512
-    expansion: int = 4
-    steps: int = 1000
-    batch_size: int = 512
-    thresholds: tuple[float, ...] = (-1.0, -0.75, -0.5, -0.25, 0.0)
-    device: str = "cpu"
-    seed: int = 0
-    out: Path = Path("runs/compress")
-
-
-def run_compression(cfg: CompressionConfig) -> dict[str, Any]:
-    """Harvest, train, compress the held-out states at every threshold; writes
-    ``compression.md``, ``compression.json``, ``compression.png`` and the trained BAE."""
-    from sae_lens_bae.activations import harvest_layer
-    from sae_lens_bae.plots import plot_compression
-    from sae_lens_bae.reports import Stopwatch, markdown_table, write_json
-    from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
-    from sae_lens_bae.training import train_sae
-
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    watch = Stopwatch("compress")
-    data = harvest_layer(cfg.model, cfg.dataset, cfg.layer, out / "activations",
-                         text_column=cfg.text_column, context_size=cfg.context_size,
-                         max_sequences=cfg.max_sequences, device=cfg.device)  # fmt: skip
-    watch.lap("harvest")
-    train, test = data.train[data.hook], data.test[data.hook]
-    scale = data.scales[data.hook]
-    d_in = train.shape[1]
-    bae = train_sae(train, short_run_config(d_in, cfg.expansion * d_in),
-                    training_samples=cfg.steps * cfg.batch_size, batch_size=cfg.batch_size,
-                    lr=SHORT_RUN_LR, device=cfg.device, seed=cfg.seed).sae.eval()  # fmt: skip
-    bae.save_inference_model(out / "bae")
-    watch.lap("train")
-    rows = compression_report(bae, test / scale, cfg.thresholds, input_scale=scale,
-                              work_dir=out / "compressed")  # fmt: skip
-    watch.lap("compress")
-    summary = {
-        "config": asdict(cfg),
-        "hook": data.hook,
-        "dataset": data.dataset,
-        "held_out_vectors": int(test.shape[0]),
-        "d_in": d_in,
-        "code_bits": bae.cfg.n_bits,
-        "decoder_bytes": _decoder_bytes(bae),
-        "rows": rows,
-        "seconds": watch.seconds,
-    }
-    write_json(out / "compression.json", summary)
-    plot_compression(rows, out / "compression.png", title=f"{cfg.model} {data.hook}")
-    columns = [
-        ("threshold", lambda r: f"{r['threshold']:g}"),
-        ("flips / vector", lambda r: f"{r['flips_per_vector']:.1f}"),
-        ("stored as", lambda r: r["layout"]),
-        ("bytes", lambda r: str(r["bytes"])),
-        ("ratio vs fp32", lambda r: f"{r['ratio_float32']:.1f}x"),
-        ("ratio incl. decoder", lambda r: f"{r['ratio_float32_with_decoder']:.2f}x"),
-        ("MSE", lambda r: f"{r['mse']:.4g}"),
-        ("relative error", lambda r: f"{r['relative_error']:.3f}"),
-        ("cosine", lambda r: f"{r['cosine']:.3f}"),
-    ]
-    header = (
-        f"# Hidden-state compression: {cfg.model} `{data.hook}`\n\n"
-        f"{test.shape[0]} held-out vectors of d = {d_in} ({test.shape[0] * d_in * 4} bytes in "
-        f"float32); BAE with {bae.cfg.n_bits} code bits, decoder + prior "
-        f"{_decoder_bytes(bae)} bytes.\n\n"
-    )
-    (out / "compression.md").write_text(header + markdown_table(rows, columns))
-    return summary

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from datasets import Dataset
+from datasets import Dataset, load_dataset
 from sae_lens.tokenization_and_batching import concat_and_batch_sequences
 from transformers import PreTrainedTokenizerBase
 
@@ -119,8 +119,6 @@ def iter_texts(
         return
     if str(source).startswith((".", "/", "~")) or path.suffix.lower() in SUFFIXES:
         raise FileNotFoundError(f"No such file or folder: {path}")
-    from datasets import load_dataset
-
     dataset = load_dataset(str(source), split=split, streaming=True)
     column = None
     for record in dataset:
@@ -305,8 +303,6 @@ def _labelled(
         return
     if str(source).startswith((".", "/", "~")) or path.suffix.lower() in SUFFIXES:
         raise FileNotFoundError(f"No such file or folder: {path}")
-    from datasets import load_dataset
-
     dataset = load_dataset(str(source), split=split)
     column = _pick_column(dataset.column_names, text_column, f"dataset {source!r}")
     if label_column not in dataset.column_names:

@@ -1,4 +1,5 @@
-"""The three loss terms of the Binary Autoencoder, usable outside training.
+"""The loss terms of the Binary Autoencoder, usable outside training, and ``bae_objective``, the
+one function every BAE trainer (a single BAE, a stack of G) computes its training losses with.
 
 * :func:`reconstruction_loss`: squared error, averaged over batch *and* dimensions.
 * :func:`minibatch_entropy`: entropy in bits of the mean code of a minibatch. Measured on the
@@ -18,6 +19,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 __all__ = [
+    "bae_objective",
     "binary_entropy",
     "covariance_penalty",
     "dense_covariance_penalty",
@@ -238,3 +240,45 @@ def dense_covariance_penalty(codes: Float[Tensor, "batch n"]) -> Float[Tensor, "
     """Reference through ``torch.cov``: O(n^2) memory; for tests and benchmarks."""
     cov = torch.cov(codes.T)
     return cov.abs().sum() - cov.diagonal().abs().sum()
+
+
+def bae_objective(
+    sae_in: Float[Tensor, "*stack batch d_in"],
+    sae_out: Float[Tensor, "*stack batch d_in"],
+    bits: Float[Tensor, "*stack batch n_bits"],
+    *,
+    entropy_coefficient: float,
+    covariance_coefficient: float,
+    entropy_on: bool = True,
+    covariance_block_size: int | None = None,
+) -> dict[str, Float[Tensor, "*stack"]]:
+    """The BAE's training loss terms for a minibatch, per member of a stack of BAEs.
+
+    Returns ``reconstruction_loss`` (squared error averaged over the batch and d_in),
+    ``entropy_loss`` (``entropy_coefficient`` times the minibatch entropy in bits, zero while
+    ``entropy_on`` is False), ``covariance_loss`` (``covariance_coefficient`` times the summed
+    |off-diagonal covariance| of the bits) and ``batch_entropy_bits`` (the entropy itself, detached,
+    for logging). Each has the shape of the leading ``stack`` dimensions: () for one BAE, [G] for
+    a ``StackedBAE``. The three loss terms sum to the objective; every trainer calls this one
+    function, so a change to the objective is made once.
+    """
+    if bits.shape[:-1] != sae_in.shape[:-1] or sae_out.shape != sae_in.shape:
+        raise ValueError(
+            "bae_objective needs sae_in and sae_out of one shape [*stack, batch, d_in] and bits "
+            f"[*stack, batch, n_bits]; got {tuple(sae_in.shape)}, {tuple(sae_out.shape)} and "
+            f"{tuple(bits.shape)}"
+        )
+    reconstruction = (sae_out - sae_in.to(sae_out.dtype)).pow(2).mean(dim=(-2, -1))
+    entropy_bits = minibatch_entropy(bits)
+    zero = torch.zeros_like(entropy_bits)
+    entropy = entropy_coefficient * entropy_bits if entropy_on else zero
+    if covariance_coefficient > 0:
+        covariance = covariance_coefficient * covariance_penalty(bits, covariance_block_size)
+    else:
+        covariance = zero
+    return {
+        "reconstruction_loss": reconstruction,
+        "entropy_loss": entropy,
+        "covariance_loss": covariance,
+        "batch_entropy_bits": entropy_bits.detach(),
+    }

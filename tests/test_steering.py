@@ -10,9 +10,8 @@ import torch
 from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
 
 from sae_lens_bae import BAE, BAEConfig, steer, steering_hook, task_vector
-from sae_lens_bae.entropy.icl import ICLTemplate, build_icl_prompts, encode_prompts
-from sae_lens_bae.entropy.states import first_token_ids
 from sae_lens_bae.models import load_model
+from sae_lens_bae.prompts import ICLTemplate, build_icl_prompts, encode_prompts, first_token_ids
 from sae_lens_bae.steering import SteeredClassifier, label_accuracy, mean_difference
 
 HOOK = "blocks.0.hook_resid_post"
@@ -123,7 +122,8 @@ def test_steered_classifier_equals_a_full_forward(hf_model):
 
 
 def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
-    from sae_lens_bae.steering import SteerICLConfig, run_steer_icl
+    from sae_lens_bae.experiments import steer_icl
+    from sae_lens_bae.experiments.steer_icl import SteerICLConfig
 
     lines = ["label\tsentence"] + [f"{i % 2}\tw{20 + i % 50} w{40 + i % 37}" for i in range(80)]
     (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
@@ -143,7 +143,7 @@ def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
         strengths=(1.0, 4.0),
         out=tmp_path / "out",
     )
-    summary = run_steer_icl(cfg, progress=False)
+    summary = steer_icl.run(cfg, progress=False)
     rows = {row["model"]: row for row in summary["models"]}
     assert set(rows) == {"bae", "standard", "mean_difference"}
     for row in rows.values():
@@ -156,4 +156,4 @@ def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
     assert "| bae |" in (tmp_path / "out" / "steer.md").read_text()
     assert matplotlib.image.imread(tmp_path / "out" / "steer.png").shape[0] > 100
     with pytest.raises(ValueError, match="labelled sentences"):
-        run_steer_icl(SteerICLConfig(**{**cfg.__dict__, "n_eval_prompts": 100}), progress=False)
+        steer_icl.run(SteerICLConfig(**{**cfg.__dict__, "n_eval_prompts": 100}), progress=False)

@@ -4,7 +4,7 @@ import matplotlib.image
 import pytest
 import torch
 
-from sae_lens_bae.entropy.synthetic import PRESETS, directional_data, passes_bar, run_synthetic
+from sae_lens_bae.experiments.synthetic import PRESETS, directional_data, passes_bar, run_preset
 
 
 @pytest.mark.parametrize("r", [0, 1, 3, 5])
@@ -42,7 +42,7 @@ def test_bar_on_hand_made_results():
 
 
 def test_run_writes_json_table_and_plots(tmp_path):
-    rows = run_synthetic(PRESETS["test"], tmp_path, progress=False)
+    rows = run_preset(PRESETS["test"], tmp_path, progress=False)
     assert len(rows) == 2 * len(PRESETS["test"].ranks)
     saved = json.loads((tmp_path / "synthetic.json").read_text())
     assert saved["results"] == rows and "objective_ok" in saved["bar"]

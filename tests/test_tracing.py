@@ -6,17 +6,19 @@ import matplotlib.image
 import pytest
 import torch
 
+from sae_lens_bae.activations import gather_states
 from sae_lens_bae.entropy.cells import (
     TRACING_RECIPE,
     EntropyRecipe,
     estimate_entropies,
     normalise_scale,
 )
-from sae_lens_bae.entropy.icl import ICLTemplate, ICLTracingConfig, build_icl_prompts, trace_icl
-from sae_lens_bae.entropy.positions import PositionTracingConfig, run_position_tracing
-from sae_lens_bae.entropy.states import first_token_ids, gather_states
-from sae_lens_bae.entropy.two_token import TwoTokenConfig, run_two_token, two_token_sequences
+from sae_lens_bae.experiments import entropy_icl, entropy_positions, two_token
+from sae_lens_bae.experiments.entropy_icl import ICLTracingConfig, trace_icl
+from sae_lens_bae.experiments.entropy_positions import PositionTracingConfig
+from sae_lens_bae.experiments.two_token import TwoTokenConfig, two_token_sequences
 from sae_lens_bae.models import load_model
+from sae_lens_bae.prompts import ICLTemplate, build_icl_prompts, first_token_ids
 
 QUICK = EntropyRecipe(expansion=2, steps=60, batch_size=128)
 SMALL_BATCH = EntropyRecipe(expansion=2, steps=30, batch_size=8)
@@ -137,7 +139,7 @@ def test_position_tracing_writes_json_table_and_plot(tiny_hf_llama_dir, tiny_cor
         recipe=QUICK,
         out=tmp_path,
     )
-    rows = run_position_tracing(cfg, progress=False)
+    rows = entropy_positions.run(cfg, progress=False)["cells"]
     assert [(r["layer"], r["position"]) for r in rows] == [
         (layer, p) for layer in (0, 1) for p in (1, 2, 4, 8)
     ]
@@ -147,12 +149,10 @@ def test_position_tracing_writes_json_table_and_plot(tiny_hf_llama_dir, tiny_cor
     assert matplotlib.image.imread(tmp_path / "positions.png").shape[0] > 100
     assert "| layer | position | bits |" in (tmp_path / "positions.md").read_text()
     with pytest.raises(ValueError, match="do not exist"):
-        run_position_tracing(PositionTracingConfig(model=str(tiny_hf_llama_dir), layers=(2,)))
+        entropy_positions.run(PositionTracingConfig(model=str(tiny_hf_llama_dir), layers=(2,)))
 
 
 def test_icl_tracing_from_a_tsv(tiny_hf_llama_dir, tmp_path):
-    from sae_lens_bae.entropy.icl import run_icl_tracing
-
     lines = ["label\tsentence"] + [f"{i % 2}\tw{20 + i} w{40 + i}" for i in range(40)]
     (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
     cfg = ICLTracingConfig(
@@ -166,7 +166,8 @@ def test_icl_tracing_from_a_tsv(tiny_hf_llama_dir, tmp_path):
         recipe=SMALL_BATCH,
         out=tmp_path / "out",
     )
-    rows, accuracy = run_icl_tracing(cfg, progress=False)
+    summary = entropy_icl.run(cfg, progress=False)
+    rows, accuracy = summary["cells"], summary["accuracy"]
     assert sorted(accuracy) == [0, 1, 4] and all(0 <= a <= 1 for a in accuracy.values())
     saved = json.loads((tmp_path / "out" / "icl.json").read_text())
     assert saved["cells"] == rows and len(rows) == 3
@@ -193,7 +194,7 @@ def test_two_token_benchmark_stays_under_its_ceiling(tiny_hf_llama_dir, tmp_path
         recipe=TRACING_RECIPE,  # the default of the LLM runs
         out=tmp_path,
     )
-    rows = run_two_token(cfg, progress=False)
+    rows = two_token.run(cfg, progress=False)["results"]
     assert [r["r"] for r in rows] == [0, 1, 2, 3]
     assert rows[0]["bits"] == 0.0  # r = 0: every state is the BOS's
     assert all(r["within_ceiling"] for r in rows), [(r["r"], r["bits"]) for r in rows]

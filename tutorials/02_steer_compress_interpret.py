@@ -16,14 +16,13 @@ import argparse
 import torch
 
 from sae_lens_bae import compress, decompress, steer, task_vector, train_sae
-from sae_lens_bae.activations import norm_scale
+from sae_lens_bae.activations import norm_scale, prompt_states
 from sae_lens_bae.comsem import ClientConfig, ComSemConfig, comsem
 from sae_lens_bae.comsem.loopback import LoopbackServer
-from sae_lens_bae.entropy.icl import build_icl_prompts, encode_prompts
 from sae_lens_bae.features import code_prior, top_k_records
 from sae_lens_bae.models import load_model
+from sae_lens_bae.prompts import build_icl_prompts, encode_prompts
 from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
-from sae_lens_bae.steering import prompt_states
 
 REVIEWS = [
     ("a gorgeous, witty and deeply moving film", "positive"),

@@ -8,20 +8,13 @@ OpenAI-compatible server, cached on disk).
 
 from sae_lens_bae.comsem.cache import ReplyCache
 from sae_lens_bae.comsem.client import ChatClient, ClientConfig, ComSemAPIError, Reply, Usage
+from sae_lens_bae.comsem.interpret import InterpretConfig
 from sae_lens_bae.comsem.pipeline import (
     COMSEM_COLUMNS,
     ComSemConfig,
-    Explanation,
-    FeatureScore,
-    Judgement,
     acomsem,
-    calibrate,
     comsem,
     comsem_columns,
-    explain,
-    judge,
-    score,
-    summarise,
 )
 from sae_lens_bae.comsem.prompts import (
     Templates,
@@ -29,7 +22,17 @@ from sae_lens_bae.comsem.prompts import (
     parse_explanation,
     parse_judgement,
 )
+from sae_lens_bae.comsem.report import summarise, summary_markdown, write_report
 from sae_lens_bae.comsem.samples import FeatureSamples, Sample, select_samples
+from sae_lens_bae.comsem.stages import (
+    Explanation,
+    FeatureScore,
+    Judgement,
+    calibrate,
+    explain,
+    judge,
+    score,
+)
 
 __all__ = [
     "COMSEM_COLUMNS",
@@ -40,6 +43,7 @@ __all__ = [
     "Explanation",
     "FeatureSamples",
     "FeatureScore",
+    "InterpretConfig",
     "Judgement",
     "Reply",
     "ReplyCache",
@@ -58,4 +62,6 @@ __all__ = [
     "score",
     "select_samples",
     "summarise",
+    "summary_markdown",
+    "write_report",
 ]

@@ -16,6 +16,7 @@ import email
 import email.policy
 import hashlib
 import json
+import math
 import re
 import threading
 import time
@@ -220,7 +221,6 @@ class LoopbackServer:
 
 
 def _log(p: float) -> float:
-    import math
 
     return math.log(max(p, 1e-12))
 

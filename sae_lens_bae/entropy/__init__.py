@@ -1,10 +1,12 @@
-"""Entropy estimation with BAEs: the estimator, and the benchmarks and traces built on it."""
+"""Entropy of sets of hidden states, estimated by BAEs: one set (``estimate_entropy``) or a grid of
+sets, one BAE each, trained together (``estimate_entropies``)."""
 
 from sae_lens_bae.entropy.cells import (
     TRACING_RECIPE,
     CellEntropy,
     EntropyRecipe,
     estimate_entropies,
+    normalise_scale,
 )
 from sae_lens_bae.entropy.estimate import EntropyEstimate, estimate_entropy
 
@@ -15,4 +17,5 @@ __all__ = [
     "EntropyRecipe",
     "estimate_entropies",
     "estimate_entropy",
+    "normalise_scale",
 ]

@@ -20,7 +20,7 @@ from sae_lens_bae.entropy.estimate import estimate_entropy
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.reports import cell
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
-from sae_lens_bae.stacked import train_stacked_baes
+from sae_lens_bae.training.stacked import train_stacked_baes
 
 __all__ = [
     "CELL_COLUMNS",
@@ -44,15 +44,25 @@ class EntropyRecipe:
     """
 
     expansion: int = 4
+    """d_sae / d_in of each BAE."""
     steps: int = 1000
+    """Training steps of each BAE."""
     batch_size: int = 512
+    """BAE minibatch (the entropy term is measured on it)."""
     lr: float = 2e-3
+    """Adam learning rate of the BAEs."""
     surrogate_temperature: float = 0.3
+    """Temperature of the sigmoid surrogate gradient."""
     entropy_coefficient_2048: float = 5e-7
+    """a_e at d = 2048; each BAE uses a_e * 2048 / d."""
     covariance_coefficient_2048: float = 1e-6
+    """a_c at d = 2048; each BAE uses a_c * 2048 / d."""
     entropy_off_fraction: float = 0.25
+    """Fraction of the steps trained without the entropy term."""
     objective: bool = True
+    """Train with the entropy and covariance terms (False: the ablation a_e = a_c = 0)."""
     target_squared_norm: float = 1.0
+    """Each set is scaled to this mean squared norm before training."""
 
     def check_samples(self, n: int, what: str) -> None:
         """Fail before any model runs if a cell would hold fewer samples than one minibatch."""

@@ -20,7 +20,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from sae_lens_bae.features.burstiness import burstiness
+from sae_lens_bae.activations.cache import harvest_activations
+from sae_lens_bae.features.burstiness import burstiness, code_prior
 
 __all__ = [
     "FeatureRecords",
@@ -235,9 +236,6 @@ def records_from_text(
     training activations were multiplied by (1 for SAEs that read raw states, as ``bae train`` and
     SAELens' own normalisation produce them).
     """
-    from sae_lens_bae.activations import harvest_activations
-    from sae_lens_bae.features.burstiness import code_prior
-
     cache = harvest_activations(model, tokens, [hook], out_dir, batch_size=batch_size)
     acts = cache.activations(hook).float() * input_scale
     if acts.shape[1] != sae.cfg.d_in:

@@ -17,7 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from sae_lens_bae.activations import check_hooks
+from sae_lens_bae.activations.hooks import check_hooks
 
 __all__ = ["Positions", "steer", "steering_hook"]
 

@@ -15,11 +15,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
-from transformers import PreTrainedTokenizerBase
 
-from sae_lens_bae.activations import _layer_of, check_hooks
+from sae_lens_bae.activations.hooks import check_hooks, stop_layer
 
-__all__ = ["first_token_ids", "gather_states"]
+__all__ = ["gather_states", "prompt_states"]
 
 
 @torch.no_grad()
@@ -56,8 +55,7 @@ def gather_states(
             f"positions must lie in [0, {tokens.shape[1] - 1}] (the rows' length); got "
             f"{int(positions.min())}..{int(positions.max())}"
         )
-    layers = [_layer_of(h) for h in wanted]
-    stop_at = None if None in layers else max(layers) + 1  # type: ignore[type-var]
+    stop_at = stop_layer(wanted)
     gathered: dict[str, list[Tensor]] = {h: [] for h in wanted}
     logits_parts: list[Tensor] = []
     ids = None
@@ -92,14 +90,22 @@ def gather_states(
     return states, None if ids is None else torch.cat(logits_parts)
 
 
-def first_token_ids(tokenizer: PreTrainedTokenizerBase, words: Sequence[str]) -> list[int]:
-    """The first token of each word as it follows other text (with a leading space): what a
-    label word's logit is read from. Errors if two words share it."""
-    ids = [tokenizer(" " + word, add_special_tokens=False)["input_ids"][0] for word in words]
-    if len(set(ids)) != len(ids):
-        names = [tokenizer.convert_ids_to_tokens(i) for i in ids]
-        raise ValueError(
-            f"Words {list(words)} share first tokens {names}; pick label words that start "
-            "with different tokens"
-        )
-    return ids
+def prompt_states(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "n ctx"],
+    last: Int[Tensor, " n"],
+    hook: str,
+    *,
+    batch_size: int = 16,
+    progress: bool = True,
+    desc: str = "prompt states",
+) -> tuple[Float[Tensor, "m d"], Int[Tensor, "m 2"], Float[Tensor, "n d"]]:
+    """States of right-padded prompts (``sae_lens_bae.prompts.encode_prompts``) at ``hook``:
+    every real token but BOS, their (prompt, position), and each prompt's last token."""
+    positions = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
+    states, _ = gather_states(
+        model, tokens, [hook], positions, batch_size=batch_size, progress=progress, desc=desc
+    )
+    every = states[hook]
+    real = (positions >= 1) & (positions <= last[:, None])
+    return every[real], real.nonzero(), every[torch.arange(tokens.shape[0]), last]

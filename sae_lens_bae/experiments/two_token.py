@@ -1,4 +1,4 @@
-"""Hidden-state entropy benchmark on a real LM (``bae bench two-token``).
+"""``bae bench two-token``: entropy of a real LM's states after r tokens drawn from two.
 
 Feed BOS + r tokens drawn uniformly and independently from two fixed tokens. The last token's
 hidden state is a function of the sequence, so its entropy is at most that of the sequences: r
@@ -15,19 +15,28 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformer_lens import HookedTransformer
 
-from sae_lens_bae.activations import check_layers
-from sae_lens_bae.entropy.cells import (
-    TRACING_RECIPE,
-    EntropyRecipe,
-    estimate_entropies,
-)
-from sae_lens_bae.entropy.states import first_token_ids, gather_states
+from sae_lens_bae.activations import check_layers, gather_states
+from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
+from sae_lens_bae.experiments.common import recipe_field
+from sae_lens_bae.models import load_model
+from sae_lens_bae.plots import error_colour_bar, save_figure, subplots
+from sae_lens_bae.prompts import first_token_ids
 from sae_lens_bae.reports import cell, markdown_table, write_json
 
-__all__ = ["TwoTokenConfig", "run_two_token", "two_token_sequences"]
+__all__ = [
+    "REPORT",
+    "TwoTokenConfig",
+    "plot_two_token_benchmark",
+    "run",
+    "trace_two_token",
+    "two_token_sequences",
+]
+
+REPORT = "two_token.md"
 
 
 def two_token_sequences(
@@ -49,16 +58,31 @@ class TwoTokenConfig:
     """What ``bae bench two-token`` runs; the defaults fit a 2-core CPU."""
 
     model: str = "smollm2-135m"
+    """Embedded name, local HF directory or TransformerLens name."""
     layer: int = 15
+    """Layer whose hook is read."""
     hook: str = "hook_resid_post"
-    words: tuple[str, str] = ("yes", "no")  # each must start with its own token
+    """Hook point inside the block."""
+    words: Sequence[str] = ("yes", "no")
+    """The two words whose first tokens make the sequences (each its own first token)."""
     ranks: Sequence[int] = (0, 1, 2, 4, 6, 8, 10, 12)
+    """Sequence lengths r."""
     n_samples: int = 4096
-    recipe: EntropyRecipe = TRACING_RECIPE
+    """Sequences per r."""
+    recipe: EntropyRecipe = recipe_field(TRACING_RECIPE)
+    """How each r's BAE is trained."""
     batch_size: int = 64
+    """Sequences per forward pass."""
     device: str = "cpu"
+    """Torch device."""
     seed: int = 0
+    """Seed of the sequences and the BAEs."""
     out: Path = Path("runs/two_token")
+    """Folder for the JSON, the table and the plot."""
+
+    def __post_init__(self) -> None:
+        if len(self.words) != 2:
+            raise ValueError(f"words needs exactly two words, got {list(self.words)}")
 
 
 def trace_two_token(
@@ -104,16 +128,15 @@ def trace_two_token(
     ]
 
 
-def run_two_token(cfg: TwoTokenConfig, progress: bool = True) -> list[dict[str, Any]]:
-    """Load the model, run the benchmark, write ``two_token.json``/``.md``/``.png``."""
-    from sae_lens_bae.models import load_model
-    from sae_lens_bae.plots import plot_two_token_benchmark
-
+def run(cfg: TwoTokenConfig, progress: bool = True) -> dict[str, Any]:
+    """Load the model, run the benchmark, write ``two_token.json``/``.md``/``.png``; returns
+    the JSON summary."""
     model = load_model(cfg.model, device=cfg.device)
     rows = trace_two_token(model, cfg, progress=progress)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "two_token.json", {"config": asdict(cfg), "results": rows})
+    summary = {"config": asdict(cfg), "results": rows}
+    write_json(out / "two_token.json", summary)
     plot_two_token_benchmark(
         rows, out / "two_token.png", title=f"{cfg.model}, blocks.{cfg.layer}.{cfg.hook}"
     )
@@ -127,5 +150,31 @@ def run_two_token(cfg: TwoTokenConfig, progress: bool = True) -> list[dict[str, 
             ("within ceiling", lambda row: "yes" if row["within_ceiling"] else "NO"),
         ],
     )
-    (out / "two_token.md").write_text(table)
-    return rows
+    verdict = all(row["within_ceiling"] for row in rows)
+    (out / "two_token.md").write_text(f"{table}\nevery estimate within its ceiling: {verdict}\n")
+    return summary
+
+
+def plot_two_token_benchmark(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Estimate against r for r-token sequences over two tokens, with the ceilings drawn: r bits
+    and the plug-in entropy of the sequences actually sampled."""
+    fig, ax = subplots(figsize=(6.5, 5))
+    rs = [row["r"] for row in rows]
+    ax.plot(rs, rs, "k--", linewidth=1, label="r (entropy of the sequence source)")
+    ax.plot(rs, [row["sample_entropy_bits"] for row in rows], ":", color="gray",
+            label="plug-in entropy of the sampled sequences")  # fmt: skip
+    scatter = ax.scatter(
+        rs,
+        [row["bits"] for row in rows],
+        c=[np.nan if row["relative_error"] is None else row["relative_error"] for row in rows],
+        cmap="viridis",
+        s=45,
+        zorder=3,
+        edgecolors="k",
+        linewidths=0.3,
+        label="BAE estimate",
+    )
+    ax.set(xlabel="sequence length r (bits of randomness)", ylabel="bits", title=title)
+    ax.legend(fontsize=8, loc="upper left")
+    error_colour_bar(fig, ax, scatter)
+    return save_figure(fig, path)

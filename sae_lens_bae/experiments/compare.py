@@ -18,34 +18,26 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAEConfig
-from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAEConfig
-from sae_lens.saes.standard_sae import StandardTrainingSAEConfig
-from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 from torch import Tensor
 
-from sae_lens_bae.features.burstiness import code_prior
-from sae_lens_bae.features.records import FeatureRecords, top_k_records
-from sae_lens_bae.features.statistics import feature_statistics
+from sae_lens_bae.activations import harvest_layer
+from sae_lens_bae.comsem import COMSEM_COLUMNS, ClientConfig, comsem_columns
+from sae_lens_bae.features import FeatureRecords, code_prior, feature_statistics, top_k_records
+from sae_lens_bae.features.records import feature_magnitudes
+from sae_lens_bae.plots import (
+    plot_comsem_scores,
+    plot_firing_frequencies,
+    plot_firing_frequency_grid,
+    plot_magnitude_heatmaps,
+    plot_training_curves,
+)
 from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json
 from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
-from sae_lens_bae.saes.gated_relu import GatedReLUTrainingSAEConfig
+from sae_lens_bae.training import BASELINES, baseline_configs, train_sae, train_transcoder
 
-__all__ = ["BASELINES", "CompareConfig", "baseline_configs", "run_compare"]
+__all__ = ["REPORT", "CompareConfig", "run"]
 
-BASELINES = (
-    "standard",
-    "standard_rescaled",
-    "topk15",
-    "topk",
-    "jumprelu",
-    "batchtopk",
-    "gated_relu",
-    "transcoder",
-)
-"""Every baseline ``bae compare`` knows. ``topk15`` is the paper's k = 15, ``topk`` SAELens'
-default k; ``standard_rescaled`` is the standard SAE read through per-channel z-scores (no
-training of its own); ``transcoder`` maps the MLP's input to the layer's residual output."""
+REPORT = "compare.md"
 
 TABLE_COLUMNS = (
     ("reconstruction_loss", "reconstruction loss", ".4f"),
@@ -62,30 +54,56 @@ TABLE_COLUMNS = (
 class CompareConfig:
     """What ``bae compare`` runs; the defaults fit 45 minutes on a 2-core CPU."""
 
-    dataset: str | None = None  # None: the embedded corpus
+    dataset: str | None = None
+    """Text file, folder or HF dataset (default: the embedded corpus)."""
     model: str = "smollm2-135m"
-    layer: int | None = None  # None: the middle layer
+    """Embedded name, local HF directory or TransformerLens name."""
+    layer: int | None = None
+    """Layer whose hook_resid_post is read (default: the middle layer)."""
     text_column: str | None = None
+    """Text column of a table/JSONL dataset."""
     context_size: int = 128
+    """Tokens per harvested sequence."""
     max_sequences: int | None = 1536
+    """Cap on harvested sequences."""
     held_out_fraction: float = 0.1
+    """Fraction of sequences held out for the statistics."""
     baselines: Sequence[str] = BASELINES
+    """SAELens baselines trained beside the BAE (see sae_lens_bae.training.BASELINES)."""
     expansion: int = 4
+    """d_sae / d_in of every model."""
     steps: int = 2000
+    """Training steps of every model."""
     batch_size: int = 512
-    lr: float = 5e-4  # the SAEs'; the BAE trains with SHORT_RUN_LR
-    l1_coefficient: float = 5.0  # standard, gated_relu, transcoder
+    """Activations per training step."""
+    lr: float = 5e-4
+    """Adam learning rate of the SAEs (the BAE trains with SHORT_RUN_LR)."""
+    l1_coefficient: float = 5.0
+    """L1 coefficient of standard, gated_relu and the transcoder."""
     records_k: int = 10
+    """Top-k features kept per token in the records."""
     activated_min_samples: int = 8
+    """A feature is activated with more than this many tokens in the records."""
     dense_threshold: float = 0.5
+    """A feature firing on more than this fraction of tokens is dense."""
     prior: Literal["training", "evaluation"] = "training"
+    """The BAE's burstiness prior: its training mean code or the held-out one."""
     outlier_norm_ratio: float = 10.0
+    """Activations with a norm above this times the median are dropped (attention sinks)."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
-    comsem: Any = None  # a comsem.ClientConfig: interpret every model's records with that LLM
-    comsem_max_features: int | None = None  # None: every activated feature
+    """BAE config fields that replace the short-run recipe's, e.g. entropy_coefficient=1e-6."""
+    comsem_llm: str | None = None
+    """Add ComSem columns, every model's records judged by this LLM."""
+    comsem_base_url: str | None = None
+    """The LLM's OpenAI-compatible endpoint (default: OpenAI)."""
+    comsem_max_features: int | None = None
+    """ComSem on the first N activated features of each model (default: all)."""
     device: str = "cpu"
+    """Torch device."""
     seed: int = 0
+    """Seed of the models' initialisation and data order."""
     out: Path = Path("runs/compare")
+    """Report folder."""
 
     def __post_init__(self) -> None:
         unknown = [b for b in self.baselines if b not in BASELINES]
@@ -97,38 +115,9 @@ class CompareConfig:
             raise ValueError(f"prior must be 'training' or 'evaluation', got {self.prior!r}")
 
 
-def baseline_configs(
-    d_in: int, expansion: int, names: Sequence[str], l1_coefficient: float = 5.0
-) -> dict[str, Any]:
-    """Training configs of the SAELens baselines among ``names`` (d_sae = expansion * d_in, no
-    activation normalisation: callers scale activations once for every model). ``standard`` comes
-    along with ``standard_rescaled``, which reads the same SAE."""
-    d_sae = expansion * d_in
-    common = {"d_in": d_in, "d_sae": d_sae, "normalize_activations": "none"}
-    configs: dict[str, Any] = {
-        "standard": StandardTrainingSAEConfig(**common, l1_coefficient=l1_coefficient),
-        "topk15": TopKTrainingSAEConfig(**common, k=15),
-        "topk": TopKTrainingSAEConfig(**common),
-        "jumprelu": JumpReLUTrainingSAEConfig(**common),
-        "batchtopk": BatchTopKTrainingSAEConfig(**common),
-        "gated_relu": GatedReLUTrainingSAEConfig(**common, l1_coefficient=l1_coefficient),
-    }
-    wanted = set(names) | ({"standard"} if "standard_rescaled" in names else set())
-    return {name: c for name, c in configs.items() if name in wanted}
-
-
-def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
+def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     """Harvest, train every model, evaluate, and write ``compare.md``, ``compare.json`` and the
     plots to ``cfg.out``; returns the summary."""
-    from sae_lens_bae.activations import harvest_layer
-    from sae_lens_bae.plots import (
-        plot_firing_frequency_grid,
-        plot_magnitude_heatmaps,
-        plot_training_curves,
-    )
-    from sae_lens_bae.saes.transcoder import train_transcoder
-    from sae_lens_bae.training import train_sae
-
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch("compare")
@@ -147,6 +136,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         held_out_fraction=cfg.held_out_fraction,
         outlier_norm_ratio=cfg.outlier_norm_ratio,
         device=cfg.device,
+        progress=progress,
     )
     lap("harvest")
     hook, tokenizer, sequences = data.hook, data.tokenizer, data.sequences
@@ -226,11 +216,10 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             save(out / "models" / name)
     lap("evaluate")
     comsem_scores: dict[str, list[float]] = {}
-    if cfg.comsem is not None:
-        from sae_lens_bae.comsem import comsem_columns
-
+    if cfg.comsem_llm is not None:
+        client = ClientConfig(model=cfg.comsem_llm, base_url=cfg.comsem_base_url)
         comsem_scores = comsem_columns(
-            records, tokenizer, cfg.comsem, rows, out / "comsem", cfg.comsem_max_features, progress
+            records, tokenizer, client, rows, out / "comsem", cfg.comsem_max_features, progress
         )
         lap("comsem")
 
@@ -251,12 +240,13 @@ def run_compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     }
     write_json(out / "compare.json", summary)  # the results are safe before any plotting
     (out / "compare.md").write_text(_table(summary))
-    plot_firing_frequency_grid(rates, out / "firing_frequency.png", "bae", cfg.dense_threshold)
+    if len(rates) > 1:
+        plot_firing_frequency_grid(rates, out / "firing_frequency.png", "bae", cfg.dense_threshold)
+    else:  # a BAE-only study: its own histogram
+        plot_firing_frequencies(rates, out / "firing_frequency.png", title=f"{cfg.model} {hook}")
     plot_magnitude_heatmaps(heat, out / "magnitudes.png", title=f"{cfg.model} {hook}")
     plot_training_curves(histories, out / "training_curves.png", title=f"{cfg.model} {hook}")
     if comsem_scores:
-        from sae_lens_bae.plots import plot_comsem_scores
-
         plot_comsem_scores(comsem_scores, out / "comsem_scores.png", title=f"{cfg.model} {hook}")
     lap("report")
     write_json(out / "compare.json", summary)  # again, with the report's seconds
@@ -268,8 +258,6 @@ def _heat_map(
     sae: Any, inputs: Tensor, magnitude: str, prior: Tensor | None, rates: Tensor
 ) -> Tensor:
     """Magnitudes of 64 held-out tokens on the 128 most used channels."""
-    from sae_lens_bae.features.records import feature_magnitudes
-
     channels = torch.argsort(rates, descending=True)[:128]
     values, _ = feature_magnitudes(sae, inputs, magnitude, prior=prior)(0, 64)  # type: ignore[arg-type]
     return values[:, channels]
@@ -287,8 +275,6 @@ def _table(summary: dict[str, Any]) -> str:
         f"{summary['config']['dense_threshold']:.0%} of tokens.",
         "",
     ]
-    from sae_lens_bae.comsem.pipeline import COMSEM_COLUMNS
-
     columns = [("model", lambda row: row["model"])]
     columns += [
         (title, lambda row, key=key, spec=spec: cell(row.get(key), spec))

@@ -15,13 +15,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sae_lens_bae.features.burstiness import code_prior
-from sae_lens_bae.features.records import top_k_records
-from sae_lens_bae.features.statistics import feature_statistics
+from sae_lens_bae.activations import harvest_layer
+from sae_lens_bae.comsem import COMSEM_COLUMNS, ClientConfig, comsem_columns
+from sae_lens_bae.features import code_prior, feature_statistics, top_k_records
+from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json
 from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
+from sae_lens_bae.training import train_sae
 
-__all__ = ["MoreBitsConfig", "run_more_bits"]
+__all__ = ["REPORT", "MoreBitsConfig", "plot_more_bits", "run"]
+
+REPORT = "more_bits.md"
 
 
 @dataclass
@@ -30,36 +34,52 @@ class MoreBitsConfig:
     d_in, so that C = 4 has as many code bits as a 4x BAE)."""
 
     dataset: str | None = None
+    """Text file, folder or HF dataset (default: the embedded corpus)."""
     model: str = "smollm2-135m"
+    """Embedded name, local HF directory or TransformerLens name."""
     layer: int | None = None
+    """Layer whose hook_resid_post is read (default: the middle layer)."""
     text_column: str | None = None
+    """Text column of a table/JSONL dataset."""
     context_size: int = 128
+    """Tokens per harvested sequence."""
     max_sequences: int | None = 512
+    """Cap on harvested sequences."""
     bits: Sequence[int] = (1, 2, 3, 4)
-    expansion: int = 1  # decoder width d_sae / d_in, the same for every C
+    """Code bits per feature C, one BAE each."""
+    expansion: int = 1
+    """Decoder width d_sae / d_in, the same for every C."""
     steps: int = 1000
+    """Training steps per BAE."""
     batch_size: int = 512
+    """Activations per training step."""
     records_k: int = 10
+    """Top-k features kept per token in the records."""
     activated_min_samples: int = 8
+    """A feature is activated with more than this many tokens in the records."""
     dense_threshold: float = 0.5
-    comsem: Any = None  # a comsem.ClientConfig: ComSem columns per C
+    """A feature firing on more than this fraction of tokens is dense."""
+    comsem_llm: str | None = None
+    """Add ComSem columns per C, judged by this LLM."""
+    comsem_base_url: str | None = None
+    """The LLM's OpenAI-compatible endpoint (default: OpenAI)."""
     comsem_max_features: int | None = None
+    """ComSem on the first N activated features of each BAE (default: all)."""
     device: str = "cpu"
+    """Torch device."""
     seed: int = 0
+    """Seed of the BAEs' initialisation and data order."""
     out: Path = Path("runs/more_bits")
+    """Report folder."""
 
     def __post_init__(self) -> None:
         if not self.bits or any(c < 1 for c in self.bits):
             raise ValueError(f"bits must be integers >= 1, got {list(self.bits)}")
 
 
-def run_more_bits(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
+def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
     """Harvest one layer, train one BAE per C, evaluate; writes ``more_bits.md``,
     ``more_bits.json`` and ``more_bits.png``."""
-    from sae_lens_bae.activations import harvest_layer
-    from sae_lens_bae.plots import plot_more_bits
-    from sae_lens_bae.training import train_sae
-
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch("more-bits")
@@ -72,6 +92,7 @@ def run_more_bits(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
         context_size=cfg.context_size,
         max_sequences=cfg.max_sequences,
         device=cfg.device,
+        progress=progress,
     )
     watch.lap("harvest")
     train, test = data.train[data.hook], data.test[data.hook]
@@ -109,11 +130,10 @@ def run_more_bits(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
         stats.pop("firing_rates")
         rows.append({"bits": c, "code_bits": c * sae.cfg.d_sae, "magnitude": magnitude, **stats})
         watch.lap(f"C = {c}")
-    if cfg.comsem is not None:
-        from sae_lens_bae.comsem import comsem_columns
-
+    if cfg.comsem_llm is not None:
+        client = ClientConfig(model=cfg.comsem_llm, base_url=cfg.comsem_base_url)
         by_name = {f"C={row['bits']}": row for row in rows}
-        comsem_columns(records, data.tokenizer, cfg.comsem, by_name, out / "comsem",
+        comsem_columns(records, data.tokenizer, client, by_name, out / "comsem",
                        cfg.comsem_max_features, progress)  # fmt: skip
         watch.lap("comsem")
     summary = {
@@ -138,9 +158,7 @@ def run_more_bits(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
         ("dense", lambda r: str(r["dense"])),
         ("L0", lambda r: cell(r["l0"], ".1f")),
     ]
-    if cfg.comsem is not None:
-        from sae_lens_bae.comsem import COMSEM_COLUMNS
-
+    if cfg.comsem_llm is not None:
         columns += [
             (title, lambda r, key=key, spec=spec: cell(r[key], spec))
             for key, title, spec in COMSEM_COLUMNS
@@ -154,3 +172,18 @@ def run_more_bits(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
     (out / "more_bits.md").write_text(header + markdown_table(rows, columns))
     watch.lap("report")
     return summary
+
+
+def plot_more_bits(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Reconstruction loss and activated features against C, the code bits per feature."""
+    bits = [row["bits"] for row in rows]
+    fig, (left, right) = subplots(1, 2, figsize=(9, 3.8))
+    left.plot(bits, [row["reconstruction_loss"] for row in rows], "o-")
+    left.set(xlabel="C (bits per feature)", ylabel="held-out reconstruction loss", xticks=bits)
+    right.plot(bits, [row["activated"] for row in rows], "o-", label="activated")
+    if all(row.get("comsem_interpretable") is not None for row in rows):
+        right.plot(bits, [row["comsem_interpretable"] for row in rows], "s--", label="FI (ComSem)")
+    right.set(xlabel="C (bits per feature)", ylabel="features", xticks=bits)
+    right.legend(fontsize=8)
+    fig.suptitle(title)
+    return save_figure(fig, path)

@@ -1,4 +1,4 @@
-"""Synthetic directional benchmark: hidden states whose entropy is known exactly.
+"""``bae bench synthetic``: hidden states whose entropy is known exactly, and BAEs' estimates.
 
 Sample an orthonormal basis M in R^{r x d} and independent fair bits c in {0,1}^r; the instances
 c M take 2^r equally likely values, so their entropy is exactly r bits. A BAE trained with the
@@ -8,17 +8,31 @@ BAE of one (expansion, objective) cell is trained in one ``StackedBAE``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from sae_lens_bae.entropy.cells import EntropyRecipe, estimate_entropies
+from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
+from sae_lens_bae.plots import legend_marker, save_figure, subplots
 from sae_lens_bae.reports import write_json
 
-__all__ = ["PRESETS", "SyntheticPreset", "directional_data", "passes_bar", "run_synthetic"]
+__all__ = [
+    "PRESETS",
+    "REPORT",
+    "SyntheticConfig",
+    "SyntheticPreset",
+    "directional_data",
+    "passes_bar",
+    "run",
+    "run_preset",
+]
+
+REPORT = "synthetic.md"
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,44 @@ PRESETS: dict[str, SyntheticPreset] = {
 }
 
 
+@dataclass
+class SyntheticConfig:
+    """What ``bae bench synthetic`` runs: a preset, optionally with parts of its grid replaced."""
+
+    preset: Literal["cpu", "paper", "test"] = "cpu"
+    """cpu (a 2-core machine, about 16 minutes), paper (d = 2048, for a GPU) or test (seconds)."""
+    steps: int | None = None
+    """Training steps of every BAE (default: the preset's)."""
+    ranks: Sequence[int] | None = None
+    """Ranks r (bits of the data), e.g. 0,8,64 (default: the preset's)."""
+    expansions: Sequence[int] | None = None
+    """Expansion rates d_sae / d, e.g. 4 (default: the preset's)."""
+    seeds: Sequence[int] | None = None
+    """Seeds, e.g. 0,1 (default: the preset's)."""
+    device: str = "cpu"
+    """Torch device (the paper preset wants a GPU)."""
+    out: Path = Path("runs/synthetic")
+    """Folder for the JSON, the table and the plots."""
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; choose from {sorted(PRESETS)}")
+        chosen = self.grid()
+        if max(chosen.ranks) > chosen.d:
+            raise ValueError(f"ranks go up to d = {chosen.d} for preset {self.preset!r}")
+
+    def grid(self) -> SyntheticPreset:
+        """The preset with this config's replacements."""
+        chosen = PRESETS[self.preset]
+        if self.steps is not None:
+            chosen = replace(chosen, recipe=replace(chosen.recipe, steps=self.steps))
+        for name in ("ranks", "expansions", "seeds"):
+            values = getattr(self, name)
+            if values is not None:
+                chosen = replace(chosen, **{name: tuple(values)})
+        return chosen
+
+
 def directional_data(r: int, d: int, n_train: int, n_test: int, seed: int) -> tuple[Tensor, Tensor]:
     """Train and test instances c M of one basis M (orthonormal rows), c uniform on {0,1}^r."""
     if r > d:
@@ -90,7 +142,15 @@ def tolerance(r: int) -> float:
     return max(1.0, 0.1 * r)
 
 
-def run_synthetic(
+def run(cfg: SyntheticConfig, progress: bool = True) -> dict[str, Any]:
+    """Run the config's grid and write ``synthetic.json``/``.md`` and the plots to ``cfg.out``;
+    returns the JSON summary (preset, one row per BAE, the accuracy bar's verdict)."""
+    preset = cfg.grid()
+    rows = run_preset(preset, cfg.out, progress=progress, device=cfg.device)
+    return summarise(preset, rows)
+
+
+def run_preset(
     preset: SyntheticPreset,
     out_dir: str | Path | None = None,
     progress: bool = True,
@@ -167,17 +227,23 @@ def passes_bar(rows: list[dict[str, Any]], min_seeds: int = 2) -> dict[str, Any]
     return verdict
 
 
+def summarise(preset: SyntheticPreset, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``synthetic.json`` holds: the preset, the rows and ``passes_bar``'s verdict, a cell
+    passing on 2 seeds (1 for a one-seed grid)."""
+    verdict = passes_bar(rows, min_seeds=min(2, len(preset.seeds)))
+    return {"preset": asdict(preset), "results": rows, "bar": verdict}
+
+
 def _write_outputs(
     preset: SyntheticPreset,
     rows: list[dict[str, Any]],
     dynamics: dict[str, dict[str, list[float]]],
     out: Path,
 ) -> None:
-    from sae_lens_bae.plots import plot_synthetic_dynamics, plot_synthetic_scatter
-
     out.mkdir(parents=True, exist_ok=True)
-    verdict = passes_bar(rows, min_seeds=min(2, len(preset.seeds)))
-    write_json(out / "synthetic.json", {"preset": asdict(preset), "results": rows, "bar": verdict})
+    summary = summarise(preset, rows)
+    verdict = summary["bar"]
+    write_json(out / "synthetic.json", summary)
     plot_synthetic_scatter(rows, out / "synthetic_entropy.png")
     plot_synthetic_dynamics(dynamics, out / "synthetic_dynamics.png")
     lines = [
@@ -203,3 +269,69 @@ def _write_outputs(
         f"seeds): {verdict['ablation_ok']}; on every seed: {verdict['ablation_all_seeds']}"
     )
     (out / "synthetic.md").write_text("\n".join(lines) + "\n")
+
+
+def plot_synthetic_scatter(rows: list[dict], path: str | Path) -> Path:
+    """True entropy r against the BAE estimate: colour = with/without the entropy objective,
+    marker = expansion rate, opacity = held-out reconstruction (faint = poor), diagonal drawn."""
+    fig, ax = subplots(figsize=(6.5, 5.5))
+    markers = {2: "o", 4: "s", 8: "^"}
+    colors = {True: "tab:blue", False: "tab:red"}
+    for row in rows:
+        error = row["relative_error"]
+        alpha = 1.0 if error is None else float(np.clip(1.0 - 20 * error, 0.15, 1.0))
+        ax.scatter(
+            row["r"],
+            row["estimate_bits"],
+            marker=markers.get(row["expansion"], "D"),
+            color=colors[row["objective"]],
+            alpha=alpha,
+            s=40,
+        )
+    top = max(max(r["r"] for r in rows), max(r["estimate_bits"] for r in rows)) * 1.1 + 1
+    ax.plot([0, top], [0, top], "k--", linewidth=1, label="estimate = r")
+    ax.set(
+        xscale="symlog",
+        yscale="symlog",
+        xlabel="true entropy r (bits)",
+        ylabel="estimated entropy (bits)",
+        title="Synthetic directional benchmark",
+    )
+    handles = [
+        legend_marker(label, color=c)
+        for c, label in ((colors[True], "with entropy objective"), (colors[False], "a_e = a_c = 0"))
+    ] + [
+        legend_marker(f"{e}x expansion", color="gray", marker=m)
+        for e, m in markers.items()
+        if any(row["expansion"] == e for row in rows)
+    ]
+    ax.legend(handles=[*handles, ax.get_lines()[0]], fontsize=8, loc="upper left")
+    ax.text(
+        0.98,
+        0.02,
+        "opacity: held-out reconstruction (faint = worse)",
+        transform=ax.transAxes,
+        ha="right",
+        fontsize=7,
+    )
+    return save_figure(fig, path)
+
+
+def plot_synthetic_dynamics(
+    histories: Mapping[str, dict[str, list[float]]], path: str | Path
+) -> Path:
+    """Per training step: reconstruction loss against minibatch code entropy."""
+    fig, ax = subplots(figsize=(6.5, 4.5))
+    for label, history in histories.items():
+        ax.plot(
+            history["batch_entropy_bits"], history["reconstruction_loss"], label=label, alpha=0.8
+        )
+        ax.scatter(history["batch_entropy_bits"][-1], history["reconstruction_loss"][-1], s=25)
+    ax.set(
+        xlabel="minibatch code entropy (bits)",
+        ylabel="reconstruction loss",
+        yscale="log",
+        title="Training dynamics (largest r; dot = end of training)",
+    )
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)

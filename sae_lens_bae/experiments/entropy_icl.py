@@ -1,5 +1,4 @@
-"""Entropy of the last-token hidden state as in-context demonstrations are added
-(``bae entropy icl``).
+"""``bae entropy icl``: entropy of the last-token state as in-context demonstrations are added.
 
 Each prompt is k demonstrations ``sentence: <x> sentiment: <label>`` (drawn at random per prompt,
 each with its own label) followed by the query ``sentence: <q> sentiment:``. The same queries are
@@ -18,86 +17,25 @@ from typing import Any
 
 import torch
 from transformer_lens import HookedTransformer
-from transformers import PreTrainedTokenizerBase
 
-from sae_lens_bae.activations import check_layers
-from sae_lens_bae.entropy.cells import (
-    CELL_COLUMNS,
-    TRACING_RECIPE,
-    EntropyRecipe,
-    estimate_entropies,
+from sae_lens_bae.activations import check_layers, gather_states
+from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
+from sae_lens_bae.entropy.cells import CELL_COLUMNS
+from sae_lens_bae.experiments.common import recipe_field
+from sae_lens_bae.models import load_model
+from sae_lens_bae.plots import plot_entropy_curves
+from sae_lens_bae.prompts import (
+    ICLTemplate,
+    build_icl_prompts,
+    encode_prompts,
+    first_token_ids,
+    load_icl_pairs,
 )
-from sae_lens_bae.entropy.states import first_token_ids, gather_states
 from sae_lens_bae.reports import markdown_table, write_json
 
-__all__ = [
-    "ICLTemplate",
-    "ICLTracingConfig",
-    "build_icl_prompts",
-    "encode_prompts",
-    "load_icl_pairs",
-    "run_icl_tracing",
-    "trace_icl",
-]
+__all__ = ["REPORT", "ICLTracingConfig", "run", "trace_icl"]
 
-
-@dataclass(frozen=True)
-class ICLTemplate:
-    """How demonstrations and the query are written; ``{sentence}`` and ``{label}`` are filled."""
-
-    demonstration: str = "sentence: {sentence} sentiment: {label}\n"
-    query: str = "sentence: {sentence} sentiment:"
-
-    def __post_init__(self) -> None:
-        for name in ("demonstration", "query"):
-            if "{sentence}" not in getattr(self, name):
-                raise ValueError(f"The {name} template must contain {{sentence}}")
-        if "{label}" not in self.demonstration or "{label}" in self.query:
-            raise ValueError("Only the demonstration template holds {label} (the query asks it)")
-
-
-def build_icl_prompts(
-    pairs: Sequence[tuple[str, str]],
-    shots: int,
-    n_prompts: int,
-    *,
-    template: ICLTemplate | None = None,
-    seed: int = 0,
-) -> list[tuple[str, str]]:
-    """``n_prompts`` (prompt, query label) pairs with ``shots`` demonstrations each.
-
-    Queries are ``pairs[:n_prompts]`` (the same for every ``shots``), demonstrations are drawn
-    without replacement from the remaining pairs, independently per prompt.
-    """
-    template = template or ICLTemplate()
-    if n_prompts < 1 or shots < 0:
-        raise ValueError(f"Need n_prompts >= 1 and shots >= 0, got {n_prompts} and {shots}")
-    pool = list(pairs[n_prompts:])
-    if len(pairs) < n_prompts or (shots and len(pool) < shots):
-        raise ValueError(
-            f"{len(pairs)} labelled sentences cannot give {n_prompts} queries plus {shots} "
-            "demonstrations each; use fewer prompts or a larger set"
-        )
-    rng = random.Random(seed * 1000 + shots)
-    prompts = []
-    for sentence, label in pairs[:n_prompts]:
-        demos = rng.sample(pool, shots)
-        text = "".join(template.demonstration.format(sentence=x, label=y) for x, y in demos)
-        prompts.append((text + template.query.format(sentence=sentence), label))
-    return prompts
-
-
-def encode_prompts(
-    prompts: Sequence[str], tokenizer: PreTrainedTokenizerBase
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """BOS + prompt ids, right-padded with BOS, and each row's last real position ([n, 1])."""
-    bos = tokenizer.bos_token_id
-    if bos is None:
-        raise ValueError("ICL tracing needs a tokenizer with a bos_token")
-    rows = [[bos, *tokenizer(p, add_special_tokens=False)["input_ids"]] for p in prompts]
-    width = max(len(r) for r in rows)
-    tokens = torch.tensor([r + [bos] * (width - len(r)) for r in rows], dtype=torch.long)
-    return tokens, torch.tensor([[len(r) - 1] for r in rows])
+REPORT = "icl.md"
 
 
 def trace_icl(
@@ -162,50 +100,53 @@ class ICLTracingConfig:
     """What ``bae entropy icl`` runs; the defaults are the reduced grid for a 2-core CPU."""
 
     dataset: str
+    """Labelled sentences: TSV/CSV/JSONL, a folder (SST-2's <split>.tsv, MR's <label>.txt) or
+    an HF name."""
     model: str = "smollm2-135m"
+    """Embedded name, local HF directory or TransformerLens name."""
     split: str = "train"
+    """Split file (<split>.tsv) or HF split."""
     text_column: str | None = None
+    """Text column (default: the first of text, sentence, content, document, review)."""
     label_column: str = "label"
+    """Label column."""
     label_words: dict[str, str] | None = None
+    """label=word pairs, e.g. 0=terrible,1=great (default: 0/neg negative, 1/pos positive)."""
     layers: Sequence[int] = (5, 15, 25)
+    """Layers traced."""
     shots: Sequence[int] = (0, 1, 2, 4, 8)
+    """Numbers of demonstrations k."""
     n_prompts: int = 512
-    max_sentence_words: int | None = 24
+    """Queries (the same for every k)."""
+    max_sentence_words: int = 24
+    """Longer sentences are skipped; 0 keeps all."""
     template: ICLTemplate = field(default_factory=ICLTemplate)
+    """How demonstrations and the query are written."""
     hook: str = "hook_resid_post"
-    recipe: EntropyRecipe = TRACING_RECIPE
+    """Hook point inside each block."""
+    recipe: EntropyRecipe = recipe_field(TRACING_RECIPE)
+    """How each cell's BAE is trained."""
     batch_size: int = 16
+    """Prompts per forward pass."""
     device: str = "cpu"
+    """Torch device."""
     seed: int = 0
+    """Seed of the prompts and the BAEs."""
     out: Path = Path("runs/entropy_icl")
+    """Folder for the JSON, the tables and the plot."""
 
 
-def load_icl_pairs(cfg: Any) -> list[tuple[str, str]]:
-    """The (sentence, label word) pairs a config names through its ``dataset``, ``split``,
-    ``text_column``, ``label_column``, ``label_words`` and ``max_sentence_words`` fields (ICL
-    tracing's and steering's configs both have them)."""
-    from sae_lens_bae.data import load_labelled_sentences
-
-    pairs = load_labelled_sentences(
+def run(cfg: ICLTracingConfig, progress: bool = True) -> dict[str, Any]:
+    """Load model and sentences, trace, and write ``icl.json``, ``icl.md`` and ``icl.png``;
+    returns the JSON summary (accuracy per k, one row per cell)."""
+    pairs = load_icl_pairs(
         cfg.dataset,
         split=cfg.split,
         text_column=cfg.text_column,
         label_column=cfg.label_column,
         label_words=cfg.label_words,
+        max_sentence_words=cfg.max_sentence_words,
     )
-    if cfg.max_sentence_words is not None:  # long reviews would make 8-shot prompts very long
-        pairs = [p for p in pairs if len(p[0].split()) <= cfg.max_sentence_words]
-    return pairs
-
-
-def run_icl_tracing(
-    cfg: ICLTracingConfig, progress: bool = True
-) -> tuple[list[dict[str, Any]], dict[int, float]]:
-    """Load model and sentences, trace, and write ``icl.json``, ``icl.md`` and ``icl.png``."""
-    from sae_lens_bae.models import load_model
-    from sae_lens_bae.plots import plot_entropy_by_layer
-
-    pairs = load_icl_pairs(cfg)
     model = load_model(cfg.model, device=cfg.device)
     check_layers(model, cfg.layers)
     rows, accuracy = trace_icl(
@@ -223,8 +164,17 @@ def run_icl_tracing(
     )
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "icl.json", {"config": asdict(cfg), "accuracy": accuracy, "cells": rows})
-    plot_entropy_by_layer(rows, out / "icl.png", title=f"{cfg.model}: last-token entropy")
+    summary = {"config": asdict(cfg), "accuracy": accuracy, "cells": rows}
+    write_json(out / "icl.json", summary)
+    plot_entropy_curves(
+        rows,
+        out / "icl.png",
+        x="layer",
+        curve="shots",
+        xlabel="layer",
+        curve_label="k =",
+        title=f"{cfg.model}: last-token entropy with k demonstrations",
+    )
     accuracies = [{"k": k, "accuracy": acc} for k, acc in accuracy.items()]
     table = markdown_table(
         accuracies,
@@ -239,4 +189,4 @@ def run_icl_tracing(
         ],
     )
     (out / "icl.md").write_text(table)
-    return rows, accuracy
+    return summary

@@ -8,6 +8,7 @@ tokenised dataset and stores, per shard, the token ids and the activations of ev
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,53 +17,19 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-__all__ = [
-    "ActivationCache",
-    "LayerActivations",
-    "check_hooks",
-    "check_layers",
-    "drop_outliers",
-    "harvest_activations",
-    "harvest_layer",
-    "norm_scale",
-    "outlier_mask",
-]
+from sae_lens_bae.activations.hooks import check_hooks, stop_layer
+
+__all__ = ["META_FILE", "ActivationCache", "harvest_activations"]
 
 META_FILE = "activations.json"
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-def check_hooks(model: HookedTransformer, hooks: Sequence[str]) -> None:
-    unknown = [h for h in hooks if h not in model.hook_dict]
-    if unknown:
-        import difflib
-
-        hints = {h: difflib.get_close_matches(h, model.hook_dict, n=3) for h in unknown}
-        raise ValueError(
-            f"Unknown hook name(s) {unknown} for this model ({model.cfg.n_layers} layers). "
-            f"Closest names: {hints}. Hook names look like 'blocks.3.hook_resid_post'."
-        )
-
-
-def check_layers(model: HookedTransformer, layers: Sequence[int]) -> None:
-    """Fail before any work if a requested layer index is outside the model."""
-    bad = [layer for layer in layers if not 0 <= layer < model.cfg.n_layers]
-    if bad:
-        raise ValueError(
-            f"Layers {bad} do not exist: the model has layers 0..{model.cfg.n_layers - 1}"
-        )
-
-
-def _layer_of(hook: str) -> int | None:
-    parts = hook.split(".")
-    return int(parts[1]) if parts[0] == "blocks" and len(parts) > 1 and parts[1].isdigit() else None
 
 
 @dataclass
@@ -172,8 +139,7 @@ def harvest_activations(
     if {k: meta.get(k) for k in request} != request:
         meta = {**request, "n_shards_done": 0, "complete": False}  # a different request: restart
     meta_path.write_text(json.dumps(meta, indent=2))
-    layers = [_layer_of(h) for h in hooks]
-    stop_at = None if None in layers else max(layers) + 1  # type: ignore[type-var]
+    stop_at = stop_layer(hooks)
     first = 1 if drop_bos else 0
     store_dtype = _DTYPES[dtype]
     done = min(meta["n_shards_done"] * shard_sequences, n_seq)
@@ -211,125 +177,4 @@ def harvest_activations(
 
 
 def _fingerprint(tokens: Tensor) -> str:
-    import hashlib
-
     return hashlib.sha256(tokens.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
-
-
-def outlier_mask(
-    activations: Float[Tensor, "n d"], max_norm_ratio: float | None = 10.0
-) -> Bool[Tensor, " n"]:
-    """True for the rows to keep: norm at most ``max_norm_ratio`` x the median norm (all rows
-    when ``max_norm_ratio`` is None). A mask, so paired sets (a transcoder's input and target)
-    can drop the same rows."""
-    if max_norm_ratio is None:
-        return torch.ones(activations.shape[0], dtype=torch.bool)
-    norms = activations.float().norm(dim=-1)
-    return norms <= max_norm_ratio * norms.median()
-
-
-def drop_outliers(
-    activations: Float[Tensor, "n d"], max_norm_ratio: float | None = 10.0
-) -> tuple[Float[Tensor, "m d"], int]:
-    """Drop rows whose norm exceeds ``max_norm_ratio`` x the median norm; return (kept, dropped).
-
-    LLMs put "massive activations" (norms thousands of times the median) on attention-sink tokens,
-    e.g. the first token after BOS. A handful of them would dominate any squared-error objective.
-    """
-    keep = outlier_mask(activations, max_norm_ratio)
-    return activations[keep], int((~keep).sum())
-
-
-def norm_scale(acts: Float[Tensor, "n d"]) -> float:
-    """sqrt(d) / mean norm: the factor that gives ``acts`` a mean norm of sqrt(d), as SAELens'
-    ``expected_average_only_in`` would. Every command here scales states by it once, for all
-    the models it trains, so their losses share one unit."""
-    return acts.shape[1] ** 0.5 / acts.norm(dim=-1).mean().item()
-
-
-@dataclass
-class LayerActivations:
-    """One layer's activations over a text source, ready for training and held-out evaluation.
-
-    Rows are tokens (BOS dropped, outliers by norm dropped), split by *sequence* into training
-    and held-out rows, every hook scaled once by sqrt(d) / (mean training norm) as SAELens'
-    ``expected_average_only_in`` would (``scales[hook]``), so that models trained on them share
-    one loss unit. ``positions``/``token_ids`` locate the held-out rows in ``sequences``.
-    """
-
-    hook: str
-    train: dict[str, Tensor]
-    test: dict[str, Tensor]
-    scales: dict[str, float]
-    positions: Tensor
-    token_ids: Tensor
-    sequences: Tensor
-    tokenizer: Any
-    model: str
-    dataset: str
-    outliers_dropped: int
-
-
-def harvest_layer(
-    model_name: str,
-    dataset: str | None,
-    layer: int | None,
-    out_dir: str | Path,
-    *,
-    extra_hooks: Sequence[str] = (),
-    text_column: str | None = None,
-    context_size: int = 128,
-    max_sequences: int | None = 1536,
-    held_out_fraction: float = 0.1,
-    outlier_norm_ratio: float = 10.0,
-    device: str = "cpu",
-) -> LayerActivations:
-    """Load the model and the text (``None``: the embedded corpus), harvest
-    ``blocks.{layer}.hook_resid_post`` (``None``: the middle layer) and ``extra_hooks`` (names
-    inside that layer after ``blocks.{layer}.``) once, then drop, scale and split."""
-    from sae_lens_bae.data import default_corpus, load_token_dataset
-    from sae_lens_bae.models import load_model
-
-    if not 0.0 < held_out_fraction < 1.0:
-        raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
-    model = load_model(model_name, device=device)
-    layer = model.cfg.n_layers // 2 if layer is None else layer
-    check_layers(model, [layer])
-    hook = f"blocks.{layer}.hook_resid_post"
-    hooks = [hook, *[f"blocks.{layer}.{name}" for name in extra_hooks]]
-    check_hooks(model, hooks)
-    source = dataset if dataset is not None else str(default_corpus())
-    tokens = load_token_dataset(
-        source, model.tokenizer, context_size, text_column=text_column, max_sequences=max_sequences
-    )
-    cache = harvest_activations(model, tokens, hooks, Path(out_dir), batch_size=8)
-    tokenizer = model.tokenizer
-    del model
-
-    n_seq = cache.meta["n_sequences"]
-    n_train_seq = n_seq - max(1, round(held_out_fraction * n_seq))
-    acts = {h: cache.activations(h) for h in hooks}
-    per_seq = acts[hook].shape[0] // n_seq
-    keep = outlier_mask(acts[hook], outlier_norm_ratio)  # the same rows of every hook
-    n_train = int(keep[: n_train_seq * per_seq].sum())
-    positions = cache.token_positions()[keep]
-    sequences = cache.tokens()
-    token_ids = sequences[positions[:, 0], positions[:, 1]]
-    train, test, scales = {}, {}, {}
-    for h in hooks:
-        kept = acts[h][keep]
-        scales[h] = norm_scale(kept[:n_train])
-        train[h], test[h] = kept[:n_train] * scales[h], kept[n_train:] * scales[h]
-    return LayerActivations(
-        hook=hook,
-        train=train,
-        test=test,
-        scales=scales,
-        positions=positions[n_train:],
-        token_ids=token_ids[n_train:],
-        sequences=sequences,
-        tokenizer=tokenizer,
-        model=model_name,
-        dataset=source,
-        outliers_dropped=int((~keep).sum()),
-    )

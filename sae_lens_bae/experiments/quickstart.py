@@ -1,4 +1,4 @@
-"""The quickstart: from nothing to a trained BAE and a SAELens topk baseline on a real LLM.
+"""``bae quickstart``: a BAE and a SAELens topk SAE trained on a real LLM's middle layer.
 
 Loads the embedded SmolLM2-135M, harvests the residual stream of its middle layer on the embedded
 Lee news corpus, trains a BAE and a topk SAE on the same cached activations with SAELens'
@@ -24,7 +24,10 @@ from sae_lens_bae.reports import Stopwatch, write_json
 from sae_lens_bae.saes.bae import SHORT_RUN_LR, BAETrainingSAEConfig, short_run_config
 from sae_lens_bae.training import TrainingRun, train_sae
 
-__all__ = ["QuickstartConfig", "run_quickstart"]
+__all__ = ["REPORT", "QuickstartConfig", "run"]
+
+REPORT = None
+"""No report is echoed by the CLI: ``report.md`` holds pictures; its path is printed instead."""
 
 
 @dataclass
@@ -32,23 +35,41 @@ class QuickstartConfig:
     """What the quickstart runs; the defaults finish in under 15 minutes on 2 CPU cores."""
 
     out: Path = Path("runs/quickstart")
+    """Report folder."""
     model: str = "smollm2-135m"
-    layer: int | None = None  # None: the middle layer
-    corpus: str | None = None  # None: the embedded Lee corpus (gensim's test data)
+    """Embedded name, local HF directory or TransformerLens name."""
+    layer: int | None = None
+    """Layer whose hook_resid_post is read (default: the middle layer)."""
+    corpus: str | None = None
+    """Text file, folder or HF dataset (default: the embedded Lee corpus, gensim's test data)."""
     text_column: str | None = None
+    """Text column of a table/JSONL corpus."""
     context_size: int = 128
+    """Tokens per harvested sequence."""
     max_sequences: int | None = None
+    """Cap on harvested sequences (default: the whole corpus)."""
     held_out_fraction: float = 0.1
+    """Fraction of sequences held out for evaluation."""
     expansion: int = 4
+    """d_sae / d_in of both models."""
     steps: int = 1000
+    """Training steps per model."""
     batch_size: int = 512
+    """Activations per training step."""
     bae_lr: float = SHORT_RUN_LR
+    """Adam learning rate of the BAE."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
+    """BAE config fields that replace the short-run recipe's, e.g. entropy_coefficient=1e-6."""
     topk_lr: float = 5e-4
-    topk_k: int = 100  # SAELens' default k
+    """Adam learning rate of the topk SAE."""
+    topk_k: int = 100
+    """k of the topk SAE (SAELens' default)."""
     outlier_norm_ratio: float = 10.0
+    """Activations with a norm above this times the median are dropped (attention sinks)."""
     device: str = "cpu"
+    """Torch device."""
     seed: int = 0
+    """Seed of the models' initialisation and data order."""
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -67,9 +88,8 @@ def _bae_config(d_in: int, cfg: QuickstartConfig) -> BAETrainingSAEConfig:
     )
 
 
-def run_quickstart(cfg: QuickstartConfig | None = None) -> Path:
-    """Run the whole pipeline and return the report folder."""
-    cfg = cfg or QuickstartConfig()
+def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
+    """Run the whole pipeline, write the report folder and return the summary."""
     out = cfg.out
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch("quickstart")
@@ -88,7 +108,9 @@ def run_quickstart(cfg: QuickstartConfig | None = None) -> Path:
         text_column=cfg.text_column,
         max_sequences=cfg.max_sequences,
     )
-    cache = harvest_activations(model, dataset, [hook], out / "activations", batch_size=8)
+    cache = harvest_activations(
+        model, dataset, [hook], out / "activations", batch_size=8, progress=progress
+    )
     del model
     n_seq = cache.meta["n_sequences"]
     n_held_out = max(1, round(cfg.held_out_fraction * n_seq))
@@ -158,7 +180,7 @@ def run_quickstart(cfg: QuickstartConfig | None = None) -> Path:
     write_json(out / "metrics.json", summary)
     (out / "report.md").write_text(_report(summary))
     print(f"[quickstart] report written to {out / 'report.md'}")
-    return out
+    return summary
 
 
 def _report(summary: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from torch import Tensor
 from tqdm.auto import trange
 
 from sae_lens_bae.losses import reconstruction_loss
-from sae_lens_bae.training import activation_batches
+from sae_lens_bae.training.trainer import activation_batches
 
 __all__ = ["train_transcoder"]
 

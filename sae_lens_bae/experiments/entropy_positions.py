@@ -1,4 +1,4 @@
-"""Entropy of an LLM's hidden states by token position and layer (``bae entropy positions``).
+"""``bae entropy positions``: entropy of an LLM's hidden states by token position and layer.
 
 Take N windows of BOS + 2^K tokens from documents, the hidden states at positions 2^0 ... 2^K
 (position p has p tokens of context after the BOS) at chosen layers, and estimate each
@@ -17,17 +17,18 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from sae_lens_bae.activations import check_layers
-from sae_lens_bae.entropy.cells import (
-    CELL_COLUMNS,
-    TRACING_RECIPE,
-    EntropyRecipe,
-    estimate_entropies,
-)
-from sae_lens_bae.entropy.states import gather_states
+from sae_lens_bae.activations import check_layers, gather_states
+from sae_lens_bae.data import default_corpus, document_windows, iter_texts
+from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
+from sae_lens_bae.entropy.cells import CELL_COLUMNS
+from sae_lens_bae.experiments.common import recipe_field
+from sae_lens_bae.models import load_model
+from sae_lens_bae.plots import plot_entropy_curves
 from sae_lens_bae.reports import markdown_table, write_json
 
-__all__ = ["PositionTracingConfig", "trace_positions", "run_position_tracing"]
+__all__ = ["REPORT", "PositionTracingConfig", "run", "trace_positions"]
+
+REPORT = "positions.md"
 
 _CELL_KEYS = [
     ("layer", lambda row: str(row["layer"])),
@@ -40,17 +41,29 @@ class PositionTracingConfig:
     """What ``bae entropy positions`` runs; the defaults are the reduced grid for a 2-core CPU."""
 
     model: str = "smollm2-135m"
-    dataset: str | None = None  # default: the embedded corpus
+    """Embedded name, local HF directory or TransformerLens name."""
+    dataset: str | None = None
+    """Text file, folder or HF dataset (default: the embedded corpus)."""
     text_column: str | None = None
+    """Text column of a table/JSONL dataset."""
     layers: Sequence[int] = (5, 15, 25)
+    """Layers traced."""
     hook: str = "hook_resid_post"
+    """Hook point inside each block."""
     max_log2_position: int = 6
+    """K: positions 2^0 .. 2^K."""
     n_sequences: int = 2048
-    recipe: EntropyRecipe = TRACING_RECIPE
+    """Document windows of 2^K tokens (the states of each cell)."""
+    recipe: EntropyRecipe = recipe_field(TRACING_RECIPE)
+    """How each cell's BAE is trained."""
     batch_size: int = 32
+    """Sequences per forward pass."""
     device: str = "cpu"
+    """Torch device."""
     seed: int = 0
+    """Seed of the BAEs."""
     out: Path = Path("runs/entropy_positions")
+    """Folder for the JSON, the table and the plot."""
 
 
 def trace_positions(
@@ -90,13 +103,9 @@ def trace_positions(
     ]
 
 
-def run_position_tracing(cfg: PositionTracingConfig, progress: bool = True) -> list[dict[str, Any]]:
+def run(cfg: PositionTracingConfig, progress: bool = True) -> dict[str, Any]:
     """Load the model and text, trace, and write ``positions.json``, ``positions.md`` and
-    ``positions.png`` to ``cfg.out``."""
-    from sae_lens_bae.data import default_corpus, document_windows, iter_texts
-    from sae_lens_bae.models import load_model
-    from sae_lens_bae.plots import plot_entropy_by_position
-
+    ``positions.png`` to ``cfg.out``; returns the JSON summary."""
     model = load_model(cfg.model, device=cfg.device)
     check_layers(model, cfg.layers)
     source = cfg.dataset if cfg.dataset is not None else default_corpus()
@@ -122,8 +131,18 @@ def run_position_tracing(cfg: PositionTracingConfig, progress: bool = True) -> l
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {**asdict(cfg), "dataset": str(source), "n_sequences_used": int(tokens.shape[0])}
-    write_json(out / "positions.json", {"config": config, "cells": rows})
-    plot_entropy_by_position(rows, out / "positions.png", title=f"{cfg.model}, {cfg.hook}")
+    summary = {"config": config, "cells": rows}
+    write_json(out / "positions.json", summary)
+    plot_entropy_curves(
+        rows,
+        out / "positions.png",
+        x="position",
+        curve="layer",
+        xlabel="token position (tokens after BOS)",
+        curve_label="layer",
+        title=f"{cfg.model}, {cfg.hook}: hidden-state entropy by position",
+        log2_x=True,
+    )
     table = markdown_table(rows, [*_CELL_KEYS, *CELL_COLUMNS])
     (out / "positions.md").write_text(table)
-    return rows
+    return summary

@@ -21,17 +21,15 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from tqdm.auto import trange
 
-from sae_lens_bae.losses import covariance_penalty, minibatch_entropy
+from sae_lens_bae.losses import bae_objective
 from sae_lens_bae.saes.bae import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
     BAETrainingSAE,
     BAETrainingSAEConfig,
-    bits_to_values,
-    step,
-    update_running_mean,
 )
-from sae_lens_bae.training import activation_batches
+from sae_lens_bae.saes.binary import bits_to_values, step, update_running_mean
+from sae_lens_bae.training.trainer import activation_batches
 
 __all__ = ["StackedBAE", "train_stacked_baes"]
 
@@ -77,29 +75,24 @@ class StackedBAE(nn.Module):
         return pre if self.b_enc is None else pre + self.b_enc.unsqueeze(1)
 
     def losses(self, x: Float[Tensor, "G batch d_in"], n_training_steps: int) -> dict[str, Tensor]:
-        """Per-BAE reconstruction, entropy and covariance losses (each of shape [G])."""
+        """Per-BAE loss terms of ``bae_objective`` (each of shape [G]); updates the running mean
+        codes, as one BAE's training step does."""
         cfg = self.cfg
         bits = step(self.hidden_pre(x), cfg.surrogate, cfg.surrogate_temperature)
         out = torch.bmm(bits_to_values(bits, cfg.bits), self.W_dec) + self.b_dec.unsqueeze(1)
-        reconstruction = (out - x.to(out.dtype)).pow(2).mean(dim=(1, 2))
-        entropy_bits = minibatch_entropy(bits)
-        entropy_on = n_training_steps >= cfg.resolved_entropy_off_steps()
-        entropy = cfg.entropy_coefficient * entropy_bits if entropy_on else 0 * entropy_bits
-        if cfg.covariance_coefficient > 0:
-            covariance = cfg.covariance_coefficient * covariance_penalty(
-                bits, cfg.covariance_block_size
-            )
-        else:
-            covariance = torch.zeros_like(reconstruction)
+        terms = bae_objective(
+            x,
+            out,
+            bits,
+            entropy_coefficient=cfg.entropy_coefficient,
+            covariance_coefficient=cfg.covariance_coefficient,
+            entropy_on=n_training_steps >= cfg.resolved_entropy_off_steps(),
+            covariance_block_size=cfg.covariance_block_size,
+        )
         update_running_mean(
             self.code_mean, self.code_mean_count, bits.detach().float().mean(1), cfg.code_mean_decay
         )
-        return {
-            "reconstruction_loss": reconstruction,
-            "entropy_loss": entropy,
-            "covariance_loss": covariance,
-            "batch_entropy_bits": entropy_bits.detach(),
-        }
+        return terms
 
     @torch.no_grad()
     def clip_grad_norms_(self, max_norm: float = 1.0) -> Tensor:

@@ -18,29 +18,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int
-from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
-from sae_lens_bae.entropy.icl import (
+from sae_lens_bae.activations import check_layers, norm_scale, prompt_states
+from sae_lens_bae.models import load_model
+from sae_lens_bae.plots import save_figure, subplots
+from sae_lens_bae.prompts import (
     ICLTemplate,
     build_icl_prompts,
     encode_prompts,
+    first_token_ids,
     load_icl_pairs,
 )
-from sae_lens_bae.entropy.states import first_token_ids, gather_states
 from sae_lens_bae.reports import Stopwatch, markdown_table, write_json
-from sae_lens_bae.steering.hooks import steering_hook
-from sae_lens_bae.steering.vectors import mean_difference, task_vector
+from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
+from sae_lens_bae.steering import SteeredClassifier, label_accuracy, mean_difference, task_vector
+from sae_lens_bae.training import TRAINED_BASELINES, baseline_configs, train_sae
 
-__all__ = [
-    "SteerICLConfig",
-    "SteeredClassifier",
-    "label_accuracy",
-    "prompt_states",
-    "run_steer_icl",
-]
+__all__ = ["REPORT", "SteerICLConfig", "plot_steering", "run"]
+
+REPORT = "steer.md"
 
 
 @dataclass
@@ -48,148 +45,80 @@ class SteerICLConfig:
     """What ``bae steer icl`` runs; the defaults fit 30 minutes on a 2-core CPU with SmolLM2."""
 
     dataset: str
+    """Labelled sentences: TSV/CSV/JSONL, a folder (SST-2's <split>.tsv, MR's <label>.txt) or
+    an HF name."""
     model: str = "smollm2-135m"
+    """Embedded name, local HF directory or TransformerLens name."""
     split: str = "train"
+    """Split file (<split>.tsv) or HF split."""
     text_column: str | None = None
+    """Text column (default: the first of text, sentence, content, document, review)."""
     label_column: str = "label"
+    """Label column."""
     label_words: dict[str, str] | None = None
+    """label=word pairs, e.g. 0=negative,1=positive (default: 0/neg negative, 1/pos positive)."""
     layer: int = 15
+    """Layer whose residual stream is steered."""
     hook: str = "hook_resid_post"
+    """Hook point within the layer."""
     shots: int = 8
-    n_vector_prompts: int = 128  # queries whose k-shot / 0-shot states make the vectors
-    n_eval_prompts: int = 256  # held-out 0-shot queries the vectors are tested on
-    max_sentence_words: int | None = 24
+    """Demonstrations in the positive prompts."""
+    n_vector_prompts: int = 128
+    """Queries whose k-shot and 0-shot states make the vectors."""
+    n_eval_prompts: int = 256
+    """Held-out 0-shot queries the vectors are tested on."""
+    max_sentence_words: int = 24
+    """Longer sentences are skipped; 0 keeps all."""
     template: ICLTemplate = field(default_factory=ICLTemplate)
+    """How demonstrations and the query are written."""
     top: int = 256
+    """Features kept in each task vector."""
     baselines: Sequence[str] = ("standard", "topk15")
+    """SAELens baselines whose task vectors are compared (see bae compare)."""
     expansion: int = 4
+    """d_sae / d_in of the BAE and each SAE."""
     steps: int = 1000
+    """Training steps of the BAE and each SAE."""
     batch_size: int = 512
-    lr: float = 5e-4  # the SAEs'; the BAE trains with SHORT_RUN_LR
+    """Activations per training step."""
+    lr: float = 5e-4
+    """Adam learning rate of the SAEs (the BAE trains with SHORT_RUN_LR)."""
     strengths: Sequence[float] = (0.5, 1.0, 2.0, 4.0, 8.0)
+    """Steering strengths swept."""
     normalise: bool = True
+    """Rescale every vector to the mean difference's norm (only the direction differs)."""
     prompt_batch_size: int = 16
+    """Prompts per forward pass."""
     device: str = "cpu"
+    """Torch device."""
     seed: int = 0
+    """Seed of the prompts and the models."""
     out: Path = Path("runs/steer_icl")
+    """Report folder."""
 
-
-@torch.no_grad()
-def label_accuracy(
-    model: HookedTransformer,
-    tokens: Int[Tensor, "n ctx"],
-    last: Int[Tensor, " n"],
-    label_ids: Sequence[int],
-    truth: Int[Tensor, " n"],
-    *,
-    hook_name: str | None = None,
-    vector: Float[Tensor, " d"] | None = None,
-    strength: float = 0.0,
-    batch_size: int = 16,
-) -> float:
-    """Fraction of prompts whose label-word logit at the last real token is the right one,
-    optionally with ``strength * vector`` added at that token of ``hook_name``."""
-    ids = torch.as_tensor(list(label_ids), device=model.cfg.device)
-    correct = 0
-    for start in range(0, tokens.shape[0], batch_size):
-        batch = tokens[start : start + batch_size].to(model.cfg.device)
-        rows_last = last[start : start + batch_size].to(model.cfg.device)
-        hooks = []
-        if vector is not None and strength != 0.0:
-            assert hook_name is not None
-            hooks = [(hook_name, steering_hook(vector, strength, positions=rows_last))]
-        logits = model.run_with_hooks(batch, fwd_hooks=hooks, prepend_bos=False)
-        at_last = logits[torch.arange(batch.shape[0]), rows_last][:, ids]
-        correct += int((at_last.argmax(-1).cpu() == truth[start : start + batch_size]).sum())
-    return correct / tokens.shape[0]
-
-
-class SteeredClassifier:
-    """``label_accuracy`` for many (vector, strength) pairs on the same prompts, steering a hook
-    of block ``layer``: the residual stream entering that block is computed once, and each
-    evaluation runs only blocks ``layer``.. with the steering hook, and reads the label-word
-    logits at the last tokens (never the whole vocabulary)."""
-
-    @torch.no_grad()
-    def __init__(
-        self,
-        model: HookedTransformer,
-        tokens: Int[Tensor, "n ctx"],
-        last: Int[Tensor, " n"],
-        label_ids: Sequence[int],
-        truth: Int[Tensor, " n"],
-        hook_name: str,
-        batch_size: int = 16,
-    ) -> None:
-        from sae_lens_bae.activations import _layer_of, check_hooks
-
-        check_hooks(model, [hook_name])
-        layer = _layer_of(hook_name)
-        if layer is None:
-            raise ValueError(f"{hook_name} is not inside a block (blocks.L....)")
-        self.model, self.layer, self.hook_name, self.truth = model, layer, hook_name, truth
-        self.ids = torch.as_tensor(list(label_ids), device=model.cfg.device)
-        self.batches = []
-        for start in range(0, tokens.shape[0], batch_size):
-            batch = tokens[start : start + batch_size].to(model.cfg.device)
-            resid = model(batch, stop_at_layer=layer, prepend_bos=False)
-            self.batches.append((resid, last[start : start + batch_size].to(model.cfg.device)))
-
-    @torch.no_grad()
-    def accuracy(self, vector: Float[Tensor, " d"] | None = None, strength: float = 0.0) -> float:
-        model, correct, seen = self.model, 0, 0
-        for resid, rows_last in self.batches:
-            hooks = []
-            if vector is not None and strength != 0.0:
-                hooks = [(self.hook_name, steering_hook(vector, strength, positions=rows_last))]
-            final = model.run_with_hooks(
-                resid.clone(),
-                start_at_layer=self.layer,
-                stop_at_layer=model.cfg.n_layers,
-                fwd_hooks=hooks,
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.baselines if b not in TRAINED_BASELINES]
+        if unknown:
+            raise ValueError(
+                f"baselines {unknown}: choose among {', '.join(TRAINED_BASELINES)} (SAEs of the "
+                "steered hook point)"
             )
-            at_last = model.ln_final(final[torch.arange(final.shape[0]), rows_last])
-            logits = at_last @ model.W_U[:, self.ids] + model.b_U[self.ids]
-            truth = self.truth[seen : seen + final.shape[0]]
-            correct += int((logits.argmax(-1).cpu() == truth).sum())
-            seen += final.shape[0]
-        return correct / seen
 
 
-def prompt_states(
-    model: HookedTransformer,
-    tokens: Int[Tensor, "n ctx"],
-    last: Int[Tensor, " n"],
-    hook: str,
-    *,
-    batch_size: int = 16,
-    progress: bool = True,
-    desc: str = "prompt states",
-) -> tuple[Float[Tensor, "m d"], Int[Tensor, "m 2"], Float[Tensor, "n d"]]:
-    """States of right-padded prompts (``encode_prompts``) at ``hook``: every real token but BOS,
-    their (prompt, position), and each prompt's last token."""
-    positions = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
-    states, _ = gather_states(
-        model, tokens, [hook], positions, batch_size=batch_size, progress=progress, desc=desc
-    )
-    every = states[hook]
-    real = (positions >= 1) & (positions <= last[:, None])
-    return every[real], real.nonzero(), every[torch.arange(tokens.shape[0]), last]
-
-
-def run_steer_icl(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
-    """The whole experiment; writes ``steer.json``, ``steer.md`` and ``steer.png``."""
-    from sae_lens_bae.activations import check_layers, norm_scale
-    from sae_lens_bae.features.compare import baseline_configs
-    from sae_lens_bae.models import load_model
-    from sae_lens_bae.plots import plot_steering
-    from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
-    from sae_lens_bae.training import train_sae
-
+def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
+    """The whole experiment; writes ``steer.json``, ``steer.md`` and ``steer.png``; returns the
+    JSON summary."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch("steer icl")
-    pairs = load_icl_pairs(cfg)
+    pairs = load_icl_pairs(
+        cfg.dataset,
+        split=cfg.split,
+        text_column=cfg.text_column,
+        label_column=cfg.label_column,
+        label_words=cfg.label_words,
+        max_sentence_words=cfg.max_sentence_words,
+    )
     random.Random(cfg.seed).shuffle(pairs)
     needed = cfg.n_eval_prompts + cfg.n_vector_prompts + cfg.shots
     if len(pairs) < needed:
@@ -319,3 +248,20 @@ def run_steer_icl(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
     (out / "steer.md").write_text(header + markdown_table(rows, columns))
     watch.lap("report")
     return summary
+
+
+def plot_steering(
+    rows: list[dict], unsteered: float, k_shot: float, shots: int, path: str | Path, title: str = ""
+) -> Path:
+    """0-shot accuracy against steering strength, one curve per model's task vector, with the
+    unsteered 0-shot and the k-shot accuracies as reference lines."""
+    fig, ax = subplots(figsize=(6.5, 4.5))
+    for n, row in enumerate(rows):
+        strengths = sorted(row["accuracy"], key=float)
+        ax.plot([float(s) for s in strengths], [row["accuracy"][s] for s in strengths], "o-",
+                color=f"C{n}", label=row["model"], markersize=4)  # fmt: skip
+    ax.axhline(unsteered, color="gray", linestyle=":", label="0-shot, no steering")
+    ax.axhline(k_shot, color="k", linestyle="--", linewidth=1, label=f"{shots}-shot")
+    ax.set(xlabel="strength α", ylabel="0-shot accuracy", title=title)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)

@@ -1,0 +1,34 @@
+"""Activations: hook points checked, harvested once into a cache, or gathered at chosen positions.
+
+``harvest_activations`` / ``ActivationCache``: every token's state of some hooks, on disk.
+``harvest_layer``: one layer, cleaned, scaled and split, ready to train and evaluate models on.
+``gather_states`` / ``prompt_states``: only the positions an experiment reads (tracing, steering).
+"""
+
+from sae_lens_bae.activations.cache import META_FILE, ActivationCache, harvest_activations
+from sae_lens_bae.activations.hooks import check_hooks, check_layers, layer_of, stop_layer
+from sae_lens_bae.activations.layer import (
+    LayerActivations,
+    drop_outliers,
+    harvest_layer,
+    norm_scale,
+    outlier_mask,
+)
+from sae_lens_bae.activations.states import gather_states, prompt_states
+
+__all__ = [
+    "META_FILE",
+    "ActivationCache",
+    "LayerActivations",
+    "check_hooks",
+    "check_layers",
+    "drop_outliers",
+    "gather_states",
+    "harvest_activations",
+    "harvest_layer",
+    "layer_of",
+    "norm_scale",
+    "outlier_mask",
+    "prompt_states",
+    "stop_layer",
+]

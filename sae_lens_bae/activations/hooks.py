@@ -1,0 +1,45 @@
+"""Hook-point names of a HookedTransformer: checked before any work, and the layer they sit in."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+
+from transformer_lens import HookedTransformer
+
+__all__ = ["check_hooks", "check_layers", "layer_of", "stop_layer"]
+
+
+def check_hooks(model: HookedTransformer, hooks: Sequence[str]) -> None:
+    """Fail before any work if a hook name is not one of ``model``'s hook points, naming the
+    closest ones (a typo in ``blocks.3.hook_resid_post`` should not cost a forward pass)."""
+    unknown = [h for h in hooks if h not in model.hook_dict]
+    if unknown:
+        hints = {h: difflib.get_close_matches(h, model.hook_dict, n=3) for h in unknown}
+        raise ValueError(
+            f"Unknown hook name(s) {unknown} for this model ({model.cfg.n_layers} layers). "
+            f"Closest names: {hints}. Hook names look like 'blocks.3.hook_resid_post'."
+        )
+
+
+def check_layers(model: HookedTransformer, layers: Sequence[int]) -> None:
+    """Fail before any work if a requested layer index is outside the model."""
+    bad = [layer for layer in layers if not 0 <= layer < model.cfg.n_layers]
+    if bad:
+        raise ValueError(
+            f"Layers {bad} do not exist: the model has layers 0..{model.cfg.n_layers - 1}"
+        )
+
+
+def layer_of(hook: str) -> int | None:
+    """The block index of ``blocks.L.<name>``, None for hooks outside the blocks (``hook_embed``):
+    a forward pass that only needs this hook can stop after block L."""
+    parts = hook.split(".")
+    return int(parts[1]) if parts[0] == "blocks" and len(parts) > 1 and parts[1].isdigit() else None
+
+
+def stop_layer(hooks: Sequence[str]) -> int | None:
+    """``stop_at_layer`` for a forward pass that only needs ``hooks``: one past the last block,
+    or None (run the whole model) when a hook lies outside the blocks."""
+    layers = [layer_of(h) for h in hooks]
+    return None if None in layers else max(layers) + 1  # type: ignore[type-var]

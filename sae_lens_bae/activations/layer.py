@@ -1,0 +1,143 @@
+"""One layer's activations over a text source, cleaned, scaled and split for training.
+
+Every experiment that trains models on one layer (compare, compression, more-bit decoding) needs
+the same steps after a harvest: drop the attention-sink outliers, scale once so that all models
+share one loss unit, and split by sequence into training and held-out rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from sae_lens_bae.activations.cache import harvest_activations
+from sae_lens_bae.activations.hooks import check_hooks, check_layers
+from sae_lens_bae.data import default_corpus, load_token_dataset
+from sae_lens_bae.models import load_model
+
+__all__ = ["LayerActivations", "drop_outliers", "harvest_layer", "norm_scale", "outlier_mask"]
+
+
+def outlier_mask(
+    activations: Float[Tensor, "n d"], max_norm_ratio: float | None = 10.0
+) -> Bool[Tensor, " n"]:
+    """True for the rows to keep: norm at most ``max_norm_ratio`` x the median norm (all rows
+    when ``max_norm_ratio`` is None). A mask, so paired sets (a transcoder's input and target)
+    can drop the same rows."""
+    if max_norm_ratio is None:
+        return torch.ones(activations.shape[0], dtype=torch.bool)
+    norms = activations.float().norm(dim=-1)
+    return norms <= max_norm_ratio * norms.median()
+
+
+def drop_outliers(
+    activations: Float[Tensor, "n d"], max_norm_ratio: float | None = 10.0
+) -> tuple[Float[Tensor, "m d"], int]:
+    """Drop rows whose norm exceeds ``max_norm_ratio`` x the median norm; return (kept, dropped).
+
+    LLMs put "massive activations" (norms thousands of times the median) on attention-sink tokens,
+    e.g. the first token after BOS. A handful of them would dominate any squared-error objective.
+    """
+    keep = outlier_mask(activations, max_norm_ratio)
+    return activations[keep], int((~keep).sum())
+
+
+def norm_scale(acts: Float[Tensor, "n d"]) -> float:
+    """sqrt(d) / mean norm: the factor that gives ``acts`` a mean norm of sqrt(d), as SAELens'
+    ``expected_average_only_in`` would. Every command here scales states by it once, for all
+    the models it trains, so their losses share one unit."""
+    return acts.shape[1] ** 0.5 / acts.norm(dim=-1).mean().item()
+
+
+@dataclass
+class LayerActivations:
+    """One layer's activations over a text source, ready for training and held-out evaluation.
+
+    Rows are tokens (BOS dropped, outliers by norm dropped), split by *sequence* into training
+    and held-out rows, every hook scaled once by sqrt(d) / (mean training norm) as SAELens'
+    ``expected_average_only_in`` would (``scales[hook]``), so that models trained on them share
+    one loss unit. ``positions``/``token_ids`` locate the held-out rows in ``sequences``.
+    """
+
+    hook: str
+    train: dict[str, Tensor]
+    test: dict[str, Tensor]
+    scales: dict[str, float]
+    positions: Tensor
+    token_ids: Tensor
+    sequences: Tensor
+    tokenizer: Any
+    model: str
+    dataset: str
+    outliers_dropped: int
+
+
+def harvest_layer(
+    model_name: str,
+    dataset: str | None,
+    layer: int | None,
+    out_dir: str | Path,
+    *,
+    extra_hooks: Sequence[str] = (),
+    text_column: str | None = None,
+    context_size: int = 128,
+    max_sequences: int | None = 1536,
+    held_out_fraction: float = 0.1,
+    outlier_norm_ratio: float = 10.0,
+    device: str = "cpu",
+    progress: bool = True,
+) -> LayerActivations:
+    """Load the model and the text (``None``: the embedded corpus), harvest
+    ``blocks.{layer}.hook_resid_post`` (``None``: the middle layer) and ``extra_hooks`` (names
+    inside that layer after ``blocks.{layer}.``) once, then drop, scale and split."""
+    if not 0.0 < held_out_fraction < 1.0:
+        raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
+    model = load_model(model_name, device=device)
+    layer = model.cfg.n_layers // 2 if layer is None else layer
+    check_layers(model, [layer])
+    hook = f"blocks.{layer}.hook_resid_post"
+    hooks = [hook, *[f"blocks.{layer}.{name}" for name in extra_hooks]]
+    check_hooks(model, hooks)
+    source = dataset if dataset is not None else str(default_corpus())
+    tokens = load_token_dataset(
+        source, model.tokenizer, context_size, text_column=text_column, max_sequences=max_sequences
+    )
+    cache = harvest_activations(
+        model, tokens, hooks, Path(out_dir), batch_size=8, progress=progress
+    )
+    tokenizer = model.tokenizer
+    del model
+
+    n_seq = cache.meta["n_sequences"]
+    n_train_seq = n_seq - max(1, round(held_out_fraction * n_seq))
+    acts = {h: cache.activations(h) for h in hooks}
+    per_seq = acts[hook].shape[0] // n_seq
+    keep = outlier_mask(acts[hook], outlier_norm_ratio)  # the same rows of every hook
+    n_train = int(keep[: n_train_seq * per_seq].sum())
+    positions = cache.token_positions()[keep]
+    sequences = cache.tokens()
+    token_ids = sequences[positions[:, 0], positions[:, 1]]
+    train, test, scales = {}, {}, {}
+    for h in hooks:
+        kept = acts[h][keep]
+        scales[h] = norm_scale(kept[:n_train])
+        train[h], test[h] = kept[:n_train] * scales[h], kept[n_train:] * scales[h]
+    return LayerActivations(
+        hook=hook,
+        train=train,
+        test=test,
+        scales=scales,
+        positions=positions[n_train:],
+        token_ids=token_ids[n_train:],
+        sequences=sequences,
+        tokenizer=tokenizer,
+        model=model_name,
+        dataset=source,
+        outliers_dropped=int((~keep).sum()),
+    )

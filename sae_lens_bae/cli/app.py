@@ -1,0 +1,70 @@
+"""The ``bae`` command line: one command per experiment config, plus ``train`` and ``interpret``.
+
+Nothing here names an option: every command's options are its config's fields
+(``sae_lens_bae.cli.options``). After a run the command prints its markdown report, if it has one,
+and where the results are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from sae_lens_bae.cli.options import config_command
+from sae_lens_bae.comsem import interpret
+from sae_lens_bae.experiments import EXPERIMENTS, command_help
+from sae_lens_bae.training import live
+
+__all__ = ["COMMANDS", "app", "main"]
+
+GROUPS = {
+    "bench": "Benchmarks with known answers.",
+    "entropy": "Trace an LLM's hidden-state entropy.",
+    "steer": "Steer an LLM with task vectors from features.",
+}
+
+COMMANDS: list[tuple[tuple[str, ...], Callable[..., Any], str | None, str]] = [
+    (("train",), live.train_live, None, command_help(live.__doc__ or "")),
+    (("interpret",), interpret.interpret, "summary.md", command_help(interpret.__doc__ or "")),
+    *[(e.command, e.run, e.report, e.help) for e in EXPERIMENTS],
+]
+"""(command path, run function taking the command's config, markdown report printed after the
+run, help): the library's tools first, then the experiments."""
+
+app = typer.Typer(
+    help="Binary Autoencoders (BAE) on TransformerLens models, trained with SAELens.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _report_printer(report: str | None) -> Callable[[Any, Any], None]:
+    def after(config: Any, result: Any) -> None:  # noqa: ARG001
+        out = getattr(config, "out", None)
+        if report is not None and out is not None and (Path(out) / report).exists():
+            typer.echo((Path(out) / report).read_text())
+        if out is not None:
+            typer.echo(f"results in {out}/")
+
+    return after
+
+
+def _build(root: typer.Typer) -> None:
+    groups: dict[str, typer.Typer] = {}
+    for name, help_text in GROUPS.items():
+        groups[name] = typer.Typer(help=help_text, no_args_is_help=True)
+        root.add_typer(groups[name], name=name)
+    for path, run, report, help_text in COMMANDS:
+        parent = root if len(path) == 1 else groups[path[0]]
+        command = config_command(run, doc=help_text, after=_report_printer(report))
+        parent.command(path[-1], help=help_text)(command)
+
+
+_build(app)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,139 @@
+"""``bae interpret``: ComSem on feature records, read from a file or made with a saved SAE/BAE.
+
+An LLM says what each feature's top tokens have in common, then judges held-out tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from sae_lens import SAE
+
+from sae_lens_bae.activations.hooks import check_hooks
+from sae_lens_bae.comsem.client import ClientConfig
+from sae_lens_bae.comsem.pipeline import ComSemConfig, comsem
+from sae_lens_bae.data import load_token_dataset
+from sae_lens_bae.features.records import FeatureRecords, records_from_text
+from sae_lens_bae.models import load_model, load_tokenizer
+
+__all__ = ["InterpretConfig", "interpret", "records_from_sae"]
+
+
+@dataclass
+class InterpretConfig:
+    """What ``bae interpret`` runs: the records to read, the LLM that judges them, and how."""
+
+    records: Path | None = None
+    """Records file (bae compare writes them)."""
+    sae: Path | None = None
+    """Or a saved SAE/BAE folder, read on --dataset."""
+    dataset: str | None = None
+    """With --sae: text file, folder or HF dataset."""
+    hook: str | None = None
+    """With --sae: hook point (default: the SAE's)."""
+    sentences: int = 8192
+    """With --sae: evaluation rows (N)."""
+    context_size: int = 64
+    """With --sae: tokens per row."""
+    k: int = 10
+    """With --sae: top-k features kept per token."""
+    magnitude: Literal["burstiness", "raw", "rescaled"] | None = None
+    """With --sae: burstiness, raw or rescaled (default: burstiness for a BAE, raw for an SAE)."""
+    input_scale: float = 1.0
+    """With --sae: the factor its training activations were multiplied by."""
+    base_url: str | None = None
+    """OpenAI-compatible endpoint (vLLM, Ollama, llama.cpp server); default OpenAI."""
+    llm: str = "gpt-4o-mini"
+    """Model name the server serves."""
+    api_key: str | None = None
+    """API key (default: $OPENAI_API_KEY; local servers need none)."""
+    model: str | None = None
+    """LM whose tokenizer reads the records (default: the one recorded in them)."""
+    out: Path = Path("runs/interpret")
+    """Report folder (also holds the reply cache)."""
+    cache: Path | None = None
+    """Reply cache (sqlite); default OUT/replies.sqlite."""
+    concurrency: int = 16
+    """Requests in flight at once."""
+    max_features: int | None = None
+    """Evaluate only the first N activated features."""
+    n_explain: int = 5
+    """Records shown to the explainer (n_I)."""
+    n_test: int = 8
+    """Records judged per feature (n_T)."""
+    detection: bool = False
+    """Also judge as many non-activating records; balanced accuracy."""
+    calibrate: bool = False
+    """Calibrate the judge on a content-free input (needs logprobs)."""
+    batch_api: bool = False
+    """Use the OpenAI Batch API (half price, slower)."""
+    price_input: float = 0.0
+    """USD per million prompt tokens, for the cost report."""
+    price_output: float = 0.0
+    """USD per million completion tokens."""
+    templates: Path | None = None
+    """Folder with explain.json/judge.json overrides."""
+    top: int = 20
+    """Rows of the top-features table."""
+
+    def __post_init__(self) -> None:
+        if (self.records is None) == (self.sae is None):
+            raise ValueError("pass either --records FILE or --sae FOLDER (with --dataset)")
+        if self.sae is not None and self.dataset is None:
+            raise ValueError("--sae needs --dataset (the text whose tokens are interpreted)")
+
+
+def records_from_sae(cfg: InterpretConfig) -> FeatureRecords:
+    """ComSem's records made from the saved SAE ``cfg.sae`` over ``cfg.dataset`` (saved to
+    OUT/records.safetensors)."""
+    assert cfg.sae is not None and cfg.dataset is not None
+    sae = SAE.load_from_disk(cfg.sae)
+    hook = cfg.hook or sae.cfg.metadata.hook_name
+    name = cfg.model or sae.cfg.metadata.model_name or "smollm2-135m"
+    if hook is None:
+        raise ValueError("this SAE does not name its hook point: pass --hook")
+    model = load_model(name)
+    check_hooks(model, [hook])
+    tokens = load_token_dataset(cfg.dataset, model.tokenizer, cfg.context_size,
+                                max_sequences=cfg.sentences)  # fmt: skip
+    records = records_from_text(model, sae, tokens, hook, cfg.out / "activations", k=cfg.k,
+                                magnitude=cfg.magnitude, input_scale=cfg.input_scale)  # fmt: skip
+    records.info["model"] = name
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    records.save(cfg.out / "records.safetensors")
+    return records
+
+
+def interpret(cfg: InterpretConfig, progress: bool = True) -> dict[str, Any]:
+    """Run ComSem and write its report to ``cfg.out``; returns the summary."""
+    if cfg.records is not None:
+        if not cfg.records.exists():
+            raise FileNotFoundError(f"no records file {cfg.records}; `bae compare` writes them")
+        records = FeatureRecords.load(cfg.records)
+    else:
+        records = records_from_sae(cfg)
+    source = cfg.model or records.info.get("model")
+    if source is None:
+        raise ValueError("these records do not say which model made them: pass --model")
+    client = ClientConfig(
+        model=cfg.llm,
+        base_url=cfg.base_url,
+        api_key=cfg.api_key,
+        concurrency=cfg.concurrency,
+        price_input=cfg.price_input,
+        price_output=cfg.price_output,
+        batch_api=cfg.batch_api,
+    )
+    config = ComSemConfig(
+        n_explain=cfg.n_explain,
+        n_test=cfg.n_test,
+        detection=cfg.detection,
+        calibrate=cfg.calibrate,
+        max_features=cfg.max_features,
+        top=cfg.top,
+        templates=cfg.templates,
+    )
+    return comsem(records, load_tokenizer(source), client, config, out=cfg.out,
+                  cache=cfg.cache, progress=progress)  # fmt: skip

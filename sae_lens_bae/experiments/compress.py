@@ -1,0 +1,130 @@
+"""``bae compress``: train a BAE on one layer and compress its held-out states at several
+burstiness thresholds (bytes against float32, reconstruction error, cosine similarity)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sae_lens_bae.activations import harvest_layer
+from sae_lens_bae.compression import LOSSLESS_THRESHOLD, compression_report, decoder_bytes
+from sae_lens_bae.plots import save_figure, subplots
+from sae_lens_bae.reports import Stopwatch, markdown_table, write_json
+from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
+from sae_lens_bae.training import train_sae
+
+__all__ = ["REPORT", "CompressionConfig", "plot_compression", "run"]
+
+REPORT = "compression.md"
+
+
+@dataclass
+class CompressionConfig:
+    """What ``bae compress`` runs: train a BAE on one layer and compress its held-out states."""
+
+    dataset: str | None = None
+    """Text file, folder or HF dataset (default: the embedded corpus)."""
+    model: str = "smollm2-135m"
+    """Embedded name, local HF directory or TransformerLens name."""
+    layer: int | None = None
+    """Layer whose hook_resid_post is read (default: the middle layer)."""
+    text_column: str | None = None
+    """Text column of a table/JSONL dataset."""
+    context_size: int = 128
+    """Tokens per harvested sequence."""
+    max_sequences: int | None = 512
+    """Cap on harvested sequences."""
+    expansion: int = 4
+    """d_sae / d_in of the BAE."""
+    steps: int = 1000
+    """Training steps of the BAE."""
+    batch_size: int = 512
+    """Activations per training step."""
+    thresholds: Sequence[float] = (-1.0, -0.75, -0.5, -0.25, 0.0)
+    """Burstiness thresholds in [log2 0.5, 0] = [-1, 0]; -1 keeps the code exactly."""
+    device: str = "cpu"
+    """Torch device."""
+    seed: int = 0
+    """Seed of the BAE's initialisation and data order."""
+    out: Path = Path("runs/compress")
+    """Report folder."""
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.thresholds if not LOSSLESS_THRESHOLD <= t <= 0.0]
+        if bad or not self.thresholds:
+            raise ValueError(
+                f"thresholds {bad or '(none)'} outside [log2 0.5, 0] = [-1, 0]: give burstiness "
+                "thresholds such as -1,-0.5,0"
+            )
+
+
+def run(cfg: CompressionConfig, progress: bool = True) -> dict[str, Any]:
+    """Harvest, train, compress the held-out states at every threshold; writes
+    ``compression.md``, ``compression.json``, ``compression.png`` and the trained BAE."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    watch = Stopwatch("compress")
+    data = harvest_layer(cfg.model, cfg.dataset, cfg.layer, out / "activations",
+                         text_column=cfg.text_column, context_size=cfg.context_size,
+                         max_sequences=cfg.max_sequences, device=cfg.device,
+                         progress=progress)  # fmt: skip
+    watch.lap("harvest")
+    train, test = data.train[data.hook], data.test[data.hook]
+    scale = data.scales[data.hook]
+    d_in = train.shape[1]
+    bae = train_sae(train, short_run_config(d_in, cfg.expansion * d_in),
+                    training_samples=cfg.steps * cfg.batch_size, batch_size=cfg.batch_size,
+                    lr=SHORT_RUN_LR, device=cfg.device, seed=cfg.seed).sae.eval()  # fmt: skip
+    bae.save_inference_model(out / "bae")
+    watch.lap("train")
+    rows = compression_report(bae, test / scale, cfg.thresholds, input_scale=scale,
+                              work_dir=out / "compressed")  # fmt: skip
+    watch.lap("compress")
+    summary = {
+        "config": asdict(cfg),
+        "hook": data.hook,
+        "dataset": data.dataset,
+        "held_out_vectors": int(test.shape[0]),
+        "d_in": d_in,
+        "code_bits": bae.cfg.n_bits,
+        "decoder_bytes": decoder_bytes(bae),
+        "rows": rows,
+        "seconds": watch.seconds,
+    }
+    write_json(out / "compression.json", summary)
+    plot_compression(rows, out / "compression.png", title=f"{cfg.model} {data.hook}")
+    columns = [
+        ("threshold", lambda r: f"{r['threshold']:g}"),
+        ("flips / vector", lambda r: f"{r['flips_per_vector']:.1f}"),
+        ("stored as", lambda r: r["layout"]),
+        ("bytes", lambda r: str(r["bytes"])),
+        ("ratio vs fp32", lambda r: f"{r['ratio_float32']:.1f}x"),
+        ("ratio incl. decoder", lambda r: f"{r['ratio_float32_with_decoder']:.2f}x"),
+        ("MSE", lambda r: f"{r['mse']:.4g}"),
+        ("relative error", lambda r: f"{r['relative_error']:.3f}"),
+        ("cosine", lambda r: f"{r['cosine']:.3f}"),
+    ]
+    header = (
+        f"# Hidden-state compression: {cfg.model} `{data.hook}`\n\n"
+        f"{test.shape[0]} held-out vectors of d = {d_in} ({test.shape[0] * d_in * 4} bytes in "
+        f"float32); BAE with {bae.cfg.n_bits} code bits, decoder + prior "
+        f"{decoder_bytes(bae)} bytes.\n\n"
+    )
+    (out / "compression.md").write_text(header + markdown_table(rows, columns))
+    return summary
+
+
+def plot_compression(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Compression ratio against cosine similarity to the originals, one point per threshold."""
+    fig, ax = subplots(figsize=(6, 4.5))
+    ratios = [row["ratio_float32"] for row in rows]
+    cosines = [row["cosine"] for row in rows]
+    ax.plot(ratios, cosines, "o-")
+    for row, x, y in zip(rows, ratios, cosines, strict=True):
+        ax.annotate(f"{row['threshold']:g}", (x, y), textcoords="offset points", xytext=(4, 4),
+                    fontsize=8)  # fmt: skip
+    ax.set(xlabel="compression ratio vs float32 (decoder not counted)",
+           ylabel="mean cosine similarity to the originals", xscale="log", title=title)  # fmt: skip
+    return save_figure(fig, path)

@@ -1,0 +1,85 @@
+"""The binary code's primitives: the Heaviside step with surrogate gradients, more-bit grouping
+of code bits into values, and the running mean code (the prior of burstiness)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+__all__ = ["SURROGATES", "bits_to_values", "step", "update_running_mean"]
+
+
+def _sigmoid_surrogate(x: Tensor, temperature: float) -> Tensor:
+    s = torch.sigmoid(x / temperature)
+    return s * (1.0 - s) / temperature
+
+
+def _straight_through(x: Tensor, temperature: float) -> Tensor:  # noqa: ARG001
+    return torch.ones_like(x)
+
+
+SURROGATES: dict[str, Callable[[Tensor, float], Tensor]] = {
+    "sigmoid": _sigmoid_surrogate,
+    "ste": _straight_through,
+}
+"""Surrogate derivatives of the step, by name.
+
+``sigmoid``: d/dx sigmoid(x / T), i.e. ``sigmoid(x/T)(1 - sigmoid(x/T)) / T`` (the paper's
+definition is T = 1). ``ste``: straight-through, derivative 1.
+"""
+
+
+class _Step(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, surrogate: str, temperature: float) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x)
+        ctx.surrogate, ctx.temperature = surrogate, temperature
+        return (x >= 0).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        return grad_out * SURROGATES[ctx.surrogate](x, ctx.temperature), None, None
+
+
+def step(
+    x: Float[Tensor, "..."], surrogate: str | None = None, temperature: float = 1.0
+) -> Float[Tensor, "..."]:
+    """Heaviside step (1 where ``x >= 0``) in ``x``'s dtype.
+
+    With ``surrogate`` set, gradients pass through with that surrogate derivative; without, the
+    result is a constant for autograd (inference).
+    """
+    if surrogate is None:
+        return (x >= 0).to(x.dtype)
+    if surrogate not in SURROGATES:
+        raise ValueError(f"Unknown surrogate {surrogate!r}; choose one of {sorted(SURROGATES)}")
+    return _Step.apply(x, surrogate, temperature)  # type: ignore[no-any-return]
+
+
+def bits_to_values(
+    bits: Float[Tensor, "... n_bits"], n_bits_per_value: int
+) -> Float[Tensor, "... n_values"]:
+    """More-bit decoding: each group of C bits becomes sum_j 2^j b_j / (2^C - 1) in [0, 1].
+
+    Bit j of feature k sits at index ``k * C + j`` (j = 0 is the least significant bit).
+    """
+    if n_bits_per_value == 1:
+        return bits
+    if bits.shape[-1] % n_bits_per_value:
+        raise ValueError(f"{bits.shape[-1]} bits do not split into groups of {n_bits_per_value}")
+    weights = 2.0 ** torch.arange(n_bits_per_value, device=bits.device, dtype=bits.dtype)
+    weights = weights / (2**n_bits_per_value - 1)
+    grouped = bits.unflatten(-1, (-1, n_bits_per_value))
+    return grouped @ weights
+
+
+@torch.no_grad()
+def update_running_mean(mean: Tensor, count: Tensor, batch_mean: Tensor, decay: float) -> None:
+    """In place: the exact running mean for the first 1/(1-decay) updates, then an exponential
+    average with weight 1 - decay. Tensor arithmetic only: a GPU step never waits for the host."""
+    count += 1
+    mean.lerp_(batch_mean, torch.clamp(count.reciprocal(), min=1.0 - decay))

@@ -1,0 +1,29 @@
+"""Training: any SAELens architecture on cached activations through SAELens' ``SAETrainer``, many
+small BAEs at once (``stacked``), transcoders, and the baselines a BAE is compared with."""
+
+from sae_lens_bae.training.baselines import BASELINES, TRAINED_BASELINES, baseline_configs
+from sae_lens_bae.training.stacked import StackedBAE, train_stacked_baes
+from sae_lens_bae.training.trainer import (
+    RecordingTrainer,
+    TrainingRun,
+    activation_batches,
+    fill_training_schedule,
+    train_bae,
+    train_sae,
+)
+from sae_lens_bae.training.transcoder import train_transcoder
+
+__all__ = [
+    "BASELINES",
+    "TRAINED_BASELINES",
+    "RecordingTrainer",
+    "StackedBAE",
+    "TrainingRun",
+    "activation_batches",
+    "baseline_configs",
+    "fill_training_schedule",
+    "train_bae",
+    "train_sae",
+    "train_stacked_baes",
+    "train_transcoder",
+]

@@ -1,0 +1,119 @@
+"""``bae train``: a BAE trained live on a model's hook point with SAELens' training runner.
+
+Activations come from the model's forward passes as training goes (SAELens'
+``LanguageModelSAETrainingRunner`` and its activation store), never from a cache: the route for
+long runs on large corpora.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner, LoggingConfig
+from sae_lens.saes.sae import SAEConfig
+
+from sae_lens_bae.activations.hooks import check_hooks
+from sae_lens_bae.data import load_token_dataset
+from sae_lens_bae.models import load_model
+from sae_lens_bae.saes.bae import BAETrainingSAEConfig
+from sae_lens_bae.training.trainer import fill_training_schedule
+
+__all__ = ["LiveTrainingConfig", "train_live"]
+
+Normalisation = typing.get_type_hints(SAEConfig)["normalize_activations"]
+"""SAELens' activation normalisations (``none``, ``expected_average_only_in``, ...)."""
+
+
+@dataclass
+class LiveTrainingConfig:
+    """What ``bae train`` runs: one BAE on one hook point, trained on live activations."""
+
+    out: Path
+    """Folder for the trained BAE (SAELens format); checkpoints go to OUT/checkpoints."""
+    dataset: str
+    """Text file, folder of files, or HF dataset name."""
+    model: str = "smollm2-135m"
+    """Embedded name, local HF directory or TransformerLens name."""
+    hook: str = "blocks.15.hook_resid_post"
+    """TransformerLens hook point."""
+    text_column: str | None = None
+    """Text column of a table/JSONL dataset."""
+    context_size: int = 128
+    """Tokens per sequence."""
+    training_tokens: int = 1_000_000
+    """Activations (tokens) to train on."""
+    batch_size: int = 512
+    """Activations per training step (the minibatch of the entropy term)."""
+    lr: float = 5e-4
+    """Adam learning rate."""
+    d_sae: int | None = None
+    """Features (default: 4 x d_in)."""
+    bits: int = 1
+    """Bits per feature (more-bit decoding)."""
+    entropy_coefficient: float = 1e-7
+    """a_e, weight of the minibatch entropy in bits."""
+    covariance_coefficient: float = 1e-7
+    """a_c, weight of the off-diagonal covariance penalty."""
+    surrogate: Literal["sigmoid", "ste"] = "sigmoid"
+    """Surrogate derivative of the step."""
+    surrogate_temperature: float = 1.0
+    """Temperature of the sigmoid surrogate."""
+    normalize_activations: Normalisation = "none"
+    """SAELens' activation normalisation."""
+    wandb: bool = False
+    """Log to Weights & Biases."""
+    wandb_project: str = "sae-lens-bae"
+    """Weights & Biases project."""
+    device: str = "cpu"
+    """Torch device."""
+    seed: int = 42
+    """Seed of SAELens' runner."""
+
+
+def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa: ARG001
+    """Train with SAELens' runner (its own progress bar); returns the folder of the saved BAE."""
+    model = load_model(cfg.model, device=cfg.device)
+    check_hooks(model, [cfg.hook])
+    tokens = load_token_dataset(cfg.dataset, model.tokenizer, cfg.context_size,
+                                text_column=cfg.text_column)  # fmt: skip
+    with torch.no_grad():
+        _, cache = model.run_with_cache(
+            torch.as_tensor(tokens[:1]["input_ids"]), names_filter=cfg.hook, prepend_bos=False
+        )
+    d_in = cache[cfg.hook].shape[-1]
+    out = Path(cfg.out)
+    runner_cfg = LanguageModelSAERunnerConfig(
+        sae=BAETrainingSAEConfig(
+            d_in=d_in,
+            d_sae=cfg.d_sae,
+            bits=cfg.bits,
+            entropy_coefficient=cfg.entropy_coefficient,
+            covariance_coefficient=cfg.covariance_coefficient,
+            surrogate=cfg.surrogate,
+            surrogate_temperature=cfg.surrogate_temperature,
+            normalize_activations=cfg.normalize_activations,
+        ),
+        model_name=str(cfg.model),
+        hook_name=cfg.hook,
+        dataset_path="",
+        is_dataset_tokenized=True,
+        streaming=False,
+        context_size=cfg.context_size,
+        prepend_bos=False,  # the rows already start with BOS (see sae_lens_bae.data)
+        training_tokens=cfg.training_tokens,
+        train_batch_size_tokens=cfg.batch_size,
+        lr=cfg.lr,
+        device=cfg.device,
+        seed=cfg.seed,
+        logger=LoggingConfig(log_to_wandb=cfg.wandb, wandb_project=cfg.wandb_project),
+        output_path=str(out),
+        checkpoint_path=str(out / "checkpoints"),
+    )
+    fill_training_schedule(runner_cfg)
+    LanguageModelSAETrainingRunner(runner_cfg, override_dataset=tokens, override_model=model).run()
+    print(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")
+    return out
