@@ -1,0 +1,161 @@
+"""The package's shape: imports go one way (model -> activations -> BAE -> codes -> applications ->
+experiments -> CLI), no cycles, imports at module top level, every module says what it is."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import sae_lens_bae
+
+ROOT = Path(sae_lens_bae.__file__).parent
+PACKAGE = "sae_lens_bae"
+
+FLOORS = {
+    "sae_lens_bae.losses": 0,
+    "sae_lens_bae.reports": 0,
+    "sae_lens_bae.plots": 0,
+    "sae_lens_bae.saes": 1,
+    "sae_lens_bae.registry": 1,
+    "sae_lens_bae.models": 2,
+    "sae_lens_bae.data": 2,
+    "sae_lens_bae.prompts": 2,
+    "sae_lens_bae.activations": 3,
+    "sae_lens_bae.evaluation": 3,
+    "sae_lens_bae.training": 4,
+    "sae_lens_bae.entropy": 5,
+    "sae_lens_bae.features": 5,
+    "sae_lens_bae.compression": 5,
+    "sae_lens_bae.steering": 5,
+    "sae_lens_bae.comsem": 6,
+    "sae_lens_bae": 7,  # the package itself: the public API, over the whole core
+    "sae_lens_bae.experiments": 8,
+    "sae_lens_bae.cli": 9,
+    "sae_lens_bae.__main__": 9,
+}
+"""Floor of every part of the package: a module imports only from its own floor or below."""
+CORE_TOP = FLOORS["sae_lens_bae"]
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = [PACKAGE, *path.relative_to(ROOT).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _floor(module: str) -> int:
+    part = max((p for p in FLOORS if module == p or module.startswith(p + ".")), key=len)
+    return FLOORS[part]
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, int]]:
+    """(imported package module, line) of every import of this package in ``module``."""
+    tree = ast.parse(path.read_text())
+    found = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                found.append((submodule if submodule in MODULES else base, node.lineno))
+    return [(name, line) for name, line in found if name.split(".")[0] == PACKAGE]
+
+
+GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
+
+
+def test_every_floor_names_a_part_that_exists():
+    assert set(FLOORS) <= set(MODULES)
+    for module in MODULES:
+        _floor(module)  # every module belongs to a floor
+
+
+def test_imports_go_down_the_floors_only():
+    upward = [
+        f"{module}:{line} imports {target}"
+        for module, targets in GRAPH.items()
+        for target, line in targets
+        if _floor(target) > _floor(module)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_core_never_imports_an_experiment_or_the_cli():
+    core = [m for m in MODULES if _floor(m) <= CORE_TOP]
+    assert "sae_lens_bae.entropy.estimate" in core and "sae_lens_bae.experiments" not in core
+    bad = [
+        f"{module} imports {target}"
+        for module in core
+        for target, _ in GRAPH[module]
+        if _floor(target) > CORE_TOP
+    ]
+    assert not bad, bad
+
+
+def _cycle() -> list[str] | None:
+    """One import cycle among the package's modules, or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        stack.append(module)
+        for target, _ in GRAPH.get(module, []):
+            if state.get(target) == 1:
+                return stack[stack.index(target) :] + [target]
+            if target not in state and (found := visit(target)):
+                return found
+        stack.pop()
+        state[module] = 2
+        return None
+
+    for module in MODULES:
+        if module not in state and (found := visit(module)):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    assert _cycle() is None, " -> ".join(_cycle() or [])
+
+
+def test_the_cycle_check_finds_a_cycle():
+    GRAPH["sae_lens_bae.losses"].append(("sae_lens_bae.saes.bae", 0))  # bae imports losses
+    try:
+        cycle = _cycle()
+    finally:
+        GRAPH["sae_lens_bae.losses"].pop()
+    assert cycle is not None and cycle[0] == cycle[-1]
+    assert {"sae_lens_bae.losses", "sae_lens_bae.saes.bae"} <= set(cycle)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_says_what_it_is_and_imports_at_top_level(module):
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    doc = ast.get_docstring(tree)
+    assert doc and doc.strip(), f"{path} has no module docstring"
+    nested = [
+        node.lineno
+        for outer in ast.walk(tree)
+        if isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        for node in ast.walk(outer)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+    ]
+    assert not nested, f"{path}: imports inside functions or classes at lines {nested}"
+    assert len(path.read_text().splitlines()) <= 400, f"{path} is over 400 lines: split it"
