@@ -277,3 +277,70 @@ def test_application_commands_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_
     assert json.loads((tmp_path / "m" / "more_bits.json").read_text())["rows"][1]["bits"] == 2
     result = runner.invoke(app, ["steer", "icl", "--dataset", "x", "--baselines", "transcoder"])
     assert result.exit_code == 2 and "baselines ['transcoder']: choose among" in result.output
+
+
+# Every option of the hand-written CLI this one replaced (sae-lens-bae before the experiments
+# package), with the default it had: each still exists with that default.
+R, TOK, ICL = "runs/", "smollm2-135m", {"hook": "hook_resid_post", "lr": 4e-3, "steps": 1000}
+PREVIOUS_OPTIONS = {
+    ("quickstart",): dict(out=Path(R + "quickstart"), model=TOK, layer=None, corpus=None,
+                          text_column=None, steps=1000, context_size=128, max_sequences=None,
+                          device="cpu"),
+    ("train",): dict(model=TOK, hook="blocks.15.hook_resid_post", text_column=None,
+                     context_size=128, training_tokens=1_000_000, batch_size=512, lr=5e-4,
+                     d_sae=None, bits=1, entropy_coefficient=1e-7, covariance_coefficient=1e-7,
+                     surrogate="sigmoid", surrogate_temperature=1.0, normalize_activations="none",
+                     wandb=False, wandb_project="sae-lens-bae", device="cpu", seed=42),
+    ("compare",): dict(dataset=None, model=TOK, layer=None, text_column=None,
+                       baselines=("standard", "standard_rescaled", "topk15", "topk", "jumprelu",
+                                  "batchtopk", "gated_relu", "transcoder"),
+                       context_size=128, max_sequences=1536, expansion=4, steps=2000,
+                       prior="training", records_k=10, dense_threshold=0.5, device="cpu", seed=0,
+                       out=Path(R + "compare"), comsem_llm=None, comsem_base_url=None,
+                       comsem_max_features=None),
+    ("interpret",): dict(records=None, sae=None, dataset=None, hook=None, sentences=8192, context_size=64,
+                         k=10, magnitude=None, input_scale=1.0, base_url=None, llm="gpt-4o-mini",
+                         api_key=None, model=None, out=Path(R + "interpret"), cache=None,
+                         concurrency=16, max_features=None, n_explain=5, n_test=8,
+                         detection=False, calibrate=False, batch_api=False, price_input=0.0,
+                         price_output=0.0, templates=None, top=20),
+    ("bench", "synthetic"): dict(preset="cpu", out=Path(R + "synthetic"), steps=None, ranks=None,
+                                 expansions=None, seeds=None, device="cpu"),
+    ("bench", "two-token"): dict(model=TOK, layer=15, hook="hook_resid_post", words=("yes", "no"),
+                                 ranks=(0, 1, 2, 4, 6, 8, 10, 12), n_samples=4096, expansion=1,
+                                 steps=1000, bae_batch_size=256, lr=4e-3, device="cpu", seed=0,
+                                 out=Path(R + "two_token")),
+    ("bench", "more-bits"): dict(dataset=None, model=TOK, layer=None, bits=(1, 2, 3, 4),
+                                 expansion=1, steps=1000, max_sequences=512, context_size=128,
+                                 comsem_llm=None, comsem_base_url=None, comsem_max_features=None,
+                                 device="cpu", seed=0, out=Path(R + "more_bits")),
+    ("compress",): dict(dataset=None, model=TOK, layer=None,
+                        thresholds=(-1.0, -0.75, -0.5, -0.25, 0.0), expansion=4, steps=1000,
+                        max_sequences=512, context_size=128, device="cpu", seed=0,
+                        out=Path(R + "compress")),
+    ("entropy", "positions"): dict(model=TOK, dataset=None, text_column=None, layers=(5, 15, 25),
+                                   max_log2_position=6, n_sequences=2048, expansion=1,
+                                   bae_batch_size=256, batch_size=32, device="cpu", seed=0,
+                                   out=Path(R + "entropy_positions"), **ICL),
+    ("entropy", "icl"): dict(model=TOK, split="train", text_column=None, label_column="label",
+                             label_words=None, layers=(5, 15, 25), shots=(0, 1, 2, 4, 8),
+                             n_prompts=512, max_sentence_words=24, expansion=1,
+                             bae_batch_size=256, batch_size=16, device="cpu", seed=0,
+                             out=Path(R + "entropy_icl"), **ICL),
+    ("steer", "icl"): dict(model=TOK, layer=15, hook="hook_resid_post", split="train",
+                           text_column=None, label_column="label", label_words=None, shots=8,
+                           vector_prompts=128, eval_prompts=256, top=256,
+                           baselines=("standard", "topk15"), strengths=(0.5, 1.0, 2.0, 4.0, 8.0),
+                           normalise=True, steps=1000, expansion=4, device="cpu", seed=0,
+                           out=Path(R + "steer_icl")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", list(PREVIOUS_OPTIONS), ids=" ".join)
+def test_previous_options_keep_their_names_and_defaults(path):
+    run = next(run for p, run, *_ in COMMANDS if p == path)
+    options = {o.name: o for o in options_of(config_class(run))}
+    for name, old in PREVIOUS_OPTIONS[path].items():
+        option = options[name]
+        value = option.parser(option.default) if option.parser else option.default
+        assert value == old, (path, name, value, old)

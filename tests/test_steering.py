@@ -134,8 +134,8 @@ def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
         template=TEMPLATE,
         layer=0,
         shots=4,
-        n_vector_prompts=16,
-        n_eval_prompts=24,
+        vector_prompts=16,
+        eval_prompts=24,
         top=8,
         baselines=("standard",),
         steps=20,
@@ -156,4 +156,4 @@ def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
     assert "| bae |" in (tmp_path / "out" / "steer.md").read_text()
     assert matplotlib.image.imread(tmp_path / "out" / "steer.png").shape[0] > 100
     with pytest.raises(ValueError, match="labelled sentences"):
-        steer_icl.run(SteerICLConfig(**{**cfg.__dict__, "n_eval_prompts": 100}), progress=False)
+        steer_icl.run(SteerICLConfig(**{**cfg.__dict__, "eval_prompts": 100}), progress=False)

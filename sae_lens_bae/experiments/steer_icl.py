@@ -63,9 +63,9 @@ class SteerICLConfig:
     """Hook point within the layer."""
     shots: int = 8
     """Demonstrations in the positive prompts."""
-    n_vector_prompts: int = 128
+    vector_prompts: int = 128
     """Queries whose k-shot and 0-shot states make the vectors."""
-    n_eval_prompts: int = 256
+    eval_prompts: int = 256
     """Held-out 0-shot queries the vectors are tested on."""
     max_sentence_words: int = 24
     """Longer sentences are skipped; 0 keeps all."""
@@ -120,11 +120,11 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
         max_sentence_words=cfg.max_sentence_words,
     )
     random.Random(cfg.seed).shuffle(pairs)
-    needed = cfg.n_eval_prompts + cfg.n_vector_prompts + cfg.shots
+    needed = cfg.eval_prompts + cfg.vector_prompts + cfg.shots
     if len(pairs) < needed:
         raise ValueError(
-            f"{len(pairs)} labelled sentences, but {cfg.n_eval_prompts} held-out queries + "
-            f"{cfg.n_vector_prompts} vector queries + {cfg.shots} demonstrations are needed"
+            f"{len(pairs)} labelled sentences, but {cfg.eval_prompts} held-out queries + "
+            f"{cfg.vector_prompts} vector queries + {cfg.shots} demonstrations are needed"
         )
     model = load_model(cfg.model, device=cfg.device)
     check_layers(model, [cfg.layer])
@@ -133,11 +133,11 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
     label_ids = first_token_ids(model.tokenizer, labels)
 
     # held-out 0-shot queries first; the vector queries and their demonstrations come after them
-    rest = pairs[cfg.n_eval_prompts :]
+    rest = pairs[cfg.eval_prompts :]
     sets = {}
     for name, shots in (("positive", cfg.shots), ("negative", 0)):
         prompts = build_icl_prompts(
-            rest, shots, cfg.n_vector_prompts, template=cfg.template, seed=cfg.seed
+            rest, shots, cfg.vector_prompts, template=cfg.template, seed=cfg.seed
         )
         tokens, last = encode_prompts([p for p, _ in prompts], model.tokenizer)
         every, _, at_last = prompt_states(
@@ -185,7 +185,7 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
         name: float(torch.cosine_similarity(v, reference, dim=0)) for name, v in vectors.items()
     }
 
-    prompts = build_icl_prompts(pairs, 0, cfg.n_eval_prompts, template=cfg.template, seed=cfg.seed)
+    prompts = build_icl_prompts(pairs, 0, cfg.eval_prompts, template=cfg.template, seed=cfg.seed)
     tokens, last = encode_prompts([p for p, _ in prompts], model.tokenizer)
     truth = torch.tensor([labels.index(y) for _, y in prompts])
 
@@ -221,7 +221,7 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
         "hook": hook,
         "labels": labels,
         "unsteered_0_shot_accuracy": unsteered,
-        f"{cfg.shots}_shot_accuracy_on_vector_prompts": k_shot,
+        f"{cfg.shots}_shot_accuracy_ovector_prompts": k_shot,
         "activation_scale": scale,
         "training_states": int(train.shape[0]),
         "models": rows,
@@ -232,8 +232,8 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
                   title=f"{cfg.model} {hook}: steering 0-shot prompts")  # fmt: skip
     header = (
         f"# Steering 0-shot prompts with {cfg.shots}-shot task vectors: {cfg.model} `{hook}`\n\n"
-        f"0-shot accuracy without steering: {unsteered:.3f} on {cfg.n_eval_prompts} held-out "
-        f"prompts; {cfg.shots}-shot accuracy on the {cfg.n_vector_prompts} vector prompts: "
+        f"0-shot accuracy without steering: {unsteered:.3f} on {cfg.eval_prompts} held-out "
+        f"prompts; {cfg.shots}-shot accuracy on the {cfg.vector_prompts} vector prompts: "
         f"{k_shot:.3f}. Vectors keep the top {cfg.top} features"
         + (", rescaled to the mean difference's norm.\n\n" if cfg.normalise else ".\n\n")
     )
