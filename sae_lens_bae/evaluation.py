@@ -1,16 +1,20 @@
-"""Held-out evaluation of any SAELens SAE (a BAE or a baseline) on cached activations."""
+"""Held-out evaluation of any SAELens SAE (a BAE or a baseline): on cached activations, and
+spliced into its model (the next-token loss and KL it costs, as SAELens' evals define them)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
-from jaxtyping import Float
+import torch.nn.functional as F
+from jaxtyping import Float, Int
 from torch import Tensor
+from transformer_lens import HookedTransformer
 
 from sae_lens_bae.losses import binary_entropy
 
-__all__ = ["evaluate_sae"]
+__all__ = ["evaluate_sae", "spliced_losses"]
 
 
 @torch.no_grad()
@@ -64,3 +68,90 @@ def evaluate_sae(
         "d_sae": int(sae.cfg.d_sae),
         "firing_rates": rates,
     }
+
+
+def _kl(clean: Tensor, other: Tensor) -> Tensor:
+    """KL(clean || other) per position, from logits."""
+    return F.kl_div(F.log_softmax(other, -1), F.log_softmax(clean, -1), log_target=True,
+                    reduction="none").sum(-1)  # fmt: skip
+
+
+@torch.no_grad()
+def spliced_losses(
+    model: HookedTransformer,
+    saes: Mapping[str, Any],
+    tokens: Int[Tensor, "n_seq ctx"],
+    hook: str,
+    *,
+    input_scale: float = 1.0,
+    outlier_norm_ratio: float | None = 10.0,
+    batch_size: int = 8,
+) -> dict[str, dict[str, float]]:
+    """Per SAE, what replacing ``hook``'s activations by its reconstruction costs the model, with
+    SAELens' definitions (``sae_lens.evals.get_recons_loss``): next-token cross-entropy with the
+    SAE, without it and with the activations zero-ablated, ``ce_loss_score`` = the fraction of
+    the ablation's loss increase that the SAE recovers, the KL divergence from the clean logits
+    with the SAE and with ablation, and ``kl_div_score`` likewise.
+
+    Positions are spliced where the SAE was trained to read: not the BOS, and not attention-sink
+    outliers (norm above ``outlier_norm_ratio`` times the batch's median norm, which
+    ``harvest_layer`` drops from training); elsewhere the activations pass unchanged, for the
+    ablation too. ``input_scale``: what the SAEs' training activations were multiplied by.
+    """
+    sums: dict[str, dict[str, float]] = {name: {} for name in saes}
+    count = 0
+
+    def spliced_positions(acts: Tensor) -> Tensor:
+        norms = acts.float().norm(dim=-1)
+        keep = torch.ones_like(norms, dtype=torch.bool)
+        keep[:, 0] = False
+        if outlier_norm_ratio is not None:
+            keep &= norms <= outlier_norm_ratio * norms[:, 1:].median()
+        return keep
+
+    def replacing(sae: Any | None) -> Any:
+        def hook_fn(acts: Tensor, hook: Any) -> Tensor:  # noqa: ARG001
+            keep = spliced_positions(acts)[..., None]
+            if sae is None:
+                new = torch.zeros_like(acts)
+            else:
+                x = acts.to(sae.device, sae.dtype) * input_scale
+                new = (sae.decode(sae.encode(x)) / input_scale).to(acts.device, acts.dtype)
+            return torch.where(keep, new, acts)
+
+        return hook_fn
+
+    for start in range(0, tokens.shape[0], batch_size):
+        batch = tokens[start : start + batch_size].to(model.cfg.device)
+        clean_logits, clean_loss = model(batch, return_type="both", loss_per_token=True,
+                                         prepend_bos=False)  # fmt: skip
+        ablated_logits, ablated_loss = model.run_with_hooks(
+            batch, return_type="both", loss_per_token=True, prepend_bos=False,
+            fwd_hooks=[(hook, replacing(None))],
+        )  # fmt: skip
+        ablated_kl = _kl(clean_logits, ablated_logits)
+        for name, sae in saes.items():
+            logits, loss = model.run_with_hooks(
+                batch, return_type="both", loss_per_token=True, prepend_bos=False,
+                fwd_hooks=[(hook, replacing(sae))],
+            )  # fmt: skip
+            totals = {
+                "ce_loss_with_sae": loss.sum(),
+                "ce_loss_without_sae": clean_loss.sum(),
+                "ce_loss_with_ablation": ablated_loss.sum(),
+                "kl_div_with_sae": _kl(clean_logits, logits)[:, :-1].sum(),
+                "kl_div_with_ablation": ablated_kl[:, :-1].sum(),
+            }
+            for key, value in totals.items():
+                sums[name][key] = sums[name].get(key, 0.0) + float(value)
+        count += clean_loss.numel()
+    results = {}
+    for name, totals in sums.items():
+        means: dict[str, float | None] = {key: value / count for key, value in totals.items()}
+        ablated, with_sae = means["ce_loss_with_ablation"], means["ce_loss_with_sae"]
+        gap = ablated - means["ce_loss_without_sae"]  # type: ignore[operator]
+        means["ce_loss_score"] = (ablated - with_sae) / gap if gap else None  # type: ignore[operator]
+        kl_ablated, kl_sae = means["kl_div_with_ablation"], means["kl_div_with_sae"]
+        means["kl_div_score"] = (kl_ablated - kl_sae) / kl_ablated if kl_ablated else None  # type: ignore[operator]
+        results[name] = means  # type: ignore[assignment]
+    return results

@@ -19,12 +19,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 __all__ = [
+    "LOSS_TERMS",
     "bae_objective",
     "binary_entropy",
     "covariance_penalty",
     "dense_covariance_penalty",
     "minibatch_entropy",
     "reconstruction_loss",
+    "total_loss",
 ]
 
 _LN2 = math.log(2.0)
@@ -249,18 +251,22 @@ def bae_objective(
     *,
     entropy_coefficient: float,
     covariance_coefficient: float,
+    firing_coefficient: float = 0.0,
     entropy_on: bool = True,
     covariance_block_size: int | None = None,
 ) -> dict[str, Float[Tensor, "*stack"]]:
     """The BAE's training loss terms for a minibatch, per member of a stack of BAEs.
 
-    Returns ``reconstruction_loss`` (squared error averaged over the batch and d_in),
-    ``entropy_loss`` (``entropy_coefficient`` times the minibatch entropy in bits, zero while
-    ``entropy_on`` is False), ``covariance_loss`` (``covariance_coefficient`` times the summed
-    |off-diagonal covariance| of the bits) and ``batch_entropy_bits`` (the entropy itself, detached,
-    for logging). Each has the shape of the leading ``stack`` dimensions: () for one BAE, [G] for
-    a ``StackedBAE``. The three loss terms sum to the objective; every trainer calls this one
-    function, so a change to the objective is made once.
+    Returns the terms of ``LOSS_TERMS``: ``reconstruction_loss`` (squared error averaged over the
+    batch and d_in), ``entropy_loss`` (``entropy_coefficient`` times the minibatch entropy in bits,
+    zero while ``entropy_on`` is False), ``covariance_loss`` (``covariance_coefficient`` times the
+    summed |off-diagonal covariance| of the bits), ``firing_loss`` (``firing_coefficient`` times
+    the summed firing rates of the minibatch, i.e. the mean number of active bits per sample: the
+    entropy is symmetric in p and 1 - p, so without it a channel that is always on costs as
+    little as one that never fires), and ``batch_entropy_bits`` (the entropy, detached, for
+    logging). Each has the shape of the leading ``stack`` dimensions: () for one BAE, [G] for a
+    ``StackedBAE``. ``total_loss`` sums the terms; every trainer calls this one function, so a
+    change to the objective is made once.
     """
     if bits.shape[:-1] != sae_in.shape[:-1] or sae_out.shape != sae_in.shape:
         raise ValueError(
@@ -276,9 +282,26 @@ def bae_objective(
         covariance = covariance_coefficient * covariance_penalty(bits, covariance_block_size)
     else:
         covariance = zero
+    if firing_coefficient > 0:
+        firing = firing_coefficient * bits.mean(dim=-2).sum(-1).to(zero.dtype)
+    else:
+        firing = zero
     return {
         "reconstruction_loss": reconstruction,
         "entropy_loss": entropy,
         "covariance_loss": covariance,
+        "firing_loss": firing,
         "batch_entropy_bits": entropy_bits.detach(),
     }
+
+
+LOSS_TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss", "firing_loss")
+"""The terms of ``bae_objective`` that make up the training loss, in the order they are summed."""
+
+
+def total_loss(terms: dict[str, Tensor]) -> Tensor:
+    """The training loss of ``bae_objective``'s terms, summed in one order by every trainer."""
+    total = terms[LOSS_TERMS[0]]
+    for name in LOSS_TERMS[1:]:
+        total = total + terms[name]
+    return total

@@ -169,34 +169,45 @@ def plot_entropy_curves(
     title: str = "",
     log2_x: bool = False,
 ) -> Path:
-    """Estimated bits against ``x``, one curve per value of ``curve``; points coloured by their
-    BAE's relative reconstruction error (an estimate from a poor reconstruction is not one)."""
-    fig, ax = plt.subplots(figsize=(7, 4.8))
+    """Estimated bits against ``x``, one curve per value of ``curve``, with error bars (the
+    spread over seeds, ``bits_std``, when the rows have it); reliable cells filled, unreliable
+    ones hollow (``reliable`` False: a poor reconstruction or an estimate above its ceiling).
+    Filled points are coloured by their BAE's relative reconstruction error."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
     errors = [r["relative_error"] for r in rows if r["relative_error"] is not None]
     vmax = max(errors) if errors else 1.0
     scatter = None
-    for value in sorted({r[curve] for r in rows}):
+    for n, value in enumerate(sorted({r[curve] for r in rows})):
         group = sorted((r for r in rows if r[curve] == value), key=lambda r: r[x])
         xs = [r[x] for r in group]
+        bits = [r["bits"] for r in group]
         label = f"{curve_label} {value}"
         if "accuracy" in group[0]:  # ICL traces: the model's accuracy with these k shots
             label += f" (ICL accuracy {group[0]['accuracy']:.2f})"
-        ax.plot(xs, [r["bits"] for r in group], "-", alpha=0.7, label=label)
-        scatter = ax.scatter(
-            xs,
-            [r["bits"] for r in group],
-            c=[np.nan if r["relative_error"] is None else r["relative_error"] for r in group],
-            cmap="viridis",
-            vmin=0.0,
-            vmax=vmax,
-            s=36,
-            zorder=3,
-            edgecolors="k",
-            linewidths=0.3,
-        )
+        colour = f"C{n}"
+        spread = [r.get("bits_std") or 0.0 for r in group]
+        ax.errorbar(xs, bits, yerr=spread, fmt="-", color=colour, alpha=0.7, capsize=2,
+                    label=label)  # fmt: skip
+        reliable = [r.get("reliable", True) for r in group]
+        kept = [i for i, ok in enumerate(reliable) if ok]
+        doubtful = [i for i, ok in enumerate(reliable) if not ok]
+        if kept:
+            scatter = ax.scatter(
+                [xs[i] for i in kept],
+                [bits[i] for i in kept],
+                c=[np.nan if group[i]["relative_error"] is None else group[i]["relative_error"]
+                   for i in kept],
+                cmap="viridis", vmin=0.0, vmax=vmax, s=36, zorder=3, edgecolors="k",
+                linewidths=0.3,
+            )  # fmt: skip
+        if doubtful:
+            ax.scatter([xs[i] for i in doubtful], [bits[i] for i in doubtful], s=40, zorder=3,
+                       facecolors="none", edgecolors=colour, linewidths=1.2)  # fmt: skip
     if log2_x:
         ax.set_xscale("log", base=2)
     ax.set(xlabel=xlabel, ylabel="estimated entropy (bits)", title=title)
+    if any(not r.get("reliable", True) for r in rows):
+        ax.scatter([], [], s=40, facecolors="none", edgecolors="k", label="unreliable cell")
     ax.legend(fontsize=8)
     if scatter is not None:
         error_colour_bar(fig, ax, scatter)

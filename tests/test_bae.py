@@ -6,11 +6,14 @@ import torch
 from sae_lens import SAE, TrainingSAE
 from sae_lens.registry import SAE_CLASS_REGISTRY, SAE_TRAINING_CLASS_REGISTRY
 from sae_lens.saes.sae import TrainStepInput
+from sae_lens.training.optim import CoefficientScheduler
 
 import sae_lens_bae
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig, bits_to_values
 from sae_lens_bae.losses import covariance_penalty, minibatch_entropy
-from sae_lens_bae.saes.bae import step
+from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
+from sae_lens_bae.saes.binary import step
+from sae_lens_bae.saes.canonical import canonicalise
 
 
 def make_bae(**kwargs) -> BAETrainingSAE:
@@ -20,10 +23,10 @@ def make_bae(**kwargs) -> BAETrainingSAE:
     return BAETrainingSAE(BAETrainingSAEConfig(**kwargs))
 
 
-def step_input(x, n_training_steps=0, entropy=1e-3, covariance=1e-3, dead=None):
+def step_input(x, n_training_steps=0, entropy=1e-3, covariance=1e-3, dead=None, firing=0.0):
     return TrainStepInput(
         sae_in=x,
-        coefficients={"entropy": entropy, "covariance": covariance},
+        coefficients={"entropy": entropy, "covariance": covariance, "firing": firing},
         dead_neuron_mask=dead,
         n_training_steps=n_training_steps,
         is_logging_step=False,
@@ -99,12 +102,38 @@ def test_defaults():
     cfg = BAETrainingSAEConfig(d_in=16)
     assert cfg.d_sae == 64
     assert cfg.bits == 1
-    assert cfg.entropy_coefficient == 1e-7 and cfg.covariance_coefficient == 1e-7
     assert cfg.entropy_off_fraction == 0.25
     assert cfg.surrogate == "sigmoid"
     assert cfg.apply_b_dec_to_input is False
-    assert sae_lens_bae.DEFAULT_LR == 5e-4 and sae_lens_bae.DEFAULT_BATCH_SIZE == 512
+    assert BAE_PRESETS["default"].lr == sae_lens_bae.DEFAULT_LR
+    assert sae_lens_bae.DEFAULT_BATCH_SIZE == 512
     assert BAEConfig(d_in=16).d_sae == 64
+
+
+@pytest.mark.parametrize("d_in", [16, 576, 2048])
+def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
+    recipe = BAE_PRESETS["default"]
+    scale = 2048 / d_in  # the penalties are sums over channels, the reconstruction a mean over d
+    cfg = BAETrainingSAEConfig(d_in=d_in)
+    assert cfg.entropy_coefficient == pytest.approx(recipe.entropy_coefficient * scale)
+    assert cfg.covariance_coefficient == pytest.approx(recipe.covariance_coefficient * scale)
+    assert cfg.firing_coefficient == pytest.approx(recipe.firing_coefficient * scale)
+    assert cfg.surrogate_temperature == recipe.surrogate_temperature
+    assert cfg.resample_every == recipe.resample_every
+    # what SAELens' registry builds from a bare training config dict is the same
+    from_registry = TrainingSAE.from_dict({"architecture": "bae", "d_in": d_in}).cfg
+    assert from_registry.entropy_coefficient == cfg.entropy_coefficient
+    # the paper's preset keeps its fixed coefficients whatever d
+    paper = bae_config(d_in, preset="paper")
+    assert paper.entropy_coefficient == 1e-7 and paper.covariance_coefficient == 1e-7
+    assert paper.surrogate_temperature == 1.0 and BAE_PRESETS["paper"].lr == 5e-4
+    assert bae_config(d_in, coefficient_scale=4.0).entropy_coefficient == pytest.approx(
+        4 * cfg.entropy_coefficient
+    )
+    explicit = BAETrainingSAEConfig(d_in=d_in, entropy_coefficient=0.5)
+    assert explicit.entropy_coefficient == 0.5
+    with pytest.raises(ValueError, match="unknown BAE preset"):
+        bae_config(d_in, preset="fast")
 
 
 def test_forward_is_binary_code_then_linear_decode():
@@ -138,8 +167,11 @@ def test_saelens_parameter_names():
 def test_training_forward_pass_losses_and_metrics():
     bae = make_bae(d_in=8, d_sae=16, entropy_off_steps=5)
     x = torch.randn(64, 8)
-    out = bae.training_forward_pass(step_input(x, n_training_steps=0, entropy=0.1, covariance=0.2))
-    assert set(out.losses) == {"reconstruction_loss", "entropy_loss", "covariance_loss"}
+    out = bae.training_forward_pass(
+        step_input(x, n_training_steps=0, entropy=0.1, covariance=0.2, firing=0.3)
+    )
+    assert set(out.losses) == {"reconstruction_loss", "entropy_loss", "covariance_loss",
+                               "firing_loss"}  # fmt: skip
     assert out.losses["reconstruction_loss"].item() == pytest.approx(
         ((out.sae_out - x) ** 2).mean().item()
     )
@@ -151,6 +183,8 @@ def test_training_forward_pass_losses_and_metrics():
     assert out.metrics["batch_entropy_bits"].item() == pytest.approx(
         minibatch_entropy(bits).item(), rel=1e-6
     )
+    # the mean number of active bits per sample, weighted: a_f * sum_i p_i
+    assert out.losses["firing_loss"].item() == pytest.approx(0.3 * bits.sum().item() / 64, rel=1e-6)
     assert out.loss.item() == pytest.approx(sum(v.item() for v in out.losses.values()), rel=1e-6)
     p = bits.mean(0)
     assert out.metrics["dense_fraction"]() == pytest.approx((p > 0.5).float().mean().item())
@@ -273,6 +307,10 @@ def test_bad_bits(bits):
         ("entropy_off_fraction", 1.5, "entropy_off_fraction"),
         ("entropy_off_steps", -3, "entropy_off_steps"),
         ("dense_threshold", 1.0, "dense_threshold"),
+        ("firing_coefficient", -0.1, "firing_coefficient"),
+        ("resample_rate", 0.5, "resample_rate"),
+        ("resample_every", -1, "resample_every"),
+        ("coefficient_warm_up_steps", 1.5, "coefficient_warm_up_steps"),
     ],
 )
 def test_bad_training_config_values(field, value, match):
@@ -365,3 +403,102 @@ def test_activation_norm_scaling_fold_keeps_outputs(apply_b_dec_to_input):
     expected = bae(x * scale) / scale  # trained on scaled inputs, mapped back
     bae.fold_activation_norm_scaling_factor(scale)
     assert torch.allclose(bae(x), expected)
+
+
+TRAINING_OPTIONS = dict(
+    firing_coefficient=0.02,
+    coefficient_warm_up_steps=7,
+    resample_every=5,
+    resample_until_fraction=0.3,
+    resample_rate=0.1,
+    total_training_steps=50,
+)
+
+
+def test_new_training_options_round_trip_through_save_and_load(tmp_path):
+    bae = make_bae(d_in=8, d_sae=12, **TRAINING_OPTIONS)
+    bae.window_counts.copy_(torch.arange(12))
+    bae.window_samples.fill_(64)
+    bae.save_model(tmp_path / "checkpoint")
+    loaded = TrainingSAE.load_from_disk(tmp_path / "checkpoint")
+    assert isinstance(loaded, BAETrainingSAE)
+    for name, value in TRAINING_OPTIONS.items():
+        assert getattr(loaded.cfg, name) == value, name
+    assert torch.equal(loaded.window_counts, torch.arange(12)) and int(loaded.window_samples) == 64
+    # the inference model has no training state; a checkpoint read as one drops it too
+    bae.save_inference_model(tmp_path / "inference")
+    for path in ("inference", "checkpoint"):
+        inference = SAE.load_from_disk(tmp_path / path)
+        assert isinstance(inference, BAE) and not hasattr(inference, "window_counts")
+        x = torch.randn(6, 8)
+        assert torch.equal(inference(x), bae(x))
+
+
+def test_coefficients_warm_up_as_saelens_schedules_them():
+    cfg = BAETrainingSAEConfig(d_in=8, entropy_coefficient=0.4, covariance_coefficient=0.2,
+                               firing_coefficient=0.1, coefficient_warm_up_steps=4)  # fmt: skip
+    schedulers = {
+        name: CoefficientScheduler(c.warm_up_steps, c.value)
+        for name, c in BAETrainingSAE(cfg).get_coefficients().items()
+    }
+    for n in range(7):  # the value SAETrainer hands the BAE at step n, then its step()
+        for name, scheduler in schedulers.items():
+            assert cfg.coefficients_at(n)[name] == pytest.approx(scheduler.current_value)
+            scheduler.step()
+    assert cfg.coefficients_at(2) == pytest.approx({"entropy": 0.2, "covariance": 0.1,
+                                                    "firing": 0.05})  # fmt: skip
+
+
+def test_resampling_revives_constant_channels_on_the_worst_samples():
+    torch.manual_seed(0)
+    bae = make_bae(d_in=8, d_sae=6, resample_every=3, resample_rate=0.25, entropy_off_steps=0,
+                   total_training_steps=100)  # fmt: skip
+    with torch.no_grad():
+        bae.b_enc[:2] = torch.tensor([-100.0, 100.0])  # channel 0 never fires, channel 1 always
+    x = torch.randn(64, 8)
+    for n in range(3):
+        bae.training_forward_pass(step_input(x, n_training_steps=n))
+    assert bae.window_counts[:2].tolist() == [0, 192] and int(bae.window_samples) == 192
+    before = bae.encode_bits(x)
+    residual = x - bae.decode(bae.encode(x))
+    worst = torch.argsort(residual.pow(2).sum(-1), descending=True)[:2]
+    bae.training_forward_pass(step_input(x, n_training_steps=3))  # the window ended at step 2
+    after = bae.encode_bits(x)
+    assert torch.equal(after[:, 2:], before[:, 2:])  # the others are untouched
+    assert after[:, :2].mean(0).tolist() == [0.25, 0.25]  # each fires on a quarter of the batch
+    for channel, sample in enumerate(worst.tolist()):
+        assert after[sample, channel] == 1  # ... including its worst-reconstructed sample
+        fired = after[:, channel].bool()
+        assert torch.allclose(bae.W_dec[channel], residual[fired].mean(0), atol=1e-5)
+    assert bae.code_mean[:2].tolist() == [0.25, 0.25]
+    assert int(bae.window_samples) == 64  # a new window, counting this step
+
+
+def test_resampling_stops_after_its_fraction_of_training():
+    cfg = BAETrainingSAEConfig(d_in=8, resample_every=10, resample_until_fraction=0.5,
+                               total_training_steps=100)  # fmt: skip
+    assert [n for n in range(100) if cfg.resampling_at(n)] == [9, 19, 29, 39, 49]
+    assert not BAETrainingSAEConfig(d_in=8).resampling_at(9)
+
+
+@pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
+def test_canonicalise_keeps_every_output_and_makes_the_rare_state_one(apply_b_dec_to_input):
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=6, d_sae=10, apply_b_dec_to_input=apply_b_dec_to_input))
+    with torch.no_grad():
+        bae.b_dec.normal_()
+        bae.W_dec.normal_()
+        bae.b_enc.normal_()
+        bae.b_enc[:4] += 3.0  # mostly on
+    x = torch.randn(400, 6)
+    prior = bae.encode_bits(x).mean(0)
+    flip = prior > 0.5
+    assert 4 <= int(flip.sum()) < 10
+    canon = canonicalise(bae, prior)
+    assert (canon.decode(canon.encode(x)) - bae.decode(bae.encode(x))).abs().max() < 1e-6
+    assert torch.equal(canon.encode_bits(x)[:, flip], 1 - bae.encode_bits(x)[:, flip])
+    assert torch.equal(canon.encode_bits(x)[:, ~flip], bae.encode_bits(x)[:, ~flip])
+    assert torch.allclose(canon.encode_bits(x).mean(0), torch.minimum(prior, 1 - prior))
+    assert torch.equal(bae.encode_bits(x).mean(0), prior)  # the original is untouched
+    with pytest.raises(ValueError, match="one bit per feature"):
+        canonicalise(BAE(BAEConfig(d_in=6, bits=2)))

@@ -58,9 +58,13 @@ def test_compare_trains_every_baseline_and_writes_the_table(
     for name in ["bae", *BASELINES]:
         assert f"| {name} |" in table
         stats = summary["models"][name]
-        assert {"reconstruction_loss", "decoder_covariance_norm", "activated", "dead", "dense",
-                "l0", "explained_variance"} <= set(stats)  # fmt: skip
-        assert 0 <= stats["dead"] <= stats["d_sae"] and stats["activated"] <= stats["d_sae"]
+        assert {"reconstruction_loss", "decoder_covariance_norm", "activated", "activated_firing",
+                "constant", "dead", "dense", "frequent", "firing_over_half", "l0",
+                "explained_variance", "d_sae"} <= set(stats)  # fmt: skip
+        assert 0 <= stats["dead"] <= stats["constant"] <= stats["channels"]
+        assert stats["activated"] <= stats["d_sae"]
+        if name != "transcoder":  # spliced into the model: SAELens' CE and KL columns
+            assert stats["kl_div_with_sae"] >= 0 and "ce_loss_score" in stats
     assert summary["models"]["bae"]["magnitude"] == "burstiness"
     assert summary["models"]["standard_rescaled"]["magnitude"] == "rescaled"
     # the rescaled view reads the same SAE: same reconstruction, other records
@@ -68,7 +72,8 @@ def test_compare_trains_every_baseline_and_writes_the_table(
     for key in same:
         assert summary["models"]["standard_rescaled"][key] == summary["models"]["standard"][key]
     assert json.loads((tmp_path / "compare.json").read_text())["models"] == summary["models"]
-    for png in ("firing_frequency.png", "magnitudes.png", "training_curves.png"):
+    for png in ("firing_frequency.png", "active_frequency.png", "magnitudes.png",
+                "training_curves.png"):  # fmt: skip
         assert matplotlib.image.imread(tmp_path / png).shape[0] > 100
     assert isinstance(SAE.load_from_disk(tmp_path / "models" / "transcoder"), SAE)
     from sae_lens_bae.features import FeatureRecords
@@ -77,3 +82,61 @@ def test_compare_trains_every_baseline_and_writes_the_table(
     assert bae_records.magnitude == "burstiness" and bae_records.sequences is not None
     with pytest.raises(ValueError, match="Unknown baselines"):
         CompareConfig(baselines=("standard", "gated"))
+
+
+def test_recipe_study_on_the_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
+    from sae_lens_bae.experiments import recipes
+
+    cfg = recipes.RecipeStudyConfig(
+        dataset=str(tiny_corpus),
+        model=str(tiny_hf_llama_dir),
+        context_size=32,
+        max_sequences=96,
+        variants=("default", "paper", "warm_up", "cosine_lr", "canonical", "long_x4"),
+        baselines=("topk15", "standard", "standard_rescaled"),
+        steps=12,
+        batch_size=128,
+        records_k=4,
+        spliced_sequences=2,
+        out=tmp_path,
+    )
+    summary = recipes.run(cfg, progress=False)
+    rows = summary["models"]
+    assert list(rows) == [*cfg.variants, *cfg.baselines]
+    assert rows["long_x4"]["steps"] == 48 and rows["default"]["steps"] == 12
+    for name in cfg.variants:
+        assert rows[name]["meets_target"] == recipes.meets_target(rows, name, cfg.baselines)
+    # canonicalised: the same reconstruction, rarity and burstiness (both symmetric in 0 and 1)
+    canonical, default = rows["canonical"], rows["default"]
+    assert canonical["explained_variance"] == pytest.approx(default["explained_variance"], abs=1e-6)
+    for key in ("activated", "constant", "dead", "frequent"):
+        assert canonical[key] == default[key], key
+    table = (tmp_path / "recipes.md").read_text()
+    assert "| warm_up |" in table and "| activated |" in table.replace("activated (firing)", "")
+    saved = json.loads((tmp_path / "recipes.json").read_text())
+    assert saved["models"] == rows and saved["variants"]["paper"]["preset"] == "paper"
+    for png in ("active_frequency.png", "ev_vs_activated.png", "training_curves.png"):
+        assert matplotlib.image.imread(tmp_path / png).shape[0] > 100
+    with pytest.raises(ValueError, match="unknown variants"):
+        recipes.RecipeStudyConfig(variants=("bigger",))
+
+
+def test_feature_target_on_hand_made_rows():
+    from sae_lens_bae.experiments.recipes import meets_target
+
+    def row(ev, activated, constant=0, dead=0):
+        return {"explained_variance": ev, "activated": activated, "constant": constant,
+                "dead": dead, "channels": 1000}  # fmt: skip
+
+    rows = {"bae": row(0.80, 900), "topk15": row(0.81, 850), "standard": row(0.7, 880)}
+    assert meets_target(rows, "bae", ["topk15", "standard"])
+    rows["topk15"]["explained_variance"] = 0.83  # EV more than 0.02 below topk15's
+    assert not meets_target(rows, "bae", ["topk15", "standard"])
+    rows["topk15"]["explained_variance"] = 0.81
+    rows["standard"]["activated"] = 901  # a baseline with more activated features
+    assert not meets_target(rows, "bae", ["topk15", "standard"])
+    rows["standard"]["activated"] = 880
+    rows["bae"]["constant"] = 10  # 1% of the channels constant
+    assert not meets_target(rows, "bae", ["topk15", "standard"])
+    rows["bae"]["constant"], rows["bae"]["dead"] = 9, 1
+    assert not meets_target(rows, "bae", ["topk15", "standard"])

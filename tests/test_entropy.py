@@ -8,10 +8,16 @@ from sae_lens_bae.evaluation import evaluate_sae
 
 
 class FixedCodes:
-    """Stands in for a BAE: the 'activations' are the codes themselves."""
+    """Stands in for a BAE: the 'activations' are the codes themselves, decoded exactly."""
 
     def encode_bits(self, x):
         return x
+
+    def encode(self, x):
+        return x
+
+    def decode(self, codes):
+        return codes
 
 
 def H(p):
@@ -26,8 +32,50 @@ def test_entropy_of_hand_made_codes_over_the_whole_set():
     assert estimate.bits == pytest.approx(1 + H(0.25))
     assert estimate.firing_rates.tolist() == [0.5, 0.25, 0.0]
     assert estimate.n_samples == 8
+    assert estimate.n_distinct == 3 and estimate.ceiling_bits == pytest.approx(math.log2(3))
+    assert estimate.code_bits == pytest.approx(-(2 * 0.25 * math.log2(0.25) + 0.5 * math.log2(0.5)))
+    # channel 1 fires only with channel 0: the sum of marginals (1.81) exceeds log2 3 = 1.58
+    assert estimate.relative_error == 0.0 and not estimate.reliable
     streamed = estimate_entropy(FixedCodes(), iter([codes[:5], codes[5:]]))
     assert streamed.bits == pytest.approx(estimate.bits)
+
+
+def test_the_ceiling_holds_on_a_set_of_8_distinct_states():
+    # 8 equally likely states, each code: its 3 index bits and 3 copies of them
+    index = torch.arange(8).repeat(50)
+    bits = ((index[:, None] >> torch.arange(3)) & 1).float()
+    codes = torch.cat([bits, bits], dim=1)
+    estimate = estimate_entropy(FixedCodes(), codes, batch_size=64)
+    assert estimate.n_samples == 400 and estimate.n_distinct == 8
+    assert estimate.ceiling_bits == 3.0 and estimate.code_bits == pytest.approx(3.0)
+    assert estimate.bits == pytest.approx(6.0)  # sum over 6 fair channels: twice the truth
+    assert not estimate.reliable  # above the ceiling, though the reconstruction is exact
+    halves = estimate_entropy(FixedCodes(), codes[:, :3])
+    assert halves.bits == pytest.approx(3.0) and halves.reliable
+
+
+def test_bootstrap_spread_is_zero_on_a_constant_set_and_positive_on_a_random_one():
+    constant = estimate_entropy(FixedCodes(), torch.ones(300, 4), bootstrap=20, seed=1)
+    assert constant.bootstrap_std == 0.0 and constant.bits == 0.0
+    assert constant.relative_error is None and constant.reliable  # no variance; 0 <= 0 bits
+    random = torch.randint(0, 2, (300, 4), generator=torch.Generator().manual_seed(0)).float()
+    spread = estimate_entropy(FixedCodes(), random, batch_size=70, bootstrap=20, seed=1)
+    assert spread.bootstrap_std > 0
+    again = estimate_entropy(FixedCodes(), random, batch_size=70, bootstrap=20, seed=1)
+    assert again.bootstrap_std == spread.bootstrap_std  # seeded
+    assert estimate_entropy(FixedCodes(), random).bootstrap_std is None
+
+
+def test_relative_error_of_a_real_bae_matches_its_explained_variance():
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=6, d_sae=10))
+    x = torch.randn(200, 6)
+    estimate = estimate_entropy(bae, x, batch_size=64, max_relative_error=10.0)
+    explained = evaluate_sae(bae, x)["explained_variance"]
+    assert estimate.relative_error == pytest.approx(1.0 - explained, rel=1e-6)
+    assert estimate.reliable == (estimate.bits <= estimate.ceiling_bits)
+    strict = estimate_entropy(bae, x, max_relative_error=estimate.relative_error / 2)
+    assert not strict.reliable
 
 
 def test_entropy_of_empty_set_is_an_error():

@@ -16,14 +16,24 @@ from sae_lens_bae.features import (
 )
 
 
-class FixedSAE:
-    """An 'SAE' whose feature activations are its inputs (codes for encode_bits too)."""
+class FixedLatents:
+    """An 'SAE' whose feature activations are its inputs, decoded by the identity."""
+
+    device, dtype = "cpu", torch.float32
 
     def __init__(self, d_sae):
         self.cfg = SimpleNamespace(d_sae=d_sae)
+        self.W_dec = torch.eye(d_sae)
 
     def encode(self, x):
         return x
+
+    def decode(self, acts):
+        return acts
+
+
+class FixedSAE(FixedLatents):
+    """The same read as a BAE: its inputs are its binary code too (``encode_bits``)."""
 
     def encode_bits(self, x):
         return x
@@ -97,7 +107,7 @@ def test_top_k_records_by_burstiness_prefer_rare_bits():
     prior = codes.mean(0)  # bit 0: 1/4, bit 1: always, bit 2: 1/4
     records = top_k_records(
         FixedSAE(3), codes, torch.zeros(4, 2).long(), torch.arange(4), "burstiness",
-        k=1, prior=prior,
+        k=1, prior=prior, candidates="firing",
     )  # fmt: skip
     # an always-on bit is never surprising: log2|1 - 1| is the floor, below a rare bit's log2(3/4)
     assert records.features[:, 0].tolist() == [0, 2, 1, 1]
@@ -114,20 +124,60 @@ def test_decoder_covariance_norm_of_collinear_rows():
     assert decoder_covariance_norm(torch.eye(3)) == pytest.approx(0.5)
 
 
+def test_paper_activated_counts_a_mostly_on_channel_that_is_off_on_a_few_tokens():
+    # channel 0: on for 42 of 48 tokens, off on tokens 0-5; channel 1: on for tokens 6-17;
+    # channel 2: never. Burstiness log2|h - p| with p = (7/8, 1/4, 0)
+    codes = torch.zeros(48, 3)
+    codes[6:, 0] = 1.0
+    codes[6:18, 1] = 1.0
+    prior = codes.mean(0)
+    args = (FixedSAE(3), codes, torch.zeros(48, 2).long(), torch.arange(48), "burstiness")
+    paper = top_k_records(*args, k=1, prior=prior)  # candidates="all": the paper's definition
+    firing = top_k_records(*args, k=1, prior=prior, candidates="firing")
+    # tokens 0-5: channel 0 off where it is usually on, log2(7/8), beats channel 1's log2(1/4)
+    assert paper.features[:6, 0].tolist() == [0] * 6
+    # elsewhere channel 0 is in its usual state, log2(1/8), below channel 1's log2(3/4) or log2(1/4)
+    assert paper.counts().tolist() == [6, 42, 0]
+    assert firing.counts().tolist() == [30, 12, 0]  # tokens 0-5 fire nothing; 6-17: channel 1
+    assert paper.activated(min_samples=5) == 2  # channel 0 has its n_I + 1 = 6 records
+    stats = feature_statistics(FixedSAE(3), codes, paper, firing_records=firing, n_explain=5,
+                               activated_min_samples=12)  # fmt: skip
+    assert stats["activated"] == 2 and stats["activated_firing"] == 1
+
+
 def test_feature_statistics_columns():
     torch.manual_seed(0)
     bae = BAE(BAEConfig(d_in=4, d_sae=8))
+    bae.b_enc.data[0] = 100.0  # bit 0 always on: constant and dead on rarity
     x = torch.randn(64, 4)
     records = top_k_records(
         bae, x, torch.zeros(64, 2).long(), torch.arange(64), "burstiness", k=3,
         prior=code_prior(bae, x, source="evaluation"),
     )  # fmt: skip
-    stats = feature_statistics(bae, x, records, dense_threshold=0.6, activated_min_samples=4)
+    stats = feature_statistics(bae, x, records, dense_threshold=0.3, n_explain=4,
+                               frequent_threshold=0.2)  # fmt: skip
     rates = bae.encode_bits(x).mean(0)
-    assert stats["dense"] == int((rates > 0.6).sum()) and stats["dead"] == int((rates == 0).sum())
+    rarity = torch.minimum(rates, 1 - rates)
+    assert rates[0] == 1.0 and stats["dead"] == int((rarity == 0).sum()) >= 1
+    assert stats["constant"] == int((rarity < 1e-4).sum()) >= 1
+    assert stats["dense"] == int((rarity > 0.3).sum())
+    assert stats["frequent"] == int((rarity > 0.2).sum())
+    assert stats["firing_over_half"] == int((rates > 0.5).sum()) >= 1
+    assert torch.equal(stats["active_frequency"], rarity)
     assert stats["activated"] == int((records.counts() > 4).sum())
     assert stats["decoder_covariance_norm"] == pytest.approx(decoder_covariance_norm(bae.W_dec))
     assert stats["l0"] == pytest.approx(rates.sum().item(), rel=1e-5)
+
+
+def test_constant_counts_a_channel_fixed_at_one_and_sae_statistics_use_firing():
+    codes = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
+    stats = feature_statistics(FixedSAE(3), codes)  # a BAE's code: rarity min(p, 1 - p)
+    assert stats["active_frequency"].tolist() == [0.0, 0.5, 0.25]
+    assert stats["constant"] == 1 and stats["dead"] == 1  # channel 0, fixed at 1
+    assert stats["firing_over_half"] == 1 and stats["dense"] == 0
+    stats = feature_statistics(FixedLatents(3), codes)  # an SAE's latents: firing rates
+    assert stats["active_frequency"].tolist() == [1.0, 0.5, 0.25]
+    assert stats["dead"] == 0 and stats["dense"] == 1 and stats["constant"] == 0
 
 
 def test_records_save_load_and_context(tmp_path, tiny_hf_llama_dir):

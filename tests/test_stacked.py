@@ -19,9 +19,19 @@ def binary_mixtures(n_sets, n=1024, d=8, rank=3, dtype=torch.float64):
 TOLERANCES = {"float32": (1e-5, 1e-7), "float64": (1e-9, 1e-12)}
 
 
+# the firing term and the coefficients' warm-up (SAETrainer schedules it for a single BAE, the
+# stacked trainer with BAETrainingSAEConfig.coefficients_at) must match as well
+OPTIONS = {
+    "paper terms": {"resample_every": 0, "firing_coefficient": 0.0},
+    "firing, warm-up, resampling": {"firing_coefficient": 3e-3, "coefficient_warm_up_steps": 15,
+                                    "resample_every": 7, "resample_rate": 0.2},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("options", list(OPTIONS))
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("bits", [1, 2])
-def test_stacked_training_equals_separate_trainings(bits, dtype):
+def test_stacked_training_equals_separate_trainings(bits, dtype, options):
     sets = binary_mixtures(3, dtype=getattr(torch, dtype))
     rtol, atol = TOLERANCES[dtype]
     cfg = BAETrainingSAEConfig(
@@ -32,12 +42,13 @@ def test_stacked_training_equals_separate_trainings(bits, dtype):
         entropy_off_steps=10,
         entropy_coefficient=1e-2,
         covariance_coefficient=1e-3,
+        **OPTIONS[options],
     )
     seeds = [5, 6, 7]
-    stacked, histories = train_stacked_baes(
+    stacked, histories, steps = train_stacked_baes(
         sets, cfg, training_samples=40 * 64, seeds=seeds, batch_size=64, lr=2e-3, progress=False
     )
-    assert len(histories[0]["reconstruction_loss"]) == 40
+    assert len(histories[0]["reconstruction_loss"]) == 40 and steps == [40, 40, 40]
     for g, (x, seed) in enumerate(zip(sets, seeds, strict=True)):
         alone = train_sae(x, cfg, training_samples=40 * 64, batch_size=64, lr=2e-3, seed=seed).sae
         for name, value in alone.state_dict().items():

@@ -22,7 +22,7 @@ from sae_lens_bae.comsem.loopback import LoopbackServer
 from sae_lens_bae.features import code_prior, top_k_records
 from sae_lens_bae.models import load_model
 from sae_lens_bae.prompts import build_icl_prompts, encode_prompts
-from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
+from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
 
 REVIEWS = [
     ("a gorgeous, witty and deeply moving film", "positive"),
@@ -67,7 +67,7 @@ def main() -> None:
     print(f"{train.shape[0]} token states of width {train.shape[1]} at {hook}")
 
     # 2. A BAE on those states (a short run: the short-run recipe, not the paper's schedule).
-    bae = train_sae(train * scale, short_run_config(train.shape[1]), lr=SHORT_RUN_LR,
+    bae = train_sae(train * scale, BAETrainingSAEConfig(d_in=train.shape[1]), lr=DEFAULT_LR,
                     training_samples=args.steps * 256, batch_size=256).sae.eval()  # fmt: skip
 
     # 3. Steering: the 4-shot minus 0-shot task vector, added at the last token while generating.

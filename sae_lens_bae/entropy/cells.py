@@ -4,26 +4,34 @@ Every entropy experiment (the synthetic benchmark, tracing by position, by numbe
 demonstrations, the two-token benchmark) is the same step repeated over a grid of *cells*: train
 a BAE on the cell's hidden states, then estimate their entropy with it. ``estimate_entropies``
 does it for a whole grid at once with ``train_stacked_baes``; ``EntropyRecipe`` is how each BAE
-is trained.
+is trained: to convergence (``training.convergence``) within a step budget, with several seeds per
+cell for error bars. Each cell reports what makes it trustworthy (``entropy.estimate``): its
+reconstruction error, number of distinct states and the ceiling log2 of it, and ``reliable``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sae_lens_bae.entropy.estimate import estimate_entropy
+from sae_lens_bae.entropy.estimate import (
+    DEFAULT_MAX_RELATIVE_ERROR,
+    EntropyEstimate,
+    estimate_entropy,
+)
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.reports import cell
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.training.convergence import Convergence
 from sae_lens_bae.training.stacked import train_stacked_baes
 
 __all__ = [
     "CELL_COLUMNS",
+    "reliability_note",
     "TRACING_RECIPE",
     "CellEntropy",
     "EntropyRecipe",
@@ -40,13 +48,16 @@ class EntropyRecipe:
     the prototype (d = 64 and 128): sigmoid surrogate at temperature 0.3, Adam lr 2e-3, entropy off
     for the first 25% of steps, and the paper's d = 2048 coefficients (a_e = 5e-7, a_c = 1e-6)
     rescaled by 2048 / d, since the reconstruction loss is a mean over d dimensions while the
-    penalties are sums over channels. ``objective=False`` is the ablation a_e = a_c = 0.
+    penalties are sums over channels; trained until the held-out reconstruction and entropy stop
+    moving (``converge``), within ``steps``. ``objective=False`` is the ablation a_e = a_c = 0.
     """
 
     expansion: int = 4
-    """d_sae / d_in of each BAE."""
-    steps: int = 1000
-    """Training steps of each BAE."""
+    """d_sae / d_in of each BAE (raise it if a cell's reconstruction error is too high)."""
+    bits: int = 1
+    """Code bits per feature (more-bit decoding: more reconstruction for the same d_sae)."""
+    steps: int = 4000
+    """Training steps of each BAE at most (its budget when converging)."""
     batch_size: int = 512
     """BAE minibatch (the entropy term is measured on it)."""
     lr: float = 2e-3
@@ -58,11 +69,20 @@ class EntropyRecipe:
     covariance_coefficient_2048: float = 1e-6
     """a_c at d = 2048; each BAE uses a_c * 2048 / d."""
     entropy_off_fraction: float = 0.25
-    """Fraction of the steps trained without the entropy term."""
+    """Fraction of the step budget trained without the entropy term."""
     objective: bool = True
     """Train with the entropy and covariance terms (False: the ablation a_e = a_c = 0)."""
     target_squared_norm: float = 1.0
     """Each set is scaled to this mean squared norm before training."""
+    seeds: int = 1
+    """BAEs per cell, each with its own seed: the estimate is their mean, bits_std their spread."""
+    converge: bool = True
+    """Stop each BAE once its held-out reconstruction and entropy are flat (else: all steps)."""
+    check_every: int = 100
+    """Steps between two convergence checks."""
+    patience: int = 5
+    """Checks per window: the mean of the last window must match the one before it (a plateau
+    of a few hundred steps before the code drops a bit is common, so not too few)."""
 
     def check_samples(self, n: int, what: str) -> None:
         """Fail before any model runs if a cell would hold fewer samples than one minibatch."""
@@ -77,48 +97,100 @@ class EntropyRecipe:
         return BAETrainingSAEConfig(
             d_in=d_in,
             d_sae=self.expansion * d_in,
+            bits=self.bits,
             surrogate_temperature=self.surrogate_temperature,
             entropy_coefficient=self.entropy_coefficient_2048 * scale,
             covariance_coefficient=self.covariance_coefficient_2048 * scale,
             entropy_off_fraction=self.entropy_off_fraction,
+            firing_coefficient=0.0,
+            resample_every=0,
             total_training_steps=self.steps,
         )
 
+    def convergence(self) -> Convergence | None:
+        """The convergence rule of this recipe, or None (train every step)."""
+        if not self.converge:
+            return None
+        return Convergence(check_every=self.check_every, window=self.patience)
 
-TRACING_RECIPE = EntropyRecipe(expansion=1, steps=1000, batch_size=256, lr=4e-3)
+
+TRACING_RECIPE = EntropyRecipe(expansion=1, steps=1500, batch_size=256, lr=4e-3, seeds=3)
 """The LLM-tracing default, sized for a 2-core CPU: d_sae = d_in is room enough for the few
-dozen bits a set of a few thousand states can show, a batch of 256 halves the step cost, and lr
-4e-3 (as in the synthetic ``cpu`` preset) converges in 1000 steps. On SmolLM2-135M's layer 15 the
-two-token benchmark with it gave 1.00 / 2.42 / 3.83 / 4.93 bits for r = 1 / 2 / 4 / 8 (ceilings
-1 / 2 / 4 / 7.8), with relative reconstruction error 0 / 0.1% / 17% / 27%; normalising to mean
-squared norm 4 instead gave 1.0 / 3.2 / 7.5 / 9.9 at 0 / 0 / 9% / 17%."""
+dozen bits a set of a few thousand states can show, a batch of 256 halves the step cost, lr 4e-3
+(as in the synthetic ``cpu`` preset), at most 1500 steps, and 3 seeds per cell for error bars.
+With 1000 steps and one seed, on SmolLM2-135M's layer 15 the two-token benchmark gave 1.00 /
+2.42 / 3.83 / 4.93 bits for r = 1 / 2 / 4 / 8 (ceilings 1 / 2 / 4 / 7.8), with relative
+reconstruction error 0 / 0.1% / 17% / 27%."""
 
 
 CELL_COLUMNS = [
     ("bits", lambda row: cell(row["bits"], ".2f")),
+    ("± seeds", lambda row: cell(row.get("bits_std"), ".2f")),
+    ("ceiling", lambda row: cell(row.get("ceiling_bits"), ".2f")),
     ("relative error", lambda row: cell(row["relative_error"], ".4f")),
+    ("reliable", lambda row: "yes" if row.get("reliable") else "NO"),
+    ("steps", lambda row: cell(row.get("steps"))),
 ]
 """The markdown columns of a cell's estimate, for the traces' tables."""
 
 
+def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
+    """A trace's verdict in words: how many cells are reliable, which are not and why, and a
+    warning when most are not. ``name`` says which cell a row is (e.g. "layer 15, position 4")."""
+    bad = [row for row in rows if not row.get("reliable", True)]
+    lines = [f"{len(rows) - len(bad)} of {len(rows)} cells are reliable (relative "
+             f"reconstruction error <= {DEFAULT_MAX_RELATIVE_ERROR:.0%} and estimate within "
+             "log2 of the number of distinct states)."]  # fmt: skip
+    for row in bad:
+        reasons = []
+        if row["relative_error"] is not None and row["relative_error"] > DEFAULT_MAX_RELATIVE_ERROR:
+            reasons.append(f"relative error {row['relative_error']:.2f}")
+        if row["bits"] > row.get("ceiling_bits", float("inf")) + 1e-6:
+            reasons.append(f"{row['bits']:.1f} bits above its ceiling {row['ceiling_bits']:.1f}")
+        lines.append(f"- unreliable: {name(row)}: {', '.join(reasons) or 'see the table'}")
+    if len(bad) * 2 > len(rows):
+        lines.append("\nMost cells are unreliable: their BAEs do not reconstruct the states (or "
+                     "code them with dependent bits), so these curves are not the states' "
+                     "entropy. Widen the BAEs (--expansion), add bits (--bits) or train longer "
+                     "(--steps) until the cells are reliable.")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 @dataclass
 class CellEntropy:
-    """A cell's entropy estimate with the reconstruction quality that makes it trustworthy."""
+    """A cell's entropy estimate with what makes it trustworthy: the mean over its seeds' BAEs,
+    their spread, the bootstrap spread over states, reconstruction, ceiling, reliability."""
 
     bits: float
+    bits_std: float | None  # over seeds; None with one seed
+    bits_per_seed: list[float]
     reconstruction_mse: float
-    relative_error: float | None  # SSE / total variance; None when the set has no variance
+    relative_error: float | None  # SSE / total variance, mean over seeds; None without variance
     n_samples: int
+    n_distinct: int
+    ceiling_bits: float
+    code_bits: float
+    bootstrap_std: float | None
+    reliable: bool
+    steps: int  # the most steps any of its BAEs trained
     scale: float  # the factor the cell's states were multiplied by before training
     bae: BAETrainingSAE = field(repr=False)
     history: dict[str, list[float]] = field(repr=False)
 
-    def summary(self) -> dict[str, float | int | None]:
+    def summary(self) -> dict[str, float | int | bool | list[float] | None]:
         return {
             "bits": self.bits,
+            "bits_std": self.bits_std,
+            "bits_per_seed": self.bits_per_seed,
             "reconstruction_mse": self.reconstruction_mse,
             "relative_error": self.relative_error,
             "n_samples": self.n_samples,
+            "n_distinct": self.n_distinct,
+            "ceiling_bits": self.ceiling_bits,
+            "code_bits": self.code_bits,
+            "bootstrap_std": self.bootstrap_std,
+            "reliable": self.reliable,
+            "steps": self.steps,
             "scale": self.scale,
         }
 
@@ -137,6 +209,47 @@ def normalise_scale(states: Float[Tensor, "n d"], target_squared_norm: float = 1
     return (target_squared_norm / mean_square) ** 0.5 if mean_square > 0 else 1.0
 
 
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _cell(
+    estimates: list[EntropyEstimate],
+    evaluations: list[dict],
+    steps: list[int],
+    bae: BAETrainingSAE,
+    history: dict[str, list[float]],
+    scale: float,
+    max_relative_error: float,
+) -> CellEntropy:
+    """One cell from its seeds' estimates (the first seed's BAE and bootstrap are kept)."""
+    bits = [e.bits for e in estimates]
+    first = estimates[0]
+    relative_error = _mean([e.relative_error for e in estimates])
+    mean_bits = sum(bits) / len(bits)
+    reliable = (relative_error is None or relative_error <= max_relative_error) and (
+        mean_bits <= first.ceiling_bits + 1e-6
+    )
+    return CellEntropy(
+        bits=mean_bits,
+        bits_std=float(torch.tensor(bits).std()) if len(bits) > 1 else None,
+        bits_per_seed=bits,
+        reconstruction_mse=sum(e["reconstruction_loss"] for e in evaluations) / len(evaluations),
+        relative_error=relative_error,
+        n_samples=first.n_samples,
+        n_distinct=first.n_distinct,
+        ceiling_bits=first.ceiling_bits,
+        code_bits=first.code_bits,
+        bootstrap_std=first.bootstrap_std,
+        reliable=bool(reliable),
+        steps=max(steps),
+        scale=scale,
+        bae=bae,
+        history=history,
+    )
+
+
 def estimate_entropies(
     sets: Sequence[Float[Tensor, "n d"]],
     recipe: EntropyRecipe | None = None,
@@ -144,16 +257,22 @@ def estimate_entropies(
     eval_sets: Sequence[Float[Tensor, "m d"]] | None = None,
     seeds: Sequence[int] | None = None,
     normalise: bool = True,
+    bootstrap: int = 20,
+    max_relative_error: float = DEFAULT_MAX_RELATIVE_ERROR,
     device: str = "cpu",
     progress: bool = True,
 ) -> list[CellEntropy]:
-    """Train one BAE per set (all stacked, see ``train_stacked_baes``) and estimate each set's
-    entropy with its BAE.
+    """Train ``recipe.seeds`` BAEs per set (all stacked, see ``train_stacked_baes``) and estimate
+    each set's entropy with them: the mean over seeds, with their spread, a bootstrap spread over
+    states (``bootstrap`` replicates, first seed), the reconstruction error, the ceiling and
+    ``reliable`` (relative error at most ``max_relative_error``, mean within the ceiling).
 
     Estimates and reconstruction are measured on ``eval_sets`` when given (held-out samples of the
     same distributions), else on the training sets themselves: the entropy *of that set* is the
-    question there. ``normalise`` scales each set to the recipe's ``target_squared_norm`` first
-    (see ``normalise_scale``; evaluation sets get their training set's factor).
+    question there; convergence is checked on the same states. ``normalise`` scales each set to
+    the recipe's ``target_squared_norm`` first (see ``normalise_scale``; evaluation sets get their
+    training set's factor). ``seeds``: a base seed per set (default its index); seed s of a set is
+    its base + 1000 s.
     """
     recipe = recipe or EntropyRecipe()
     if not sets:
@@ -170,31 +289,42 @@ def estimate_entropies(
     eval_sets = list(sets) if eval_sets is None else list(eval_sets)
     if len(eval_sets) != len(sets):
         raise ValueError(f"{len(sets)} training sets but {len(eval_sets)} evaluation sets")
+    base = list(range(len(sets))) if seeds is None else list(seeds)
+    if len(base) != len(sets):
+        raise ValueError(f"{len(sets)} sets but {len(base)} seeds")
     scales = [normalise_scale(s, recipe.target_squared_norm) if normalise else 1.0 for s in sets]
-    baes, histories = train_stacked_baes(
-        [s.float() * k for s, k in zip(sets, scales, strict=True)],
+    scaled = [s.float() * k for s, k in zip(sets, scales, strict=True)]
+    held_out = [s.float() * k for s, k in zip(eval_sets, scales, strict=True)]
+    replicas = range(recipe.seeds)
+    training = train_stacked_baes(
+        [x for x in scaled for _ in replicas],
         recipe.config(d_in),
         training_samples=recipe.steps * recipe.batch_size,
-        seeds=seeds,
+        seeds=[b + 1000 * r for b in base for r in replicas],
         batch_size=recipe.batch_size,
         lr=recipe.lr,
         device=device,
         progress=progress,
+        convergence=recipe.convergence(),
+        check_sets=[x for x in held_out for _ in replicas],
     )
     cells = []
-    for bae, history, states, k in zip(baes, histories, eval_sets, scales, strict=True):
-        states = (states.float() * k).to(device)
-        evaluation = evaluate_sae(bae, states)
-        explained = evaluation["explained_variance"]
-        cells.append(
-            CellEntropy(
-                bits=estimate_entropy(bae, states).bits,
-                reconstruction_mse=evaluation["reconstruction_loss"],
-                relative_error=None if explained is None else 1.0 - explained,
-                n_samples=states.shape[0],
-                scale=k,
-                bae=bae,
-                history=history,
+    for index, (states, k) in enumerate(zip(held_out, scales, strict=True)):
+        states = states.to(device)
+        members = range(index * recipe.seeds, (index + 1) * recipe.seeds)
+        estimates = [
+            estimate_entropy(
+                training.baes[g],
+                states,
+                bootstrap=bootstrap if g == members[0] else 0,
+                seed=base[index],
+                max_relative_error=max_relative_error,
             )
-        )
+            for g in members
+        ]
+        evaluations = [evaluate_sae(training.baes[g], states) for g in members]
+        first = members[0]
+        cells.append(_cell(estimates, evaluations, [training.steps[g] for g in members],
+                           training.baes[first], training.histories[first], k,
+                           max_relative_error))  # fmt: skip
     return cells

@@ -1,13 +1,26 @@
-"""Entropy of a set of hidden states, estimated by a trained BAE.
+"""Entropy of a set of hidden states, estimated by a trained BAE, with what makes it trustworthy.
 
 The estimate is H(p) = -sum_i [p_i log2 p_i + (1-p_i) log2(1-p_i)] with p the BAE's mean binary
-code over the *whole* set (not per minibatch). Since the BAE is trained to make its code channels
-independent (covariance penalty) and compact (minibatch entropy), the sum of channel entropies
-approaches the entropy of the set.
+code over the *whole* set (not per minibatch): the sum of the code channels' entropies. It is an
+upper bound on the entropy of the code (tight only when the channels are independent, which the
+covariance penalty pushes towards), and the code's entropy is at most the set's. Beside it:
+
+* ``ceiling_bits`` = log2(number of distinct states): no distribution over the set can hold more;
+  an estimate above it says the channels are dependent or the code wastes bits, not that the set
+  has that much entropy;
+* ``code_bits``: the plug-in entropy of the distinct codes in the set, a lower companion (at most
+  both the estimate and the ceiling);
+* ``relative_error``: the BAE's reconstruction error on the set (SSE / total variance): an
+  estimate from a code that has lost the states says little about the states;
+* ``reliable``: relative error at most ``max_relative_error`` and the estimate within the ceiling;
+* ``bootstrap_std``: the spread of the estimate over states resampled with replacement (Poisson
+  bootstrap, streamed), for the same BAE.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -17,16 +30,42 @@ from torch import Tensor
 
 from sae_lens_bae.losses import binary_entropy
 
-__all__ = ["EntropyEstimate", "estimate_entropy"]
+__all__ = ["DEFAULT_MAX_RELATIVE_ERROR", "EntropyEstimate", "estimate_entropy", "plugin_entropy"]
+
+DEFAULT_MAX_RELATIVE_ERROR = 0.2
+"""A cell whose BAE leaves more of its states' variance unexplained than this is not reliable."""
 
 
 @dataclass
 class EntropyEstimate:
-    """An entropy estimate in bits, the per-channel firing rates it came from, and the count."""
+    """An entropy estimate in bits and the numbers that say how far to trust it (see module)."""
 
     bits: float
     firing_rates: Float[Tensor, " n_bits"]
     n_samples: int
+    n_distinct: int
+    ceiling_bits: float
+    code_bits: float
+    relative_error: float | None
+    reliable: bool
+    bootstrap_std: float | None = None
+
+
+def plugin_entropy(counts: Iterable[int]) -> float:
+    """Entropy in bits of the empirical distribution with these counts."""
+    counts = [c for c in counts if c > 0]
+    total = sum(counts)
+    return max(-sum(c / total * math.log2(c / total) for c in counts), 0.0) + 0.0
+
+
+def _row_keys(rows: Tensor) -> list[int]:
+    """A 64-bit hash of each row of a 2-D tensor (exact equality up to hash collisions, about
+    1 in 2^64 per pair): what counting distinct states needs, in constant memory per row."""
+    data = rows.detach().cpu().contiguous()
+    if data.dtype == torch.bool:
+        data = data.to(torch.uint8)
+    raw = data.numpy()
+    return [hash(raw[i].tobytes()) for i in range(raw.shape[0])]
 
 
 @torch.no_grad()
@@ -34,27 +73,74 @@ def estimate_entropy(
     bae: torch.nn.Module,
     activations: Float[Tensor, "n d_in"] | Iterable[Float[Tensor, "batch d_in"]],
     batch_size: int = 4096,
+    *,
+    bootstrap: int = 0,
+    seed: int = 0,
+    max_relative_error: float = DEFAULT_MAX_RELATIVE_ERROR,
 ) -> EntropyEstimate:
-    """Entropy in bits of ``activations`` as seen by ``bae`` (any object with ``encode_bits``).
+    """Entropy in bits of ``activations`` as seen by ``bae`` (any object with ``encode_bits``,
+    ``encode`` and ``decode``), with its ceiling, reconstruction error and reliability.
 
     Streams: a tensor is encoded ``batch_size`` rows at a time, and an iterable of batches (e.g.
-    read from an activation cache) is consumed once, so the set never needs to fit in memory.
+    read from an activation cache) is consumed once, so the set never needs to fit in memory
+    (distinct states and codes are counted by hashing each row). ``bootstrap``: number of Poisson
+    bootstrap replicates for ``bootstrap_std`` (0: none).
     """
     batches = (
         (activations[i : i + batch_size] for i in range(0, activations.shape[0], batch_size))
         if isinstance(activations, Tensor)
         else activations
     )
+    generator = torch.Generator().manual_seed(seed)
     counts: Tensor | None = None
+    replicate_counts = replicate_sizes = None
+    states: set[int] = set()
+    codes: Counter[int] = Counter()
     n = 0
+    sse = total = 0.0
+    sums: Tensor | None = None
     for batch in batches:
+        batch = batch.reshape(-1, batch.shape[-1])
         bits = bae.encode_bits(batch)
-        bits = bits.reshape(-1, bits.shape[-1])
+        out = bae.decode(bae.encode(batch)).double()
+        x = batch.to(out.device).double()
+        sse += float((out - x).pow(2).sum())
+        total += float(x.pow(2).sum())
+        sums = x.sum(0) if sums is None else sums + x.sum(0)
         batch_counts = bits.sum(0, dtype=torch.float64)
         counts = batch_counts if counts is None else counts + batch_counts
+        if bootstrap:
+            weights = torch.poisson(torch.ones(bootstrap, bits.shape[0]), generator=generator)
+            weights = weights.to(bits.device, torch.float64)
+            part = weights @ bits.double()
+            replicate_counts = part if replicate_counts is None else replicate_counts + part
+            size = weights.sum(1)
+            replicate_sizes = size if replicate_sizes is None else replicate_sizes + size
+        states.update(_row_keys(batch.float()))
+        codes.update(_row_keys(bits.bool()))
         n += bits.shape[0]
-    if counts is None or n == 0:
+    if counts is None or n == 0 or sums is None:
         raise ValueError("estimate_entropy needs at least one activation")
     rates = (counts / n).float()
-    bits = max(binary_entropy(rates).item(), 0.0) + 0.0  # + 0.0: no -0.0 for a constant code
-    return EntropyEstimate(bits=bits, firing_rates=rates, n_samples=n)
+    bits_estimate = max(binary_entropy(rates).item(), 0.0) + 0.0  # + 0.0: no -0.0
+    variance = total - float(sums.pow(2).sum()) / n
+    relative_error = sse / variance if variance > 1e-12 * max(total, 1e-30) else None
+    ceiling = math.log2(len(states))
+    bootstrap_std = None
+    if replicate_counts is not None and replicate_sizes is not None:
+        p = (replicate_counts / replicate_sizes.clamp_min(1.0)[:, None]).float()
+        bootstrap_std = float(binary_entropy(p).clamp_min(0.0).std()) if bootstrap > 1 else 0.0
+    reliable = (relative_error is None or relative_error <= max_relative_error) and (
+        bits_estimate <= ceiling + 1e-6
+    )
+    return EntropyEstimate(
+        bits=bits_estimate,
+        firing_rates=rates,
+        n_samples=n,
+        n_distinct=len(states),
+        ceiling_bits=ceiling,
+        code_bits=plugin_entropy(codes.values()),
+        relative_error=relative_error,
+        reliable=bool(reliable),
+        bootstrap_std=bootstrap_std,
+    )

@@ -17,13 +17,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from torch import Tensor
 
 from sae_lens_bae.activations import harvest_layer
-from sae_lens_bae.comsem import COMSEM_COLUMNS, ClientConfig, comsem_columns
-from sae_lens_bae.features import FeatureRecords, code_prior, feature_statistics, top_k_records
-from sae_lens_bae.features.records import feature_magnitudes
+from sae_lens_bae.comsem import ClientConfig, comsem_columns
+from sae_lens_bae.experiments.layer_study import (
+    EvaluationSettings,
+    evaluate_model,
+    heat_map,
+    models_table,
+    plot_active_frequencies,
+    spliced_columns,
+)
+from sae_lens_bae.features import FeatureRecords
 from sae_lens_bae.plots import (
     plot_comsem_scores,
     plot_firing_frequencies,
@@ -31,23 +37,14 @@ from sae_lens_bae.plots import (
     plot_magnitude_heatmaps,
     plot_training_curves,
 )
-from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json
-from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
+from sae_lens_bae.reports import Stopwatch, write_json
+from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
+from sae_lens_bae.saes.canonical import canonicalise
 from sae_lens_bae.training import BASELINES, baseline_configs, train_sae, train_transcoder
 
 __all__ = ["REPORT", "CompareConfig", "run"]
 
 REPORT = "compare.md"
-
-TABLE_COLUMNS = (
-    ("reconstruction_loss", "reconstruction loss", ".4f"),
-    ("decoder_covariance_norm", "‖Cov(W_dec)‖", ".4f"),
-    ("activated", "activated", ""),
-    ("dead", "dead", ""),
-    ("dense", "dense", ""),
-    ("l0", "L0", ".1f"),
-    ("explained_variance", "explained variance", ".3f"),
-)
 
 
 @dataclass
@@ -77,21 +74,29 @@ class CompareConfig:
     batch_size: int = 512
     """Activations per training step."""
     lr: float = 5e-4
-    """Adam learning rate of the SAEs (the BAE trains with SHORT_RUN_LR)."""
+    """Adam learning rate of the SAEs (the BAE trains with its preset's)."""
     l1_coefficient: float = 5.0
     """L1 coefficient of standard, gated_relu and the transcoder."""
     records_k: int = 10
-    """Top-k features kept per token in the records."""
+    """Top-k features kept per token in the records (k)."""
+    n_explain: int = 5
+    """The paper's activated: at least n_explain + 1 records (top-k over all channels)."""
     activated_min_samples: int = 8
-    """A feature is activated with more than this many tokens in the records."""
+    """Ours (activated (firing)): more than this many records among firing channels."""
     dense_threshold: float = 0.5
-    """A feature firing on more than this fraction of tokens is dense."""
+    """A channel active on more than this fraction of tokens is dense."""
     prior: Literal["training", "evaluation"] = "training"
     """The BAE's burstiness prior: its training mean code or the held-out one."""
+    canonicalise: bool = False
+    """Flip the BAE's mostly-on bits first, so that every bit's 1 is its rare state (exact)."""
+    spliced_sequences: int = 64
+    """Held-out sequences on which each model is spliced into the LM (CE, KL); 0: skip."""
     outlier_norm_ratio: float = 10.0
     """Activations with a norm above this times the median are dropped (attention sinks)."""
+    bae_preset: Literal["default", "short_run", "paper"] = "default"
+    """The BAE's training recipe (sae_lens_bae.saes.bae_presets)."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
-    """BAE config fields that replace the short-run recipe's, e.g. entropy_coefficient=1e-6."""
+    """BAE config fields that replace the recipe's, e.g. entropy_coefficient=1e-6."""
     comsem_llm: str | None = None
     """Add ComSem columns, every model's records judged by this LLM."""
     comsem_base_url: str | None = None
@@ -139,10 +144,9 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         progress=progress,
     )
     lap("harvest")
-    hook, tokenizer, sequences = data.hook, data.tokenizer, data.sequences
+    hook = data.hook
     mlp_in = hook.replace("hook_resid_post", mlp_name)
-    train, test = data.train[hook], data.test[hook]
-    test_positions, test_tokens = data.positions, data.token_ids
+    train = data.train[hook]
     d_in = train.shape[1]
     samples = cfg.steps * cfg.batch_size
     trainer = {"training_samples": samples, "batch_size": cfg.batch_size, "device": cfg.device}
@@ -150,9 +154,11 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
 
     runs: dict[str, Any] = {}
     histories: dict[str, list[dict[str, float]]] = {}
-    bae_cfg = short_run_config(d_in, cfg.expansion * d_in, **cfg.bae_kwargs)
-    run = train_sae(train, bae_cfg, lr=SHORT_RUN_LR, **trainer)
+    bae_cfg = bae_config(d_in, cfg.expansion * d_in, preset=cfg.bae_preset, **cfg.bae_kwargs)
+    run = train_sae(train, bae_cfg, lr=BAE_PRESETS[cfg.bae_preset].lr, **trainer)
     runs["bae"], histories["bae"] = run.sae, run.history
+    if cfg.canonicalise:
+        runs["bae"] = canonicalise(run.sae)
     lap("train bae")
     for name, sae_cfg in baseline_configs(
         d_in, cfg.expansion, cfg.baselines, cfg.l1_coefficient
@@ -160,11 +166,9 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         run = train_sae(train, sae_cfg, lr=cfg.lr, **trainer)
         runs[name], histories[name] = run.sae, run.history
         lap(f"train {name}")
-    x_test = test  # the transcoder's inputs (the MLP input) replace these below
     if "transcoder" in cfg.baselines:
-        x_train, x_test = data.train[mlp_in], data.test[mlp_in]
-        transcoder, histories["transcoder"] = train_transcoder(
-            x_train,
+        runs["transcoder"], histories["transcoder"] = train_transcoder(
+            data.train[mlp_in],
             train,
             cfg.expansion * d_in,
             training_samples=samples,
@@ -175,52 +179,52 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             seed=cfg.seed,
             progress=progress,
         )
-        runs["transcoder"] = transcoder
         lap("train transcoder")
 
+    settings = EvaluationSettings(
+        records_k=cfg.records_k,
+        n_explain=cfg.n_explain,
+        activated_min_samples=cfg.activated_min_samples,
+        dense_threshold=cfg.dense_threshold,
+        prior=cfg.prior,
+        spliced_sequences=cfg.spliced_sequences,
+        outlier_norm_ratio=cfg.outlier_norm_ratio,
+    )
     rows: dict[str, dict[str, Any]] = {}
     rates: dict[str, Tensor] = {}
+    frequencies: dict[str, Tensor] = {}
     heat: dict[str, Tensor] = {}
     records: dict[str, FeatureRecords] = {}
-    prior = None
+    (out / "records").mkdir(exist_ok=True)
     for name in ["bae", *cfg.baselines]:
         sae = runs["standard" if name == "standard_rescaled" else name]
-        sae.eval()
-        inputs, targets = (x_test, test) if name == "transcoder" else (test, None)
-        if name == "bae":
-            prior = code_prior(sae, test, source=cfg.prior)
-            magnitude = "burstiness"
-        else:
-            magnitude = "rescaled" if name == "standard_rescaled" else "raw"
-        records[name] = top_k_records(
-            sae, inputs, test_positions, test_tokens, magnitude, k=cfg.records_k,  # type: ignore[arg-type]
-            prior=prior if name == "bae" else None, sequences=sequences,
-        )  # fmt: skip
-        records[name].info = {"model": cfg.model, "hook": hook, "sae": name}
-        (out / "records").mkdir(exist_ok=True)
-        records[name].save(out / "records" / f"{name}.safetensors")
-        stats = feature_statistics(
-            sae,
-            inputs,
-            records[name],
-            dense_threshold=cfg.dense_threshold,
-            activated_min_samples=cfg.activated_min_samples,
-            targets=targets,
+        inputs, targets = data.test[hook], None
+        if name == "transcoder":
+            inputs, targets = data.test[mlp_in], data.test[hook]
+        magnitude = "rescaled" if name == "standard_rescaled" else None
+        stats, records[name], prior = evaluate_model(
+            name, sae, data, settings, inputs=inputs, targets=targets, magnitude=magnitude
         )
+        records[name].save(out / "records" / f"{name}.safetensors")
         rates[name] = stats.pop("firing_rates")
-        stats["magnitude"] = magnitude
+        frequencies[name] = stats.pop("active_frequency")
+        heat[name] = heat_map(sae, inputs, stats["magnitude"], prior, rates[name])
         rows[name] = stats
-        heat[name] = _heat_map(sae, inputs, magnitude, prior, rates[name])
         if name != "standard_rescaled":  # the standard SAE's weights, saved as "standard"
             save = getattr(sae, "save_inference_model", None) or sae.save_model
             save(out / "models" / name)
     lap("evaluate")
+    spliced = {n: runs[n] for n in ["bae", *cfg.baselines] if n in runs and n != "transcoder"}
+    for name, metrics in spliced_columns(spliced, data, settings, cfg.device).items():
+        rows[name].update(metrics)
+        if name == "standard" and "standard_rescaled" in rows:
+            rows["standard_rescaled"].update(metrics)
+    lap("spliced into the model")
     comsem_scores: dict[str, list[float]] = {}
     if cfg.comsem_llm is not None:
         client = ClientConfig(model=cfg.comsem_llm, base_url=cfg.comsem_base_url)
-        comsem_scores = comsem_columns(
-            records, tokenizer, client, rows, out / "comsem", cfg.comsem_max_features, progress
-        )
+        comsem_scores = comsem_columns(records, data.tokenizer, client, rows, out / "comsem",
+                                       cfg.comsem_max_features, progress)  # fmt: skip
         lap("comsem")
 
     summary = {
@@ -230,7 +234,7 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         "transcoder_input": mlp_in if "transcoder" in cfg.baselines else None,
         "dataset": data.dataset,
         "train_tokens": int(train.shape[0]),
-        "held_out_tokens": int(test.shape[0]),
+        "held_out_tokens": int(data.test[hook].shape[0]),
         "outliers_dropped": data.outliers_dropped,
         # every model reads states multiplied by this (bae interpret --sae ... --input-scale)
         "activation_scale": data.scales[hook],
@@ -239,47 +243,36 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         "seconds": watch.seconds,
     }
     write_json(out / "compare.json", summary)  # the results are safe before any plotting
-    (out / "compare.md").write_text(_table(summary))
+    (out / "compare.md").write_text(_report(summary))
+    title = f"{cfg.model} {hook}"
     if len(rates) > 1:
         plot_firing_frequency_grid(rates, out / "firing_frequency.png", "bae", cfg.dense_threshold)
     else:  # a BAE-only study: its own histogram
-        plot_firing_frequencies(rates, out / "firing_frequency.png", title=f"{cfg.model} {hook}")
-    plot_magnitude_heatmaps(heat, out / "magnitudes.png", title=f"{cfg.model} {hook}")
-    plot_training_curves(histories, out / "training_curves.png", title=f"{cfg.model} {hook}")
+        plot_firing_frequencies(rates, out / "firing_frequency.png", title=title)
+    plot_active_frequencies(frequencies, out / "active_frequency.png", title=title)
+    plot_magnitude_heatmaps(heat, out / "magnitudes.png", title=title)
+    plot_training_curves(histories, out / "training_curves.png", title=title)
     if comsem_scores:
-        plot_comsem_scores(comsem_scores, out / "comsem_scores.png", title=f"{cfg.model} {hook}")
+        plot_comsem_scores(comsem_scores, out / "comsem_scores.png", title=title)
     lap("report")
     write_json(out / "compare.json", summary)  # again, with the report's seconds
     return summary
 
 
-@torch.no_grad()
-def _heat_map(
-    sae: Any, inputs: Tensor, magnitude: str, prior: Tensor | None, rates: Tensor
-) -> Tensor:
-    """Magnitudes of 64 held-out tokens on the 128 most used channels."""
-    channels = torch.argsort(rates, descending=True)[:128]
-    values, _ = feature_magnitudes(sae, inputs, magnitude, prior=prior)(0, 64)  # type: ignore[arg-type]
-    return values[:, channels]
-
-
-def _table(summary: dict[str, Any]) -> str:
+def _report(summary: dict[str, Any]) -> str:
+    config = summary["config"]
     lines = [
         f"# BAE vs SAEs: {summary['model']} `{summary['hook']}`",
         "",
         f"{summary['train_tokens']} training tokens, {summary['held_out_tokens']} held-out tokens "
         f"(statistics on held-out); BAE magnitudes: burstiness with the {summary['bae_prior']} "
-        "prior; activated: features with more than "
-        f"{summary['config']['activated_min_samples']} tokens in the top-"
-        f"{summary['config']['records_k']} records; dense: firing on more than "
-        f"{summary['config']['dense_threshold']:.0%} of tokens.",
+        f"prior. activated: the paper's (top-{config['records_k']} over all channels, at least "
+        f"{config['n_explain'] + 1} records); activated (firing): top-{config['records_k']} over "
+        f"firing channels, more than {config['activated_min_samples']} records. constant, dead, "
+        "dense, active >10%: on each channel's active frequency (BAE bit: rarity min(p, 1 - p); "
+        f"SAE latent: firing rate): below 1e-4, never, above {config['dense_threshold']:.0%}, "
+        "above 10%. CE recovered and KL: spliced into the model on "
+        f"{config['spliced_sequences']} held-out sequences (SAELens' definitions).",
         "",
     ]
-    columns = [("model", lambda row: row["model"])]
-    columns += [
-        (title, lambda row, key=key, spec=spec: cell(row.get(key), spec))
-        for key, title, spec in TABLE_COLUMNS
-        + (COMSEM_COLUMNS if "comsem_score" in next(iter(summary["models"].values())) else ())
-    ]
-    rows = [{"model": name, **stats} for name, stats in summary["models"].items()]
-    return "\n".join(lines) + "\n" + markdown_table(rows, columns)
+    return "\n".join(lines) + "\n" + models_table(summary["models"])

@@ -12,7 +12,7 @@ from sae_lens_bae.activations import harvest_layer
 from sae_lens_bae.compression import LOSSLESS_THRESHOLD, compression_report, decoder_bytes
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, markdown_table, write_json
-from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
+from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
 from sae_lens_bae.training import train_sae
 
 __all__ = ["REPORT", "CompressionConfig", "plot_compression", "run"]
@@ -74,9 +74,9 @@ def run(cfg: CompressionConfig, progress: bool = True) -> dict[str, Any]:
     train, test = data.train[data.hook], data.test[data.hook]
     scale = data.scales[data.hook]
     d_in = train.shape[1]
-    bae = train_sae(train, short_run_config(d_in, cfg.expansion * d_in),
+    bae = train_sae(train, BAETrainingSAEConfig(d_in=d_in, d_sae=cfg.expansion * d_in),
                     training_samples=cfg.steps * cfg.batch_size, batch_size=cfg.batch_size,
-                    lr=SHORT_RUN_LR, device=cfg.device, seed=cfg.seed).sae.eval()  # fmt: skip
+                    lr=DEFAULT_LR, device=cfg.device, seed=cfg.seed).sae.eval()  # fmt: skip
     bae.save_inference_model(out / "bae")
     watch.lap("train")
     rows = compression_report(bae, test / scale, cfg.thresholds, input_scale=scale,

@@ -20,7 +20,7 @@ from transformer_lens import HookedTransformer
 from sae_lens_bae.activations import check_layers, gather_states
 from sae_lens_bae.data import default_corpus, document_windows, iter_texts
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
-from sae_lens_bae.entropy.cells import CELL_COLUMNS
+from sae_lens_bae.entropy.cells import CELL_COLUMNS, reliability_note
 from sae_lens_bae.experiments.common import recipe_field
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_entropy_curves
@@ -144,5 +144,6 @@ def run(cfg: PositionTracingConfig, progress: bool = True) -> dict[str, Any]:
         log2_x=True,
     )
     table = markdown_table(rows, [*_CELL_KEYS, *CELL_COLUMNS])
-    (out / "positions.md").write_text(table)
+    note = reliability_note(rows, lambda r: f"layer {r['layer']}, position {r['position']}")
+    (out / "positions.md").write_text(table + "\n" + note)
     return summary

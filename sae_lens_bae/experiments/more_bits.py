@@ -20,7 +20,7 @@ from sae_lens_bae.comsem import COMSEM_COLUMNS, ClientConfig, comsem_columns
 from sae_lens_bae.features import code_prior, feature_statistics, top_k_records
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json
-from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
+from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
 from sae_lens_bae.training import train_sae
 
 __all__ = ["REPORT", "MoreBitsConfig", "plot_more_bits", "run"]
@@ -100,13 +100,13 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
     rows = []
     records = {}
     for c in cfg.bits:
-        bae_cfg = short_run_config(d_in, cfg.expansion * d_in, bits=c)
+        bae_cfg = BAETrainingSAEConfig(d_in=d_in, d_sae=cfg.expansion * d_in, bits=c)
         sae = train_sae(
             train,
             bae_cfg,
             training_samples=cfg.steps * cfg.batch_size,
             batch_size=cfg.batch_size,
-            lr=SHORT_RUN_LR,
+            lr=DEFAULT_LR,
             device=cfg.device,
             seed=cfg.seed,
         ).sae.eval()

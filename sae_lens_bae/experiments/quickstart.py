@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 
@@ -21,7 +21,7 @@ from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
 from sae_lens_bae.reports import Stopwatch, write_json
-from sae_lens_bae.saes.bae import SHORT_RUN_LR, BAETrainingSAEConfig, short_run_config
+from sae_lens_bae.saes.bae_config import BAE_PRESETS, BAETrainingSAEConfig, bae_config
 from sae_lens_bae.training import TrainingRun, train_sae
 
 __all__ = ["REPORT", "QuickstartConfig", "run"]
@@ -56,10 +56,12 @@ class QuickstartConfig:
     """Training steps per model."""
     batch_size: int = 512
     """Activations per training step."""
-    bae_lr: float = SHORT_RUN_LR
-    """Adam learning rate of the BAE."""
+    bae_preset: Literal["default", "short_run", "paper"] = "default"
+    """The BAE's training recipe (sae_lens_bae.saes.bae_presets); its lr unless --bae-lr."""
+    bae_lr: float | None = None
+    """Adam learning rate of the BAE (default: its recipe's)."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
-    """BAE config fields that replace the short-run recipe's, e.g. entropy_coefficient=1e-6."""
+    """BAE config fields that replace the recipe's, e.g. entropy_coefficient=1e-6."""
     topk_lr: float = 5e-4
     """Adam learning rate of the topk SAE."""
     topk_k: int = 100
@@ -78,11 +80,11 @@ class QuickstartConfig:
 
 
 def _bae_config(d_in: int, cfg: QuickstartConfig) -> BAETrainingSAEConfig:
-    """The quickstart's BAE: a short run, so ``short_run_config``'s rule unless
-    ``cfg.bae_kwargs`` says otherwise."""
-    return short_run_config(
+    """The quickstart's BAE: its recipe, with ``cfg.bae_kwargs`` replacing fields."""
+    return bae_config(
         d_in,
         cfg.expansion * d_in,
+        preset=cfg.bae_preset,
         normalize_activations="expected_average_only_in",
         **cfg.bae_kwargs,
     )
@@ -132,7 +134,8 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         seed=cfg.seed,
         n_batches_for_norm_estimate=100,
     )
-    runs["bae"] = train_sae(train_acts, _bae_config(d_in, cfg), lr=cfg.bae_lr, **trainer_args)
+    bae_lr = cfg.bae_lr or BAE_PRESETS[cfg.bae_preset].lr
+    runs["bae"] = train_sae(train_acts, _bae_config(d_in, cfg), lr=bae_lr, **trainer_args)
     lap("train bae")
     topk_cfg = TopKTrainingSAEConfig(
         d_in=d_in,

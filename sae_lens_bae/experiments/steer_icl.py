@@ -31,7 +31,7 @@ from sae_lens_bae.prompts import (
     load_icl_pairs,
 )
 from sae_lens_bae.reports import Stopwatch, markdown_table, write_json
-from sae_lens_bae.saes.bae import SHORT_RUN_LR, short_run_config
+from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
 from sae_lens_bae.steering import SteeredClassifier, label_accuracy, mean_difference, task_vector
 from sae_lens_bae.training import TRAINED_BASELINES, baseline_configs, train_sae
 
@@ -82,7 +82,7 @@ class SteerICLConfig:
     batch_size: int = 512
     """Activations per training step."""
     lr: float = 5e-4
-    """Adam learning rate of the SAEs (the BAE trains with SHORT_RUN_LR)."""
+    """Adam learning rate of the SAEs (the BAE trains with its default recipe's)."""
     strengths: Sequence[float] = (0.5, 1.0, 2.0, 4.0, 8.0)
     """Steering strengths swept."""
     normalise: bool = True
@@ -159,8 +159,8 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
         "seed": cfg.seed,
     }
     d_in = train.shape[1]
-    saes = {"bae": train_sae(train * scale, short_run_config(d_in, cfg.expansion * d_in),
-                             lr=SHORT_RUN_LR, **trainer).sae}  # fmt: skip
+    bae_cfg = BAETrainingSAEConfig(d_in=d_in, d_sae=cfg.expansion * d_in)
+    saes = {"bae": train_sae(train * scale, bae_cfg, lr=DEFAULT_LR, **trainer).sae}
     for name, sae_cfg in baseline_configs(d_in, cfg.expansion, cfg.baselines).items():
         saes[name] = train_sae(train * scale, sae_cfg, lr=cfg.lr, **trainer).sae
     watch.lap("train")

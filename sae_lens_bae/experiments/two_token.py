@@ -21,6 +21,7 @@ from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations import check_layers, gather_states
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
+from sae_lens_bae.entropy.cells import reliability_note
 from sae_lens_bae.experiments.common import recipe_field
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import error_colour_bar, save_figure, subplots
@@ -146,12 +147,17 @@ def run(cfg: TwoTokenConfig, progress: bool = True) -> dict[str, Any]:
             ("r", lambda row: str(row["r"])),
             ("sample entropy", lambda row: f"{row['sample_entropy_bits']:.2f}"),
             ("BAE estimate", lambda row: cell(row["bits"], ".2f")),
+            ("± seeds", lambda row: cell(row.get("bits_std"), ".2f")),
             ("relative error", lambda row: cell(row["relative_error"], ".4f")),
             ("within ceiling", lambda row: "yes" if row["within_ceiling"] else "NO"),
+            ("reliable", lambda row: "yes" if row["reliable"] else "NO"),
         ],
     )
     verdict = all(row["within_ceiling"] for row in rows)
-    (out / "two_token.md").write_text(f"{table}\nevery estimate within its ceiling: {verdict}\n")
+    note = reliability_note(rows, lambda row: f"r = {row['r']}")
+    (out / "two_token.md").write_text(
+        f"{table}\nevery estimate within its ceiling: {verdict}\n\n{note}"
+    )
     return summary
 
 

@@ -24,6 +24,7 @@ from sae_lens_bae.activations.cache import harvest_activations
 from sae_lens_bae.features.burstiness import burstiness, code_prior
 
 __all__ = [
+    "Candidates",
     "FeatureRecords",
     "Magnitude",
     "feature_magnitudes",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 Magnitude = Literal["burstiness", "raw", "rescaled"]
+Candidates = Literal["all", "firing"]
 
 
 @dataclass
@@ -183,10 +185,16 @@ def top_k_records(
     prior: Float[Tensor, " n_bits"] | None = None,
     batch_size: int = 4096,
     sequences: Int[Tensor, "n_seq ctx"] | None = None,
+    candidates: Candidates = "all",
 ) -> FeatureRecords:
-    """Every token's top-k *active* features by ``magnitude`` (a feature that does not fire on a
-    token is never one of its records). ``sequences``: the token rows ``token_positions`` index,
-    kept so a sample can be shown in its sentence."""
+    """Every token's top-k features by ``magnitude``. ``candidates="all"`` is the paper's ComSem
+    definition: every channel competes (for a BAE's two-sided burstiness, a mostly-on bit that is
+    off scores as high as a rare bit that is on), except an SAE latent that does not fire (its
+    magnitude 0 is no activation). ``"firing"``: only channels that fire on the token (a BAE bit
+    that is 1). ``sequences``: the token rows ``token_positions`` index, kept so a sample can be
+    shown in its sentence."""
+    if candidates not in ("all", "firing"):
+        raise ValueError(f"candidates must be 'all' or 'firing', got {candidates!r}")
     n = activations.shape[0]
     if token_positions.shape[0] != n or token_ids.shape[0] != n:
         raise ValueError(
@@ -200,6 +208,8 @@ def top_k_records(
         values, active = rows_of(start, min(start + batch_size, n))
         width = values.shape[-1]  # features, or code bits for a more-bit BAE
         kk = min(k, width)
+        if candidates == "all" and magnitude == "burstiness":
+            active = torch.ones_like(active)
         masked = values.masked_fill(~active, float("-inf"))
         top_values, top_features = masked.topk(kk, dim=-1)
         top_features = top_features.masked_fill(top_values == float("-inf"), -1)

@@ -39,34 +39,39 @@ from sae_lens.saes.sae import (
 from torch import Tensor, nn
 from typing_extensions import override
 
-from sae_lens_bae.losses import bae_objective
+from sae_lens_bae.losses import LOSS_TERMS, bae_objective, total_loss
 from sae_lens_bae.saes.bae_config import (
     ARCHITECTURE,
+    BAE_PRESETS,
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
-    SHORT_RUN_LR,
     BAEConfig,
     BAETrainingSAEConfig,
-    short_run_config,
+    bae_config,
     validate_config_dict,
 )
 from sae_lens_bae.saes.binary import bits_to_values, step, update_running_mean
+from sae_lens_bae.saes.resampling import constant_channels, resample_constant_channels
 
 __all__ = [
     "ARCHITECTURE",
     "BAE",
+    "BAE_PRESETS",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_LR",
-    "SHORT_RUN_LR",
     "BAEConfig",
     "BAETrainingSAE",
     "BAETrainingSAEConfig",
-    "short_run_config",
+    "bae_config",
     "validate_config_dict",
 ]
 
 
 # ----------------------------------------------------------------------------- shared pieces
+
+_RESAMPLING_BUFFERS = ("window_counts", "window_samples")
+"""Training-only buffers of a resampling BAE: dropped from the inference model, and from a
+training checkpoint read as an inference model."""
 
 
 def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
@@ -200,6 +205,12 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
         validate_config_dict(json.loads(cfg_path.read_text()))
         return super().load_from_disk(path, device=device, dtype=dtype, **kwargs)  # type: ignore[return-value]
 
+    @override
+    def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:
+        super().process_state_dict_for_loading(state_dict)
+        for name in _RESAMPLING_BUFFERS:  # a training checkpoint read as an inference model
+            state_dict.pop(name, None)
+
     def log_histograms(self) -> dict[str, NDArray[Any]]:
         return self._bae_histograms()
 
@@ -213,11 +224,27 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     b_enc: nn.Parameter | None
 
     @override
+    def initialize_weights(self) -> None:
+        super().initialize_weights()
+        if self.cfg.resample_every > 0:  # which channels were constant since the last resampling
+            for name in _RESAMPLING_BUFFERS:
+                shape = (self.cfg.n_bits,) if name == "window_counts" else ()
+                zeros = torch.zeros(shape, dtype=torch.int64, device=self.device)
+                self.register_buffer(name, zeros)
+
+    @override
     def get_coefficients(self) -> dict[str, float | TrainCoefficientConfig]:
+        warm = self.cfg.coefficient_warm_up_steps
         return {
-            "entropy": self.cfg.entropy_coefficient,
-            "covariance": self.cfg.covariance_coefficient,
+            name: TrainCoefficientConfig(value=value, warm_up_steps=warm) if warm else value
+            for name, value in self.cfg.coefficients().items()
         }
+
+    @override
+    def process_state_dict_for_saving_inference(self, state_dict: dict[str, Any]) -> None:
+        super().process_state_dict_for_saving_inference(state_dict)
+        for name in _RESAMPLING_BUFFERS:  # training state, not part of the inference model
+            state_dict.pop(name, None)
 
     def encode_bits_with_grad(self, x: Float[Tensor, "... d_in"]) -> tuple[Tensor, Tensor]:
         """(bits, pre-activations), with surrogate gradients through the bits."""
@@ -240,6 +267,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             bits.reshape(-1, bits.shape[-1]),
             entropy_coefficient=step_input.coefficients["entropy"],
             covariance_coefficient=step_input.coefficients["covariance"],
+            firing_coefficient=step_input.coefficients.get("firing", 0.0),
             entropy_on=step_input.n_training_steps >= self.cfg.resolved_entropy_off_steps(),
             covariance_block_size=self.cfg.covariance_block_size,
         )
@@ -254,12 +282,38 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     ) -> dict[str, Tensor]:
         bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
         terms = self.objective(step_input.sae_in, sae_out, bits, step_input)
-        return {name: terms[name] for name in ("entropy_loss", "covariance_loss")}
+        return {name: terms[name] for name in LOSS_TERMS if name != "reconstruction_loss"}
+
+    @torch.no_grad()
+    def resample(self, sae_in: Tensor) -> int:
+        """Re-initialise the channels that were constant since the last resampling, on this
+        minibatch (see ``sae_lens_bae.saes.resampling``); returns how many were."""
+        x = sae_in.reshape(-1, sae_in.shape[-1])
+        residuals = x.to(self.W_dec.dtype) - self.decode(self.encode(x))
+        channels = constant_channels(self.window_counts, int(self.window_samples))
+        count = resample_constant_channels(
+            self.W_enc.data,
+            None if self.b_enc is None else self.b_enc.data,
+            self.W_dec.data,
+            self.process_sae_in(x),
+            residuals,
+            channels,
+            bits_per_feature=self.cfg.bits,
+            rate=self.cfg.resample_rate,
+        )
+        self.code_mean[channels] = self.cfg.resample_rate
+        self.window_counts.zero_()
+        self.window_samples.zero_()
+        return count
 
     @override
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:
-        """Reconstruction (mean over batch and d_in) + entropy + covariance, each logged."""
+        """Reconstruction (mean over batch and d_in) + entropy + covariance + firing, each
+        logged; first, at the end of a resampling window, the constant channels are resampled."""
         sae_in = step_input.sae_in
+        n = step_input.n_training_steps
+        if self.cfg.resample_every > 0 and n > 0 and self.cfg.resampling_at(n - 1):
+            self.resample(sae_in)
         bits, hidden_pre = self.encode_bits_with_grad(sae_in)
         feature_acts = self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits))
         sae_out = self.decode(feature_acts)
@@ -267,6 +321,9 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         entropy_bits = losses.pop("batch_entropy_bits")
         self._update_code_mean(bits)
         flat_bits = bits.detach().reshape(-1, bits.shape[-1])
+        if self.cfg.resample_every > 0:
+            self.window_counts += flat_bits.sum(0).to(torch.int64)
+            self.window_samples += flat_bits.shape[0]
         dead_mask = step_input.dead_neuron_mask
         threshold = self.cfg.dense_threshold
 
@@ -281,7 +338,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             sae_out=sae_out,
             feature_acts=feature_acts,
             hidden_pre=hidden_pre,
-            loss=sum(losses.values()),  # type: ignore[arg-type]
+            loss=total_loss(losses),
             losses=losses,
             metrics={
                 "batch_entropy_bits": entropy_bits,

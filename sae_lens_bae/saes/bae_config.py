@@ -1,5 +1,5 @@
 """The BAE's configs: inference and training fields, validated; strict loading of a saved
-``cfg.json``; and the recipes (learning rate, coefficients) a BAE is trained with."""
+``cfg.json``; and ``bae_config``, a training config from a named recipe (``saes.bae_presets``)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,32 @@ from typing import Any, Literal
 from sae_lens.saes.sae import SAEConfig, SAEMetadata, TrainingSAEConfig
 from typing_extensions import override
 
+from sae_lens_bae.saes.bae_presets import BAE_PRESETS, BAEPreset
 from sae_lens_bae.saes.binary import SURROGATES
 
 __all__ = [
     "ARCHITECTURE",
+    "BAE_PRESETS",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_LR",
-    "SHORT_RUN_LR",
     "BAEConfig",
+    "BAEPreset",
     "BAETrainingSAEConfig",
-    "short_run_config",
+    "bae_config",
     "validate_config_dict",
 ]
 
 ARCHITECTURE = "bae"
-DEFAULT_LR = 5e-4
-"""Adam learning rate the paper uses for BAEs (trainer-level setting, not part of the config)."""
+DEFAULT_LR = BAE_PRESETS["default"].lr
+"""Adam learning rate of the default recipe (a trainer setting, not part of the config)."""
+_RECIPE_FIELDS = (
+    "surrogate_temperature",
+    "entropy_coefficient",
+    "covariance_coefficient",
+    "firing_coefficient",
+    "resample_every",
+)
+"""Training fields whose default (None) resolves to the ``default`` recipe at the config's d_in."""
 DEFAULT_BATCH_SIZE = 512
 """Minibatch size the paper uses; the entropy objective is measured on minibatches of this size."""
 
@@ -92,6 +102,10 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         surrogate_temperature: T of the sigmoid surrogate (1.0 is the paper's definition).
         entropy_coefficient: a_e, weight of the minibatch entropy in bits.
         covariance_coefficient: a_c, weight of the off-diagonal covariance penalty.
+
+        These, ``firing_coefficient`` and ``resample_every`` default to None: the ``default``
+        recipe of ``saes.bae_presets``, with the coefficients scaled by 2048 / d_in, so the
+        default config suits any width (``bae_config(d_in, preset="paper")`` for the paper's).
         entropy_off_steps: training steps with the entropy term off. None means
             ``entropy_off_fraction * total_training_steps``.
         entropy_off_fraction: fraction of training with the entropy term off (paper: 25%).
@@ -101,6 +115,18 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         covariance_block_size: tile size of the covariance penalty (None: min(n_bits, 2048)).
         code_mean_decay: the ``code_mean`` buffer (mean code, the prior used for burstiness) is a
             running mean over the first 1 / (1 - decay) steps, then an exponential average.
+        firing_coefficient: a_f, weight of the summed minibatch firing rates (the mean number of
+            active bits per sample). The entropy is symmetric in p and 1 - p, so without it a
+            channel parked always on costs as little as one that never fires; with it the rare
+            state of every channel is its 1.
+        coefficient_warm_up_steps: a_e, a_c and a_f rise linearly from 0 over these first steps
+            (SAELens' coefficient warm-up), on top of ``entropy_off_steps``.
+        resample_every: every this many steps, channels that were constant over those steps
+            (never or always on) are re-initialised on the minibatch's worst-reconstructed samples
+            (0: never). Only while ``resample_until_fraction`` of training has not passed.
+        resample_until_fraction: resampling stops after this fraction of training (so the last
+            resampled channels still train), or never when the length of training is unknown.
+        resample_rate: a re-initialised channel fires on this fraction of the minibatch.
     """
 
     d_sae: int = None  # type: ignore[assignment]
@@ -108,15 +134,20 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     encoder_bias: bool = True
     apply_b_dec_to_input: bool = False
     surrogate: Literal["sigmoid", "ste"] = "sigmoid"
-    surrogate_temperature: float = 1.0
-    entropy_coefficient: float = 1e-7
-    covariance_coefficient: float = 1e-7
+    surrogate_temperature: float = None  # type: ignore[assignment]  # None: the default recipe
+    entropy_coefficient: float = None  # type: ignore[assignment]
+    covariance_coefficient: float = None  # type: ignore[assignment]
     entropy_off_steps: int | None = None
     entropy_off_fraction: float = 0.25
     total_training_steps: int | None = None
     dense_threshold: float = 0.5
     covariance_block_size: int | None = None
     code_mean_decay: float = 0.999
+    firing_coefficient: float = None  # type: ignore[assignment]
+    coefficient_warm_up_steps: int = 0
+    resample_every: int = None  # type: ignore[assignment]
+    resample_until_fraction: float = 0.5
+    resample_rate: float = 0.05
 
     @override
     @classmethod
@@ -125,6 +156,15 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
 
     def __post_init__(self) -> None:
         _validate_bae_fields(self)
+        recipe = BAE_PRESETS["default"]
+        defaults = {
+            **recipe.coefficients(self.d_in),
+            "surrogate_temperature": recipe.surrogate_temperature,
+            "resample_every": recipe.resample_every,
+        }
+        for name in _RECIPE_FIELDS:
+            if getattr(self, name) is None:
+                setattr(self, name, defaults[name])
         if self.surrogate not in SURROGATES:
             raise ValueError(
                 f"Unknown surrogate {self.surrogate!r}; choose one of {sorted(SURROGATES)}"
@@ -136,6 +176,9 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             "entropy_off_fraction": 0.0 <= self.entropy_off_fraction <= 1.0,
             "dense_threshold": 0.0 < self.dense_threshold < 1.0,
             "code_mean_decay": 0.0 <= self.code_mean_decay < 1.0,
+            "firing_coefficient": self.firing_coefficient >= 0,
+            "resample_until_fraction": 0.0 <= self.resample_until_fraction <= 1.0,
+            "resample_rate": 0.0 < self.resample_rate < 0.5,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -143,9 +186,15 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
                 "Invalid BAE training config: "
                 + ", ".join(f"{name}={getattr(self, name)!r}" for name in bad)
                 + " (temperature > 0, coefficients >= 0, fractions in [0, 1], "
-                "0 < dense_threshold < 1, 0 <= code_mean_decay < 1)"
+                "0 < dense_threshold < 1, 0 <= code_mean_decay < 1, 0 < resample_rate < 0.5)"
             )
-        for name in ("entropy_off_steps", "total_training_steps", "covariance_block_size"):
+        for name in (
+            "entropy_off_steps",
+            "total_training_steps",
+            "covariance_block_size",
+            "coefficient_warm_up_steps",
+            "resample_every",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"{name} must be a non-negative integer or None, got {value!r}")
@@ -171,6 +220,30 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
                 "before building the runner or trainer."
             )
         return round(self.entropy_off_fraction * self.total_training_steps)
+
+    def coefficients_at(self, step: int) -> dict[str, float]:
+        """a_e, a_c, a_f at training step ``step`` (0-based): SAELens' linear warm-up over
+        ``coefficient_warm_up_steps`` (what ``SAETrainer`` hands the BAE), for trainers that
+        schedule the coefficients themselves."""
+        warm = self.coefficient_warm_up_steps
+        factor = min(step / warm, 1.0) if warm > 0 else 1.0
+        return {name: factor * value for name, value in self.coefficients().items()}
+
+    def coefficients(self) -> dict[str, float]:
+        """The coefficients' final values, by the names SAELens schedules them under."""
+        return {
+            "entropy": self.entropy_coefficient,
+            "covariance": self.covariance_coefficient,
+            "firing": self.firing_coefficient,
+        }
+
+    def resampling_at(self, step: int) -> bool:
+        """Whether step ``step`` (0-based) ends a resampling window."""
+        if self.resample_every <= 0 or (step + 1) % self.resample_every:
+            return False
+        if self.total_training_steps is None:
+            return True
+        return step < self.resample_until_fraction * self.total_training_steps
 
 
 def validate_config_dict(config_dict: dict[str, Any]) -> BAEConfig:
@@ -204,22 +277,36 @@ def validate_config_dict(config_dict: dict[str, Any]) -> BAEConfig:
     return cfg
 
 
-SHORT_RUN_LR = 2e-3
-"""Adam learning rate of ``short_run_config``: 1000-2000 steps instead of the paper's 100 epochs."""
-
-
-def short_run_config(d_in: int, d_sae: int | None = None, **overrides: Any) -> BAETrainingSAEConfig:
-    """A BAE config for short runs (a thousand or two steps, train with lr ``SHORT_RUN_LR``).
-
-    The paper's defaults (T = 1, a_e = a_c = 1e-7, lr 5e-4) need its long schedule. The prototype's
-    rule for short training: sigmoid surrogate at T = 0.3 and the paper's d = 2048 coefficients
-    (a_e = 5e-7, a_c = 1e-6) rescaled by 2048 / d_in, since the reconstruction loss is a mean over
-    d_in while the penalties are sums over channels. ``overrides`` replace any field.
-    """
+def bae_config(
+    d_in: int,
+    d_sae: int | None = None,
+    *,
+    preset: str = "default",
+    coefficient_scale: float = 1.0,
+    coefficient_warm_up_fraction: float = 0.0,
+    total_training_steps: int | None = None,
+    **overrides: Any,
+) -> BAETrainingSAEConfig:
+    """A training config from a named recipe of ``BAE_PRESETS`` (train it with the recipe's
+    ``BAE_PRESETS[preset].lr``). ``coefficient_scale`` multiplies a_e and a_c;
+    ``coefficient_warm_up_fraction`` warms all coefficients up over that fraction of
+    ``total_training_steps``; ``overrides`` replace any config field."""
+    if preset not in BAE_PRESETS:
+        raise ValueError(f"unknown BAE preset {preset!r}; choose from {sorted(BAE_PRESETS)}")
+    recipe = BAE_PRESETS[preset]
     settings: dict[str, Any] = {
-        "surrogate_temperature": 0.3,
-        "entropy_coefficient": 5e-7 * 2048 / d_in,
-        "covariance_coefficient": 1e-6 * 2048 / d_in,
-        **overrides,
+        **recipe.coefficients(d_in),
+        "surrogate_temperature": recipe.surrogate_temperature,
+        "entropy_off_fraction": recipe.entropy_off_fraction,
+        "resample_every": recipe.resample_every,
+        "total_training_steps": total_training_steps,
     }
-    return BAETrainingSAEConfig(d_in=d_in, d_sae=d_sae, **settings)
+    settings["entropy_coefficient"] *= coefficient_scale
+    settings["covariance_coefficient"] *= coefficient_scale
+    if coefficient_warm_up_fraction:
+        if total_training_steps is None:
+            raise ValueError("coefficient_warm_up_fraction needs total_training_steps")
+        settings["coefficient_warm_up_steps"] = round(
+            coefficient_warm_up_fraction * total_training_steps
+        )
+    return BAETrainingSAEConfig(d_in=d_in, d_sae=d_sae, **{**settings, **overrides})

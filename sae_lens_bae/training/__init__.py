@@ -2,7 +2,8 @@
 small BAEs at once (``stacked``), transcoders, and the baselines a BAE is compared with."""
 
 from sae_lens_bae.training.baselines import BASELINES, TRAINED_BASELINES, baseline_configs
-from sae_lens_bae.training.stacked import StackedBAE, train_stacked_baes
+from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor
+from sae_lens_bae.training.stacked import StackedBAE, StackedTraining, train_stacked_baes
 from sae_lens_bae.training.trainer import (
     RecordingTrainer,
     TrainingRun,
@@ -15,9 +16,12 @@ from sae_lens_bae.training.transcoder import train_transcoder
 
 __all__ = [
     "BASELINES",
+    "Convergence",
+    "ConvergenceMonitor",
     "TRAINED_BASELINES",
     "RecordingTrainer",
     "StackedBAE",
+    "StackedTraining",
     "TrainingRun",
     "activation_batches",
     "baseline_configs",

@@ -19,7 +19,7 @@ from sae_lens.saes.sae import SAEConfig
 from sae_lens_bae.activations.hooks import check_hooks
 from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.models import load_model
-from sae_lens_bae.saes.bae import BAETrainingSAEConfig
+from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
 from sae_lens_bae.training.trainer import fill_training_schedule
 
 __all__ = ["LiveTrainingConfig", "train_live"]
@@ -48,20 +48,22 @@ class LiveTrainingConfig:
     """Activations (tokens) to train on."""
     batch_size: int = 512
     """Activations per training step (the minibatch of the entropy term)."""
-    lr: float = 5e-4
-    """Adam learning rate."""
+    preset: Literal["default", "short_run", "paper"] = "default"
+    """Training recipe (sae_lens_bae.saes.bae_presets); the options below replace its values."""
+    lr: float | None = None
+    """Adam learning rate (default: the recipe's)."""
     d_sae: int | None = None
     """Features (default: 4 x d_in)."""
     bits: int = 1
     """Bits per feature (more-bit decoding)."""
-    entropy_coefficient: float = 1e-7
-    """a_e, weight of the minibatch entropy in bits."""
-    covariance_coefficient: float = 1e-7
-    """a_c, weight of the off-diagonal covariance penalty."""
+    entropy_coefficient: float | None = None
+    """a_e, weight of the minibatch entropy in bits (default: the recipe's, for this d_in)."""
+    covariance_coefficient: float | None = None
+    """a_c, weight of the off-diagonal covariance penalty (default: the recipe's)."""
     surrogate: Literal["sigmoid", "ste"] = "sigmoid"
     """Surrogate derivative of the step."""
-    surrogate_temperature: float = 1.0
-    """Temperature of the sigmoid surrogate."""
+    surrogate_temperature: float | None = None
+    """Temperature of the sigmoid surrogate (default: the recipe's)."""
     normalize_activations: Normalisation = "none"
     """SAELens' activation normalisation."""
     wandb: bool = False
@@ -86,17 +88,16 @@ def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa:
         )
     d_in = cache[cfg.hook].shape[-1]
     out = Path(cfg.out)
+    chosen = {
+        name: getattr(cfg, name)
+        for name in ("entropy_coefficient", "covariance_coefficient", "surrogate_temperature")
+        if getattr(cfg, name) is not None
+    }
+    sae_cfg = bae_config(d_in, cfg.d_sae, preset=cfg.preset, bits=cfg.bits,
+                         surrogate=cfg.surrogate, normalize_activations=cfg.normalize_activations,
+                         **chosen)  # fmt: skip
     runner_cfg = LanguageModelSAERunnerConfig(
-        sae=BAETrainingSAEConfig(
-            d_in=d_in,
-            d_sae=cfg.d_sae,
-            bits=cfg.bits,
-            entropy_coefficient=cfg.entropy_coefficient,
-            covariance_coefficient=cfg.covariance_coefficient,
-            surrogate=cfg.surrogate,
-            surrogate_temperature=cfg.surrogate_temperature,
-            normalize_activations=cfg.normalize_activations,
-        ),
+        sae=sae_cfg,
         model_name=str(cfg.model),
         hook_name=cfg.hook,
         dataset_path="",
@@ -106,7 +107,7 @@ def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa:
         prepend_bos=False,  # the rows already start with BOS (see sae_lens_bae.data)
         training_tokens=cfg.training_tokens,
         train_batch_size_tokens=cfg.batch_size,
-        lr=cfg.lr,
+        lr=cfg.lr or BAE_PRESETS[cfg.preset].lr,
         device=cfg.device,
         seed=cfg.seed,
         logger=LoggingConfig(log_to_wandb=cfg.wandb, wandb_project=cfg.wandb_project),

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 from tqdm.auto import trange
 
-from sae_lens_bae.losses import bae_objective
+from sae_lens_bae.losses import bae_objective, binary_entropy, total_loss
 from sae_lens_bae.saes.bae import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
@@ -29,9 +30,11 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAEConfig,
 )
 from sae_lens_bae.saes.binary import bits_to_values, step, update_running_mean
+from sae_lens_bae.saes.resampling import constant_channels, resample_constant_channels
+from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor
 from sae_lens_bae.training.trainer import activation_batches
 
-__all__ = ["StackedBAE", "train_stacked_baes"]
+__all__ = ["StackedBAE", "StackedTraining", "train_stacked_baes"]
 
 _PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec")
 
@@ -61,6 +64,34 @@ class StackedBAE(nn.Module):
         self.register_buffer("code_mean", torch.stack([m.code_mean for m in members]))
         self.register_buffer("code_mean_count", torch.zeros(()))
         self.n_models = len(members)
+        if cfg.resample_every > 0:  # per BAE, as BAETrainingSAE keeps them
+            self.register_buffer("window_counts", torch.zeros(len(members), cfg.n_bits,
+                                                              dtype=torch.int64))  # fmt: skip
+            self.register_buffer("window_samples", torch.zeros((), dtype=torch.int64))
+
+    def decode(self, bits: Float[Tensor, "G batch n_bits"]) -> Float[Tensor, "G batch d_in"]:
+        values = bits_to_values(bits, self.cfg.bits)
+        return torch.bmm(values, self.W_dec) + self.b_dec.unsqueeze(1)
+
+    @torch.no_grad()
+    def resample(self, x: Float[Tensor, "G batch d_in"]) -> list[int]:
+        """``BAETrainingSAE.resample`` for every BAE of the stack, each on its own minibatch."""
+        x = x.to(self.W_enc.dtype)
+        residuals = x - self.decode(step(self.hidden_pre(x)))
+        inputs = x - self.b_dec.unsqueeze(1) if self.cfg.apply_b_dec_to_input else x
+        samples = int(self.window_samples)
+        counts = []
+        for g in range(self.n_models):
+            channels = constant_channels(self.window_counts[g], samples)
+            counts.append(resample_constant_channels(
+                self.W_enc.data[g], None if self.b_enc is None else self.b_enc.data[g],
+                self.W_dec.data[g], inputs[g], residuals[g], channels,
+                bits_per_feature=self.cfg.bits, rate=self.cfg.resample_rate,
+            ))  # fmt: skip
+            self.code_mean[g][channels] = self.cfg.resample_rate
+        self.window_counts.zero_()
+        self.window_samples.zero_()
+        return counts
 
     def hidden_pre(self, x: Float[Tensor, "G batch d_in"]) -> Float[Tensor, "G batch n_bits"]:
         if x.shape[0] != self.n_models or x.shape[-1] != self.cfg.d_in:
@@ -75,23 +106,34 @@ class StackedBAE(nn.Module):
         return pre if self.b_enc is None else pre + self.b_enc.unsqueeze(1)
 
     def losses(self, x: Float[Tensor, "G batch d_in"], n_training_steps: int) -> dict[str, Tensor]:
-        """Per-BAE loss terms of ``bae_objective`` (each of shape [G]); updates the running mean
-        codes, as one BAE's training step does."""
+        """Per-BAE loss terms of ``bae_objective`` (each of shape [G]); resamples constant
+        channels and updates the running mean codes, as one BAE's training step does."""
         cfg = self.cfg
+        if (
+            cfg.resample_every > 0
+            and n_training_steps > 0
+            and cfg.resampling_at(n_training_steps - 1)
+        ):
+            self.resample(x)
         bits = step(self.hidden_pre(x), cfg.surrogate, cfg.surrogate_temperature)
-        out = torch.bmm(bits_to_values(bits, cfg.bits), self.W_dec) + self.b_dec.unsqueeze(1)
+        out = self.decode(bits)
+        coefficients = cfg.coefficients_at(n_training_steps)
         terms = bae_objective(
             x,
             out,
             bits,
-            entropy_coefficient=cfg.entropy_coefficient,
-            covariance_coefficient=cfg.covariance_coefficient,
+            entropy_coefficient=coefficients["entropy"],
+            covariance_coefficient=coefficients["covariance"],
+            firing_coefficient=coefficients["firing"],
             entropy_on=n_training_steps >= cfg.resolved_entropy_off_steps(),
             covariance_block_size=cfg.covariance_block_size,
         )
         update_running_mean(
             self.code_mean, self.code_mean_count, bits.detach().float().mean(1), cfg.code_mean_decay
         )
+        if cfg.resample_every > 0:
+            self.window_counts += bits.detach().sum(1).to(torch.int64)
+            self.window_samples += bits.shape[1]
         return terms
 
     @torch.no_grad()
@@ -114,9 +156,33 @@ class StackedBAE(nn.Module):
             }
             state["code_mean"] = self.code_mean[g]
             state["code_mean_count"] = self.code_mean_count
+            if self.cfg.resample_every > 0:
+                state["window_counts"] = self.window_counts[g]
+                state["window_samples"] = self.window_samples
             sae.load_state_dict(state)
             members.append(sae)
         return members
+
+
+class StackedTraining(NamedTuple):
+    """What ``train_stacked_baes`` returns: the BAEs, their loss histories, and the steps each
+    trained (fewer than the budget for a BAE that converged)."""
+
+    baes: list[BAETrainingSAE]
+    histories: list[dict[str, list[float]]]
+    steps: list[int]
+
+
+@torch.no_grad()
+def _check(model: StackedBAE, states: Tensor) -> tuple[list[float], list[float]]:
+    """Relative reconstruction error (SSE / sum of squares) and code entropy in bits of each
+    stacked BAE on its own check states [G, m, d]."""
+    bits = step(model.hidden_pre(states))
+    out = model.decode(bits)
+    sse = (out - states.to(out.dtype)).double().pow(2).sum(dim=(1, 2))
+    squares = states.double().pow(2).sum(dim=(1, 2)).clamp_min(1e-30)
+    entropy = binary_entropy(bits.float().mean(1))
+    return (sse / squares).tolist(), entropy.tolist()
 
 
 def train_stacked_baes(
@@ -129,11 +195,17 @@ def train_stacked_baes(
     lr: float = DEFAULT_LR,
     device: str = "cpu",
     progress: bool = True,
-) -> tuple[list[BAETrainingSAE], list[dict[str, list[float]]]]:
-    """Train one BAE per activation set, all at once; returns the BAEs and per-BAE histories.
+    convergence: Convergence | None = None,
+    check_sets: Sequence[Float[Tensor, "m d_in"]] | None = None,
+) -> StackedTraining:
+    """Train one BAE per activation set, all at once; returns the BAEs, per-BAE histories and
+    the steps each trained.
 
     BAE ``g`` trains on ``activations[g]`` in reshuffled epochs with seed ``seeds[g]`` (default
-    ``g``), exactly as ``train_sae(activations[g], cfg, seed=seeds[g], ...)`` would.
+    ``g``), exactly as ``train_sae(activations[g], cfg, seed=seeds[g], ...)`` would, for
+    ``training_samples`` at most. With ``convergence``, each BAE is checked on ``check_sets[g]``
+    (default: its own set; the first rows, as many for every BAE) and stops updating once it has
+    converged; training ends when all have (``sae_lens_bae.training.convergence``).
     """
     sets = list(activations)
     seeds = list(range(len(sets))) if seeds is None else list(seeds)
@@ -146,15 +218,34 @@ def train_stacked_baes(
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     streams = [activation_batches(x, batch_size, seed=s) for x, s in zip(sets, seeds, strict=True)]
     histories: list[dict[str, list[float]]] = [{} for _ in sets]
+    monitor = checks = None
+    if convergence is not None:
+        rule = replace(convergence, min_steps=max(convergence.min_steps,
+                                                  cfg.resolved_entropy_off_steps()))  # fmt: skip
+        monitor = ConvergenceMonitor(rule, len(sets))
+        chosen = list(check_sets) if check_sets is not None else sets
+        rows = min(x.shape[0] for x in chosen)
+        checks = torch.stack([x[:rows].float() for x in chosen]).to(device)
+    frozen: dict[int, list[Tensor]] = {}
     for n in trange(n_steps, desc=f"Training {len(sets)} stacked BAEs", disable=not progress):
         batch = torch.stack([next(stream) for stream in streams]).to(device)
         losses = model.losses(batch, n)
-        total = losses["reconstruction_loss"] + losses["entropy_loss"] + losses["covariance_loss"]
-        total.sum().backward()
+        total_loss(losses).sum().backward()
         model.clip_grad_norms_(1.0)
         optimizer.step()
         optimizer.zero_grad()
+        for g, weights in frozen.items():  # converged BAEs keep the weights they converged with
+            for parameter, kept in zip(model.parameters(), weights, strict=True):
+                parameter.data[g] = kept
         for name, values in losses.items():
             for g, value in enumerate(values.detach().cpu().tolist()):
                 histories[g].setdefault(name, []).append(value)
-    return [sae.to(device) for sae in model.unstack()], histories
+        if monitor is not None and checks is not None and monitor.due(n):
+            for g in monitor.update(n, *_check(model, checks)):
+                frozen[g] = [p.data[g].clone() for p in model.parameters()]
+            if monitor.done:
+                break
+    steps = [n_steps] * len(sets)
+    if monitor is not None:
+        steps = [n_steps if at is None else at for at in monitor.converged_at]
+    return StackedTraining([sae.to(device) for sae in model.unstack()], histories, steps)

@@ -1,0 +1,164 @@
+"""What the one-layer model studies share (``bae compare``, ``bae bench recipes``): evaluating
+trained BAEs and SAEs on the same held-out tokens, and the table and figures of the result.
+
+Every model gets the same columns (definitions in ``sae_lens_bae.features.statistics``): the
+paper's ``activated`` beside ours, ``constant``/``dead``/``dense``/``frequent`` on each channel's
+active frequency, explained variance, L0, and, with the language model at hand, the next-token
+loss and KL it costs spliced into the model (``sae_lens_bae.evaluation.spliced_losses``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sae_lens_bae.activations import LayerActivations
+from sae_lens_bae.comsem import COMSEM_COLUMNS
+from sae_lens_bae.evaluation import spliced_losses
+from sae_lens_bae.features import (
+    FeatureRecords,
+    code_prior,
+    feature_magnitudes,
+    feature_statistics,
+    top_k_records,
+)
+from sae_lens_bae.models import load_model
+from sae_lens_bae.plots import save_figure, subplots
+from sae_lens_bae.reports import cell, markdown_table
+
+__all__ = [
+    "TABLE_COLUMNS",
+    "EvaluationSettings",
+    "evaluate_model",
+    "heat_map",
+    "models_table",
+    "plot_active_frequencies",
+    "spliced_columns",
+]
+
+TABLE_COLUMNS = (
+    ("explained_variance", "EV", ".3f"),
+    ("l0", "L0", ".1f"),
+    ("activated", "activated", ""),
+    ("activated_firing", "activated (firing)", ""),
+    ("constant", "constant", ""),
+    ("dead", "dead", ""),
+    ("dense", "dense", ""),
+    ("frequent", "active >10%", ""),
+    ("firing_over_half", "firing >50%", ""),
+    ("ce_loss_score", "CE recovered", ".3f"),
+    ("kl_div_with_sae", "KL", ".4f"),
+    ("reconstruction_loss", "reconstruction loss", ".4f"),
+    ("decoder_covariance_norm", "‖Cov(W_dec)‖", ".4f"),
+)
+"""(key, title, format) of the table's columns, in order."""
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """How models are read on the held-out tokens (the metrics' parameters)."""
+
+    records_k: int = 10
+    n_explain: int = 5
+    activated_min_samples: int = 8
+    dense_threshold: float = 0.5
+    prior: str = "training"
+    spliced_sequences: int = 64
+    outlier_norm_ratio: float = 10.0
+
+
+def evaluate_model(
+    name: str,
+    sae: Any,
+    data: LayerActivations,
+    settings: EvaluationSettings,
+    *,
+    inputs: Tensor | None = None,
+    targets: Tensor | None = None,
+    magnitude: str | None = None,
+) -> tuple[dict[str, Any], FeatureRecords, Tensor | None]:
+    """The statistics of one model on the held-out tokens, its records (the paper's: top-k over
+    all channels), and the BAE's burstiness prior (None for an SAE). ``inputs``/``targets``: a
+    transcoder's own input and target hook points."""
+    sae.eval()
+    inputs = data.test[data.hook] if inputs is None else inputs
+    is_bae = hasattr(sae, "encode_bits")
+    prior = code_prior(sae, inputs, source=settings.prior) if is_bae else None  # type: ignore[arg-type]
+    magnitude = magnitude or ("burstiness" if is_bae else "raw")
+    common = dict(k=settings.records_k, prior=prior, sequences=data.sequences)
+    records = top_k_records(sae, inputs, data.positions, data.token_ids, magnitude, **common)  # type: ignore[arg-type]
+    firing = records
+    if is_bae:
+        firing = top_k_records(sae, inputs, data.positions, data.token_ids, magnitude,  # type: ignore[arg-type]
+                               candidates="firing", **common)  # fmt: skip
+    records.info = {"model": data.model, "hook": data.hook, "sae": name}
+    stats = feature_statistics(
+        sae,
+        inputs,
+        records,
+        firing_records=firing,
+        n_explain=settings.n_explain,
+        activated_min_samples=settings.activated_min_samples,
+        dense_threshold=settings.dense_threshold,
+        targets=targets,
+    )
+    stats["magnitude"] = magnitude
+    return stats, records, prior
+
+
+def spliced_columns(
+    models: dict[str, Any], data: LayerActivations, settings: EvaluationSettings, device: str
+) -> dict[str, dict[str, float]]:
+    """``spliced_losses`` of every model that reads and writes the studied hook, on the first
+    ``settings.spliced_sequences`` held-out sequences (the model is loaded again)."""
+    if not models or settings.spliced_sequences <= 0:
+        return {}
+    model = load_model(data.model, device=device)
+    held_out = data.sequences[int(data.positions[0, 0]) :][: settings.spliced_sequences]
+    return spliced_losses(model, models, held_out, data.hook, input_scale=data.scales[data.hook],
+                          outlier_norm_ratio=settings.outlier_norm_ratio)  # fmt: skip
+
+
+@torch.no_grad()
+def heat_map(
+    sae: Any, inputs: Tensor, magnitude: str, prior: Tensor | None, rates: Tensor
+) -> Tensor:
+    """Magnitudes of 64 held-out tokens on the 128 most used channels."""
+    channels = torch.argsort(rates, descending=True)[:128]
+    values, _ = feature_magnitudes(sae, inputs, magnitude, prior=prior)(0, 64)  # type: ignore[arg-type]
+    return values[:, channels]
+
+
+def models_table(rows: dict[str, dict[str, Any]], first: str = "model") -> str:
+    """The markdown table of ``TABLE_COLUMNS`` (and ComSem's columns when the rows have them)."""
+    with_comsem = any("comsem_score" in row for row in rows.values())
+    columns = [(first, lambda row: row["name"])]
+    columns += [
+        (title, lambda row, key=key, spec=spec: cell(row.get(key), spec))
+        for key, title, spec in TABLE_COLUMNS + (COMSEM_COLUMNS if with_comsem else ())
+    ]
+    return markdown_table([{"name": name, **row} for name, row in rows.items()], columns)
+
+
+def plot_active_frequencies(
+    frequencies: dict[str, Tensor], path: str | Path, title: str = ""
+) -> Path:
+    """Histogram of log10 active frequency per model (a BAE bit's rarity min(p, 1 - p), an SAE
+    latent's firing rate), with channels never active counted at the left edge."""
+    fig, ax = subplots(figsize=(7.5, 4.5))
+    floor = -6.0
+    bins = np.linspace(floor, np.log10(0.5) + 0.05, 50)
+    for name, values in frequencies.items():
+        values = values.detach().float().cpu().numpy()
+        logs = np.log10(np.clip(values, 10**floor, None))
+        label = f"{name} ({int((values == 0).sum())} never active)"
+        ax.hist(logs, bins=np.append(bins, 0.0), histtype="step", linewidth=1.4, label=label)
+    ax.set(xlabel="log10 active frequency (BAE: rarity min(p, 1 - p); SAE: firing rate)",
+           ylabel="channels", title=title or "Active frequency on held-out tokens")  # fmt: skip
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)

@@ -1,0 +1,62 @@
+"""Named BAE training recipes: the coefficients, surrogate temperature, resampling and learning
+rate a BAE trains with; ``default`` is what ``BAETrainingSAEConfig(d_in=...)`` resolves to.
+
+Coefficients are given at d = 2048 and used as a * 2048 / d_in (``scale_with_d``): the
+reconstruction loss is a mean over d_in while the entropy, covariance and firing terms are sums
+over channels, so a fixed coefficient would weigh the penalties d_in times more at a small width
+than at a large one. How ``default`` was chosen, with the table of every recipe tried, is in
+``docs/features.md`` (``bae bench recipes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["BAE_PRESETS", "BAEPreset"]
+
+
+@dataclass(frozen=True)
+class BAEPreset:
+    """One recipe: config values (coefficients at d = 2048) and the trainer's Adam lr."""
+
+    lr: float
+    surrogate_temperature: float
+    entropy_coefficient: float
+    covariance_coefficient: float
+    firing_coefficient: float = 0.0
+    entropy_off_fraction: float = 0.25
+    resample_every: int = 0
+    scale_with_d: bool = True
+
+    def coefficients(self, d_in: int) -> dict[str, float]:
+        """a_e, a_c, a_f for a BAE reading states of width ``d_in``."""
+        scale = 2048 / d_in if self.scale_with_d else 1.0
+        return {
+            "entropy_coefficient": self.entropy_coefficient * scale,
+            "covariance_coefficient": self.covariance_coefficient * scale,
+            "firing_coefficient": self.firing_coefficient * scale,
+        }
+
+
+BAE_PRESETS: dict[str, BAEPreset] = {
+    "default": BAEPreset(
+        lr=2e-3,
+        surrogate_temperature=0.3,
+        entropy_coefficient=2e-6,
+        covariance_coefficient=4e-6,
+        resample_every=250,
+    ),
+    # 0.1's short-run rule (the prototype's, tuned on the synthetic benchmark at d = 64 and 128)
+    "short_run": BAEPreset(
+        lr=2e-3, surrogate_temperature=0.3, entropy_coefficient=5e-7, covariance_coefficient=1e-6
+    ),
+    # the paper: a_e = a_c = 1e-7 whatever d, sigmoid surrogate at T = 1, Adam lr 5e-4, 100 epochs
+    "paper": BAEPreset(
+        lr=5e-4,
+        surrogate_temperature=1.0,
+        entropy_coefficient=1e-7,
+        covariance_coefficient=1e-7,
+        scale_with_d=False,
+    ),
+}
+"""Every named recipe; ``bae_config(d_in, preset=name)`` builds a config from one."""

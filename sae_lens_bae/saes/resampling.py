@@ -1,0 +1,74 @@
+"""Re-initialising a BAE's constant code channels during training, as SAE trainers resample dead
+latents.
+
+The minibatch entropy is as small for a channel that never fires as for one that always fires:
+both carry no information, and neither gets a useful gradient through the surrogate once its
+pre-activations sit far from the threshold. ``resample_constant_channels`` gives such channels a
+new start on what the BAE reconstructs worst: the encoder column points at one of the minibatch's
+worst-reconstructed samples, the threshold makes the channel fire on a small fraction of the
+minibatch (its rare state is its 1), and the decoder row is the mean residual of the samples it
+fires on. Deterministic (no random draws), so stacked and separate trainings stay equal.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+__all__ = ["constant_channels", "resample_constant_channels"]
+
+
+def constant_channels(
+    counts: Float[Tensor, "*stack n_bits"], samples: int
+) -> Bool[Tensor, "*stack n_bits"]:
+    """Channels that fired on none or on all of ``samples`` samples."""
+    return (counts == 0) | (counts == samples)
+
+
+@torch.no_grad()
+def resample_constant_channels(
+    W_enc: Float[Tensor, "d_in n_bits"],
+    b_enc: Float[Tensor, " n_bits"] | None,
+    W_dec: Float[Tensor, "d_sae d_in"],
+    encoder_inputs: Float[Tensor, "batch d_in"],
+    residuals: Float[Tensor, "batch d_in"],
+    channels: Bool[Tensor, " n_bits"],
+    *,
+    bits_per_feature: int = 1,
+    rate: float = 0.05,
+) -> int:
+    """Re-initialise ``channels`` in place; returns how many were.
+
+    Channel ``j`` (the ``i``-th to be resampled) reads the sample with the ``i``-th largest
+    squared residual: its encoder column is that sample's input, scaled to the mean norm of the
+    other columns; its bias puts the threshold at the (1 - ``rate``) quantile of the minibatch's
+    projections, so it fires on ``rate`` of the minibatch; its decoder row (``bits_per_feature``
+    = 1 only; a wider feature shares its row) is the mean residual of the samples it fires on.
+    Without an encoder bias the column alone is set.
+    """
+    index = channels.nonzero()[:, 0]
+    if index.numel() == 0:
+        return 0
+    errors = residuals.float().pow(2).sum(-1)
+    worst = torch.argsort(errors, descending=True)
+    picks = worst[torch.arange(index.numel(), device=worst.device) % worst.numel()]
+    alive = ~channels
+    norms = W_enc.norm(dim=0)
+    scale = norms[alive].mean() if alive.any() else norms.mean()
+    directions = encoder_inputs[picks].to(W_enc.dtype)  # [m, d_in]
+    directions = directions / directions.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    columns = (directions * scale).T  # [d_in, m]
+    W_enc[:, index] = columns
+    projections = encoder_inputs.to(W_enc.dtype) @ columns  # [batch, m]
+    if b_enc is not None:
+        threshold = torch.quantile(projections.float(), 1.0 - rate, dim=0).to(b_enc.dtype)
+        b_enc[index] = -threshold
+        firing = projections >= threshold
+    else:
+        firing = projections >= 0
+    if bits_per_feature == 1:
+        weights = firing.to(residuals.dtype)
+        mean_residual = (weights.T @ residuals) / weights.sum(0).clamp_min(1.0)[:, None]
+        W_dec[index] = mean_residual.to(W_dec.dtype)
+    return int(index.numel())

@@ -1,0 +1,90 @@
+"""When a BAE has trained enough: its held-out reconstruction and code entropy have stopped moving.
+
+An entropy estimate read from a BAE that is still learning changes with the number of steps; a
+fixed step budget is either wasted on easy sets or too short for hard ones. ``Convergence`` is
+the rule: every ``check_every`` steps after ``min_steps`` a BAE's reconstruction error (SSE over
+the states' sum of squares) and code entropy (H of its mean code, in bits) are measured on
+held-out states; it has converged once the means of the last ``window`` checks and of the
+``window`` checks before them differ by at most ``rtol`` of the error (or ``atol_error``) and
+``atol_bits`` of entropy (or ``rtol`` of it), whichever is larger. Comparing two windows' means,
+not the spread within one, tells a slow steady drift (which an estimate would still follow) from
+a plateau.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Convergence", "ConvergenceMonitor"]
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """The convergence rule (see the module)."""
+
+    check_every: int = 100
+    window: int = 3
+    rtol: float = 0.01
+    atol_error: float = 1e-3
+    atol_bits: float = 0.02
+    min_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.check_every < 1 or self.window < 1 or self.rtol < 0 or self.atol_bits < 0:
+            raise ValueError(
+                "Convergence needs check_every >= 1, window >= 1, rtol >= 0 and atol_bits >= 0"
+            )
+
+
+@dataclass
+class ConvergenceMonitor:
+    """Applies a ``Convergence`` rule to G models checked together; ``converged_at[g]`` is the
+    step after which model g stopped (None while it trains)."""
+
+    rule: Convergence
+    n_models: int
+    errors: list[list[float]] = field(default_factory=list)
+    entropies: list[list[float]] = field(default_factory=list)
+    converged_at: list[int | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.errors = [[] for _ in range(self.n_models)]
+        self.entropies = [[] for _ in range(self.n_models)]
+        self.converged_at = [None] * self.n_models
+
+    def due(self, step: int) -> bool:
+        """Whether the models are checked after training step ``step`` (0-based)."""
+        return (step + 1) % self.rule.check_every == 0
+
+    def update(self, step: int, errors: list[float], entropies: list[float]) -> list[int]:
+        """Record one check after ``step``; returns the models that converged at it."""
+        newly = []
+        if step + 1 <= self.rule.min_steps:  # before the objective is complete: not evidence
+            return newly
+        for g in range(self.n_models):
+            if self.converged_at[g] is not None:
+                continue
+            self.errors[g].append(errors[g])
+            self.entropies[g].append(entropies[g])
+            if self._flat(g):
+                self.converged_at[g] = step + 1
+                newly.append(g)
+        return newly
+
+    @property
+    def done(self) -> bool:
+        return all(step is not None for step in self.converged_at)
+
+    def _flat(self, g: int) -> bool:
+        w = self.rule.window
+        if len(self.errors[g]) < 2 * w:
+            return False
+        rule = self.rule
+        for values, atol in (
+            (self.errors[g], rule.atol_error),
+            (self.entropies[g], rule.atol_bits),
+        ):
+            last, before = sum(values[-w:]) / w, sum(values[-2 * w : -w]) / w
+            if abs(last - before) > max(atol, rule.rtol * abs(last)):
+                return False
+        return True

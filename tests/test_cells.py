@@ -1,0 +1,56 @@
+"""Entropy cells: convergence, seeds, and the flags that say how far to trust an estimate."""
+
+import pytest
+import torch
+
+from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
+from sae_lens_bae.experiments.synthetic import directional_data
+from sae_lens_bae.training import Convergence, ConvergenceMonitor
+
+
+def test_convergence_monitor_on_hand_made_curves():
+    rule = Convergence(check_every=10, window=2, rtol=0.01, atol_bits=0.1, min_steps=20)
+    monitor = ConvergenceMonitor(rule, 2)
+    assert [n for n in range(40) if monitor.due(n)] == [9, 19, 29, 39]
+    # checks up to min_steps are not evidence: the objective is not complete yet
+    assert monitor.update(9, [0.5, 0.5], [3.0, 9.0]) == []
+    assert monitor.update(19, [0.5, 0.5], [3.0, 9.0]) == [] and monitor.errors == [[], []]
+    assert monitor.update(29, [0.5, 0.4], [3.0, 8.0]) == []
+    assert monitor.update(39, [0.5, 0.3], [3.0, 7.0]) == []  # two checks: one window only
+    # model 0: windows (3.0, 3.0) and (3.05, 3.1) differ by 0.075 <= 0.1 bits; model 1 drifts
+    assert monitor.update(49, [0.5, 0.3], [3.05, 6.9]) == []
+    assert monitor.update(59, [0.5, 0.3], [3.1, 6.9]) == [0]
+    assert monitor.converged_at == [60, None] and not monitor.done
+    # model 1: errors (0.3, 0.3) vs (0.3, 0.3), bits (6.9, 6.9) vs (6.9, 6.9) at last: flat;
+    # model 0 is no longer checked
+    assert monitor.update(69, [9.9, 0.3], [9.9, 6.9]) == [1]
+    assert monitor.errors[0] == [0.5, 0.5, 0.5, 0.5]
+    assert monitor.done and monitor.converged_at == [60, 70]
+
+
+def test_the_convergence_rule_stops_early_on_an_easy_set():
+    train, test = directional_data(2, d=16, n_train=2048, n_test=512, seed=3)
+    recipe = EntropyRecipe(expansion=2, steps=4000, batch_size=256, lr=4e-3)
+    (cell,) = estimate_entropies([train], recipe, eval_sets=[test], normalise=False,
+                                 progress=False)  # fmt: skip
+    # the entropy term is off for the first 1000 steps; then two windows of 5 checks
+    assert 2000 <= cell.steps < 4000
+    assert cell.bits == pytest.approx(2.0, abs=0.05) and cell.reliable
+    assert cell.n_distinct == 4 and cell.ceiling_bits == 2.0
+    budget = EntropyRecipe(expansion=2, steps=900, batch_size=256, lr=4e-3, converge=False)
+    (full,) = estimate_entropies([train], budget, eval_sets=[test], normalise=False,
+                                 progress=False)  # fmt: skip
+    assert full.steps == 900
+
+
+def test_an_undersized_bae_is_flagged_unreliable():
+    generator = torch.Generator().manual_seed(0)
+    states = torch.randn(1024, 16, generator=generator)  # full rank: 1024 distinct states
+    small = EntropyRecipe(expansion=1, steps=40, batch_size=256, converge=False, seeds=2)
+    (cell,) = estimate_entropies([states], small, progress=False)
+    assert cell.relative_error > 0.2 and not cell.reliable
+    assert cell.n_distinct == 1024 and cell.ceiling_bits == pytest.approx(10.0)
+    assert len(cell.bits_per_seed) == 2 and cell.bits_std is not None
+    assert cell.bits == pytest.approx(sum(cell.bits_per_seed) / 2)
+    summary = cell.summary()
+    assert summary["reliable"] is False and summary["ceiling_bits"] == cell.ceiling_bits
