@@ -11,6 +11,7 @@ round(p) at the stored indices and decodes. On disk the flips are bit-packed ind
 
 from __future__ import annotations
 
+import hashlib
 import math
 import tempfile
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "decoder_bytes",
     "decompress",
     "pack_uints",
+    "prior_fingerprint",
     "unpack_uints",
 ]
 
@@ -72,13 +74,21 @@ class CompressedStates:
     indices: Int[Tensor, " total"]
     n_bits: int
     threshold: float
+    prior_key: str | None = None  # prior_fingerprint of the prior they were compressed with
 
     def codes(self, prior: Float[Tensor, " n_bits"]) -> Float[Tensor, "n n_bits"]:
-        """The binary codes: round(prior) with the stored channels flipped."""
+        """The binary codes: round(prior) with the stored channels flipped. Refuses a prior
+        other than the one the states were compressed with (its rounding would differ, and so
+        would every decompressed state, silently)."""
         if prior.shape[-1] != self.n_bits:
             raise ValueError(
                 f"these states were compressed with {self.n_bits} code bits, the prior has "
                 f"{prior.shape[-1]}: use the prior of the BAE that compressed them"
+            )
+        if self.prior_key is not None and prior_fingerprint(prior) != self.prior_key:
+            raise ValueError(
+                "these states were compressed with another prior (another BAE, or another "
+                "evaluation prior): decompress with the BAE and prior that compressed them"
             )
         base = (prior.float().cpu() > 0.5).float()
         codes = base.repeat(self.counts.shape[0], 1)
@@ -112,6 +122,8 @@ class CompressedStates:
             "layout": layout,
             "format": "sae_lens_bae.compression/1",
         }
+        if self.prior_key is not None:
+            meta["prior_key"] = self.prior_key
         save_file(tensors, str(path), metadata=meta)
         return Path(path).stat().st_size
 
@@ -129,7 +141,11 @@ class CompressedStates:
             counts = unpack_uints(data["counts"], _width(n_bits + 1), n)
             indices = unpack_uints(data["indices"], _width(n_bits), total)
         return cls(
-            counts=counts, indices=indices, n_bits=n_bits, threshold=float(meta["threshold"])
+            counts=counts,
+            indices=indices,
+            n_bits=n_bits,
+            threshold=float(meta["threshold"]),
+            prior_key=meta.get("prior_key"),
         )
 
     def layout(self) -> str:
@@ -137,6 +153,13 @@ class CompressedStates:
         n = self.counts.shape[0]
         as_indices = self.indices.shape[0] * _width(self.n_bits) + n * _width(self.n_bits + 1)
         return "indices" if as_indices <= n * self.n_bits else "bitmap"
+
+
+def prior_fingerprint(prior: Float[Tensor, " n_bits"]) -> str:
+    """What compression depends on of a prior, its rounding round(p), as a short hash: saved
+    with the compressed states so that they are never decompressed with another prior."""
+    rounded = (prior.detach().float().cpu() > 0.5).numpy()
+    return hashlib.sha256(np.packbits(rounded).tobytes()).hexdigest()[:16]
 
 
 def _bytes_tensor(data: bytes) -> Tensor:
@@ -178,6 +201,7 @@ def compress(
         indices=torch.cat(indices),
         n_bits=int(p.shape[0]),
         threshold=float(threshold),
+        prior_key=prior_fingerprint(p),
     )
 
 

@@ -59,7 +59,7 @@ class _BinaryEntropy(torch.autograd.Function):
         return -(torch.special.xlogy(p, p) + torch.special.xlogy(q, q)).sum(-1) / _LN2
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
         (p,) = ctx.saved_tensors
         pc = p.clamp(ctx.eps, 1.0 - ctx.eps)
         return grad_out.unsqueeze(-1) * torch.log2((1.0 - pc) / pc), None
@@ -97,17 +97,22 @@ def _tiles(n: int, block: int) -> Iterator[tuple[slice, slice, bool]]:
             yield slice(i0, min(i0 + block, n)), slice(j0, min(j0 + block, n)), i0 == j0
 
 
+def _bf16_products(a: Tensor) -> bool:
+    """Whether small-integer products run as bf16 matmuls with fp32 accumulation (on CUDA)."""
+    return a.is_cuda
+
+
 def _integer_mm(a: Tensor, b: Tensor) -> Tensor:
     """fp32 (batched) product of matrices with small-integer entries (0/1 codes, -1/0/1 signs).
 
     On CUDA it multiplies bf16 inputs with fp32 accumulation and output: exact for such entries and
     several times faster than fp32. Elsewhere fp32, exact while sums stay below 2**24.
     """
-    if a.is_cuda:
+    if _bf16_products(a):
         mm = torch.mm if a.ndim == 2 else torch.bmm
         try:
             return mm(a.bfloat16(), b.bfloat16(), out_dtype=torch.float32)
-        except (TypeError, RuntimeError):  # a torch without mm(out_dtype=...) on this device
+        except TypeError:  # a torch without mm(out_dtype=...); anything else (OOM) propagates
             pass
     return a.float() @ b.float()
 
@@ -116,6 +121,10 @@ _SIGN_CACHE_LIMIT = 1 << 24
 """Codes with at most this many covariance entries in all (n <= 4096 for one BAE) keep the
 forward's sign tiles as int8 for backward (at most 16 MiB, less than the [batch, n] codes) instead
 of recomputing them: a quarter fewer matmul FLOPs."""
+
+_EXACT_FP32_BATCH = 4096
+"""The binary path computes B * (co-occurrence count) - c_i c_j, integers up to B^2: exact in
+fp32 for B <= 4096 (B^2 <= 2^24); larger batches work in float64, exact up to B = 2^26."""
 
 _TILE_ELEMENTS = 1 << 22
 """Default tile: at most this many entries over the whole stack (2048 x 2048 for one BAE)."""
@@ -135,10 +144,13 @@ class _CovariancePenalty(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, codes: Tensor, block: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx, codes: Tensor, block: int, binary: bool | None) -> Tensor:  # type: ignore[override]
         groups, batch, n = codes.shape
-        binary = bool(((codes == 0) | (codes == 1)).all())
+        if binary is None:  # a host sync: callers that know (training) say so
+            binary = bool(((codes == 0) | (codes == 1)).all())
         work_dtype = torch.promote_types(codes.dtype, torch.float32)
+        if binary and batch > _EXACT_FP32_BATCH:  # B * count reaches B^2 > 2^24: fp32 rounds
+            work_dtype = torch.float64
         x = codes.detach()
         if binary:
             counts = x.sum(1, dtype=work_dtype)
@@ -189,7 +201,7 @@ class _CovariancePenalty(torch.autograd.Function):
         if binary:
             grad -= sign_sums / batch
         grad *= grad_out.to(dtype).view(groups, 1, 1) * (2.0 / (batch - 1))
-        return grad, None
+        return grad, None, None
 
 
 def _matmul(a: Tensor, b: Tensor, integer_entries: bool) -> Tensor:
@@ -209,7 +221,10 @@ def _scaled_cov_tile(
 
 
 def covariance_penalty(
-    codes: Float[Tensor, "*stack batch n"], block_size: int | None = None
+    codes: Float[Tensor, "*stack batch n"],
+    block_size: int | None = None,
+    *,
+    binary: bool | None = None,
 ) -> Float[Tensor, "*stack"]:
     """Sum of |off-diagonal entries| of the unbiased covariance of the code channels.
 
@@ -220,6 +235,8 @@ def covariance_penalty(
     the dense version's 16 GiB per n x n matrix. Pure 0/1 codes take an exact integer path (bf16
     matmuls with fp32 accumulation on CUDA). Leading dimensions are a stack of independent code
     sets (one per BAE of a ``StackedBAE``), each with its own penalty, computed by batched matmuls.
+    ``binary``: whether the codes are all 0/1 (None: checked, which waits for the device; a
+    training step passes True, its codes come from the step function).
     """
     if codes.ndim < 2:
         raise ValueError(
@@ -234,7 +251,7 @@ def covariance_penalty(
     stack, (batch, n) = codes.shape[:-2], codes.shape[-2:]
     groups = math.prod(stack)
     block = block_size or min(n, max(128, math.isqrt(_TILE_ELEMENTS // max(groups, 1))))
-    penalty = _CovariancePenalty.apply(codes.reshape(groups, batch, n), block)
+    penalty = _CovariancePenalty.apply(codes.reshape(groups, batch, n), block, binary)
     return penalty.reshape(stack)  # type: ignore[no-any-return]
 
 
@@ -279,7 +296,9 @@ def bae_objective(
     zero = torch.zeros_like(entropy_bits)
     entropy = entropy_coefficient * entropy_bits if entropy_on else zero
     if covariance_coefficient > 0:
-        covariance = covariance_coefficient * covariance_penalty(bits, covariance_block_size)
+        covariance = covariance_coefficient * covariance_penalty(
+            bits, covariance_block_size, binary=True
+        )
     else:
         covariance = zero
     if firing_coefficient > 0:

@@ -4,6 +4,9 @@ experiments -> CLI), no cycles, imports at module top level, every module says w
 from __future__ import annotations
 
 import ast
+import re
+import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,31 @@ def test_module_says_what_it_is_and_imports_at_top_level(module):
     ]
     assert not nested, f"{path}: imports inside functions or classes at lines {nested}"
     assert len(path.read_text().splitlines()) <= 400, f"{path} is over 400 lines: split it"
+
+
+IMPORT_NAMES = {
+    "sae_lens": "sae-lens",
+    "transformer_lens": "transformer-lens",
+    "typing_extensions": "typing-extensions",
+    "simple_parsing": "simple-parsing",
+}
+NOT_IMPORTED = {"gguf": "read by transformers' GGUF loader (the embedded model)"}
+
+
+def test_declared_dependencies_are_exactly_the_third_party_imports():
+    requirements = [r for r in metadata.requires("sae-lens-bae") or [] if "extra ==" not in r]
+    declared = {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0].lower() for r in requirements}
+    imported = set()
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = {
+        IMPORT_NAMES.get(name, name)
+        for name in imported
+        if name != PACKAGE and name not in sys.stdlib_module_names
+    }
+    assert third_party - declared == set(), "imported but not declared"
+    assert declared - third_party - set(NOT_IMPORTED) == set(), "declared but never imported"

@@ -502,3 +502,45 @@ def test_canonicalise_keeps_every_output_and_makes_the_rare_state_one(apply_b_de
     assert torch.equal(bae.encode_bits(x).mean(0), prior)  # the original is untouched
     with pytest.raises(ValueError, match="one bit per feature"):
         canonicalise(BAE(BAEConfig(d_in=6, bits=2)))
+
+
+@pytest.mark.parametrize(("apply_b_dec_to_input", "encoder_bias"),
+                         [(False, True), (True, True), (True, False)])  # fmt: skip
+def test_whitening_fold_keeps_outputs(apply_b_dec_to_input, encoder_bias):
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=6, d_sae=12, apply_b_dec_to_input=apply_b_dec_to_input,
+                        encoder_bias=encoder_bias)).double()  # fmt: skip
+    with torch.no_grad():
+        bae.b_dec.normal_()
+        bae.W_dec.normal_()
+        if encoder_bias:
+            bae.b_enc.normal_()
+    x = torch.randn(50, 6, dtype=torch.float64)
+    mean, matrix = torch.randn(6, dtype=torch.float64), torch.randn(6, 6, dtype=torch.float64)
+    inverse = torch.linalg.inv(matrix)
+    whitened = (x - mean) @ matrix  # what it was trained on
+    expected = bae.decode(bae.encode(whitened)) @ inverse + mean
+    codes = bae.encode_bits(whitened)
+    bae.fold_activation_whitening(mean, matrix, inverse)
+    assert torch.equal(bae.encode_bits(x), codes)
+    assert torch.allclose(bae.decode(bae.encode(x)), expected)
+
+
+def test_whitening_fold_without_encoder_bias_is_refused():
+    bae = BAE(BAEConfig(d_in=6, d_sae=12, encoder_bias=False))
+    eye = torch.eye(6)
+    with pytest.raises(ValueError, match="no encoder bias"):
+        bae.fold_activation_whitening(torch.ones(6), eye, eye)
+
+
+def test_more_bit_encoder_starts_at_the_one_bit_scale():
+    torch.manual_seed(0)
+    one = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16))
+    torch.manual_seed(0)
+    two = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, bits=3))
+    assert two.W_enc.shape == (8, 48)
+    norm = one.cfg.decoder_init_norm
+    assert torch.allclose(one.W_enc.norm(dim=0), torch.full((16,), norm))
+    assert torch.allclose(two.W_enc.norm(dim=0), torch.full((48,), norm))  # every bit, as C = 1
+    assert torch.equal(two.W_enc[:, ::3], two.W_dec.T)  # bit 0 of each feature: tied as C = 1
+    assert not torch.allclose(two.W_enc[:, 1::3], two.W_enc[:, ::3])  # the others differ

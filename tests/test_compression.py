@@ -8,12 +8,20 @@ import matplotlib.image
 import pytest
 import torch
 
-from sae_lens_bae import BAE, BAEConfig, bits_to_values, compress, decompress
+from sae_lens_bae import (
+    BAE,
+    BAEConfig,
+    BAETrainingSAEConfig,
+    bits_to_values,
+    compress,
+    decompress,
+)
 from sae_lens_bae.compression import (
     LOSSLESS_THRESHOLD,
     CompressedStates,
     compression_report,
     pack_uints,
+    prior_fingerprint,
     unpack_uints,
 )
 
@@ -56,6 +64,15 @@ def test_lossless_threshold_round_trip_is_exact(bits, tmp_path):
     base = (prior > 0.5).float()
     assert torch.equal(packed.counts, (code != base).sum(-1))  # only flips are stored
     assert size < h0.numel() * 4  # sparse codes take less than the float32 states
+    # the file says which prior it was made with: another one is refused, not silently used
+    assert loaded.prior_key == packed.prior_key == prior_fingerprint(prior)
+    other = prior.clone()
+    other[5] = 0.9  # rounds differently at one bit
+    with pytest.raises(ValueError, match="another prior"):
+        decompress(bae, loaded, prior=other)
+    near = prior.clone()
+    near[5] = 0.4  # rounds the same: the same codes, accepted
+    assert torch.equal(decompress(bae, loaded, prior=near), restored)
 
 
 def test_higher_thresholds_keep_fewer_flips_and_errors():
@@ -124,6 +141,10 @@ def test_bae_compress_and_more_bits_on_the_tiny_model(tiny_hf_llama_dir, tiny_co
         assert row["comsem_score"] == own["mean_score"] and own["evaluated"] <= 2
     assert [r["bits"] for r in rows] == [1, 3]
     assert [r["code_bits"] for r in rows] == [32, 96]  # decoder width d_in = 32 for every C
+    one = BAETrainingSAEConfig(d_in=32)  # per feature, the penalties weigh what they do at C = 1
+    assert rows[1]["entropy_coefficient"] == pytest.approx(one.entropy_coefficient / 3)
+    assert rows[1]["covariance_coefficient"] == pytest.approx(one.covariance_coefficient / 9)
+    assert rows[0]["covariance_coefficient"] == pytest.approx(one.covariance_coefficient)
     assert rows[0]["magnitude"] == "burstiness" and rows[1]["magnitude"] == "raw"
     saved = json.loads((tmp_path / "m" / "more_bits.json").read_text())
     assert saved["rows"] == rows

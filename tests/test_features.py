@@ -200,3 +200,38 @@ def test_records_save_load_and_context(tmp_path, tiny_hf_llama_dir):
     bare = top_k_records(FixedSAE(2), acts, positions, torch.tensor([12, 20]), "raw", k=1)
     with pytest.raises(ValueError, match="without the token rows"):
         bare.context(0, tokenizer)
+
+
+def test_detection_negatives_are_tokens_where_the_feature_is_off():
+    from sae_lens_bae.comsem import select_samples
+
+    # feature 0 fires on tokens 0-7 (weakly), feature 1 on tokens 0-3 and 8-11 (strongly), k = 1:
+    # on tokens 0-3 feature 0 is active but outranked, so absent from the records
+    acts = torch.zeros(20, 2)
+    acts[:8, 0] = 1.0
+    acts[:4, 1] = 5.0
+    acts[8:12, 1] = 5.0
+    positions = torch.stack([torch.zeros(20), torch.arange(20)], 1).long()
+    records = top_k_records(FixedLatents(2), acts, positions, torch.arange(20), "raw", k=1,
+                            sequences=torch.arange(20)[None])  # fmt: skip
+    assert records.features[:4, 0].tolist() == [1] * 4  # feature 0 hidden on tokens 0-3
+    # sure negatives of feature 0: tokens with an empty slot (nothing fires): 12-19. Not 0-3
+    # (it fires there), nor 8-11 (feature 1 fills the slot: feature 0 could hide below it)
+    assert records.surely_off(0).nonzero().flatten().tolist() == list(range(12, 20))
+    assert records.surely_off(1).nonzero().flatten().tolist() == list(range(12, 20))
+
+    class Words:
+        def decode(self, ids, skip_special_tokens=False):  # noqa: ARG002
+            return " ".join(f"t{i}" for i in ids)
+
+    items = select_samples(records, Words(), n_explain=1, n_test=3, negatives=True, seed=4)
+    for item in items:
+        assert len(item.negatives) == len(item.test)
+        for sample in item.negatives:
+            index = int(sample.token.strip()[1:])
+            assert acts[index, item.feature] == 0, (item.feature, index)
+    # burstiness: a token whose weakest record is a bit in its usual state lists every active bit
+    codes = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    bursty = top_k_records(FixedSAE(3), codes, positions[:3], torch.arange(3), "burstiness", k=2,
+                           prior=torch.tensor([0.2, 0.2, 0.2]))  # fmt: skip
+    assert bursty.surely_off(2).tolist() == [True, False, False]

@@ -106,6 +106,26 @@ def test_generate_with_steering(hf_model):
     assert torch.equal(model.generate(prompt, **kwargs), plain)  # and the hook removed after
 
 
+@pytest.mark.parametrize("positions", [[2], [5], [1, 6], "per-row"])
+def test_explicit_positions_steer_the_same_with_and_without_the_kv_cache(hf_model, positions):
+    model = hf_model
+    first = "blocks.0.hook_resid_post"  # later tokens read a steered position through attention
+    vector = model.W_U[:, int(model.W_U.norm(dim=0).argmax())].detach()
+    prompt = torch.tensor([[1, 5, 6, 7]])
+    if positions == "per-row":
+        positions = torch.tensor([5])  # a generated position, one per row
+    outputs = []
+    for cached in (False, True):
+        kwargs = dict(max_new_tokens=4, do_sample=False, stop_at_eos=False, verbose=False,
+                      use_past_kv_cache=cached)  # fmt: skip
+        with steer(model, first, vector, 30.0, positions=positions):
+            outputs.append(model.generate(prompt, **kwargs))
+    plain = model.generate(prompt, max_new_tokens=4, do_sample=False, stop_at_eos=False,
+                           verbose=False)  # fmt: skip
+    assert torch.equal(outputs[0], outputs[1])  # the cache sees the position where it comes by
+    assert not torch.equal(outputs[0], plain)  # and the position was steered
+
+
 def test_steered_classifier_equals_a_full_forward(hf_model):
     template = TEMPLATE
     pairs = [(f"w{20 + i} w{40 + i}" + " w30" * (i % 3), ("w5", "w6")[i % 2]) for i in range(20)]

@@ -4,8 +4,8 @@ A feature with at least ``n_explain + 1`` records is *activated* (FA). Its ``n_e
 records go to the explainer; the next ``n_test`` (at most) are judged. Equal magnitudes (every
 token a BAE bit fires on has the same burstiness) are ordered at random, seeded per feature. For
 the optional detection score, as many *non-activating* samples are drawn at random (seeded per
-feature) from tokens whose records do not hold the feature, so that a vague explanation that fits
-everything cannot score 1.
+feature) from tokens on which the feature is surely off (``FeatureRecords.surely_off``: not merely
+outside the top-k), so that a vague explanation that fits everything cannot score 1.
 """
 
 from __future__ import annotations
@@ -98,12 +98,12 @@ def select_samples(
         item = FeatureSamples(feature, explain=shown[:n_explain], test=shown[n_explain:])
         if negatives:
             generator = torch.Generator().manual_seed(seed * 1_000_003 + feature)
-            holders = (records.features == feature).any(-1)
-            free = (~holders).nonzero().flatten()
+            free = records.surely_off(feature).nonzero().flatten()
             if free.numel() < len(item.test):
                 raise ValueError(
-                    f"feature {feature}: only {free.numel()} tokens without it in the records, "
-                    f"{len(item.test)} needed for the detection score"
+                    f"feature {feature}: only {free.numel()} tokens on which it is surely off "
+                    f"(see FeatureRecords.surely_off), {len(item.test)} needed for the "
+                    "detection score; make the records with a larger k"
                 )
             picks = free[torch.randperm(free.numel(), generator=generator)[: len(item.test)]]
             item.negatives = [_sample(records, tokenizer, int(i), None) for i in picks]

@@ -5,7 +5,9 @@ h_R = sum_j 2^j b_j / (2^C - 1) before the decoder, whose width d_sae stays fixe
 feature buy reconstruction; the question is what they cost in interpretable features. Per C: the
 held-out reconstruction, activated / dead / dense features and L0 (feature magnitudes: burstiness
 for C = 1 as in ``bae compare``, the real values h_R for C > 1), and ComSem's columns when an LLM
-is given.
+is given. Every C starts at the same encoder scale, and its penalties are weighted so that a
+feature weighs what it weighs at C = 1 (``penalties_per_feature``): the entropy and firing terms
+sum over C times as many bits (a / C), the covariance over C^2 times as many pairs (a_c / C^2).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json
 from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
 from sae_lens_bae.training import train_sae
 
-__all__ = ["REPORT", "MoreBitsConfig", "plot_more_bits", "run"]
+__all__ = ["REPORT", "MoreBitsConfig", "penalties_per_feature", "plot_more_bits", "run"]
 
 REPORT = "more_bits.md"
 
@@ -77,6 +79,18 @@ class MoreBitsConfig:
             raise ValueError(f"bits must be integers >= 1, got {list(self.bits)}")
 
 
+def penalties_per_feature(d_in: int, bits: int) -> dict[str, float]:
+    """The default recipe's coefficients for C = ``bits`` code bits per feature, so that the
+    penalties weigh a feature as at C = 1: a_e / C, a_f / C (sums over C times as many bits) and
+    a_c / C^2 (a sum over C^2 times as many pairs)."""
+    one = BAETrainingSAEConfig(d_in=d_in)
+    return {
+        "entropy_coefficient": one.entropy_coefficient / bits,
+        "firing_coefficient": one.firing_coefficient / bits,
+        "covariance_coefficient": one.covariance_coefficient / bits**2,
+    }
+
+
 def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
     """Harvest one layer, train one BAE per C, evaluate; writes ``more_bits.md``,
     ``more_bits.json`` and ``more_bits.png``."""
@@ -100,7 +114,9 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
     rows = []
     records = {}
     for c in cfg.bits:
-        bae_cfg = BAETrainingSAEConfig(d_in=d_in, d_sae=cfg.expansion * d_in, bits=c)
+        bae_cfg = BAETrainingSAEConfig(
+            d_in=d_in, d_sae=cfg.expansion * d_in, bits=c, **penalties_per_feature(d_in, c)
+        )
         sae = train_sae(
             train,
             bae_cfg,
@@ -128,7 +144,9 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
             activated_min_samples=cfg.activated_min_samples,
         )
         stats.pop("firing_rates")
-        rows.append({"bits": c, "code_bits": c * sae.cfg.d_sae, "magnitude": magnitude, **stats})
+        stats.pop("active_frequency")
+        rows.append({"bits": c, "code_bits": c * sae.cfg.d_sae, "magnitude": magnitude,
+                     **penalties_per_feature(d_in, c), **stats})  # fmt: skip
         watch.lap(f"C = {c}")
     if cfg.comsem_llm is not None:
         client = ClientConfig(model=cfg.comsem_llm, base_url=cfg.comsem_base_url)

@@ -8,7 +8,7 @@ BAE of one (expansion, objective) cell is trained in one ``StackedBAE``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +47,13 @@ class SyntheticPreset:
     n_train: int
     n_test: int
     recipe: EntropyRecipe
+    tolerance_fraction: float = 0.1
+    tolerance_floor: float = 1.0
+    ablation: bool = True  # also train every cell without the objective (a_e = a_c = 0)
+
+    def tolerance(self, r: int) -> float:
+        """The accuracy bar: within max(floor, fraction * r) bits of r."""
+        return max(self.tolerance_floor, self.tolerance_fraction * r)
 
 
 PRESETS: dict[str, SyntheticPreset] = {
@@ -62,6 +69,20 @@ PRESETS: dict[str, SyntheticPreset] = {
         n_test=4096,
         recipe=EntropyRecipe(steps=4000, lr=4e-3),
     ),
+    # between the two, for a CPU: d = 256, r up to 128, the paper's bar (within 0.05 r bits at
+    # < 2% held-out error), no ablation (see docs/entropy.md for the measurements)
+    "mid": SyntheticPreset(
+        d=256,
+        ranks=(0, 1, 4, 16, 64, 128),
+        expansions=(2,),
+        seeds=(0, 1, 2),
+        n_train=16384,
+        n_test=4096,
+        recipe=EntropyRecipe(steps=4000, lr=4e-3),
+        tolerance_fraction=0.05,
+        tolerance_floor=0.0,
+        ablation=False,
+    ),
     # the paper's scale, for a GPU: 100 epochs of 65536 samples in batches of 512. Measured on
     # an H100 (seed 0, 2x, 492 s for r = 1/16/64/256 with and without the objective): r = 1, 16,
     # 64 within 0.01 bits at <= 0.6% held-out error; r = 256 fails (653 bits, 13% error), and
@@ -74,6 +95,8 @@ PRESETS: dict[str, SyntheticPreset] = {
         n_train=65536,
         n_test=8192,
         recipe=EntropyRecipe(steps=128 * 100, lr=5e-4),
+        tolerance_fraction=0.05,
+        tolerance_floor=0.0,
     ),
     # seconds, for tests
     "test": SyntheticPreset(
@@ -92,8 +115,9 @@ PRESETS: dict[str, SyntheticPreset] = {
 class SyntheticConfig:
     """What ``bae bench synthetic`` runs: a preset, optionally with parts of its grid replaced."""
 
-    preset: Literal["cpu", "paper", "test"] = "cpu"
-    """cpu (a 2-core machine, about 16 minutes), paper (d = 2048, for a GPU) or test (seconds)."""
+    preset: Literal["cpu", "mid", "paper", "test"] = "cpu"
+    """cpu (d = 64, a 2-core machine, about 16 minutes), mid (d = 256, r up to 128, CPU), paper
+    (d = 2048, for a GPU) or test (seconds)."""
     steps: int | None = None
     """Training steps of every BAE (default: the preset's)."""
     ranks: Sequence[int] | None = None
@@ -138,7 +162,7 @@ def directional_data(r: int, d: int, n_train: int, n_test: int, seed: int) -> tu
 
 
 def tolerance(r: int) -> float:
-    """The accuracy bar: within max(1, 0.1 r) bits."""
+    """The ``cpu`` preset's accuracy bar: within max(1, 0.1 r) bits."""
     return max(1.0, 0.1 * r)
 
 
@@ -165,7 +189,7 @@ def run_preset(
         for r, seed in cells
     }
     for expansion in preset.expansions:
-        for objective in (True, False):
+        for objective in (True, False) if preset.ablation else (True,):
             recipe = replace(preset.recipe, expansion=expansion, objective=objective)
             estimates = estimate_entropies(
                 [data[cell][0] for cell in cells],
@@ -197,7 +221,11 @@ def run_preset(
     return rows
 
 
-def passes_bar(rows: list[dict[str, Any]], min_seeds: int = 2) -> dict[str, Any]:
+def passes_bar(
+    rows: list[dict[str, Any]],
+    min_seeds: int = 2,
+    bar: Callable[[int], float] = tolerance,
+) -> dict[str, Any]:
     """The entropy issue's bar, counted per (r, expansion) over seeds: with the objective, r within
     max(1, 0.1 r) bits and held-out relative error <= 2% (r = 0: MSE <= 1e-4, as the data has no
     variance) on at least ``min_seeds`` seeds; without it (the ablation), every r >= 1 estimated
@@ -208,7 +236,7 @@ def passes_bar(rows: list[dict[str, Any]], min_seeds: int = 2) -> dict[str, Any]
     for row in rows:
         r, key = row["r"], f"r={row['r']},expansion={row['expansion']}"
         if row["objective"]:
-            accurate = abs(row["estimate_bits"] - r) <= tolerance(r)
+            accurate = abs(row["estimate_bits"] - r) <= bar(r) + 1e-9
             if row["relative_error"] is None:
                 faithful = row["reconstruction_mse"] <= 1e-4
             else:
@@ -218,7 +246,7 @@ def passes_bar(rows: list[dict[str, Any]], min_seeds: int = 2) -> dict[str, Any]
         elif r >= 1:
             seeds_per_cell[key] = seeds_per_cell.get(key, 0) + 1
             verdict["ablation"].setdefault(key, 0)
-            verdict["ablation"][key] += int(row["estimate_bits"] > r + tolerance(r))
+            verdict["ablation"][key] += int(row["estimate_bits"] > r + bar(r))
     verdict["objective_ok"] = all(n >= min_seeds for n in verdict["with_objective"].values())
     verdict["ablation_ok"] = all(n >= min_seeds for n in verdict["ablation"].values())
     verdict["ablation_all_seeds"] = all(
@@ -230,7 +258,7 @@ def passes_bar(rows: list[dict[str, Any]], min_seeds: int = 2) -> dict[str, Any]
 def summarise(preset: SyntheticPreset, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """What ``synthetic.json`` holds: the preset, the rows and ``passes_bar``'s verdict, a cell
     passing on 2 seeds (1 for a one-seed grid)."""
-    verdict = passes_bar(rows, min_seeds=min(2, len(preset.seeds)))
+    verdict = passes_bar(rows, min_seeds=min(2, len(preset.seeds)), bar=preset.tolerance)
     return {"preset": asdict(preset), "results": rows, "bar": verdict}
 
 

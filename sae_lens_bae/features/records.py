@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
@@ -102,6 +102,22 @@ class FeatureRecords:
         """How many tokens hold each feature in their top-k."""
         valid = self.features[self.features >= 0]
         return torch.bincount(valid, minlength=self.d_sae)
+
+    def surely_off(self, feature: int) -> Bool[Tensor, " n"]:
+        """Tokens on which ``feature`` certainly does not fire, as far as the records can tell:
+        it is not among their records, and every feature outside their records is off too,
+        because a slot is empty (fewer active features than k) or, for burstiness magnitudes,
+        their weakest record is below log2(1/2) (every other bit is in its usual state). A token
+        whose records are all strong may hold the feature just below its top-k: never a sure
+        negative."""
+        if not 0 <= feature < self.d_sae:
+            raise IndexError(f"feature {feature} outside 0..{self.d_sae - 1}")
+        absent = ~(self.features == feature).any(-1)
+        complete = (self.features < 0).any(-1)
+        if self.magnitude == "burstiness":
+            weakest = self.magnitudes.masked_fill(self.features < 0, float("inf")).min(-1).values
+            complete |= weakest < -1.0
+        return absent & complete
 
     def activated(self, min_samples: int = 8) -> int:
         """Features with more than ``min_samples`` tokens in the records (interpretable ones)."""

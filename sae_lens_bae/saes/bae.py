@@ -77,10 +77,15 @@ training checkpoint read as an inference model."""
 def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
     """Encoder of width bits * d_sae, optional encoder bias, and the running mean-code buffers."""
     cfg = sae.cfg
-    if cfg.bits > 1:  # bits of one feature need distinct directions: no tied init
-        w_enc = torch.empty(cfg.d_in, cfg.n_bits, dtype=sae.dtype, device=sae.device)
+    if cfg.bits > 1:  # bits of one feature need distinct directions
+        # bit 0 of feature k keeps SAELens' init (tied to decoder row k, scaled as configured);
+        # bits 1.. get random directions of the same norm, so every C starts at one scale
+        tied = sae.W_enc.detach()  # [d_in, d_sae]
+        w_enc = torch.empty(cfg.d_in, cfg.d_sae, cfg.bits, dtype=sae.dtype, device=sae.device)
         nn.init.kaiming_uniform_(w_enc)
-        sae.W_enc = nn.Parameter(w_enc)
+        w_enc = w_enc / w_enc.norm(dim=0, keepdim=True) * tied.norm(dim=0)[:, None]
+        w_enc[:, :, 0] = tied
+        sae.W_enc = nn.Parameter(w_enc.reshape(cfg.d_in, cfg.n_bits).contiguous())
     if cfg.encoder_bias:
         sae.b_enc = nn.Parameter(torch.zeros(cfg.n_bits, dtype=sae.dtype, device=sae.device))
     else:
@@ -163,6 +168,18 @@ class _BAEMixin:
         update_running_mean(
             self.code_mean, self.code_mean_count, batch_mean, self.cfg.code_mean_decay
         )
+
+    def fold_activation_whitening(
+        self, mean: Tensor, whitening_matrix: Tensor, unwhitening_matrix: Tensor
+    ) -> None:
+        """SAELens' exact whitening fold; a BAE without an encoder bias reading the raw input
+        has nowhere to put the mean's shift, so it is refused there (SAELens would skip it)."""
+        if self.b_enc is None and not self.cfg.apply_b_dec_to_input and bool(mean.any()):
+            raise ValueError(
+                "This BAE has no encoder bias, so a whitening with a non-zero mean cannot be "
+                "folded into it exactly; train it with encoder_bias=True or apply_b_dec_to_input"
+            )
+        super().fold_activation_whitening(mean, whitening_matrix, unwhitening_matrix)  # type: ignore[misc]
 
     def fold_W_dec_norm(self) -> None:
         _refuse_decoder_norm_folding()

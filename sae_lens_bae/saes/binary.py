@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -73,7 +74,7 @@ def bits_to_values(
         raise ValueError(f"{bits.shape[-1]} bits do not split into groups of {n_bits_per_value}")
     weights = 2.0 ** torch.arange(n_bits_per_value, device=bits.device, dtype=bits.dtype)
     weights = weights / (2**n_bits_per_value - 1)
-    grouped = bits.unflatten(-1, (-1, n_bits_per_value))
+    grouped = einops.rearrange(bits, "... (value bit) -> ... value bit", bit=n_bits_per_value)
     return grouped @ weights
 
 

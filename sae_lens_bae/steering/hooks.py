@@ -30,11 +30,18 @@ def steering_hook(
     vector: Float[Tensor, " d"], strength: float = 1.0, positions: Positions = "last"
 ) -> Callable[[Tensor, Any], Tensor]:
     """A forward hook that adds ``strength * vector`` at ``positions`` of a [batch, pos, d]
-    activation (e.g. ``blocks.L.hook_resid_post``) and leaves every other position untouched."""
+    activation (e.g. ``blocks.L.hook_resid_post``) and leaves every other position untouched.
+
+    Explicit positions are positions of the whole sequence. Under KV-cached generation each
+    forward pass after the prompt's sees one new token, so the hook counts the positions it has
+    seen (restarting at every pass of more than one token: a new prompt) and steers a position
+    whenever it comes by; negative positions count from the end of the pass that holds them.
+    """
     if vector.ndim != 1:
         raise ValueError(f"vector must be 1-D [d], got shape {tuple(vector.shape)}")
     if not torch.isfinite(vector).all():
         raise ValueError("vector holds NaN/Inf values")
+    seen = [0]  # positions of the sequence before this forward pass
 
     def hook(activation: Tensor, hook: Any) -> Tensor:
         if activation.ndim != 3 or activation.shape[-1] != vector.shape[0]:
@@ -43,21 +50,31 @@ def steering_hook(
                 f"{tuple(activation.shape)}; a steering vector of size {vector.shape[0]} needs "
                 "[batch, pos, d] with that d (use a residual-stream hook point)"
             )
+        length = activation.shape[1]
+        if length > 1:  # a prompt's pass: the sequence starts here
+            seen[0] = 0
+        offset = seen[0]
+        seen[0] += length
         delta = (strength * vector).to(activation.device, activation.dtype)
         if isinstance(positions, Tensor) and positions.ndim == 1:
             if positions.shape[0] != activation.shape[0]:
                 raise ValueError(
                     f"{positions.shape[0]} per-row positions for a batch of {activation.shape[0]}"
                 )
+            local = positions.to(activation.device) - offset
             rows = torch.arange(activation.shape[0], device=activation.device)
-            activation[rows, positions.to(activation.device)] += delta
+            inside = (local >= 0) & (local < length)
+            activation[rows[inside], local[inside]] += delta
         elif positions == "all":
             activation += delta
         elif positions == "last":
             activation[:, -1] += delta
         else:
-            index = [positions] if isinstance(positions, int) else list(positions)
-            activation[:, index] += delta
+            wanted = [positions] if isinstance(positions, int) else list(positions)
+            local = [p if p < 0 else p - offset for p in wanted]
+            local = [p for p in local if (p < 0 and offset == 0) or 0 <= p < length]
+            if local:
+                activation[:, local] += delta
         return activation
 
     return hook
