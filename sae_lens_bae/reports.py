@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Stopwatch", "cell", "markdown_table", "write_json"]
+__all__ = ["Stopwatch", "cell", "markdown_table", "write_json", "write_text"]
 
 
 class Stopwatch:
@@ -26,9 +27,22 @@ class Stopwatch:
         print(f"[{self.name}] {stage}: {self.seconds[stage]:.1f} s", flush=True)
 
 
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it into place: a crash or
+    a full disk midway leaves the previous file (or none), never a truncated one."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def write_json(path: str | Path, summary: Any) -> None:
-    """Indented JSON; paths and other non-JSON values (a config's ``Path``) as strings."""
-    Path(path).write_text(json.dumps(summary, indent=2, default=str))
+    """Indented JSON (written as ``write_text`` does); paths and other non-JSON values (a
+    config's ``Path``) as strings."""
+    write_text(path, json.dumps(summary, indent=2, default=str))
 
 
 def cell(value: Any, spec: str = "") -> str:

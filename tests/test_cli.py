@@ -182,13 +182,95 @@ def test_train_live_from_local_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
 
 
 def test_train_with_unknown_hook_fails_clearly(tiny_hf_llama_dir, tiny_corpus, tmp_path):
-    result = runner.invoke(
-        app,
-        ["train", "--model", str(tiny_hf_llama_dir), "--dataset", str(tiny_corpus),
-         "--hook", "blocks.7.hook_resid_post", "--out", str(tmp_path)],
-    )  # fmt: skip
-    assert result.exit_code != 0
-    assert "Unknown hook name(s) ['blocks.7.hook_resid_post']" in str(result.exception)
+    result = runner.invoke(app, result_args(tiny_hf_llama_dir, tiny_corpus, tmp_path))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "Unknown hook name(s) ['blocks.7.hook_resid_post']" in result.output
+    debug = runner.invoke(app, ["--debug", *result_args(tiny_hf_llama_dir, tiny_corpus, tmp_path)])
+    assert isinstance(debug.exception, ValueError)  # --debug: the exception and its traceback
+
+
+def result_args(model, corpus, out):
+    return ["train", "--model", str(model), "--dataset", str(corpus),
+            "--hook", "blocks.7.hook_resid_post", "--out", str(out)]  # fmt: skip
+
+
+def _bad_inputs(model, corpus, tmp):
+    """(arguments, what the error line says) for every kind of bad input, over the commands."""
+    (tmp / "empty.txt").write_text("")
+    (tmp / "one_label.tsv").write_text("label\tsentence\n1\tw5 w6\n1\tw7 w8\n")
+    (tmp / "broken").mkdir()
+    (tmp / "broken" / "cfg.json").write_text("{ not json")
+    (tmp / "a_file").write_text("x")
+    m, c = ["--model", str(model)], ["--dataset", str(corpus)]
+    return [
+        (["quickstart", *m, "--corpus", str(tmp / "missing.txt")], "No such file or folder"),
+        (["compare", *m, "--dataset", str(tmp / "empty.txt")], "fewer than context_size"),
+        (["compare", "--model", str(tmp / "nowhere"), *c], "Cannot load a model"),
+        (["compare", "--model", "no-such-model", *c], "unknown model name 'no-such-model'"),
+        (["compress", *m, *c, "--layer", "9"], "Layers [9] do not exist"),
+        (["interpret", "--sae", str(tmp / "broken"), *c, *m], "is not valid JSON"),
+        (["interpret", "--sae", str(tmp), *c, *m], "No cfg.json in"),
+        (["interpret", "--records", str(tmp / "none.safetensors")], "no records file"),
+        (["interpret", "--llm", "x"], "pass either --records FILE or --sae FOLDER"),
+        (["entropy", "icl", *m, "--dataset", str(tmp / "one_label.tsv")], "single label"),
+        (
+            [
+                "entropy",
+                "positions",
+                *m,
+                *c,
+                "--layers",
+                "1",
+                "--max-log2-position",
+                "1",
+                "--n-sequences",
+                "8",
+                "--bae-batch-size",
+                "8",
+                "--steps",
+                "2",
+                "--out",
+                str(tmp / "a_file"),
+            ],
+            "File exists",
+        ),  # an output folder that cannot be made
+        (["bench", "synthetic", "--ranks", "100"], "ranks go up to d = 64"),
+        (["bench", "two-token", "--words", "yes"], "exactly two words"),
+        (["compress", "--thresholds", "-2"], "outside [log2 0.5, 0]"),
+        (["steer", "icl", "--dataset", "x", "--baselines", "transcoder"], "choose among"),
+        (["bench", "recipes", "--variants", "fastest"], "unknown variants ['fastest']"),
+    ]
+
+
+def test_bad_input_matrix_ends_with_one_line_and_exit_code_2(tiny_hf_llama_dir, tiny_corpus,
+                                                             tmp_path):  # fmt: skip
+    for args, message in _bad_inputs(tiny_hf_llama_dir, tiny_corpus, tmp_path):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "Traceback" not in result.output, args
+        errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+        assert len(errors) == 1 and message in errors[0], (args, result.output)
+
+
+def test_an_interrupted_write_leaves_the_previous_file(tmp_path, monkeypatch):
+    from pathlib import Path as P
+
+    from sae_lens_bae.reports import write_json
+
+    target = tmp_path / "summary.json"
+    write_json(target, {"run": 1})
+    real = P.write_text
+
+    def disk_full(self, text, *args, **kwargs):  # noqa: ARG001
+        real(self, text[: len(text) // 2])  # half the bytes reach the disk, then it is full
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(P, "write_text", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_json(target, {"run": 2, "rows": list(range(100))})
+    monkeypatch.undo()
+    assert json.loads(target.read_text()) == {"run": 1}  # untouched, and no partial file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
 
 
 def test_quickstart_pipeline_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):

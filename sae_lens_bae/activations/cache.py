@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations.hooks import check_hooks, stop_layer
+from sae_lens_bae.reports import write_json
 
 __all__ = ["META_FILE", "ActivationCache", "harvest_activations"]
 
@@ -138,7 +140,7 @@ def harvest_activations(
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     if {k: meta.get(k) for k in request} != request:
         meta = {**request, "n_shards_done": 0, "complete": False}  # a different request: restart
-    meta_path.write_text(json.dumps(meta, indent=2))
+    write_json(meta_path, meta)
     stop_at = stop_layer(hooks)
     first = 1 if drop_bos else 0
     store_dtype = _DTYPES[dtype]
@@ -167,12 +169,14 @@ def harvest_activations(
             bar.update(batch.shape[0])
         tensors = {h: torch.cat(p).contiguous() for h, p in parts.items()}
         tensors["tokens"] = rows.contiguous()
-        save_file(tensors, out / f"shard_{shard:05d}.safetensors")
+        partial = out / f".shard_{shard:05d}.partial"  # a full disk leaves no truncated shard
+        save_file(tensors, partial)
+        os.replace(partial, out / f"shard_{shard:05d}.safetensors")
         meta["n_shards_done"] = shard + 1
-        meta_path.write_text(json.dumps(meta, indent=2))
+        write_json(meta_path, meta)
     bar.close()
     meta["complete"] = True
-    meta_path.write_text(json.dumps(meta, indent=2))
+    write_json(meta_path, meta)
     return ActivationCache(out, meta)
 
 

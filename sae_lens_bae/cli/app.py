@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from sae_lens_bae.cli.options import config_command
+from sae_lens_bae.cli.options import DEBUG, config_command
 from sae_lens_bae.comsem import interpret
 from sae_lens_bae.experiments import EXPERIMENTS, command_help
 from sae_lens_bae.training import live
@@ -39,6 +39,13 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+@app.callback()
+def _options(
+    debug: bool = typer.Option(False, "--debug", help="Show the traceback of an error."),
+) -> None:
+    DEBUG.on = debug
 
 
 def _report_printer(report: str | None) -> Callable[[Any, Any], None]:

@@ -21,16 +21,21 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, NoReturn, Union
 
 import typer
 from simple_parsing.docstring import get_attribute_docstring
 
+from sae_lens_bae.comsem import ComSemAPIError
+
 __all__ = [
+    "DEBUG",
+    "USER_ERRORS",
     "Option",
     "build_config",
     "config_class",
     "config_command",
+    "fail",
     "format_default",
     "options_of",
 ]
@@ -243,6 +248,39 @@ def build_config(cls: type, options: Sequence[Option], values: Mapping[str, Any]
     return cls(**top)
 
 
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    OSError,
+    ModuleNotFoundError,
+    ComSemAPIError,
+)
+"""What bad input raises (a missing file, a wrong option value, an unwritable folder, a full disk,
+a missing optional package, a refused API request): one line and exit code 2 on the command line.
+``--debug`` shows the traceback instead. Everything else is a bug and keeps its traceback."""
+
+
+@dataclass
+class _Debug:
+    on: bool = False
+
+
+DEBUG = _Debug()
+"""Set by the app's ``--debug`` option."""
+
+
+def fail(error: BaseException) -> NoReturn:
+    """End the command with ``Error: <what was wrong>`` on one line and exit code 2."""
+    message = " ".join(str(error).split()) or type(error).__name__
+    if (
+        isinstance(error, FileNotFoundError)
+        and error.filename
+        and str(error.filename) not in message
+    ):
+        message = f"{message}: {error.filename}"
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
 def config_class(run: Callable[..., Any]) -> type:
     """The config class a run function takes: the type of its first parameter."""
     first = next(iter(inspect.signature(run).parameters))
@@ -264,9 +302,13 @@ def config_command(
         try:
             config = build_config(config_cls, options, values)
         except ValueError as e:
-            typer.echo(f"Error: {e}", err=True)
-            raise typer.Exit(code=2) from None
-        result = run(config)
+            fail(e)
+        try:
+            result = run(config)
+        except USER_ERRORS as e:
+            if DEBUG.on:
+                raise
+            fail(e)
         if after is not None:
             after(config, result)
 

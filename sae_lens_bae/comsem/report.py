@@ -11,7 +11,7 @@ from typing import Any
 from sae_lens_bae.comsem.client import ClientConfig
 from sae_lens_bae.comsem.stages import FeatureScore
 from sae_lens_bae.plots import plot_comsem_scores
-from sae_lens_bae.reports import cell, markdown_table, write_json
+from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
 
 __all__ = ["summarise", "summary_markdown", "write_report"]
 
@@ -65,7 +65,7 @@ def write_report(
         for result in results:
             f.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
     write_json(out / "summary.json", summary)
-    (out / "summary.md").write_text(summary_markdown(results, summary, top))
+    write_text(out / "summary.md", summary_markdown(results, summary, top))
     plot_comsem_scores([r.score for r in results if r.score is not None], out / "scores.png")
 
 

@@ -37,7 +37,7 @@ from sae_lens_bae.plots import (
     plot_magnitude_heatmaps,
     plot_training_curves,
 )
-from sae_lens_bae.reports import Stopwatch, write_json
+from sae_lens_bae.reports import Stopwatch, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
 from sae_lens_bae.saes.canonical import canonicalise
 from sae_lens_bae.training import BASELINES, baseline_configs, train_sae, train_transcoder
@@ -243,7 +243,7 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         "seconds": watch.seconds,
     }
     write_json(out / "compare.json", summary)  # the results are safe before any plotting
-    (out / "compare.md").write_text(_report(summary))
+    write_text(out / "compare.md", _report(summary))
     title = f"{cfg.model} {hook}"
     if len(rates) > 1:
         plot_firing_frequency_grid(rates, out / "firing_frequency.png", "bae", cfg.dense_threshold)

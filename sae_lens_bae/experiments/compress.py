@@ -11,7 +11,7 @@ from typing import Any
 from sae_lens_bae.activations import harvest_layer
 from sae_lens_bae.compression import LOSSLESS_THRESHOLD, compression_report, decoder_bytes
 from sae_lens_bae.plots import save_figure, subplots
-from sae_lens_bae.reports import Stopwatch, markdown_table, write_json
+from sae_lens_bae.reports import Stopwatch, markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
 from sae_lens_bae.training import train_sae
 
@@ -112,7 +112,7 @@ def run(cfg: CompressionConfig, progress: bool = True) -> dict[str, Any]:
         f"float32); BAE with {bae.cfg.n_bits} code bits, decoder + prior "
         f"{decoder_bytes(bae)} bytes.\n\n"
     )
-    (out / "compression.md").write_text(header + markdown_table(rows, columns))
+    write_text(out / "compression.md", header + markdown_table(rows, columns))
     return summary
 
 

@@ -31,7 +31,7 @@ from sae_lens_bae.prompts import (
     first_token_ids,
     load_icl_pairs,
 )
-from sae_lens_bae.reports import markdown_table, write_json
+from sae_lens_bae.reports import markdown_table, write_json, write_text
 
 __all__ = ["REPORT", "ICLTracingConfig", "run", "trace_icl"]
 
@@ -139,6 +139,8 @@ class ICLTracingConfig:
 def run(cfg: ICLTracingConfig, progress: bool = True) -> dict[str, Any]:
     """Load model and sentences, trace, and write ``icl.json``, ``icl.md`` and ``icl.png``;
     returns the JSON summary (accuracy per k, one row per cell)."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)  # before any work: an unusable folder fails now
     pairs = load_icl_pairs(
         cfg.dataset,
         split=cfg.split,
@@ -162,8 +164,6 @@ def run(cfg: ICLTracingConfig, progress: bool = True) -> dict[str, Any]:
         seed=cfg.seed,
         progress=progress,
     )
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     summary = {"config": asdict(cfg), "accuracy": accuracy, "cells": rows}
     write_json(out / "icl.json", summary)
     plot_entropy_curves(
@@ -189,5 +189,5 @@ def run(cfg: ICLTracingConfig, progress: bool = True) -> dict[str, Any]:
         ],
     )
     note = reliability_note(rows, lambda r: f"layer {r['layer']}, k = {r['shots']}")
-    (out / "icl.md").write_text(table + "\n" + note)
+    write_text(out / "icl.md", table + "\n" + note)
     return summary

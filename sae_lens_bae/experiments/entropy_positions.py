@@ -24,7 +24,7 @@ from sae_lens_bae.entropy.cells import CELL_COLUMNS, reliability_note
 from sae_lens_bae.experiments.common import recipe_field
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_entropy_curves
-from sae_lens_bae.reports import markdown_table, write_json
+from sae_lens_bae.reports import markdown_table, write_json, write_text
 
 __all__ = ["REPORT", "PositionTracingConfig", "run", "trace_positions"]
 
@@ -106,6 +106,8 @@ def trace_positions(
 def run(cfg: PositionTracingConfig, progress: bool = True) -> dict[str, Any]:
     """Load the model and text, trace, and write ``positions.json``, ``positions.md`` and
     ``positions.png`` to ``cfg.out``; returns the JSON summary."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)  # before any work: an unusable folder fails now
     model = load_model(cfg.model, device=cfg.device)
     check_layers(model, cfg.layers)
     source = cfg.dataset if cfg.dataset is not None else default_corpus()
@@ -128,8 +130,6 @@ def run(cfg: PositionTracingConfig, progress: bool = True) -> dict[str, Any]:
         seed=cfg.seed,
         progress=progress,
     )
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     config = {**asdict(cfg), "dataset": str(source), "n_sequences_used": int(tokens.shape[0])}
     summary = {"config": config, "cells": rows}
     write_json(out / "positions.json", summary)
@@ -145,5 +145,5 @@ def run(cfg: PositionTracingConfig, progress: bool = True) -> dict[str, Any]:
     )
     table = markdown_table(rows, [*_CELL_KEYS, *CELL_COLUMNS])
     note = reliability_note(rows, lambda r: f"layer {r['layer']}, position {r['position']}")
-    (out / "positions.md").write_text(table + "\n" + note)
+    write_text(out / "positions.md", table + "\n" + note)
     return summary

@@ -21,7 +21,7 @@ from sae_lens_bae.activations import harvest_layer
 from sae_lens_bae.comsem import COMSEM_COLUMNS, ClientConfig, comsem_columns
 from sae_lens_bae.features import code_prior, feature_statistics, top_k_records
 from sae_lens_bae.plots import save_figure, subplots
-from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json
+from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
 from sae_lens_bae.training import train_sae
 
@@ -187,7 +187,7 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
         f"BAE; activated: features with more than {cfg.activated_min_samples} tokens in the "
         f"top-{cfg.records_k} records (C = 1: burstiness, C > 1: h_R).\n\n"
     )
-    (out / "more_bits.md").write_text(header + markdown_table(rows, columns))
+    write_text(out / "more_bits.md", header + markdown_table(rows, columns))
     watch.lap("report")
     return summary
 

@@ -20,7 +20,7 @@ from sae_lens_bae.entropy import estimate_entropy
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
-from sae_lens_bae.reports import Stopwatch, write_json
+from sae_lens_bae.reports import Stopwatch, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, BAETrainingSAEConfig, bae_config
 from sae_lens_bae.training import TrainingRun, train_sae
 
@@ -181,7 +181,7 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         "total_seconds": round(sum(watch.seconds.values()), 1),
     }
     write_json(out / "metrics.json", summary)
-    (out / "report.md").write_text(_report(summary))
+    write_text(out / "report.md", _report(summary))
     print(f"[quickstart] report written to {out / 'report.md'}")
     return summary
 

@@ -28,7 +28,7 @@ from sae_lens_bae.experiments.layer_study import (
     spliced_columns,
 )
 from sae_lens_bae.plots import plot_training_curves, save_figure, subplots
-from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json
+from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
 from sae_lens_bae.saes.canonical import canonicalise
 from sae_lens_bae.training import TRAINED_BASELINES, baseline_configs, train_sae
@@ -246,7 +246,7 @@ def run(cfg: RecipeStudyConfig, progress: bool = True) -> dict[str, Any]:
         "seconds": watch.seconds,
     }
     write_json(out / "recipes.json", summary)
-    (out / "recipes.md").write_text(_report(summary))
+    write_text(out / "recipes.md", _report(summary))
     title = f"{cfg.model} {data.hook}"
     plot_active_frequencies(frequencies, out / "active_frequency.png", title=title)
     plot_ev_vs_activated(rows, cfg.variants, out / "ev_vs_activated.png", title=title)

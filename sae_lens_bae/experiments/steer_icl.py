@@ -30,7 +30,7 @@ from sae_lens_bae.prompts import (
     first_token_ids,
     load_icl_pairs,
 )
-from sae_lens_bae.reports import Stopwatch, markdown_table, write_json
+from sae_lens_bae.reports import Stopwatch, markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
 from sae_lens_bae.steering import SteeredClassifier, label_accuracy, mean_difference, task_vector
 from sae_lens_bae.training import TRAINED_BASELINES, baseline_configs, train_sae
@@ -245,7 +245,7 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
         ("cos to mean diff.", lambda r: f"{r['cosine_to_mean_difference']:.3f}"),
         ("raw ‖v‖", lambda r: f"{r['raw_norm']:.2f}"),
     ]
-    (out / "steer.md").write_text(header + markdown_table(rows, columns))
+    write_text(out / "steer.md", header + markdown_table(rows, columns))
     watch.lap("report")
     return summary
 

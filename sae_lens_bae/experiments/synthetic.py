@@ -19,7 +19,7 @@ from torch import Tensor
 
 from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
 from sae_lens_bae.plots import legend_marker, save_figure, subplots
-from sae_lens_bae.reports import write_json
+from sae_lens_bae.reports import write_json, write_text
 
 __all__ = [
     "PRESETS",
@@ -170,6 +170,7 @@ def run(cfg: SyntheticConfig, progress: bool = True) -> dict[str, Any]:
     """Run the config's grid and write ``synthetic.json``/``.md`` and the plots to ``cfg.out``;
     returns the JSON summary (preset, one row per BAE, the accuracy bar's verdict)."""
     preset = cfg.grid()
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)  # before any work: an unusable folder fails
     rows = run_preset(preset, cfg.out, progress=progress, device=cfg.device)
     return summarise(preset, rows)
 
@@ -296,7 +297,7 @@ def _write_outputs(
         f"{verdict['objective_ok']}; ablation above r + tolerance for every r >= 1 (same count of "
         f"seeds): {verdict['ablation_ok']}; on every seed: {verdict['ablation_all_seeds']}"
     )
-    (out / "synthetic.md").write_text("\n".join(lines) + "\n")
+    write_text(out / "synthetic.md", "\n".join(lines) + "\n")
 
 
 def plot_synthetic_scatter(rows: list[dict], path: str | Path) -> Path:

@@ -26,7 +26,7 @@ from sae_lens_bae.experiments.common import recipe_field
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import error_colour_bar, save_figure, subplots
 from sae_lens_bae.prompts import first_token_ids
-from sae_lens_bae.reports import cell, markdown_table, write_json
+from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
 
 __all__ = [
     "REPORT",
@@ -132,10 +132,10 @@ def trace_two_token(
 def run(cfg: TwoTokenConfig, progress: bool = True) -> dict[str, Any]:
     """Load the model, run the benchmark, write ``two_token.json``/``.md``/``.png``; returns
     the JSON summary."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)  # before any work: an unusable folder fails now
     model = load_model(cfg.model, device=cfg.device)
     rows = trace_two_token(model, cfg, progress=progress)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     summary = {"config": asdict(cfg), "results": rows}
     write_json(out / "two_token.json", summary)
     plot_two_token_benchmark(
@@ -155,8 +155,8 @@ def run(cfg: TwoTokenConfig, progress: bool = True) -> dict[str, Any]:
     )
     verdict = all(row["within_ceiling"] for row in rows)
     note = reliability_note(rows, lambda row: f"r = {row['r']}")
-    (out / "two_token.md").write_text(
-        f"{table}\nevery estimate within its ceiling: {verdict}\n\n{note}"
+    write_text(
+        out / "two_token.md", f"{table}\nevery estimate within its ceiling: {verdict}\n\n{note}"
     )
     return summary
 

@@ -20,7 +20,6 @@ its evals, histograms and scaling folds work unchanged. Two SAELens behaviours d
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -28,7 +27,6 @@ from typing import Any, NoReturn
 import torch
 from jaxtyping import Float
 from numpy.typing import NDArray
-from sae_lens.constants import SAE_CFG_FILENAME
 from sae_lens.saes.sae import (
     SAE,
     TrainCoefficientConfig,
@@ -48,6 +46,7 @@ from sae_lens_bae.saes.bae_config import (
     BAEConfig,
     BAETrainingSAEConfig,
     bae_config,
+    read_cfg_json,
     validate_config_dict,
 )
 from sae_lens_bae.saes.binary import bits_to_values, step, update_running_mean
@@ -213,13 +212,7 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
         cls, path: str | Path, device: str = "cpu", dtype: str | None = None, **kwargs: Any
     ) -> BAE:
         """Load a saved BAE, checking its cfg.json strictly (unknown or missing fields raise)."""
-        cfg_path = Path(path) / SAE_CFG_FILENAME
-        if not cfg_path.is_file():
-            raise FileNotFoundError(
-                f"No {SAE_CFG_FILENAME} in {path}: expected a folder written by "
-                "save_inference_model / save_model"
-            )
-        validate_config_dict(json.loads(cfg_path.read_text()))
+        validate_config_dict(read_cfg_json(path))
         return super().load_from_disk(path, device=device, dtype=dtype, **kwargs)  # type: ignore[return-value]
 
     @override

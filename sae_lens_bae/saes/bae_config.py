@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Literal
 
+from sae_lens.constants import SAE_CFG_FILENAME
 from sae_lens.saes.sae import SAEConfig, SAEMetadata, TrainingSAEConfig
 from typing_extensions import override
 
@@ -21,6 +24,7 @@ __all__ = [
     "BAEPreset",
     "BAETrainingSAEConfig",
     "bae_config",
+    "read_cfg_json",
     "validate_config_dict",
 ]
 
@@ -244,6 +248,24 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         if self.total_training_steps is None:
             return True
         return step < self.resample_until_fraction * self.total_training_steps
+
+
+def read_cfg_json(folder: str | Path) -> dict[str, Any]:
+    """The ``cfg.json`` of a saved SAE folder, with an error that says what is wrong with it
+    (missing, not JSON, not an object) instead of a parser's traceback."""
+    path = Path(folder) / SAE_CFG_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"No {SAE_CFG_FILENAME} in {folder}: expected a folder written by "
+            "save_inference_model / save_model"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); save the SAE again") from e
+    if not isinstance(data, dict) or "architecture" not in data:
+        raise ValueError(f"{path} is not an SAE config (a JSON object with an 'architecture')")
+    return data
 
 
 def validate_config_dict(config_dict: dict[str, Any]) -> BAEConfig:
