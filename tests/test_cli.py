@@ -363,7 +363,8 @@ def test_application_commands_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_
 
 # Every option of the hand-written CLI this one replaced (sae-lens-bae before the experiments
 # package), with the default it had: each still exists with that default.
-R, TOK, ICL = "runs/", "smollm2-135m", {"hook": "hook_resid_post", "lr": 4e-3, "steps": 1000}
+# the traces' --steps is a budget with a convergence rule since 0.2: 1500 (it was 1000, all run)
+R, TOK, ICL = "runs/", "smollm2-135m", {"hook": "hook_resid_post", "lr": 4e-3, "steps": 1500}
 PREVIOUS_OPTIONS = {
     ("quickstart",): dict(out=Path(R + "quickstart"), model=TOK, layer=None, corpus=None,
                           text_column=None, steps=1000, context_size=128, max_sequences=None,
@@ -394,7 +395,7 @@ PREVIOUS_OPTIONS = {
                                  expansions=None, seeds=None, device="cpu"),
     ("bench", "two-token"): dict(model=TOK, layer=15, hook="hook_resid_post", words=("yes", "no"),
                                  ranks=(0, 1, 2, 4, 6, 8, 10, 12), n_samples=4096, expansion=1,
-                                 steps=1000, bae_batch_size=256, lr=4e-3, device="cpu", seed=0,
+                                 steps=1500, bae_batch_size=256, lr=4e-3, device="cpu", seed=0,
                                  out=Path(R + "two_token")),
     ("bench", "more-bits"): dict(dataset=None, model=TOK, layer=None, bits=(1, 2, 3, 4),
                                  expansion=1, steps=1000, max_sequences=512, context_size=128,
