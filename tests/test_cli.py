@@ -1,4 +1,5 @@
 import json
+import math
 import typing
 from pathlib import Path
 
@@ -289,7 +290,13 @@ def test_quickstart_pipeline_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_p
         assert set(model) >= {"reconstruction_loss", "entropy_bits", "dead", "dense"}
         assert 0 <= model["dead"] <= model["d_sae"] == 128
         assert isinstance(SAE.load_from_disk(out / name), SAE)
-    assert metrics["models"]["bae"]["entropy_estimate_bits"] > 0
+    bae = metrics["models"]["bae"]
+    assert bae["entropy_estimate_bits"] > 0
+    assert bae["entropy_ceiling_bits"] == pytest.approx(math.log2(bae["distinct_states"]))
+    assert bae["distinct_states"] <= metrics["held_out_tokens"]
+    assert bae["entropy_reliable"] == (
+        bae["entropy_estimate_bits"] <= bae["entropy_ceiling_bits"] and bae["relative_error"] <= 0.2
+    )
     report = (out / "report.md").read_text()
     assert "| dense features" in report and "![training curves]" in report
     for png in ("training_curves.png", "firing_frequency.png"):

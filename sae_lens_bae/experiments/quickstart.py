@@ -154,7 +154,12 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         evaluation = evaluate_sae(run.sae, test_acts)
         rates[name] = evaluation.pop("firing_rates")
         metrics[name] = evaluation
-    metrics["bae"]["entropy_estimate_bits"] = estimate_entropy(runs["bae"].sae, test_acts).bits
+    estimate = estimate_entropy(runs["bae"].sae, test_acts)
+    metrics["bae"]["entropy_estimate_bits"] = estimate.bits
+    metrics["bae"]["entropy_ceiling_bits"] = estimate.ceiling_bits
+    metrics["bae"]["distinct_states"] = estimate.n_distinct
+    metrics["bae"]["entropy_code_bits"] = estimate.code_bits
+    metrics["bae"]["entropy_reliable"] = estimate.reliable
     lap("evaluate")
 
     plot_training_curves(
@@ -184,6 +189,16 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
     write_text(out / "report.md", _report(summary))
     print(f"[quickstart] report written to {out / 'report.md'}")
     return summary
+
+
+def _verdict(bae: dict[str, Any]) -> str:
+    if bae["entropy_reliable"]:
+        return "The estimate is reliable (reconstruction error <= 20%, within the ceiling)."
+    return (
+        "The estimate is **not reliable** as the set's entropy (above the ceiling, or the "
+        "reconstruction is poor): read it as the number of bits this code spends, and use "
+        "`estimate_entropies` with a recipe trained for entropy on a set this size."
+    )
 
 
 def _report(summary: dict[str, Any]) -> str:
@@ -220,7 +235,10 @@ to mean norm sqrt(d_in) during training and the scale folded back afterwards.
 {table}
 
 **BAE entropy estimate of the held-out hidden states: {bae["entropy_estimate_bits"]:.1f} bits**
-(H of the mean binary code over the whole held-out set).
+(the sum of the code channels' entropies over the whole held-out set: an upper bound, tight only
+when the channels are independent). No set of {bae["distinct_states"]} distinct states holds more
+than log2 of their number, {bae["entropy_ceiling_bits"]:.1f} bits; the codes actually seen hold
+{bae["entropy_code_bits"]:.1f} bits. {_verdict(bae)}
 
 ![training curves](training_curves.png)
 
