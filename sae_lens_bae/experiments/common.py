@@ -1,13 +1,17 @@
-"""What several experiments share: how a nested training recipe appears on the command line."""
+"""What several experiments share: the states of one layer they read, the labelled sentences of
+the ICL experiments, and how a nested training recipe appears on the command line."""
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from sae_lens_bae.activations import LayerActivations, harvest_layer
 from sae_lens_bae.entropy import EntropyRecipe
+from sae_lens_bae.prompts import load_icl_pairs
 
-__all__ = ["recipe_field"]
+__all__ = ["LabelledSentences", "LayerData", "recipe_field"]
 
 
 def recipe_field(default: EntropyRecipe) -> Any:
@@ -15,3 +19,83 @@ def recipe_field(default: EntropyRecipe) -> Any:
     (``--steps``, ``--lr``...), its ``batch_size`` named ``--bae-batch-size`` beside the forward
     passes' ``--batch-size`` (see ``sae_lens_bae.cli.options``)."""
     return field(default=default, metadata={"cli_names": {"batch_size": "bae_batch_size"}})
+
+
+@dataclass
+class LayerData:
+    """The states a one-layer experiment trains and evaluates on: ``blocks.L.hook_resid_post``
+    of a model over a text, harvested once, cleaned, scaled and split (``harvest_layer``)."""
+
+    dataset: str | None = None
+    """Text file, folder or HF dataset (default: the embedded corpus)."""
+    model: str = "smollm2-135m"
+    """Embedded name, local HF directory or TransformerLens name."""
+    layer: int | None = None
+    """Layer whose hook_resid_post is read (default: the middle layer)."""
+    text_column: str | None = None
+    """Text column of a table/JSONL dataset."""
+    context_size: int = 128
+    """Tokens per harvested sequence."""
+    max_sequences: int | None = 512
+    """Cap on harvested sequences."""
+    held_out_fraction: float = 0.1
+    """Fraction of sequences held out for the statistics."""
+    outlier_norm_ratio: float = 10.0
+    """Activations with a norm above this times the median are dropped (attention sinks)."""
+    device: str = "cpu"
+    """Torch device."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.held_out_fraction < 1.0:
+            raise ValueError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction}")
+
+    def harvest(
+        self, out: Path, *, extra_hooks: tuple[str, ...] = (), progress: bool = True
+    ) -> LayerActivations:
+        """Harvest this layer (its cache under ``out/activations``), cleaned, scaled, split."""
+        return harvest_layer(
+            self.model,
+            self.dataset,
+            self.layer,
+            Path(out) / "activations",
+            extra_hooks=extra_hooks,
+            text_column=self.text_column,
+            context_size=self.context_size,
+            max_sequences=self.max_sequences,
+            held_out_fraction=self.held_out_fraction,
+            outlier_norm_ratio=self.outlier_norm_ratio,
+            device=self.device,
+            progress=progress,
+        )
+
+
+@dataclass
+class LabelledSentences:
+    """The labelled sentences an ICL experiment builds its prompts from."""
+
+    dataset: str
+    """Labelled sentences: TSV/CSV/JSONL, a folder (SST-2's <split>.tsv, MR's <label>.txt) or
+    an HF name."""
+    model: str = "smollm2-135m"
+    """Embedded name, local HF directory or TransformerLens name."""
+    split: str = "train"
+    """Split file (<split>.tsv) or HF split."""
+    text_column: str | None = None
+    """Text column (default: the first of text, sentence, content, document, review)."""
+    label_column: str = "label"
+    """Label column."""
+    label_words: dict[str, str] | None = None
+    """label=word pairs, e.g. 0=negative,1=positive (default: 0/neg negative, 1/pos positive)."""
+    max_sentence_words: int = 24
+    """Longer sentences are skipped; 0 keeps all."""
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (sentence, label word) pairs (``sae_lens_bae.prompts.load_icl_pairs``)."""
+        return load_icl_pairs(
+            self.dataset,
+            split=self.split,
+            text_column=self.text_column,
+            label_column=self.label_column,
+            label_words=self.label_words,
+            max_sentence_words=self.max_sentence_words,
+        )

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from sae_lens_bae.activations import harvest_layer
 from sae_lens_bae.comsem import ClientConfig, comsem_columns
+from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.experiments.layer_study import (
     EvaluationSettings,
     evaluate_model,
@@ -48,23 +48,11 @@ REPORT = "compare.md"
 
 
 @dataclass
-class CompareConfig:
+class CompareConfig(LayerData):
     """What ``bae compare`` runs; the defaults fit 45 minutes on a 2-core CPU."""
 
-    dataset: str | None = None
-    """Text file, folder or HF dataset (default: the embedded corpus)."""
-    model: str = "smollm2-135m"
-    """Embedded name, local HF directory or TransformerLens name."""
-    layer: int | None = None
-    """Layer whose hook_resid_post is read (default: the middle layer)."""
-    text_column: str | None = None
-    """Text column of a table/JSONL dataset."""
-    context_size: int = 128
-    """Tokens per harvested sequence."""
     max_sequences: int | None = 1536
     """Cap on harvested sequences."""
-    held_out_fraction: float = 0.1
-    """Fraction of sequences held out for the statistics."""
     baselines: Sequence[str] = BASELINES
     """SAELens baselines trained beside the BAE (see sae_lens_bae.training.BASELINES)."""
     expansion: int = 4
@@ -91,8 +79,6 @@ class CompareConfig:
     """Flip the BAE's mostly-on bits first, so that every bit's 1 is its rare state (exact)."""
     spliced_sequences: int = 64
     """Held-out sequences on which each model is spliced into the LM (CE, KL); 0: skip."""
-    outlier_norm_ratio: float = 10.0
-    """Activations with a norm above this times the median are dropped (attention sinks)."""
     bae_preset: Literal["default", "short_run", "paper"] = "default"
     """The BAE's training recipe (sae_lens_bae.saes.bae_presets)."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -103,19 +89,16 @@ class CompareConfig:
     """The LLM's OpenAI-compatible endpoint (default: OpenAI)."""
     comsem_max_features: int | None = None
     """ComSem on the first N activated features of each model (default: all)."""
-    device: str = "cpu"
-    """Torch device."""
     seed: int = 0
     """Seed of the models' initialisation and data order."""
     out: Path = Path("runs/compare")
     """Report folder."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         unknown = [b for b in self.baselines if b not in BASELINES]
         if unknown:
             raise ValueError(f"Unknown baselines {unknown}; choose from {list(BASELINES)}")
-        if not 0.0 < self.held_out_fraction < 1.0:
-            raise ValueError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction}")
         if self.prior not in ("training", "evaluation"):
             raise ValueError(f"prior must be 'training' or 'evaluation', got {self.prior!r}")
 
@@ -129,20 +112,8 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     lap = watch.lap
 
     mlp_name = "ln2.hook_normalized"
-    data = harvest_layer(
-        cfg.model,
-        cfg.dataset,
-        cfg.layer,
-        out / "activations",
-        extra_hooks=[mlp_name] if "transcoder" in cfg.baselines else [],
-        text_column=cfg.text_column,
-        context_size=cfg.context_size,
-        max_sequences=cfg.max_sequences,
-        held_out_fraction=cfg.held_out_fraction,
-        outlier_norm_ratio=cfg.outlier_norm_ratio,
-        device=cfg.device,
-        progress=progress,
-    )
+    data = cfg.harvest(out, extra_hooks=(mlp_name,) if "transcoder" in cfg.baselines else (),
+                       progress=progress)  # fmt: skip
     lap("harvest")
     hook = data.hook
     mlp_in = hook.replace("hook_resid_post", mlp_name)

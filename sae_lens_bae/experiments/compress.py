@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sae_lens_bae.activations import harvest_layer
 from sae_lens_bae.compression import LOSSLESS_THRESHOLD, compression_report, decoder_bytes
+from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
@@ -21,21 +21,9 @@ REPORT = "compression.md"
 
 
 @dataclass
-class CompressionConfig:
+class CompressionConfig(LayerData):
     """What ``bae compress`` runs: train a BAE on one layer and compress its held-out states."""
 
-    dataset: str | None = None
-    """Text file, folder or HF dataset (default: the embedded corpus)."""
-    model: str = "smollm2-135m"
-    """Embedded name, local HF directory or TransformerLens name."""
-    layer: int | None = None
-    """Layer whose hook_resid_post is read (default: the middle layer)."""
-    text_column: str | None = None
-    """Text column of a table/JSONL dataset."""
-    context_size: int = 128
-    """Tokens per harvested sequence."""
-    max_sequences: int | None = 512
-    """Cap on harvested sequences."""
     expansion: int = 4
     """d_sae / d_in of the BAE."""
     steps: int = 1000
@@ -44,14 +32,13 @@ class CompressionConfig:
     """Activations per training step."""
     thresholds: Sequence[float] = (-1.0, -0.75, -0.5, -0.25, 0.0)
     """Burstiness thresholds in [log2 0.5, 0] = [-1, 0]; -1 keeps the code exactly."""
-    device: str = "cpu"
-    """Torch device."""
     seed: int = 0
     """Seed of the BAE's initialisation and data order."""
     out: Path = Path("runs/compress")
     """Report folder."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         bad = [t for t in self.thresholds if not LOSSLESS_THRESHOLD <= t <= 0.0]
         if bad or not self.thresholds:
             raise ValueError(
@@ -66,10 +53,7 @@ def run(cfg: CompressionConfig, progress: bool = True) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch("compress")
-    data = harvest_layer(cfg.model, cfg.dataset, cfg.layer, out / "activations",
-                         text_column=cfg.text_column, context_size=cfg.context_size,
-                         max_sequences=cfg.max_sequences, device=cfg.device,
-                         progress=progress)  # fmt: skip
+    data = cfg.harvest(out, progress=progress)
     watch.lap("harvest")
     train, test = data.train[data.hook], data.test[data.hook]
     scale = data.scales[data.hook]

@@ -21,7 +21,7 @@ from transformer_lens import HookedTransformer
 from sae_lens_bae.activations import check_layers, gather_states
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.cells import CELL_COLUMNS, reliability_note
-from sae_lens_bae.experiments.common import recipe_field
+from sae_lens_bae.experiments.common import LabelledSentences, recipe_field
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_entropy_curves
 from sae_lens_bae.prompts import (
@@ -29,7 +29,6 @@ from sae_lens_bae.prompts import (
     build_icl_prompts,
     encode_prompts,
     first_token_ids,
-    load_icl_pairs,
 )
 from sae_lens_bae.reports import markdown_table, write_json, write_text
 
@@ -96,30 +95,15 @@ def trace_icl(
 
 
 @dataclass
-class ICLTracingConfig:
+class ICLTracingConfig(LabelledSentences):
     """What ``bae entropy icl`` runs; the defaults are the reduced grid for a 2-core CPU."""
 
-    dataset: str
-    """Labelled sentences: TSV/CSV/JSONL, a folder (SST-2's <split>.tsv, MR's <label>.txt) or
-    an HF name."""
-    model: str = "smollm2-135m"
-    """Embedded name, local HF directory or TransformerLens name."""
-    split: str = "train"
-    """Split file (<split>.tsv) or HF split."""
-    text_column: str | None = None
-    """Text column (default: the first of text, sentence, content, document, review)."""
-    label_column: str = "label"
-    """Label column."""
-    label_words: dict[str, str] | None = None
-    """label=word pairs, e.g. 0=terrible,1=great (default: 0/neg negative, 1/pos positive)."""
     layers: Sequence[int] = (5, 15, 25)
     """Layers traced."""
     shots: Sequence[int] = (0, 1, 2, 4, 8)
     """Numbers of demonstrations k."""
     n_prompts: int = 512
     """Queries (the same for every k)."""
-    max_sentence_words: int = 24
-    """Longer sentences are skipped; 0 keeps all."""
     template: ICLTemplate = field(default_factory=ICLTemplate)
     """How demonstrations and the query are written."""
     hook: str = "hook_resid_post"
@@ -141,14 +125,7 @@ def run(cfg: ICLTracingConfig, progress: bool = True) -> dict[str, Any]:
     returns the JSON summary (accuracy per k, one row per cell)."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)  # before any work: an unusable folder fails now
-    pairs = load_icl_pairs(
-        cfg.dataset,
-        split=cfg.split,
-        text_column=cfg.text_column,
-        label_column=cfg.label_column,
-        label_words=cfg.label_words,
-        max_sentence_words=cfg.max_sentence_words,
-    )
+    pairs = cfg.pairs()
     model = load_model(cfg.model, device=cfg.device)
     check_layers(model, cfg.layers)
     rows, accuracy = trace_icl(

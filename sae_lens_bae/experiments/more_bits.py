@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sae_lens_bae.activations import harvest_layer
 from sae_lens_bae.comsem import COMSEM_COLUMNS, ClientConfig, comsem_columns
+from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.features import code_prior, feature_statistics, top_k_records
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json, write_text
@@ -31,22 +31,10 @@ REPORT = "more_bits.md"
 
 
 @dataclass
-class MoreBitsConfig:
+class MoreBitsConfig(LayerData):
     """What ``bae bench more-bits`` runs; the defaults fit a 2-core CPU (decoder width d_sae =
     d_in, so that C = 4 has as many code bits as a 4x BAE)."""
 
-    dataset: str | None = None
-    """Text file, folder or HF dataset (default: the embedded corpus)."""
-    model: str = "smollm2-135m"
-    """Embedded name, local HF directory or TransformerLens name."""
-    layer: int | None = None
-    """Layer whose hook_resid_post is read (default: the middle layer)."""
-    text_column: str | None = None
-    """Text column of a table/JSONL dataset."""
-    context_size: int = 128
-    """Tokens per harvested sequence."""
-    max_sequences: int | None = 512
-    """Cap on harvested sequences."""
     bits: Sequence[int] = (1, 2, 3, 4)
     """Code bits per feature C, one BAE each."""
     expansion: int = 1
@@ -67,14 +55,13 @@ class MoreBitsConfig:
     """The LLM's OpenAI-compatible endpoint (default: OpenAI)."""
     comsem_max_features: int | None = None
     """ComSem on the first N activated features of each BAE (default: all)."""
-    device: str = "cpu"
-    """Torch device."""
     seed: int = 0
     """Seed of the BAEs' initialisation and data order."""
     out: Path = Path("runs/more_bits")
     """Report folder."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.bits or any(c < 1 for c in self.bits):
             raise ValueError(f"bits must be integers >= 1, got {list(self.bits)}")
 
@@ -97,17 +84,7 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch("more-bits")
-    data = harvest_layer(
-        cfg.model,
-        cfg.dataset,
-        cfg.layer,
-        out / "activations",
-        text_column=cfg.text_column,
-        context_size=cfg.context_size,
-        max_sequences=cfg.max_sequences,
-        device=cfg.device,
-        progress=progress,
-    )
+    data = cfg.harvest(out, progress=progress)
     watch.lap("harvest")
     train, test = data.train[data.hook], data.test[data.hook]
     d_in = train.shape[1]

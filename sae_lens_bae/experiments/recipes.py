@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from sae_lens_bae.activations import harvest_layer
+from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.experiments.layer_study import (
     EvaluationSettings,
     evaluate_model,
@@ -84,23 +84,11 @@ DEFAULT_VARIANTS = ("default", "short_run", "paper", "coefficients_x4", "no_resa
 
 
 @dataclass
-class RecipeStudyConfig:
+class RecipeStudyConfig(LayerData):
     """What ``bae bench recipes`` runs; the defaults finish in under 45 minutes on 2 CPU cores."""
 
-    dataset: str | None = None
-    """Text file, folder or HF dataset (default: the embedded corpus)."""
-    model: str = "smollm2-135m"
-    """Embedded name, local HF directory or TransformerLens name."""
-    layer: int | None = None
-    """Layer whose hook_resid_post is read (default: the middle layer)."""
-    text_column: str | None = None
-    """Text column of a table/JSONL dataset."""
-    context_size: int = 128
-    """Tokens per harvested sequence."""
     max_sequences: int | None = None
     """Cap on harvested sequences (default: the whole dataset)."""
-    held_out_fraction: float = 0.1
-    """Fraction of sequences held out for the statistics."""
     variants: Sequence[str] = DEFAULT_VARIANTS
     """BAE recipes to train (see sae_lens_bae.experiments.recipes.VARIANTS)."""
     baselines: Sequence[str] = ("topk15", "standard", "standard_rescaled", "jumprelu", "batchtopk")
@@ -125,16 +113,13 @@ class RecipeStudyConfig:
     """A channel active on more than this fraction of tokens is dense."""
     spliced_sequences: int = 32
     """Held-out sequences on which each model is spliced into the LM (CE, KL); 0: skip."""
-    outlier_norm_ratio: float = 10.0
-    """Activations with a norm above this times the median are dropped (attention sinks)."""
-    device: str = "cpu"
-    """Torch device."""
     seed: int = 0
     """Seed of the models' initialisation and data order."""
     out: Path = Path("runs/recipes")
     """Report folder."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         unknown = [v for v in self.variants if v not in VARIANTS]
         if unknown:
             raise ValueError(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
@@ -176,11 +161,7 @@ def run(cfg: RecipeStudyConfig, progress: bool = True) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch("recipes")
-    data = harvest_layer(cfg.model, cfg.dataset, cfg.layer, out / "activations",
-                         text_column=cfg.text_column, context_size=cfg.context_size,
-                         max_sequences=cfg.max_sequences, held_out_fraction=cfg.held_out_fraction,
-                         outlier_norm_ratio=cfg.outlier_norm_ratio, device=cfg.device,
-                         progress=progress)  # fmt: skip
+    data = cfg.harvest(out, progress=progress)
     watch.lap("harvest")
     train = data.train[data.hook]
     d_in = train.shape[1]

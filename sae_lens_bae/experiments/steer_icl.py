@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sae_lens_bae.activations import check_layers, norm_scale, prompt_states
+from sae_lens_bae.experiments.common import LabelledSentences
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.prompts import (
@@ -28,7 +29,6 @@ from sae_lens_bae.prompts import (
     build_icl_prompts,
     encode_prompts,
     first_token_ids,
-    load_icl_pairs,
 )
 from sae_lens_bae.reports import Stopwatch, markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
@@ -41,22 +41,9 @@ REPORT = "steer.md"
 
 
 @dataclass
-class SteerICLConfig:
+class SteerICLConfig(LabelledSentences):
     """What ``bae steer icl`` runs; the defaults fit 30 minutes on a 2-core CPU with SmolLM2."""
 
-    dataset: str
-    """Labelled sentences: TSV/CSV/JSONL, a folder (SST-2's <split>.tsv, MR's <label>.txt) or
-    an HF name."""
-    model: str = "smollm2-135m"
-    """Embedded name, local HF directory or TransformerLens name."""
-    split: str = "train"
-    """Split file (<split>.tsv) or HF split."""
-    text_column: str | None = None
-    """Text column (default: the first of text, sentence, content, document, review)."""
-    label_column: str = "label"
-    """Label column."""
-    label_words: dict[str, str] | None = None
-    """label=word pairs, e.g. 0=negative,1=positive (default: 0/neg negative, 1/pos positive)."""
     layer: int = 15
     """Layer whose residual stream is steered."""
     hook: str = "hook_resid_post"
@@ -67,8 +54,6 @@ class SteerICLConfig:
     """Queries whose k-shot and 0-shot states make the vectors."""
     eval_prompts: int = 256
     """Held-out 0-shot queries the vectors are tested on."""
-    max_sentence_words: int = 24
-    """Longer sentences are skipped; 0 keeps all."""
     template: ICLTemplate = field(default_factory=ICLTemplate)
     """How demonstrations and the query are written."""
     top: int = 256
@@ -111,14 +96,7 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch("steer icl")
-    pairs = load_icl_pairs(
-        cfg.dataset,
-        split=cfg.split,
-        text_column=cfg.text_column,
-        label_column=cfg.label_column,
-        label_words=cfg.label_words,
-        max_sentence_words=cfg.max_sentence_words,
-    )
+    pairs = cfg.pairs()
     random.Random(cfg.seed).shuffle(pairs)
     needed = cfg.eval_prompts + cfg.vector_prompts + cfg.shots
     if len(pairs) < needed:
