@@ -14,6 +14,7 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+import torch
 
 from sae_lens_bae.comsem import (
     ChatClient,
@@ -283,21 +284,56 @@ def test_batch_api_gives_the_same_summary_at_half_price(records, tokenizer, tmp_
 
 def test_detection_mixes_in_non_activating_records(records, tokenizer, tmp_path):
     items = select_samples(records, tokenizer, negatives=True, max_features=N_FEATURES)
-    for item in items:
+    for item in items:  # negatives drawn from the off tokens sampled from the full codes
         assert len(item.negatives) == len(item.test)
         for sample in item.negatives:
-            assert item.feature not in records.features[sample.index].tolist()
+            assert records.surely_off(item.feature)[sample.index]
     with LoopbackServer() as server:
         summary = comsem(records, tokenizer, _client(server), _config(detection=True),
                          out=tmp_path, progress=False)  # fmt: skip
-    for f in _features(tmp_path):
+    features = _features(tmp_path)
+    for f in features:
         positive = [j["answer"] for j in f["judgements"] if j["activating"]]
         negative = [j["answer"] for j in f["judgements"] if not j["activating"]]
         assert len(negative) == len(positive)
         rejected = sum(not a for a in negative) / len(negative)
         expected = (sum(positive) / len(positive) + rejected) / 2
         assert f["balanced_accuracy"] == pytest.approx(expected)
-    assert 0.0 <= summary["mean_balanced_accuracy"] <= 1.0
+    scored = [f["balanced_accuracy"] for f in features if f["balanced_accuracy"] is not None]
+    assert summary["detection_scored"] == len(scored)
+    assert summary["mean_balanced_accuracy"] == pytest.approx(sum(scored) / len(scored))
+
+
+class _DigitTokenizer:
+    def decode(self, ids, skip_special_tokens=False):  # noqa: ARG002
+        return " ".join(str(i) for i in ids)
+
+
+def _records(features: list[list[int]]) -> FeatureRecords:
+    n = len(features)
+    return FeatureRecords(
+        features=torch.tensor(features),
+        magnitudes=torch.ones(n, len(features[0])),
+        token_positions=torch.stack([torch.zeros(n, dtype=torch.long), torch.arange(n)], -1),
+        token_ids=torch.arange(n),
+        d_sae=2,
+        magnitude="burstiness",
+        sequences=torch.arange(n)[None],
+    )
+
+
+def test_a_feature_without_sure_negatives_gets_no_detection_score():
+    """Feature 0 is on tokens 0-19 and surely off on 20-39 (their records have an empty slot);
+    feature 1 is on every token, so it has no sure negative: it keeps its samples but gets none,
+    and when no feature has negatives the detection score cannot be had at all."""
+    records = _records([[0, 1]] * 20 + [[1, -1]] * 20)
+    first, second = select_samples(records, _DigitTokenizer(), negatives=True)
+    assert [s.index for s in first.test + first.explain if s.index >= 20] == []
+    assert len(first.negatives) == 8 and all(s.index >= 20 for s in first.negatives)
+    assert len({s.index for s in first.negatives}) == 8
+    assert len(second.test) == 8 and second.negatives == []
+    with pytest.raises(ValueError, match="none of the 1 features has 8 tokens"):
+        select_samples(records, _DigitTokenizer(), negatives=True, features=[1])
 
 
 def test_calibration_divides_out_the_content_free_bias(records, tokenizer, tmp_path):

@@ -197,6 +197,8 @@ def test_records_save_load_and_context(tmp_path, tiny_hf_llama_dir):
     loaded = FeatureRecords.load(tmp_path / "r.safetensors")
     assert torch.equal(loaded.features, records.features) and loaded.magnitude == "raw"
     assert loaded.d_sae == 2 and torch.equal(loaded.sequences, sequences)
+    assert loaded.off_tokens.tolist() == [[1, -1], [0, -1]]  # each feature is off on one token
+    assert not list(tmp_path.glob(".*partial"))
     bare = top_k_records(FixedSAE(2), acts, positions, torch.tensor([12, 20]), "raw", k=1)
     with pytest.raises(ValueError, match="without the token rows"):
         bare.context(0, tokenizer)
@@ -213,12 +215,24 @@ def test_detection_negatives_are_tokens_where_the_feature_is_off():
     acts[8:12, 1] = 5.0
     positions = torch.stack([torch.zeros(20), torch.arange(20)], 1).long()
     records = top_k_records(FixedLatents(2), acts, positions, torch.arange(20), "raw", k=1,
-                            sequences=torch.arange(20)[None])  # fmt: skip
+                            sequences=torch.arange(20)[None], off_samples=0)  # fmt: skip
     assert records.features[:4, 0].tolist() == [1] * 4  # feature 0 hidden on tokens 0-3
-    # sure negatives of feature 0: tokens with an empty slot (nothing fires): 12-19. Not 0-3
-    # (it fires there), nor 8-11 (feature 1 fills the slot: feature 0 could hide below it)
+    # from the records alone, sure negatives of feature 0: tokens with an empty slot (nothing
+    # fires): 12-19. Not 0-3 (it fires there), nor 8-11 (feature 1 fills the slot: feature 0
+    # could hide below it)
     assert records.surely_off(0).nonzero().flatten().tolist() == list(range(12, 20))
     assert records.surely_off(1).nonzero().flatten().tolist() == list(range(12, 20))
+    # with off tokens sampled from the full latents (batches of 7 rows: the sample streams),
+    # every token where a feature is 0 is known; 5 samples per feature pick 5 of them
+    full = top_k_records(FixedLatents(2), acts, positions, torch.arange(20), "raw", k=1,
+                         sequences=torch.arange(20)[None], batch_size=7)  # fmt: skip
+    assert full.surely_off(0).nonzero().flatten().tolist() == list(range(8, 20))
+    assert full.surely_off(1).nonzero().flatten().tolist() == [4, 5, 6, 7, *range(12, 20)]
+    few = top_k_records(FixedLatents(2), acts, positions, torch.arange(20), "raw", k=1,
+                        off_samples=5, batch_size=7)  # fmt: skip
+    for feature in (0, 1):
+        sampled = few.off_tokens[feature]  # type: ignore[index]
+        assert len(set(sampled.tolist())) == 5 and (acts[sampled, feature] == 0).all()
 
     class Words:
         def decode(self, ids, skip_special_tokens=False):  # noqa: ARG002
@@ -233,5 +247,8 @@ def test_detection_negatives_are_tokens_where_the_feature_is_off():
     # burstiness: a token whose weakest record is a bit in its usual state lists every active bit
     codes = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     bursty = top_k_records(FixedSAE(3), codes, positions[:3], torch.arange(3), "burstiness", k=2,
-                           prior=torch.tensor([0.2, 0.2, 0.2]))  # fmt: skip
+                           prior=torch.tensor([0.2, 0.2, 0.2]), off_samples=0)  # fmt: skip
     assert bursty.surely_off(2).tolist() == [True, False, False]
+    sampled = top_k_records(FixedSAE(3), codes, positions[:3], torch.arange(3), "burstiness", k=2,
+                            prior=torch.tensor([0.2, 0.2, 0.2]))  # fmt: skip
+    assert sampled.surely_off(2).tolist() == [True, True, False]  # bit 2 is 0 (usual) on 0 and 1

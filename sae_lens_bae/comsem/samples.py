@@ -73,7 +73,9 @@ def select_samples(
     seed: int = 0,
 ) -> list[FeatureSamples]:
     """The samples of every activated feature (or of ``features``, those of them activated),
-    in feature order; ``max_features`` keeps the first ones. Deterministic given ``seed``."""
+    in feature order; ``max_features`` keeps the first ones. Deterministic given ``seed``.
+    ``negatives``: also draw, per feature, ``n_test`` tokens on which it is surely off (for the
+    detection score); a feature with fewer gets none and no detection score."""
     if n_explain < 1 or n_test < 1:
         raise ValueError(f"n_explain and n_test must be >= 1, got {n_explain} and {n_test}")
     if records.sequences is None:
@@ -97,15 +99,18 @@ def select_samples(
         shown = [_sample(records, tokenizer, i, m) for i, m in ranked]
         item = FeatureSamples(feature, explain=shown[:n_explain], test=shown[n_explain:])
         if negatives:
+            # A feature with too few sure negatives gets none: its detection score is left out
+            # (balanced accuracy None) rather than judged on tokens that may hold it.
             generator = torch.Generator().manual_seed(seed * 1_000_003 + feature)
             free = records.surely_off(feature).nonzero().flatten()
-            if free.numel() < len(item.test):
-                raise ValueError(
-                    f"feature {feature}: only {free.numel()} tokens on which it is surely off "
-                    f"(see FeatureRecords.surely_off), {len(item.test)} needed for the "
-                    "detection score; make the records with a larger k"
-                )
-            picks = free[torch.randperm(free.numel(), generator=generator)[: len(item.test)]]
-            item.negatives = [_sample(records, tokenizer, int(i), None) for i in picks]
+            if free.numel() >= len(item.test):
+                picks = free[torch.randperm(free.numel(), generator=generator)[: len(item.test)]]
+                item.negatives = [_sample(records, tokenizer, int(i), None) for i in picks]
         selected.append(item)
+    if negatives and selected and not any(item.negatives for item in selected):
+        raise ValueError(
+            f"none of the {len(selected)} features has {n_test} tokens on which it is surely off "
+            "(see FeatureRecords.surely_off), so none can get a detection score; make the "
+            "records with a larger k (bae compare --records-k)"
+        )
     return selected

@@ -43,6 +43,10 @@ class FeatureRecords:
     ``features[i]``/``magnitudes[i]`` are token i's top-k (feature, magnitude) pairs, best first;
     slots beyond the token's active features hold feature -1. ``token_positions[i]`` is
     (sequence, position) and ``token_ids[i]`` the token, so a sample can be shown in its sentence.
+    ``off_tokens[f]``: a uniform sample of tokens on which feature f is off, drawn from the full
+    codes while the records were made (-1 pads); the detection score's negatives come from it,
+    since top-k records alone rarely prove a feature off (a BAE has hundreds of bits in their
+    rare state on every token, far more than k).
     """
 
     features: Int[Tensor, "n k"]
@@ -53,6 +57,7 @@ class FeatureRecords:
     magnitude: str
     sequences: Int[Tensor, "n_seq ctx"] | None = None  # token rows, to show a sample in context
     info: dict[str, str] = field(default_factory=dict)  # where they come from: model, hook, ...
+    off_tokens: Int[Tensor, "d_sae m"] | None = None
 
     def context(self, index: int, tokenizer: Any, before: int = 24, after: int = 4) -> str:
         """Text around token ``index`` with the token itself marked as <<token>>."""
@@ -75,12 +80,17 @@ class FeatureRecords:
         }
         if self.sequences is not None:
             tensors["sequences"] = self.sequences.contiguous()
+        if self.off_tokens is not None:
+            tensors["off_tokens"] = self.off_tokens.contiguous()
         meta = {
             "d_sae": str(self.d_sae),
             "magnitude": self.magnitude,
             "info": json.dumps(self.info),
         }
-        save_file(tensors, str(path), metadata=meta)
+        path = Path(path)
+        partial = path.with_name(f".{path.name}.partial")  # no truncated file if interrupted
+        save_file(tensors, str(partial), metadata=meta)
+        partial.replace(path)
 
     @classmethod
     def load(cls, path: str | Path) -> FeatureRecords:
@@ -96,6 +106,7 @@ class FeatureRecords:
             magnitude=meta["magnitude"],
             sequences=tensors.get("sequences"),
             info=json.loads(meta.get("info", "{}")),
+            off_tokens=tensors.get("off_tokens"),
         )
 
     def counts(self) -> Int[Tensor, " d_sae"]:
@@ -104,12 +115,12 @@ class FeatureRecords:
         return torch.bincount(valid, minlength=self.d_sae)
 
     def surely_off(self, feature: int) -> Bool[Tensor, " n"]:
-        """Tokens on which ``feature`` certainly does not fire, as far as the records can tell:
-        it is not among their records, and every feature outside their records is off too,
-        because a slot is empty (fewer active features than k) or, for burstiness magnitudes,
-        their weakest record is below log2(1/2) (every other bit is in its usual state). A token
-        whose records are all strong may hold the feature just below its top-k: never a sure
-        negative."""
+        """Tokens on which ``feature`` certainly does not fire: those of its ``off_tokens`` sample,
+        and those the top-k records prove: it is not among their records, and every feature
+        outside their records is off too, because a slot is empty (fewer active features than k)
+        or, for burstiness magnitudes, their weakest record is below log2(1/2) (every other bit is
+        in its usual state). A token whose records are all strong may hold the feature just below
+        its top-k: never a sure negative by the records alone."""
         if not 0 <= feature < self.d_sae:
             raise IndexError(f"feature {feature} outside 0..{self.d_sae - 1}")
         absent = ~(self.features == feature).any(-1)
@@ -117,7 +128,11 @@ class FeatureRecords:
         if self.magnitude == "burstiness":
             weakest = self.magnitudes.masked_fill(self.features < 0, float("inf")).min(-1).values
             complete |= weakest < -1.0
-        return absent & complete
+        off = absent & complete
+        if self.off_tokens is not None:
+            sampled = self.off_tokens[feature]
+            off[sampled[sampled >= 0]] = True
+        return off
 
     def activated(self, min_samples: int = 8) -> int:
         """Features with more than ``min_samples`` tokens in the records (interpretable ones)."""
@@ -202,15 +217,22 @@ def top_k_records(
     batch_size: int = 4096,
     sequences: Int[Tensor, "n_seq ctx"] | None = None,
     candidates: Candidates = "all",
+    off_samples: int = 32,
+    seed: int = 0,
 ) -> FeatureRecords:
     """Every token's top-k features by ``magnitude``. ``candidates="all"`` is the paper's ComSem
     definition: every channel competes (for a BAE's two-sided burstiness, a mostly-on bit that is
     off scores as high as a rare bit that is on), except an SAE latent that does not fire (its
     magnitude 0 is no activation). ``"firing"``: only channels that fire on the token (a BAE bit
     that is 1). ``sequences``: the token rows ``token_positions`` index, kept so a sample can be
-    shown in its sentence."""
+    shown in its sentence. ``off_samples``: per feature, how many tokens on which it is off to
+    draw uniformly (seeded by ``seed``) for ``FeatureRecords.off_tokens``; off means not a
+    candidate: an SAE latent at 0, a BAE bit in its usual state (burstiness below log2(1/2)) or,
+    with ``candidates="firing"``, a bit at 0."""
     if candidates not in ("all", "firing"):
         raise ValueError(f"candidates must be 'all' or 'firing', got {candidates!r}")
+    if off_samples < 0:
+        raise ValueError(f"off_samples must be >= 0, got {off_samples}")
     n = activations.shape[0]
     if token_positions.shape[0] != n or token_ids.shape[0] != n:
         raise ValueError(
@@ -220,10 +242,20 @@ def top_k_records(
     rows_of = feature_magnitudes(sae, activations, magnitude, prior=prior, batch_size=batch_size)
     features, magnitudes = [], []
     width = 0
+    generator = torch.Generator().manual_seed(seed)
+    off_keys = off_rows = None  # the off_samples largest random keys per feature, and their rows
     for start in range(0, n, batch_size):
         values, active = rows_of(start, min(start + batch_size, n))
         width = values.shape[-1]  # features, or code bits for a more-bit BAE
         kk = min(k, width)
+        usual = candidates == "all" and magnitude == "burstiness"
+        off = values < -1.0 if usual else ~active
+        keys = torch.rand(values.shape, generator=generator).masked_fill(~off.cpu(), -1.0)
+        rows = torch.arange(start, start + values.shape[0]).expand(width, -1).T
+        if off_keys is not None:
+            keys, rows = torch.cat([off_keys, keys]), torch.cat([off_rows, rows])
+        off_keys, picked = keys.topk(min(off_samples, keys.shape[0]), dim=0)
+        off_rows = rows.gather(0, picked)
         if candidates == "all" and magnitude == "burstiness":
             active = torch.ones_like(active)
         masked = values.masked_fill(~active, float("-inf"))
@@ -231,6 +263,9 @@ def top_k_records(
         top_features = top_features.masked_fill(top_values == float("-inf"), -1)
         features.append(top_features.cpu())
         magnitudes.append(top_values.cpu())
+    off_tokens = None
+    if off_keys is not None and off_rows is not None:
+        off_tokens = off_rows.masked_fill(off_keys < 0, -1).T.contiguous()
     return FeatureRecords(
         features=torch.cat(features),
         magnitudes=torch.cat(magnitudes),
@@ -239,6 +274,7 @@ def top_k_records(
         d_sae=width,
         magnitude=magnitude,
         sequences=sequences,
+        off_tokens=off_tokens,
     )
 
 
