@@ -1,3 +1,4 @@
+import dataclasses
 import importlib
 import json
 
@@ -123,6 +124,12 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     # what SAELens' registry builds from a bare training config dict is the same
     from_registry = TrainingSAE.from_dict({"architecture": "bae", "d_in": d_in}).cfg
     assert from_registry.entropy_coefficient == cfg.entropy_coefficient
+    # a recipe of one's own, with its coefficients given at d = 2048
+    own = dataclasses.replace(recipe, firing_coefficient=1e-4, resample_until_fraction=0.8)
+    with_firing = bae_config(d_in, preset=own)
+    assert with_firing.firing_coefficient == pytest.approx(1e-4 * scale)
+    assert with_firing.resample_until_fraction == 0.8
+    assert cfg.resample_until_fraction == recipe.resample_until_fraction
     # the paper's preset keeps its fixed coefficients whatever d
     paper = bae_config(d_in, preset="paper")
     assert paper.entropy_coefficient == 1e-7 and paper.covariance_coefficient == 1e-7
@@ -472,6 +479,16 @@ def test_resampling_revives_constant_channels_on_the_worst_samples():
         assert torch.allclose(bae.W_dec[channel], residual[fired].mean(0), atol=1e-5)
     assert bae.code_mean[:2].tolist() == [0.25, 0.25]
     assert int(bae.window_samples) == 64  # a new window, counting this step
+
+
+def test_constant_channels_are_those_whose_rare_state_is_below_the_rarity():
+    from sae_lens_bae.saes.resampling import constant_channels
+
+    counts = torch.tensor([0, 6, 7, 32_000, 63_993, 63_994, 64_000])
+    # 64k samples: the rare state must take at least 1e-4 of them (6.4 samples)
+    assert constant_channels(counts, 64_000).tolist() == [1, 1, 0, 0, 0, 1, 1]
+    # a short window (rarity * samples < 1) resamples only exactly constant channels
+    assert constant_channels(torch.tensor([0, 1, 99, 100]), 100).tolist() == [1, 0, 0, 1]
 
 
 def test_resampling_stops_after_its_fraction_of_training():

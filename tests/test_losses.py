@@ -158,7 +158,7 @@ BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "train_step.py"
 
 def test_covariance_penalty_peak_memory_stays_tiled():
     """Forward + backward at d_sae = 8192, batch 512 (the path of every code too wide to cache
-    its sign tiles, as at 65536) stays under 128 MiB of extra memory (69 MiB measured), where the
+    its sign tiles, as at 65536) stays under 128 MiB of extra memory (67 MiB measured), where the
     dense torch.cov version takes 1051 MiB. Measured by the benchmark's probe as the peak RSS of a
     fresh process over its RSS once the codes exist, with glibc's mmap threshold fixed so freed
     tiles leave the RSS; the 65536-channel probe is

@@ -13,7 +13,7 @@ baseline, fewer than 1% constant channels and no dead one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,15 @@ REPORT = "recipes.md"
 
 @dataclass(frozen=True)
 class Variant:
-    """A BAE recipe: a preset of ``BAE_PRESETS`` with config fields replaced, its learning rate
-    (None: the preset's), SAELens trainer settings (an LR schedule), a multiple of the study's
-    steps, and whether the trained BAE is canonicalised before it is read."""
+    """A BAE recipe: a preset of ``BAE_PRESETS`` with some of its values changed
+    (``recipe_changes``: ``BAEPreset`` fields, coefficients at d = 2048 and scaled to the
+    states' width) and config fields replaced (``overrides``), SAELens trainer settings (an LR
+    schedule), a multiple of the study's steps, and whether the trained BAE is canonicalised
+    before it is read."""
 
     description: str
     preset: str = "default"
+    recipe_changes: dict[str, Any] = field(default_factory=dict)
     overrides: dict[str, Any] = field(default_factory=dict)
     trainer: dict[str, Any] = field(default_factory=dict)
     steps_factor: float = 1.0
@@ -56,9 +59,12 @@ VARIANTS: dict[str, Variant] = {
     "default": Variant("the default recipe (BAETrainingSAEConfig's defaults)"),
     "short_run": Variant("0.1's short-run recipe", preset="short_run"),
     "paper": Variant("the paper's coefficients and lr 5e-4", preset="paper"),
-    "long_x4": Variant("the default, 4x the steps", steps_factor=4.0),
-    "coefficients_x4": Variant("a_e, a_c x4", overrides={"coefficient_scale": 4.0}),
-    "coefficients_x0.25": Variant("a_e, a_c x0.25", overrides={"coefficient_scale": 0.25}),
+    "long_x2": Variant("the default, 2x the steps", steps_factor=2.0),
+    "coefficients_x2": Variant("a_e, a_c x2", overrides={"coefficient_scale": 2.0}),
+    "coefficients_x0.5": Variant("a_e, a_c x0.5", overrides={"coefficient_scale": 0.5}),
+    "sharp_surrogate": Variant(
+        "sigmoid surrogate at T = 0.3 instead of 1", overrides={"surrogate_temperature": 0.3}
+    ),
     "warm_up": Variant(
         "coefficients warmed up over the first half, entropy on from the start",
         overrides={"coefficient_warm_up_fraction": 0.5, "entropy_off_fraction": 0.0},
@@ -72,15 +78,18 @@ VARIANTS: dict[str, Variant] = {
         },
     ),  # fmt: skip
     "no_resampling": Variant("constant channels never resampled", overrides={"resample_every": 0}),
-    "no_firing": Variant("without the firing penalty", overrides={"firing_coefficient": 0.0}),
+    "with_firing": Variant(
+        "plus the firing penalty a_f = 1e-4 (at d = 2048)",
+        recipe_changes={"firing_coefficient": 1e-4},
+    ),
     "canonical": Variant(
         "the default, canonicalised (rare state = 1) before reading", canonical=True
     ),
 }
 """Every recipe the study knows, by name (``--variants`` picks among them)."""
 
-DEFAULT_VARIANTS = ("default", "short_run", "paper", "coefficients_x4", "no_resampling",
-                    "no_firing", "warm_up", "cosine_lr")  # fmt: skip
+DEFAULT_VARIANTS = ("default", "short_run", "paper", "coefficients_x2", "coefficients_x0.5",
+                    "sharp_surrogate", "no_resampling", "with_firing")  # fmt: skip
 
 
 @dataclass
@@ -171,8 +180,8 @@ def run(cfg: RecipeStudyConfig, progress: bool = True) -> dict[str, Any]:
     for name in cfg.variants:
         variant = VARIANTS[name]
         steps = round(cfg.steps * variant.steps_factor)
-        preset = BAE_PRESETS[variant.preset]
-        bae_cfg = bae_config(d_in, cfg.expansion * d_in, preset=variant.preset,
+        preset = replace(BAE_PRESETS[variant.preset], **variant.recipe_changes)
+        bae_cfg = bae_config(d_in, cfg.expansion * d_in, preset=preset,
                              total_training_steps=steps, **variant.overrides)  # fmt: skip
         trainer = _trainer_settings(variant, preset.lr, steps)
         result = train_sae(train, bae_cfg, training_samples=steps * cfg.batch_size,

@@ -28,6 +28,7 @@ from torch import Tensor
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.features.burstiness import code_prior
 from sae_lens_bae.features.records import FeatureRecords
+from sae_lens_bae.saes.resampling import CONSTANT_RARITY
 
 __all__ = ["active_frequency", "decoder_covariance_norm", "feature_statistics"]
 
@@ -67,7 +68,7 @@ def feature_statistics(
     n_explain: int = 5,
     activated_min_samples: int = 8,
     dense_threshold: float = 0.5,
-    constant_threshold: float = 1e-4,
+    constant_threshold: float = CONSTANT_RARITY,
     frequent_threshold: float = 0.1,
     targets: Float[Tensor, "n d_out"] | None = None,
 ) -> dict[str, Any]:

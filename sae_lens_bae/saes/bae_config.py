@@ -37,6 +37,7 @@ _RECIPE_FIELDS = (
     "covariance_coefficient",
     "firing_coefficient",
     "resample_every",
+    "resample_until_fraction",
 )
 """Training fields whose default (None) resolves to the ``default`` recipe at the config's d_in."""
 DEFAULT_BATCH_SIZE = 512
@@ -107,7 +108,8 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         entropy_coefficient: a_e, weight of the minibatch entropy in bits.
         covariance_coefficient: a_c, weight of the off-diagonal covariance penalty.
 
-        These, ``firing_coefficient`` and ``resample_every`` default to None: the ``default``
+        These, ``firing_coefficient``, ``resample_every`` and ``resample_until_fraction``
+        default to None: the ``default``
         recipe of ``saes.bae_presets``, with the coefficients scaled by 2048 / d_in, so the
         default config suits any width (``bae_config(d_in, preset="paper")`` for the paper's).
         entropy_off_steps: training steps with the entropy term off. None means
@@ -150,7 +152,7 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     firing_coefficient: float = None  # type: ignore[assignment]
     coefficient_warm_up_steps: int = 0
     resample_every: int = None  # type: ignore[assignment]
-    resample_until_fraction: float = 0.5
+    resample_until_fraction: float = None  # type: ignore[assignment]
     resample_rate: float = 0.05
 
     @override
@@ -165,6 +167,7 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             **recipe.coefficients(self.d_in),
             "surrogate_temperature": recipe.surrogate_temperature,
             "resample_every": recipe.resample_every,
+            "resample_until_fraction": recipe.resample_until_fraction,
         }
         for name in _RECIPE_FIELDS:
             if getattr(self, name) is None:
@@ -303,24 +306,28 @@ def bae_config(
     d_in: int,
     d_sae: int | None = None,
     *,
-    preset: str = "default",
+    preset: str | BAEPreset = "default",
     coefficient_scale: float = 1.0,
     coefficient_warm_up_fraction: float = 0.0,
     total_training_steps: int | None = None,
     **overrides: Any,
 ) -> BAETrainingSAEConfig:
-    """A training config from a named recipe of ``BAE_PRESETS`` (train it with the recipe's
-    ``BAE_PRESETS[preset].lr``). ``coefficient_scale`` multiplies a_e and a_c;
+    """A training config from a named recipe of ``BAE_PRESETS``, or a ``BAEPreset`` of one's own
+    (train it with the recipe's ``lr``). ``coefficient_scale`` multiplies a_e and a_c;
     ``coefficient_warm_up_fraction`` warms all coefficients up over that fraction of
     ``total_training_steps``; ``overrides`` replace any config field."""
-    if preset not in BAE_PRESETS:
+    if isinstance(preset, BAEPreset):
+        recipe = preset
+    elif preset in BAE_PRESETS:
+        recipe = BAE_PRESETS[preset]
+    else:
         raise ValueError(f"unknown BAE preset {preset!r}; choose from {sorted(BAE_PRESETS)}")
-    recipe = BAE_PRESETS[preset]
     settings: dict[str, Any] = {
         **recipe.coefficients(d_in),
         "surrogate_temperature": recipe.surrogate_temperature,
         "entropy_off_fraction": recipe.entropy_off_fraction,
         "resample_every": recipe.resample_every,
+        "resample_until_fraction": recipe.resample_until_fraction,
         "total_training_steps": total_training_steps,
     }
     settings["entropy_coefficient"] *= coefficient_scale

@@ -16,14 +16,21 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-__all__ = ["constant_channels", "resample_constant_channels"]
+__all__ = ["CONSTANT_RARITY", "constant_channels", "resample_constant_channels"]
+
+CONSTANT_RARITY = 1e-4
+"""A channel whose rare state occurs on fewer than this fraction of tokens is constant: it carries
+(almost) no information. The feature statistics' ``constant`` column uses the same threshold."""
 
 
 def constant_channels(
-    counts: Float[Tensor, "*stack n_bits"], samples: int
+    counts: Float[Tensor, "*stack n_bits"], samples: int, rarity: float = CONSTANT_RARITY
 ) -> Bool[Tensor, "*stack n_bits"]:
-    """Channels that fired on none or on all of ``samples`` samples."""
-    return (counts == 0) | (counts == samples)
+    """Channels whose rare state (firing, or not firing) took fewer than ``rarity`` of the
+    ``samples`` samples; at least those that fired on none or on all of them. Not only exactly
+    constant ones: a channel firing on 3 of 64k training tokens reads as dead on held-out text."""
+    rare = torch.minimum(counts, samples - counts)
+    return (rare == 0) | (rare < rarity * samples)
 
 
 @torch.no_grad()
