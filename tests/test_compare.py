@@ -93,7 +93,13 @@ def test_recipe_study_on_the_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path
         context_size=32,
         max_sequences=96,
         variants=(
-            "default", "paper", "warm_up", "cosine_lr", "canonical", "long_x2", "with_firing"
+            "default",
+            "paper",
+            "warm_up",
+            "cosine_lr",
+            "canonical",
+            "long_x2",
+            "with_firing",
         ),
         baselines=("topk15", "standard", "standard_rescaled"),
         steps=12,
