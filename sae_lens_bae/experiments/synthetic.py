@@ -69,8 +69,9 @@ PRESETS: dict[str, SyntheticPreset] = {
         n_test=4096,
         recipe=EntropyRecipe(steps=4000, lr=4e-3),
     ),
-    # between the two, for a CPU: d = 256, r up to 128, the paper's bar (within 0.05 r bits at
-    # < 2% held-out error), no ablation (see docs/entropy.md for the measurements)
+    # between the two: d = 256, r up to 128, the paper's bar (within 0.05 r bits at < 2%
+    # held-out error), no ablation. Not yet measured: its 18 stacked BAEs ran at 1.24 s per step
+    # on 2 shared CPU cores (over 80 minutes for 4000 steps; see docs/entropy.md)
     "mid": SyntheticPreset(
         d=256,
         ranks=(0, 1, 4, 16, 64, 128),
@@ -116,8 +117,8 @@ class SyntheticConfig:
     """What ``bae bench synthetic`` runs: a preset, optionally with parts of its grid replaced."""
 
     preset: Literal["cpu", "mid", "paper", "test"] = "cpu"
-    """cpu (d = 64, a 2-core machine, about 16 minutes), mid (d = 256, r up to 128, CPU), paper
-    (d = 2048, for a GPU) or test (seconds)."""
+    """cpu (d = 64, a 2-core machine, about 16 minutes), mid (d = 256, r up to 128; not yet
+    measured), paper (d = 2048, for a GPU) or test (seconds)."""
     steps: int | None = None
     """Training steps of every BAE (default: the preset's)."""
     ranks: Sequence[int] | None = None
