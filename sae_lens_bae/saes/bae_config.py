@@ -162,13 +162,7 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
 
     def __post_init__(self) -> None:
         _validate_bae_fields(self)
-        recipe = BAE_PRESETS["default"]
-        defaults = {
-            **recipe.coefficients(self.d_in),
-            "surrogate_temperature": recipe.surrogate_temperature,
-            "resample_every": recipe.resample_every,
-            "resample_until_fraction": recipe.resample_until_fraction,
-        }
+        defaults = BAE_PRESETS["default"].config_fields(self.d_in)
         for name in _RECIPE_FIELDS:
             if getattr(self, name) is None:
                 setattr(self, name, defaults[name])
@@ -323,11 +317,8 @@ def bae_config(
     else:
         raise ValueError(f"unknown BAE preset {preset!r}; choose from {sorted(BAE_PRESETS)}")
     settings: dict[str, Any] = {
-        **recipe.coefficients(d_in),
-        "surrogate_temperature": recipe.surrogate_temperature,
+        **recipe.config_fields(d_in),
         "entropy_off_fraction": recipe.entropy_off_fraction,
-        "resample_every": recipe.resample_every,
-        "resample_until_fraction": recipe.resample_until_fraction,
         "total_training_steps": total_training_steps,
     }
     settings["entropy_coefficient"] *= coefficient_scale

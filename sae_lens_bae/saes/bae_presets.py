@@ -29,6 +29,16 @@ class BAEPreset:
     resample_until_fraction: float = 0.5
     scale_with_d: bool = True
 
+    def config_fields(self, d_in: int) -> dict[str, float | int]:
+        """The config fields this recipe sets for states of width ``d_in`` (those a config left
+        at None resolves to): coefficients, surrogate temperature and resampling."""
+        return {
+            **self.coefficients(d_in),
+            "surrogate_temperature": self.surrogate_temperature,
+            "resample_every": self.resample_every,
+            "resample_until_fraction": self.resample_until_fraction,
+        }
+
     def coefficients(self, d_in: int) -> dict[str, float]:
         """a_e, a_c, a_f for a BAE reading states of width ``d_in``."""
         scale = 2048 / d_in if self.scale_with_d else 1.0
