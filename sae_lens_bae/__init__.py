@@ -26,6 +26,7 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAEConfig,
 )
 from sae_lens_bae.saes.binary import bits_to_values
+from sae_lens_bae.saes.loading import load_sae
 from sae_lens_bae.steering import steer, steering_hook, task_vector
 from sae_lens_bae.training import (
     TrainingRun,
@@ -50,6 +51,7 @@ __all__ = [
     "estimate_entropy",
     "harvest_activations",
     "load_model",
+    "load_sae",
     "steer",
     "steering_hook",
     "task_vector",

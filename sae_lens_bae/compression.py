@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,8 +125,14 @@ class CompressedStates:
         }
         if self.prior_key is not None:
             meta["prior_key"] = self.prior_key
-        save_file(tensors, str(path), metadata=meta)
-        return Path(path).stat().st_size
+        path = Path(path)
+        partial = path.with_name(f".{path.name}.partial")  # a full disk leaves the old file
+        try:
+            save_file(tensors, str(partial), metadata=meta)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+        return path.stat().st_size
 
     @classmethod
     def load(cls, path: str | Path) -> CompressedStates:

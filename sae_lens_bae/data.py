@@ -105,21 +105,23 @@ def _iter_file(path: Path, text_column: str | None) -> Iterator[str]:
 def iter_texts(
     source: str | Path, text_column: str | None = None, split: str = "train"
 ) -> Iterator[str]:
-    """Texts from a local file, a folder of files, or a Hugging Face dataset name."""
+    """Texts from a local file, a folder of files, or a Hugging Face dataset name. A missing
+    file or an empty folder fails here, at the call, not when the first text is read."""
     path = Path(source).expanduser()
     if path.is_file():
-        yield from _iter_file(path, text_column)
-        return
+        return _iter_file(path, text_column)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix.lower() in SUFFIXES)
         if not files:
             raise FileNotFoundError(f"No {'/'.join(SUFFIXES)} files in folder {path}")
-        for file in files:
-            yield from _iter_file(file, text_column)
-        return
+        return (text for file in files for text in _iter_file(file, text_column))
     if str(source).startswith((".", "/", "~")) or path.suffix.lower() in SUFFIXES:
         raise FileNotFoundError(f"No such file or folder: {path}")
-    dataset = load_dataset(str(source), split=split, streaming=True)
+    return _iter_hub(str(source), text_column, split)
+
+
+def _iter_hub(source: str, text_column: str | None, split: str) -> Iterator[str]:
+    dataset = load_dataset(source, split=split, streaming=True)
     column = None
     for record in dataset:
         if column is None:  # streamed datasets may only know their columns once read

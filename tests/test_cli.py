@@ -202,6 +202,8 @@ def _bad_inputs(model, corpus, tmp):
     (tmp / "broken").mkdir()
     (tmp / "broken" / "cfg.json").write_text("{ not json")
     (tmp / "a_file").write_text("x")
+    (tmp / "foreign").mkdir()
+    (tmp / "foreign" / "cfg.json").write_text('{"architecture": "martian", "d_in": 3}')
     m, c = ["--model", str(model)], ["--dataset", str(corpus)]
     return [
         (["quickstart", *m, "--corpus", str(tmp / "missing.txt")], "No such file or folder"),
@@ -240,7 +242,12 @@ def _bad_inputs(model, corpus, tmp):
         (["compress", "--thresholds", "-2"], "outside [log2 0.5, 0]"),
         (["steer", "icl", "--dataset", "x", "--baselines", "transcoder"], "choose among"),
         (["bench", "recipes", "--variants", "fastest"], "unknown variants ['fastest']"),
-    ]
+        (["train", *m, *c, "--hook", "blocks.1.hook_resid_post", "--out", str(tmp / "run"),
+          "--resume", str(tmp / "run")], "nothing to resume from"),
+        (["train", *m, *c, "--hook", "blocks.1.hook_resid_post", "--out", str(tmp / "run"),
+          "--resume", str(tmp / "broken")], "no complete checkpoint under"),
+        (["interpret", "--sae", str(tmp / "foreign"), *c, *m], "names the architecture 'martian'"),
+    ]  # fmt: skip
 
 
 def test_bad_input_matrix_ends_with_one_line_and_exit_code_2(tiny_hf_llama_dir, tiny_corpus,

@@ -1,6 +1,7 @@
 """Entropy tracing on the tiny offline Llama: states gathering, cells, positions, ICL, two-token."""
 
 import json
+import math
 
 import matplotlib.image
 import pytest
@@ -79,7 +80,9 @@ def test_estimate_entropies_per_cell():
     assert cells[2].scale == pytest.approx(cells[1].scale / 1000)
     assert cells[2].bits == pytest.approx(cells[1].bits, abs=1e-3)
     assert cells[2].relative_error == pytest.approx(cells[1].relative_error, rel=1e-2, abs=1e-4)
-    assert 0 < cells[1].bits <= 2 * QUICK.expansion * 8  # four states: some, at most 16, bits
+    # four distinct states: a 2-bit ceiling; the estimate is the mean over the cell's seeds
+    assert (cells[1].n_distinct, cells[1].ceiling_bits) == (4, 2.0)
+    assert cells[1].bits == pytest.approx(sum(cells[1].bits_per_seed) / len(cells[1].bits_per_seed))
     assert normalise_scale(four_points, 8.0) == pytest.approx(
         (8 / four_points.pow(2).sum(-1).mean().item()) ** 0.5
     )
@@ -145,7 +148,10 @@ def test_position_tracing_writes_json_table_and_plot(tiny_hf_llama_dir, tiny_cor
     ]
     saved = json.loads((tmp_path / "positions.json").read_text())
     assert saved["cells"] == rows and saved["config"]["n_sequences_used"] == 200
-    assert all(r["n_samples"] == 200 and r["bits"] >= 0 for r in rows)
+    assert all(r["n_samples"] == 200 for r in rows)
+    for r in rows:  # the ceiling is log2 of the distinct states
+        assert r["ceiling_bits"] == pytest.approx(math.log2(r["n_distinct"]), abs=1e-9)
+        assert r["bits"] == pytest.approx(sum(r["bits_per_seed"]) / len(r["bits_per_seed"]))
     assert matplotlib.image.imread(tmp_path / "positions.png").shape[0] > 100
     assert "| layer | position | bits |" in (tmp_path / "positions.md").read_text()
     with pytest.raises(ValueError, match="do not exist"):
@@ -168,7 +174,10 @@ def test_icl_tracing_from_a_tsv(tiny_hf_llama_dir, tmp_path):
     )
     summary = entropy_icl.run(cfg, progress=False)
     rows, accuracy = summary["cells"], summary["accuracy"]
-    assert sorted(accuracy) == [0, 1, 4] and all(0 <= a <= 1 for a in accuracy.values())
+    assert sorted(accuracy) == [0, 1, 4]
+    for k, a in accuracy.items():  # the fraction of 24 prompts answered right, on every row of k
+        assert a * 24 == pytest.approx(round(a * 24), abs=1e-6)
+        assert [r["accuracy"] for r in rows if r["shots"] == k] == [a]
     saved = json.loads((tmp_path / "out" / "icl.json").read_text())
     assert saved["cells"] == rows and len(rows) == 3
     assert matplotlib.image.imread(tmp_path / "out" / "icl.png").shape[0] > 100

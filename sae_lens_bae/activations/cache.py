@@ -170,8 +170,11 @@ def harvest_activations(
         tensors = {h: torch.cat(p).contiguous() for h, p in parts.items()}
         tensors["tokens"] = rows.contiguous()
         partial = out / f".shard_{shard:05d}.partial"  # a full disk leaves no truncated shard
-        save_file(tensors, partial)
-        os.replace(partial, out / f"shard_{shard:05d}.safetensors")
+        try:
+            save_file(tensors, partial)
+            os.replace(partial, out / f"shard_{shard:05d}.safetensors")
+        finally:
+            partial.unlink(missing_ok=True)
         meta["n_shards_done"] = shard + 1
         write_json(meta_path, meta)
     bar.close()

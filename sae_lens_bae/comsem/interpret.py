@@ -9,15 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sae_lens import SAE
-
 from sae_lens_bae.activations.hooks import check_hooks
 from sae_lens_bae.comsem.client import ClientConfig
 from sae_lens_bae.comsem.pipeline import ComSemConfig, comsem
 from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.features.records import FeatureRecords, records_from_text
 from sae_lens_bae.models import load_model, load_tokenizer
-from sae_lens_bae.saes.bae_config import read_cfg_json
+from sae_lens_bae.saes.loading import load_sae
 
 __all__ = ["InterpretConfig", "interpret", "records_from_sae"]
 
@@ -90,8 +88,7 @@ def records_from_sae(cfg: InterpretConfig) -> FeatureRecords:
     """ComSem's records made from the saved SAE ``cfg.sae`` over ``cfg.dataset`` (saved to
     OUT/records.safetensors)."""
     assert cfg.sae is not None and cfg.dataset is not None
-    read_cfg_json(cfg.sae)  # a missing or corrupt cfg.json: one clear error
-    sae = SAE.load_from_disk(cfg.sae)
+    sae = load_sae(cfg.sae)  # a missing, corrupt or foreign folder: one clear error
     hook = cfg.hook or sae.cfg.metadata.hook_name
     name = cfg.model or sae.cfg.metadata.model_name or "smollm2-135m"
     if hook is None:

@@ -1,28 +1,34 @@
 """``bae train``: a BAE trained live on a model's hook point with SAELens' training runner.
 
 Activations come from the model's forward passes as training goes (SAELens'
-``LanguageModelSAETrainingRunner`` and its activation store), never from a cache: the route for
-long runs on large corpora.
+``LanguageModelSAETrainingRunner``), never from a cache: the route for long runs on large corpora.
+``BAETrainingRunner`` is that runner with an exactly resumable activation store
+(``ResumableActivationsStore``) and checkpoints marked complete when written: ``bae train
+--resume PATH`` continues a killed run on the minibatches it would have seen.
 """
 
 from __future__ import annotations
 
+import json
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner, LoggingConfig
 from sae_lens.saes.sae import SAEConfig
+from sae_lens.training.sae_trainer import SAETrainer
 
 from sae_lens_bae.activations.hooks import check_hooks
+from sae_lens_bae.activations.store import ResumableActivationsStore
 from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
+from sae_lens_bae.training.checkpoints import latest_checkpoint, mark_complete, read_marker
 from sae_lens_bae.training.trainer import fill_training_schedule
 
-__all__ = ["LiveTrainingConfig", "train_live"]
+__all__ = ["BAETrainingRunner", "LiveTrainingConfig", "train_live"]
 
 Normalisation = typing.get_type_hints(SAEConfig)["normalize_activations"]
 """SAELens' activation normalisations (``none``, ``expected_average_only_in``, ...)."""
@@ -73,7 +79,63 @@ class LiveTrainingConfig:
     device: str = "cpu"
     """Torch device."""
     seed: int = 42
-    """Seed of SAELens' runner."""
+    """Seed of SAELens' runner and of the activation mixing."""
+    checkpoints: int = 10
+    """Checkpoints written during training, under OUT/checkpoints."""
+    resume: Path | None = None
+    """Continue a killed run from its newest complete checkpoint (give its OUT folder or a
+    checkpoint folder) with the same options; it ends with the weights of an uninterrupted run."""
+
+
+class BAETrainingRunner(LanguageModelSAETrainingRunner):
+    """SAELens' runner, resumable exactly: the training stream comes from a
+    ``ResumableActivationsStore`` (the evaluator keeps SAELens' own store, so evaluations never
+    move the training stream), each checkpoint is marked complete once written, and a resumed
+    trainer counts its steps from the checkpoint's marker (SAETrainer saves inside a step)."""
+
+    def __init__(self, cfg: LanguageModelSAERunnerConfig[Any], **overrides: Any) -> None:
+        if cfg.prefetch_llm_batches:
+            raise ValueError("prefetch_llm_batches reads ahead of the checkpoints: turn it off "
+                             "to train with BAETrainingRunner")  # fmt: skip
+        super().__init__(cfg, **overrides)
+        self.activations_store = ResumableActivationsStore.for_runner(
+            self.model, cfg, override_dataset=overrides.get("override_dataset")
+        )
+
+    def run_trainer_with_interruption_handling(self, trainer: SAETrainer[Any, Any]) -> Any:
+        saved = trainer.save_checkpoint_fn
+
+        def save_and_mark(checkpoint_path: Path | None) -> None:
+            if saved is not None:
+                saved(checkpoint_path=checkpoint_path)
+            if checkpoint_path is not None:
+                mark_complete(checkpoint_path, n_training_samples=trainer.n_training_samples,
+                              n_training_steps=trainer.n_training_steps + 1)  # fmt: skip
+
+        trainer.save_checkpoint_fn = save_and_mark
+        if self.cfg.resume_from_checkpoint is not None:
+            trainer.n_training_steps = int(
+                read_marker(self.cfg.resume_from_checkpoint)["n_training_steps"]
+            )
+            trainer.checkpoint_thresholds = [
+                threshold for threshold in trainer.checkpoint_thresholds
+                if threshold >= trainer.n_training_samples
+            ]  # fmt: skip
+        return super().run_trainer_with_interruption_handling(trainer)
+
+
+def _check_resumable(checkpoint: Path, sae_cfg: Any) -> None:
+    """Refuse a checkpoint of another model with one line (not a state-dict size mismatch)."""
+    saved = json.loads((checkpoint / "cfg.json").read_text())
+    wanted = sae_cfg.to_dict()
+    differs = [key for key in ("architecture", "d_in", "d_sae", "bits")
+               if saved.get(key) != wanted.get(key)]  # fmt: skip
+    if differs:
+        key = differs[0]
+        raise ValueError(
+            f"{checkpoint} holds a {key}={saved.get(key)} model, these options make "
+            f"{key}={wanted.get(key)}: resume with the options of the interrupted run"
+        )
 
 
 def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa: ARG001
@@ -113,8 +175,17 @@ def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa:
         logger=LoggingConfig(log_to_wandb=cfg.wandb, wandb_project=cfg.wandb_project),
         output_path=str(out),
         checkpoint_path=str(out / "checkpoints"),
+        n_checkpoints=cfg.checkpoints,
     )
+    if cfg.resume is not None:
+        checkpoint = latest_checkpoint(cfg.resume)
+        _check_resumable(checkpoint, sae_cfg)
+        runner_cfg.resume_from_checkpoint = str(checkpoint)
+        print(f"Resuming from {checkpoint}")
     fill_training_schedule(runner_cfg)
-    LanguageModelSAETrainingRunner(runner_cfg, override_dataset=tokens, override_model=model).run()
+    with torch.random.fork_rng():  # the BAE's initial weights follow the seed
+        torch.manual_seed(cfg.seed)
+        runner = BAETrainingRunner(runner_cfg, override_dataset=tokens, override_model=model)
+    runner.run()
     print(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")
     return out

@@ -3,13 +3,17 @@
 ``train_bae`` / ``train_sae`` train on activations you already have (a tensor or an iterator of
 batches, e.g. from an ``ActivationCache``);
 ``fill_training_schedule`` prepares a SAELens runner config so that the BAE knows when to switch
-its entropy term on (after 25% of training by default).
+its entropy term on (after 25% of training by default). With ``checkpoint_dir`` a run writes
+checkpoints, and ``resume=True`` continues from the newest complete one on exactly the same
+minibatches: a killed and resumed run ends with the weights of an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,14 +26,17 @@ from sae_lens.training.sae_trainer import SAETrainer
 from torch import Tensor
 
 from sae_lens_bae.losses import reconstruction_loss
+from sae_lens_bae.reports import write_json
 from sae_lens_bae.saes.bae import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
     BAETrainingSAE,
     BAETrainingSAEConfig,
 )
+from sae_lens_bae.training.checkpoints import latest_checkpoint, mark_complete, read_marker
 
 __all__ = [
+    "HISTORY_FILE",
     "RecordingTrainer",
     "TrainingRun",
     "activation_batches",
@@ -37,6 +44,9 @@ __all__ = [
     "train_bae",
     "train_sae",
 ]
+
+HISTORY_FILE = "history.json"
+"""The loss history so far, in a ``RecordingTrainer`` checkpoint."""
 
 
 def fill_training_schedule(
@@ -70,35 +80,83 @@ def activation_batches(
     *,
     shuffle: bool = True,
     seed: int = 0,
+    start: int = 0,
 ) -> Iterator[Float[Tensor, "batch d_in"]]:
     """Endless minibatches over a fixed activation set, reshuffled every epoch.
 
     The paper trains for many epochs over one set of hidden states; the last partial batch of an
-    epoch is dropped so every minibatch entropy is measured on ``batch_size`` samples.
+    epoch is dropped so every minibatch entropy is measured on ``batch_size`` samples. ``start``
+    skips that many batches of the same stream (a resumed run) without gathering them.
     """
     n = activations.shape[0]
     if n < batch_size:
         raise ValueError(
             f"Need at least batch_size={batch_size} activations to form a minibatch, got {n}"
         )
+    per_epoch = n // batch_size
     generator = torch.Generator().manual_seed(seed)
+    skip = start
     while True:
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-        for start in range(0, n - batch_size + 1, batch_size):
-            yield activations[order[start : start + batch_size]]
+        first, skip = min(skip, per_epoch), skip - min(skip, per_epoch)
+        for batch in range(first, per_epoch):
+            yield activations[order[batch * batch_size : (batch + 1) * batch_size]]
+
+
+class _Counted(Iterator[Tensor]):
+    """An iterator that counts what it gave: the data position a checkpoint records."""
+
+    def __init__(self, data: Iterator[Tensor], count: int = 0) -> None:
+        self.data, self.count = data, count
+
+    def __next__(self) -> Tensor:
+        batch = next(self.data)
+        self.count += 1
+        return batch
 
 
 class RecordingTrainer(SAETrainer[Any, Any]):
     """SAELens' ``SAETrainer`` that also keeps a loss history, through its public ``step`` seam.
 
     Every ``record_every`` steps it stores the step's losses, its scalar metrics and
-    ``reconstruction_loss`` (mean over batch and d_in, comparable across architectures).
+    ``reconstruction_loss`` (mean over batch and d_in, comparable across architectures). Its
+    checkpoints also hold the history and the number of batches read, and are marked complete
+    last (``sae_lens_bae.training.checkpoints``); ``resume`` continues from one.
     """
 
     def __init__(self, *args: Any, record_every: int = 10, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.record_every = record_every
         self.history: list[dict[str, float]] = []
+        self._user_checkpoint_fn = self.save_checkpoint_fn
+        self.save_checkpoint_fn = self._complete_checkpoint
+
+    def _complete_checkpoint(self, checkpoint_path: Path | None) -> None:
+        if self._user_checkpoint_fn is not None:
+            self._user_checkpoint_fn(checkpoint_path=checkpoint_path)
+        if checkpoint_path is None:
+            return
+        write_json(checkpoint_path / HISTORY_FILE, self.history)
+        batches = self.data_provider.count if isinstance(self.data_provider, _Counted) else None
+        # SAETrainer checkpoints inside a step, before it counts that step as done
+        mark_complete(checkpoint_path, n_training_samples=self.n_training_samples,
+                      n_training_steps=self.n_training_steps + 1, batches_read=batches)  # fmt: skip
+
+    def resume(self, checkpoint: str | Path) -> dict[str, Any]:
+        """Load the weights, running statistics, optimiser, schedules and history of a complete
+        checkpoint (see ``latest_checkpoint``); returns its marker (``batches_read``...)."""
+        checkpoint = Path(checkpoint)
+        marker = read_marker(checkpoint)
+        self.load_trainer_state(checkpoint)
+        self.sae.load_weights_from_checkpoint(checkpoint)
+        self.n_training_steps = int(marker["n_training_steps"])
+        history = checkpoint / HISTORY_FILE
+        self.history = json.loads(history.read_text()) if history.is_file() else []
+        self.checkpoint_thresholds = [
+            threshold for threshold in self.checkpoint_thresholds
+            if threshold >= self.n_training_samples
+        ]  # fmt: skip
+        return marker
 
     def step(self, batch: Tensor) -> TrainStepOutput:
         output = super().step(batch)
@@ -137,6 +195,9 @@ def train_sae(
     device: str = "cpu",
     seed: int = 0,
     record_every: int = 10,
+    checkpoint_dir: str | Path | None = None,
+    n_checkpoints: int = 10,
+    resume: bool = False,
     **trainer_kwargs: Any,
 ) -> TrainingRun:
     """Train any SAELens architecture (a BAE or a baseline) with ``SAETrainer`` on activations
@@ -148,9 +209,18 @@ def train_sae(
         cfg: the training config of the SAE (e.g. ``BAETrainingSAEConfig``,
             ``TopKTrainingSAEConfig``).
         training_samples / epochs: length of training; give one (epochs needs a tensor).
-        trainer_kwargs: any further ``SAETrainerConfig`` field (``checkpoint_path``,
-            ``n_checkpoints``, ``lr_scheduler_name``, ``logger``...).
+        checkpoint_dir: write ``n_checkpoints`` checkpoints there during training.
+        resume: continue from the newest complete checkpoint in ``checkpoint_dir``, on the
+            same minibatches as the interrupted run (an iterator of batches is read past the
+            batches already trained on; it must give the same batches again). Give the same
+            arguments as the interrupted run.
+        trainer_kwargs: any further ``SAETrainerConfig`` field (``lr_scheduler_name``,
+            ``logger``...).
     """
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs the checkpoint_dir the interrupted run wrote to")
+    checkpoint = latest_checkpoint(checkpoint_dir) if resume else None
+    start = int(read_marker(checkpoint)["batches_read"]) if checkpoint else 0
     if isinstance(activations, Tensor):
         if activations.ndim != 2 or activations.shape[1] != cfg.d_in:
             raise ValueError(
@@ -158,11 +228,14 @@ def train_sae(
             )
         if epochs is not None:
             training_samples = int(epochs * activations.shape[0])
-        data: Iterator[Tensor] = activation_batches(activations, batch_size, seed=seed)
+        data = _Counted(activation_batches(activations, batch_size, seed=seed, start=start),
+                        start)  # fmt: skip
     else:
         if epochs is not None:
             raise ValueError("epochs needs an activation tensor; give training_samples instead")
-        data = iter(activations)
+        data = _Counted(iter(activations))
+        for _ in range(start):
+            next(data)
     if training_samples is None:
         raise ValueError("Say how long to train: training_samples=... or epochs=...")
     trainer_cfg = SAETrainerConfig(
@@ -171,6 +244,8 @@ def train_sae(
         lr=lr,
         lr_end=trainer_kwargs.pop("lr_end", lr),
         device=device,
+        checkpoint_path=None if checkpoint_dir is None else str(checkpoint_dir),
+        n_checkpoints=n_checkpoints if checkpoint_dir is not None else 0,
         **trainer_kwargs,
     )
     if isinstance(cfg, BAETrainingSAEConfig) and cfg.total_training_steps is None:
@@ -181,6 +256,8 @@ def train_sae(
     trainer = RecordingTrainer(
         cfg=trainer_cfg, sae=sae, data_provider=data, record_every=record_every
     )
+    if checkpoint is not None:
+        trainer.resume(checkpoint)
     return TrainingRun(trainer.fit(), trainer.history)
 
 

@@ -1,0 +1,47 @@
+"""Checkpoints that a killed run can trust: complete ones carry a marker written last.
+
+SAELens writes a checkpoint as several files; a run killed while writing one leaves a folder
+that looks like a checkpoint but is not. Both training paths (``train_sae`` and ``bae train``)
+write ``checkpoint_complete.json`` (atomically) after every other file of a checkpoint, and
+resuming picks the newest folder that has it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sae_lens_bae.reports import write_json
+
+__all__ = ["COMPLETE_MARKER", "latest_checkpoint", "mark_complete", "read_marker"]
+
+COMPLETE_MARKER = "checkpoint_complete.json"
+"""Written last into a checkpoint folder: ``{"n_training_samples", "n_training_steps", ...}``."""
+
+
+def mark_complete(checkpoint: str | Path, **info: Any) -> None:
+    """Mark ``checkpoint`` complete (call after everything else of it is written)."""
+    write_json(Path(checkpoint) / COMPLETE_MARKER, info)
+
+
+def read_marker(checkpoint: str | Path) -> dict[str, Any]:
+    """The marker of a complete checkpoint."""
+    return json.loads((Path(checkpoint) / COMPLETE_MARKER).read_text())
+
+
+def latest_checkpoint(path: str | Path) -> Path:
+    """``path`` itself if it is a complete checkpoint, else the complete checkpoint under it
+    (at any depth: SAELens' runner nests them under a run id) with the most training samples."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"nothing to resume from: {path} does not exist")
+    if (path / COMPLETE_MARKER).is_file():
+        return path
+    complete = [marker.parent for marker in path.rglob(COMPLETE_MARKER)]
+    if not complete:
+        raise FileNotFoundError(
+            f"no complete checkpoint under {path} (a run writes them when it has checkpoints "
+            "on: n_checkpoints / --checkpoints); start the run again without resuming"
+        )
+    return max(complete, key=lambda folder: int(read_marker(folder)["n_training_samples"]))
