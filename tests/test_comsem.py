@@ -401,3 +401,17 @@ def test_interpret_a_saved_sae_on_text(compare_out, tiny_hf_llama_dir, tiny_corp
     assert json.loads((tmp_path / "summary.json").read_text())["evaluated"] == 3
     result = CliRunner().invoke(app, ["interpret", "--llm", "rules"])
     assert result.exit_code != 0 and "either --records" in result.output
+
+
+class _SmallTokenizer(_DigitTokenizer):
+    def __len__(self) -> int:
+        return 30
+
+
+def test_records_of_another_tokenizer_are_refused():
+    records = _records([[0, 1]] * 40)  # token ids 0..39
+    records.info["model"] = "model-a"
+    with pytest.raises(ValueError, match="token id 39, beyond this tokenizer's 30 tokens: they "
+                       "were made with another model \\(model-a\\)"):  # fmt: skip
+        select_samples(records, _SmallTokenizer())
+    assert len(select_samples(_records([[0, 1]] * 30), _SmallTokenizer())) == 2

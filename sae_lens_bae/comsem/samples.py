@@ -83,6 +83,14 @@ def select_samples(
             "ComSem shows each token in its text, but these records were saved without their "
             "token rows; make them with top_k_records(..., sequences=...) (bae compare does)"
         )
+    vocabulary = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    largest = int(records.token_ids.max()) if records.token_ids.numel() else -1
+    if vocabulary is not None and largest >= vocabulary:
+        model = records.info.get("model", "the model that made them")
+        raise ValueError(
+            f"these records hold token id {largest}, beyond this tokenizer's {vocabulary} tokens: "
+            f"they were made with another model ({model}); read them with its tokenizer (--model)"
+        )
     counts = records.counts()
     activated = (counts >= n_explain + 1).nonzero().flatten().tolist()
     if features is not None:
