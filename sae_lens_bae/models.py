@@ -27,7 +27,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
@@ -144,7 +144,11 @@ def hooked_config_from_hf(
 
 
 def _load_local_llama(
-    path: Path, device: str, dtype: torch.dtype, n_ctx: int | None
+    path: Path,
+    device: str,
+    dtype: torch.dtype,
+    n_ctx: int | None,
+    model_class: type[HookedTransformer] = HookedTransformer,
 ) -> HookedTransformer:
     missing = [name for name in ("config.json",) if not (path / name).exists()]
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
@@ -161,7 +165,7 @@ def _load_local_llama(
     cfg.model_name = path.name
     state_dict = convert_llama_weights(hf_model, cfg)
     del hf_model
-    model = HookedTransformer(cfg, tokenizer=tokenizer, default_padding_side="right")
+    model = model_class(cfg, tokenizer=tokenizer, default_padding_side="right")
     model.load_and_process_state_dict(
         state_dict,
         fold_ln=False,
@@ -212,6 +216,9 @@ def _embedded_hf_dir(name: str) -> Path:
     return target
 
 
+M = TypeVar("M", bound=HookedTransformer)
+
+
 def _official_names() -> list[str]:
     return list(OFFICIAL_MODEL_NAMES) + list(make_model_alias_map())
 
@@ -221,25 +228,28 @@ def load_model(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     n_ctx: int | None = 2048,
+    model_class: type[M] = HookedTransformer,  # type: ignore[assignment]
     **from_pretrained_kwargs: Any,
-) -> HookedTransformer:
+) -> M:
     """A ``HookedTransformer`` for an official TL name, a local HF Llama directory, or
     ``"smollm2-135m"`` (the embedded default).
 
     ``n_ctx`` caps the context window of local models (their rotary tables are built for it);
     official names keep TransformerLens' own settings, updated by ``from_pretrained_kwargs``.
+    ``model_class=HookedSAETransformer`` (SAELens) gives a model that splices SAEs and BAEs in
+    with ``run_with_saes`` / ``run_with_cache_with_saes``.
     """
     name = str(name_or_path)
     if name in EMBEDDED_MODELS:
-        model = _load_local_llama(_embedded_hf_dir(name), device, dtype, n_ctx)
+        model = _load_local_llama(_embedded_hf_dir(name), device, dtype, n_ctx, model_class)
         model.cfg.model_name = name
-        return model
+        return model  # type: ignore[return-value]
     path = Path(name).expanduser()
     if path.is_dir():
-        return _load_local_llama(path, device, dtype, n_ctx)
+        return _load_local_llama(path, device, dtype, n_ctx, model_class)  # type: ignore[return-value]
     official = {n.lower() for n in _official_names()}
     if name.lower() in official:
-        return HookedTransformer.from_pretrained_no_processing(
+        return model_class.from_pretrained_no_processing(
             name, device=device, dtype=dtype, **from_pretrained_kwargs
         )
     looks_like_path = os.sep in name or name.startswith((".", "~"))

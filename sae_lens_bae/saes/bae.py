@@ -20,6 +20,7 @@ its evals, histograms and scaling folds work unchanged. Two SAELens behaviours d
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -34,6 +35,7 @@ from sae_lens.saes.sae import (
     TrainStepInput,
     TrainStepOutput,
 )
+from sae_lens.training.sae_trainer import SAETrainer
 from torch import Tensor, nn
 from typing_extensions import override
 
@@ -93,6 +95,16 @@ def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
         "code_mean", torch.zeros(cfg.n_bits, dtype=torch.float32, device=sae.device)
     )
     sae.register_buffer("code_mean_count", torch.zeros((), dtype=torch.float32, device=sae.device))
+
+
+def _length_of_calling_trainer() -> int | None:
+    """``total_training_steps`` of the ``SAETrainer`` whose constructor called
+    ``get_coefficients`` (two frames up), if that is what called it."""
+    frame = inspect.currentframe()
+    caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+    trainer = caller.f_locals.get("self") if caller is not None else None
+    steps = getattr(getattr(trainer, "cfg", None), "total_training_steps", None)
+    return steps if isinstance(trainer, SAETrainer) and isinstance(steps, int) else None
 
 
 def _refuse_decoder_norm_folding() -> NoReturn:
@@ -244,6 +256,15 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     @override
     def get_coefficients(self) -> dict[str, float | TrainCoefficientConfig]:
+        """The coefficients SAELens schedules. SAELens tells an SAE nothing of how long training
+        is, but its ``SAETrainer`` asks for these once, when it is built, knowing the length:
+        a BAE without ``total_training_steps`` takes it from that trainer, so its schedule (entropy
+        off for the first fraction, resampling until a fraction) works with SAELens' own trainer
+        and runners without extra calls."""
+        if self.cfg.total_training_steps is None:
+            steps = _length_of_calling_trainer()
+            if steps is not None:
+                self.cfg.total_training_steps = steps
         warm = self.cfg.coefficient_warm_up_steps
         return {
             name: TrainCoefficientConfig(value=value, warm_up_steps=warm) if warm else value

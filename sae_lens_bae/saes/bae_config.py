@@ -215,10 +215,8 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             raise ValueError(
                 "The BAE switches its entropy term on after "
                 f"entropy_off_fraction={self.entropy_off_fraction} of training, but does not know "
-                "how long training is. Set BAETrainingSAEConfig(entropy_off_steps=...) or "
-                "(total_training_steps=...), or call "
-                "sae_lens_bae.training.fill_training_schedule(runner_or_trainer_config) "
-                "before building the runner or trainer."
+                "how long training is (SAELens' SAETrainer tells it; this trainer did not). "
+                "Set BAETrainingSAEConfig(total_training_steps=...) or (entropy_off_steps=...)."
             )
         return round(self.entropy_off_fraction * self.total_training_steps)
 
