@@ -33,6 +33,7 @@ FLOORS = {
     "sae_lens_bae.compression": 5,
     "sae_lens_bae.steering": 5,
     "sae_lens_bae.comsem": 6,
+    "sae_lens_bae.dashboard": 6,
     "sae_lens_bae": 7,  # the package itself: the public API, over the whole core
     "sae_lens_bae.experiments": 8,
     "sae_lens_bae.cli": 9,

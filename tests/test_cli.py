@@ -247,6 +247,7 @@ def _bad_inputs(model, corpus, tmp):
         (["train", *m, *c, "--hook", "blocks.1.hook_resid_post", "--out", str(tmp / "run"),
           "--resume", str(tmp / "broken")], "no complete checkpoint under"),
         (["interpret", "--sae", str(tmp / "foreign"), *c, *m], "names the architecture 'martian'"),
+        (["dashboard", "--records", str(tmp / "none.safetensors")], "no records file"),
     ]  # fmt: skip
 
 

@@ -415,3 +415,56 @@ def test_records_of_another_tokenizer_are_refused():
                        "were made with another model \\(model-a\\)"):  # fmt: skip
         select_samples(records, _SmallTokenizer())
     assert len(select_samples(_records([[0, 1]] * 30), _SmallTokenizer())) == 2
+
+
+def test_the_estimate_counts_the_requests_a_run_sends(records, tokenizer, tmp_path):
+    from sae_lens_bae.comsem.estimate import CHARS_PER_TOKEN, estimate_run
+
+    config = _config(detection=True)
+    with LoopbackServer() as server:
+        client = _client(server, price_input=2.0, price_output=8.0, max_tokens=20)
+        estimate = estimate_run(records, tokenizer, client, config)
+        summary = comsem(records, tokenizer, client, config, out=tmp_path, progress=False)
+        sent = len(server.received)
+    assert estimate.features == summary["evaluated"] == N_FEATURES
+    assert estimate.requests == sent  # every explanation parsed: every judgement was asked
+    assert estimate.completion_tokens == 20 * sent
+    assert estimate.cost_usd == pytest.approx(
+        (estimate.prompt_tokens * 2.0 + estimate.completion_tokens * 8.0) / 1e6)  # fmt: skip
+    # the prompts' characters, counted as the client would send them, at 4 a token
+    chars = sum(len(m["content"]) for body in server.received for m in body["messages"])
+    placeholders = len(" ".join(["word"] * 8))  # the judge's explanation is not known yet
+    judged = sent - N_FEATURES
+    expected = chars + judged * placeholders - sum(
+        len(f["explanation"]) * len(f["judgements"]) for f in _features(tmp_path))  # fmt: skip
+    assert estimate.prompt_tokens == round(expected / CHARS_PER_TOKEN)
+
+
+def test_a_paid_run_needs_a_yes(tmp_path, compare_out):
+    from typer.testing import CliRunner
+
+    from sae_lens_bae.cli import app
+
+    path = compare_out / "records" / "bae.safetensors"
+    with LoopbackServer() as server:
+        args = [
+            "interpret",
+            "--records",
+            str(path),
+            "--base-url",
+            server.base_url,
+            "--llm",
+            "rules",
+            "--max-features",
+            "2",
+            "--price-input",
+            "0.15",
+            "--out",
+            str(tmp_path),
+        ]
+        refused = CliRunner().invoke(app, args)
+        assert refused.exit_code == 2 and len(server.received) == 0
+        assert "Error: a paid ComSem run starts only once confirmed" in refused.output
+        assert "ComSem on 2 features:" in refused.output and "estimated cost $" in refused.output
+        done = CliRunner().invoke(app, [*args, "--yes"])
+    assert done.exit_code == 0, done.output

@@ -15,6 +15,7 @@ import typer
 
 from sae_lens_bae.cli.options import DEBUG, config_command
 from sae_lens_bae.comsem import interpret
+from sae_lens_bae.dashboard import site
 from sae_lens_bae.experiments import EXPERIMENTS, command_help
 from sae_lens_bae.training import live
 
@@ -29,6 +30,7 @@ GROUPS = {
 COMMANDS: list[tuple[tuple[str, ...], Callable[..., Any], str | None, str]] = [
     (("train",), live.train_live, None, command_help(live.__doc__ or "")),
     (("interpret",), interpret.interpret, "summary.md", command_help(interpret.__doc__ or "")),
+    (("dashboard",), site.dashboard, None, command_help(site.__doc__ or "")),
     *[(e.command, e.run, e.report, e.help) for e in EXPERIMENTS],
 ]
 """(command path, run function taking the command's config, markdown report printed after the

@@ -5,12 +5,14 @@ An LLM says what each feature's top tokens have in common, then judges held-out 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from sae_lens_bae.activations.hooks import check_hooks
 from sae_lens_bae.comsem.client import ClientConfig
+from sae_lens_bae.comsem.estimate import estimate_run
 from sae_lens_bae.comsem.pipeline import ComSemConfig, comsem
 from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.features.records import FeatureRecords, records_from_text
@@ -76,6 +78,8 @@ class InterpretConfig:
     """Folder with explain.json/judge.json overrides."""
     top: int = 20
     """Rows of the top-features table."""
+    yes: bool = False
+    """Start a paid run (OpenAI, or prices given) without asking after its estimate."""
 
     def __post_init__(self) -> None:
         if (self.records is None) == (self.sae is None):
@@ -134,5 +138,18 @@ def interpret(cfg: InterpretConfig, progress: bool = True) -> dict[str, Any]:
         top=cfg.top,
         templates=cfg.templates,
     )
-    return comsem(records, load_tokenizer(source), client, config, out=cfg.out,
+    tokenizer = load_tokenizer(source)
+    estimate = estimate_run(records, tokenizer, client, config)
+    print(estimate.line(client), flush=True)
+    paid = cfg.base_url is None or cfg.price_input > 0 or cfg.price_output > 0
+    if paid and not cfg.yes and not _confirmed():
+        raise ValueError("a paid ComSem run starts only once confirmed: answer y, or pass --yes")
+    return comsem(records, tokenizer, client, config, out=cfg.out,
                   cache=cfg.cache, progress=progress)  # fmt: skip
+
+
+def _confirmed() -> bool:
+    """Ask on the terminal; without one (a script, CI) there is nobody to ask: not confirmed."""
+    if not sys.stdin.isatty():
+        return False
+    return input("Start it? [y/N] ").strip().lower() in ("y", "yes")

@@ -61,6 +61,13 @@ class FeatureRecords:
 
     def context(self, index: int, tokenizer: Any, before: int = 24, after: int = 4) -> str:
         """Text around token ``index`` with the token itself marked as <<token>>."""
+        left, token, right = self.context_parts(index, tokenizer, before, after)
+        return f"{left}<<{token}>>{right}"
+
+    def context_parts(
+        self, index: int, tokenizer: Any, before: int = 24, after: int = 4
+    ) -> tuple[str, str, str]:
+        """(text before, the token, text after) of token ``index``, as decoded text."""
         if self.sequences is None:
             raise ValueError("These records were made without the token rows (sequences=...)")
         seq, pos = (int(v) for v in self.token_positions[index])
@@ -68,7 +75,7 @@ class FeatureRecords:
         left = tokenizer.decode(row[max(0, pos - before) : pos], skip_special_tokens=True)
         token = tokenizer.decode(row[pos : pos + 1])
         right = tokenizer.decode(row[pos + 1 : pos + 1 + after], skip_special_tokens=True)
-        return f"{left}<<{token}>>{right}"
+        return left, token, right
 
     def save(self, path: str | Path) -> None:
         """Write the records as one safetensors file (metadata in its header)."""
