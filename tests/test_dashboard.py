@@ -101,6 +101,7 @@ def test_one_page_per_feature_with_its_contexts(hand_made, tmp_path):
     # the BOS is not shown, and at most 4 tokens after
     assert first.contexts[0] == "[w5]w6 w7 w8"
     assert first.contexts[1] == "w5 w6[w7]w8"
+    assert "every record at 0.1000" in (out / "features" / "000002.html").read_text()
     one = (out / "features" / "000001.html").read_text()
     assert "the words &lt;w10&gt; &amp; w12" in one and "(ComSem score 0.75)" in one
     assert one.count("<rect") == 30  # the histogram's bins

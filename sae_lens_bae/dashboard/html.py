@@ -116,7 +116,11 @@ def feature_html(page: FeaturePage, magnitude: str) -> str:
         score = "" if page.score is None else f" (ComSem score {page.score:.2f})"
         parts.append(f'<p class="explanation"><b>ComSem:</b> {escape(page.explanation)}'
                      f"{score}</p>")  # fmt: skip
-    parts.append(f"<h2>{escape(magnitude)} of its records</h2>{histogram_svg(page.magnitudes)}")
+    if len(set(page.magnitudes)) > 1:
+        histogram = histogram_svg(page.magnitudes)
+    else:  # a BAE bit's burstiness takes one value wherever it is in its rare state
+        histogram = f"<p>every record at {page.magnitudes[0]:.4f}</p>"
+    parts.append(f"<h2>{escape(magnitude)} of its records</h2>{histogram}")
     if page.promoted is not None and page.suppressed is not None:
         parts.append("<h2>Logit lens (decoder row through the unembedding)</h2>"
                      + _lens_table("promotes", page.promoted)
