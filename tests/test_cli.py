@@ -20,6 +20,7 @@ runner = CliRunner(env={"COLUMNS": "300"})  # wide enough that rich wraps no mes
 REQUIRED = {
     ("train",): ["--out", "somewhere", "--dataset", "texts.txt"],
     ("interpret",): ["--records", "records.safetensors"],
+    ("dashboard",): ["--records", "records.safetensors"],
     ("entropy", "icl"): ["--dataset", "sentences.tsv"],
     ("steer", "icl"): ["--dataset", "sentences.tsv"],
 }
