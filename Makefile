@@ -25,7 +25,7 @@ test: install
 	$(BIN)/python -m pytest
 
 demo: install
-	$(BIN)/python tutorials/01_train_bae_live.py
+	$(BIN)/python tutorials/01_train_bae.py
 
 lint: install
 	$(BIN)/ruff check sae_lens_bae tests benchmarks tutorials
