@@ -72,3 +72,33 @@ def test_stacked_rejects_bad_shapes_and_normalisation():
         train_stacked_baes(
             [torch.randn(64, 8)] * 2, BAETrainingSAEConfig(d_in=8), training_samples=64, seeds=[0]
         )
+
+
+def test_converged_baes_drop_out_and_the_others_train_as_if_alone():
+    """Members that converge leave the stacked matmuls; every member, early or late, ends with
+    the weights, code means and step count it gets when trained alone under the same rule."""
+    from sae_lens_bae.training import Convergence
+
+    g = torch.Generator().manual_seed(1)
+    sets = [binary_mixtures(1, rank=rank)[0] for rank in (1, 3)]
+    sets.append(torch.randn(1024, 8, generator=g, dtype=torch.float64))  # never flat early
+    cfg = BAETrainingSAEConfig(
+        d_in=8, d_sae=12, dtype="float64", entropy_off_steps=10, entropy_coefficient=1e-2,
+        covariance_coefficient=1e-3, resample_every=7, resample_rate=0.2,
+    )  # fmt: skip
+    rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2)
+    kwargs = dict(training_samples=80 * 64, batch_size=64, lr=2e-3, progress=False,
+                  convergence=rule)  # fmt: skip
+    seeds = [5, 6, 7]
+    stacked = train_stacked_baes(sets, cfg, seeds=seeds, **kwargs)
+    assert len(set(stacked.steps)) > 1, stacked.steps  # they stopped at different steps
+    assert min(stacked.steps) < 80
+    for g, (x, seed) in enumerate(zip(sets, seeds, strict=True)):
+        alone = train_stacked_baes([x], cfg, seeds=[seed], **kwargs)
+        assert alone.steps == [stacked.steps[g]]
+        assert len(stacked.histories[g]["reconstruction_loss"]) == stacked.steps[g]
+        for name, value in alone.baes[0].state_dict().items():
+            if name in ("code_mean_count", "window_samples"):  # the stack's shared counters
+                continue
+            assert torch.allclose(stacked.baes[g].state_dict()[name], value, rtol=1e-9,
+                                  atol=1e-12), (g, name)  # fmt: skip

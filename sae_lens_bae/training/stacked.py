@@ -13,6 +13,7 @@ statistics, and has its gradient clipped to norm 1 on its own, as SAELens' ``SAE
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple
@@ -69,54 +70,81 @@ class StackedBAE(nn.Module):
                                                               dtype=torch.int64))  # fmt: skip
             self.register_buffer("window_samples", torch.zeros((), dtype=torch.int64))
 
-    def decode(self, bits: Float[Tensor, "G batch n_bits"]) -> Float[Tensor, "G batch d_in"]:
+    def _weight(self, name: str, members: Tensor | None) -> Tensor:
+        """A stacked weight, or its rows for ``members`` only (gradients flow to those rows)."""
+        weight = getattr(self, name)
+        return weight if members is None else weight[members]
+
+    def decode(
+        self, bits: Float[Tensor, "G batch n_bits"], members: Tensor | None = None
+    ) -> Float[Tensor, "G batch d_in"]:
+        """Decode each BAE's bits (``members``: the stack rows they belong to; default all)."""
         values = bits_to_values(bits, self.cfg.bits)
-        return torch.bmm(values, self.W_dec) + self.b_dec.unsqueeze(1)
+        b_dec = self._weight("b_dec", members)
+        return torch.bmm(values, self._weight("W_dec", members)) + b_dec.unsqueeze(1)
 
     @torch.no_grad()
-    def resample(self, x: Float[Tensor, "G batch d_in"]) -> list[int]:
-        """``BAETrainingSAE.resample`` for every BAE of the stack, each on its own minibatch."""
+    def resample(
+        self, x: Float[Tensor, "G batch d_in"], members: Tensor | None = None
+    ) -> list[int]:
+        """``BAETrainingSAE.resample`` for every BAE of the stack (or of ``members``), each on its
+        own minibatch."""
         x = x.to(self.W_enc.dtype)
-        residuals = x - self.decode(step(self.hidden_pre(x)))
-        inputs = x - self.b_dec.unsqueeze(1) if self.cfg.apply_b_dec_to_input else x
+        residuals = x - self.decode(step(self.hidden_pre(x, members)), members)
+        b_dec = self._weight("b_dec", members)
+        inputs = x - b_dec.unsqueeze(1) if self.cfg.apply_b_dec_to_input else x
         samples = int(self.window_samples)
+        rows = range(self.n_models) if members is None else members.tolist()
         counts = []
-        for g in range(self.n_models):
+        for i, g in enumerate(rows):
             channels = constant_channels(self.window_counts[g], samples)
             counts.append(resample_constant_channels(
                 self.W_enc.data[g], None if self.b_enc is None else self.b_enc.data[g],
-                self.W_dec.data[g], inputs[g], residuals[g], channels,
+                self.W_dec.data[g], inputs[i], residuals[i], channels,
                 bits_per_feature=self.cfg.bits, rate=self.cfg.resample_rate,
             ))  # fmt: skip
             self.code_mean[g][channels] = self.cfg.resample_rate
-        self.window_counts.zero_()
+        if members is None:
+            self.window_counts.zero_()
+        else:  # a converged BAE keeps the counts it stopped with
+            self.window_counts[members] = 0
         self.window_samples.zero_()
         return counts
 
-    def hidden_pre(self, x: Float[Tensor, "G batch d_in"]) -> Float[Tensor, "G batch n_bits"]:
-        if x.shape[0] != self.n_models or x.shape[-1] != self.cfg.d_in:
+    def hidden_pre(
+        self, x: Float[Tensor, "G batch d_in"], members: Tensor | None = None
+    ) -> Float[Tensor, "G batch n_bits"]:
+        """Pre-activations of every BAE (or of the stack rows ``members``) on its own inputs."""
+        n = self.n_models if members is None else len(members)
+        if x.shape[0] != n or x.shape[-1] != self.cfg.d_in:
             raise ValueError(
-                f"Expected activations of shape [{self.n_models}, batch, {self.cfg.d_in}], "
-                f"got {tuple(x.shape)}"
+                f"Expected activations of shape [{n}, batch, {self.cfg.d_in}], got {tuple(x.shape)}"
             )
         x = x.to(self.W_enc.dtype)
         if self.cfg.apply_b_dec_to_input:
-            x = x - self.b_dec.unsqueeze(1)
-        pre = torch.bmm(x, self.W_enc)
-        return pre if self.b_enc is None else pre + self.b_enc.unsqueeze(1)
+            x = x - self._weight("b_dec", members).unsqueeze(1)
+        pre = torch.bmm(x, self._weight("W_enc", members))
+        return pre if self.b_enc is None else pre + self._weight("b_enc", members).unsqueeze(1)
 
-    def losses(self, x: Float[Tensor, "G batch d_in"], n_training_steps: int) -> dict[str, Tensor]:
+    def losses(
+        self,
+        x: Float[Tensor, "G batch d_in"],
+        n_training_steps: int,
+        members: Tensor | None = None,
+    ) -> dict[str, Tensor]:
         """Per-BAE loss terms of ``bae_objective`` (each of shape [G]); resamples constant
-        channels and updates the running mean codes, as one BAE's training step does."""
+        channels and updates the running mean codes, as one BAE's training step does.
+        ``members``: train only these stack rows (``x`` holds their minibatches): the others
+        cost nothing and get no gradient."""
         cfg = self.cfg
         if (
             cfg.resample_every > 0
             and n_training_steps > 0
             and cfg.resampling_at(n_training_steps - 1)
         ):
-            self.resample(x)
-        bits = step(self.hidden_pre(x), cfg.surrogate, cfg.surrogate_temperature)
-        out = self.decode(bits)
+            self.resample(x, members)
+        bits = step(self.hidden_pre(x, members), cfg.surrogate, cfg.surrogate_temperature)
+        out = self.decode(bits, members)
         coefficients = cfg.coefficients_at(n_training_steps)
         terms = bae_objective(
             x,
@@ -128,11 +156,19 @@ class StackedBAE(nn.Module):
             entropy_on=n_training_steps >= cfg.resolved_entropy_off_steps(),
             covariance_block_size=cfg.covariance_block_size,
         )
-        update_running_mean(
-            self.code_mean, self.code_mean_count, bits.detach().float().mean(1), cfg.code_mean_decay
-        )
+        batch_mean, counts = bits.detach().float().mean(1), bits.detach().sum(1).to(torch.int64)
+        if members is None:
+            update_running_mean(self.code_mean, self.code_mean_count, batch_mean,
+                                cfg.code_mean_decay)  # fmt: skip
+        else:  # only the members' rows move (the shared count still advances once)
+            rows = self.code_mean[members]
+            update_running_mean(rows, self.code_mean_count, batch_mean, cfg.code_mean_decay)
+            self.code_mean[members] = rows
         if cfg.resample_every > 0:
-            self.window_counts += bits.detach().sum(1).to(torch.int64)
+            if members is None:
+                self.window_counts += counts
+            else:
+                self.window_counts[members] += counts
             self.window_samples += bits.shape[1]
         return terms
 
@@ -174,11 +210,13 @@ class StackedTraining(NamedTuple):
 
 
 @torch.no_grad()
-def _check(model: StackedBAE, states: Tensor) -> tuple[list[float], list[float]]:
+def _check(
+    model: StackedBAE, states: Tensor, members: Tensor | None = None
+) -> tuple[list[float], list[float]]:
     """Relative reconstruction error (SSE / sum of squares) and code entropy in bits of each
-    stacked BAE on its own check states [G, m, d]."""
-    bits = step(model.hidden_pre(states))
-    out = model.decode(bits)
+    stacked BAE (or of the rows ``members``) on its own check states [G, m, d]."""
+    bits = step(model.hidden_pre(states, members))
+    out = model.decode(bits, members)
     sse = (out - states.to(out.dtype)).double().pow(2).sum(dim=(1, 2))
     squares = states.double().pow(2).sum(dim=(1, 2)).clamp_min(1e-30)
     entropy = binary_entropy(bits.float().mean(1))
@@ -205,7 +243,8 @@ def train_stacked_baes(
     ``g``), exactly as ``train_sae(activations[g], cfg, seed=seeds[g], ...)`` would, for
     ``training_samples`` at most. With ``convergence``, each BAE is checked on ``check_sets[g]``
     (default: its own set; the first rows, as many for every BAE) and stops updating once it has
-    converged; training ends when all have (``sae_lens_bae.training.convergence``).
+    converged; training ends when all have (``sae_lens_bae.training.convergence``). A converged
+    BAE drops out of the stacked matmuls, so a stack costs what its unconverged members cost.
     """
     sets = list(activations)
     seeds = list(range(len(sets))) if seeds is None else list(seeds)
@@ -227,24 +266,34 @@ def train_stacked_baes(
         rows = min(x.shape[0] for x in chosen)
         checks = torch.stack([x[:rows].float() for x in chosen]).to(device)
     frozen: dict[int, list[Tensor]] = {}
+    active = list(range(len(sets)))  # the BAEs still training: the only ones computed
+    members: Tensor | None = None  # None while every BAE trains (no indexing at all)
     for n in trange(n_steps, desc=f"Training {len(sets)} stacked BAEs", disable=not progress):
-        batch = torch.stack([next(stream) for stream in streams]).to(device)
-        losses = model.losses(batch, n)
+        batch = torch.stack([next(streams[g]) for g in active]).to(device)
+        losses = model.losses(batch, n, members)
         total_loss(losses).sum().backward()
         model.clip_grad_norms_(1.0)
         optimizer.step()
         optimizer.zero_grad()
-        for g, weights in frozen.items():  # converged BAEs keep the weights they converged with
+        for g, weights in frozen.items():  # Adam's momentum would still move a converged BAE
             for parameter, kept in zip(model.parameters(), weights, strict=True):
                 parameter.data[g] = kept
         for name, values in losses.items():
-            for g, value in enumerate(values.detach().cpu().tolist()):
+            for g, value in zip(active, values.detach().cpu().tolist(), strict=True):
                 histories[g].setdefault(name, []).append(value)
         if monitor is not None and checks is not None and monitor.due(n):
-            for g in monitor.update(n, *_check(model, checks)):
+            errors, entropies = [math.nan] * len(sets), [math.nan] * len(sets)
+            rows = checks if members is None else checks[members]
+            for g, error, bits in zip(active, *_check(model, rows, members), strict=True):
+                errors[g], entropies[g] = error, bits
+            newly = monitor.update(n, errors, entropies)
+            for g in newly:
                 frozen[g] = [p.data[g].clone() for p in model.parameters()]
             if monitor.done:
                 break
+            if newly:
+                active = [g for g in active if g not in frozen]
+                members = torch.tensor(active, device=device)
     steps = [n_steps] * len(sets)
     if monitor is not None:
         steps = [n_steps if at is None else at for at in monitor.converged_at]
