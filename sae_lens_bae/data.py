@@ -32,11 +32,24 @@ __all__ = [
     "iter_texts",
     "load_labelled_sentences",
     "load_token_dataset",
+    "token_rows",
     "tokenize_texts",
 ]
 
 TEXT_COLUMNS = ("text", "sentence", "content", "document", "review")
 SUFFIXES = (".txt", ".tsv", ".csv", ".jsonl", ".cor")
+
+
+def token_rows(dataset: Dataset | torch.Tensor) -> torch.Tensor:
+    """A token dataset's ``input_ids`` as one [n_seq, ctx] tensor, whatever the dataset's format
+    (SAELens' runner sets a tokenized dataset to torch format in place: rows become tensors)."""
+    if isinstance(dataset, torch.Tensor):
+        return dataset
+    rows = dataset.with_format("torch")["input_ids"] if isinstance(dataset, Dataset) else (
+        dataset["input_ids"])  # fmt: skip
+    if isinstance(rows, torch.Tensor):
+        return rows
+    return torch.stack([torch.as_tensor(row) for row in rows])
 
 
 def default_corpus() -> Path:

@@ -147,3 +147,14 @@ def test_outlier_mask_and_check_layers(tiny_llama):
     check_layers(tiny_llama, [0, 1])
     with pytest.raises(ValueError, match=r"Layers \[2, -1\] do not exist: .* layers 0\.\.1"):
         check_layers(tiny_llama, [0, 2, -1])
+
+
+@pytest.mark.parametrize("fmt", [None, "torch", "numpy"])
+def test_harvest_reads_a_dataset_in_any_format(tiny_llama, token_dataset, tmp_path, fmt):
+    """SAELens' runner sets the dataset it is given to torch format in place; a harvest of the
+    same dataset afterwards (tutorial 01) gets the same rows."""
+    dataset = token_dataset.select(range(6))
+    expected = torch.as_tensor(dataset["input_ids"])
+    dataset.set_format(fmt)
+    cache = harvest_activations(tiny_llama, dataset, HOOKS[:1], tmp_path, dtype="float32")
+    assert torch.equal(cache.tokens(), expected)

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations.hooks import check_hooks, stop_layer
+from sae_lens_bae.data import token_rows
 from sae_lens_bae.reports import write_json
 
 __all__ = ["META_FILE", "ActivationCache", "harvest_activations"]
@@ -119,7 +120,7 @@ def harvest_activations(
         raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {dtype!r}")
     hooks = list(dict.fromkeys(hooks))
     check_hooks(model, hooks)
-    tokens = dataset if isinstance(dataset, Tensor) else torch.as_tensor(dataset["input_ids"])
+    tokens = token_rows(dataset)
     if tokens.ndim != 2:
         raise ValueError(f"Expected token rows of shape [n_seq, ctx], got {tuple(tokens.shape)}")
     n_seq, ctx = tokens.shape

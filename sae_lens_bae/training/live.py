@@ -22,7 +22,7 @@ from sae_lens.training.sae_trainer import SAETrainer
 
 from sae_lens_bae.activations.hooks import check_hooks
 from sae_lens_bae.activations.store import ResumableActivationsStore
-from sae_lens_bae.data import load_token_dataset
+from sae_lens_bae.data import load_token_dataset, token_rows
 from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
 from sae_lens_bae.training.checkpoints import latest_checkpoint, mark_complete, read_marker
@@ -146,7 +146,7 @@ def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa:
                                 text_column=cfg.text_column)  # fmt: skip
     with torch.no_grad():
         _, cache = model.run_with_cache(
-            torch.as_tensor(tokens[:1]["input_ids"]), names_filter=cfg.hook, prepend_bos=False
+            token_rows(tokens.select(range(1))), names_filter=cfg.hook, prepend_bos=False
         )
     d_in = cache[cfg.hook].shape[-1]
     out = Path(cfg.out)
