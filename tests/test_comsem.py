@@ -468,3 +468,18 @@ def test_a_paid_run_needs_a_yes(tmp_path, compare_out):
         assert "ComSem on 2 features:" in refused.output and "estimated cost $" in refused.output
         done = CliRunner().invoke(app, [*args, "--yes"])
     assert done.exit_code == 0, done.output
+
+
+def test_comsem_runs_inside_a_running_event_loop(records, tokenizer, tmp_path):
+    """A Jupyter kernel runs an event loop: comsem() there gives the summary asyncio.run gives."""
+    import asyncio
+
+    with LoopbackServer() as server:
+        plain = comsem(records, tokenizer, _client(server), _config(), progress=False)
+
+        async def in_a_loop():  # as a notebook cell runs
+            return comsem(records, tokenizer, _client(server), _config(), progress=False)
+
+        inside = asyncio.run(in_a_loop())
+    assert _stable(inside) == _stable(plain)
+    assert inside["evaluated"] == N_FEATURES

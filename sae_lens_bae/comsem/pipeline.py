@@ -9,11 +9,12 @@ is cached on disk by the client, so a rerun or a resumed run pays for nothing tw
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sae_lens_bae.comsem.client import ChatClient, ClientConfig
 from sae_lens_bae.comsem.prompts import load_templates
@@ -21,6 +22,8 @@ from sae_lens_bae.comsem.report import summarise, write_report
 from sae_lens_bae.comsem.samples import select_samples
 from sae_lens_bae.comsem.stages import calibrate, explain, judge, score
 from sae_lens_bae.features.records import FeatureRecords
+
+T = TypeVar("T")
 
 __all__ = ["COMSEM_COLUMNS", "ComSemConfig", "acomsem", "comsem", "comsem_columns"]
 
@@ -107,10 +110,23 @@ def comsem(
     ``client``: a ``ClientConfig`` (then replies are cached in ``cache``, by default
     ``out/replies.sqlite``) or a ready ``ChatClient``. Writes ``features.jsonl``,
     ``summary.json``, ``summary.md`` and ``scores.png`` to ``out``; returns the summary.
+    Callable from inside a running event loop (Jupyter): it then runs on its own thread; in
+    async code, ``await acomsem(...)`` instead.
     """
-    return asyncio.run(
+    return run_sync(
         acomsem(records, tokenizer, client, config, out=out, cache=cache, progress=progress)
     )
+
+
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run``, also where an event loop is already running in this thread (a Jupyter
+    kernel's), by running the coroutine's own loop on a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 COMSEM_COLUMNS = (
