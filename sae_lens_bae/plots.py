@@ -8,12 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from torch import Tensor  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from torch import Tensor
 
 __all__ = [
     "error_colour_bar",
@@ -29,22 +27,27 @@ __all__ = [
 ]
 
 
-def subplots(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
-    """``matplotlib.pyplot.subplots`` on the file-only backend set up here."""
-    return plt.subplots(*args, **kwargs)
+_FIGURE_KWARGS = ("figsize", "dpi", "layout")
+
+
+def subplots(nrows: int = 1, ncols: int = 1, **kwargs: Any) -> tuple[Any, Any]:
+    """``matplotlib.pyplot.subplots`` for a figure that is only ever written to a file: a bare
+    ``Figure``, outside pyplot, so no backend is chosen or changed (a notebook importing this
+    keeps its inline plots) and nothing is left open for a notebook to display."""
+    fig = Figure(**{k: kwargs.pop(k) for k in _FIGURE_KWARGS if k in kwargs})
+    return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
-    """Lay out, write ``fig`` as a PNG and free it; returns the path."""
+    """Lay out and write ``fig`` as a PNG; returns the path."""
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
     return Path(path)
 
 
 def legend_marker(label: str, color: str, marker: str = "o") -> Any:
     """A legend entry for a marker style (scatter plots whose points carry other meanings)."""
-    return plt.Line2D([], [], color=color, marker=marker, linestyle="", label=label)
+    return Line2D([], [], color=color, marker=marker, linestyle="", label=label)
 
 
 def plot_training_curves(
@@ -54,7 +57,7 @@ def plot_training_curves(
     has_entropy = any(
         "batch_entropy_bits" in row for history in histories.values() for row in history
     )
-    fig, axes = plt.subplots(1, 2 if has_entropy else 1, figsize=(11 if has_entropy else 6, 4))
+    fig, axes = subplots(1, 2 if has_entropy else 1, figsize=(11 if has_entropy else 6, 4))
     axes = np.atleast_1d(axes)
     for name, history in histories.items():
         steps = [row["step"] for row in history]
@@ -102,7 +105,7 @@ def plot_firing_frequencies(
     firing_rates: Mapping[str, Tensor], path: str | Path, title: str = ""
 ) -> Path:
     """Histogram of log10 feature firing frequency per model; dead features counted apart."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = subplots(figsize=(7, 4))
     _firing_histogram(ax, firing_rates, _log_frequency_bins(firing_rates))
     ax.set_title(title or "Feature firing frequency")
     return save_figure(fig, path)
@@ -123,7 +126,7 @@ def plot_firing_frequency_grid(
         )
     columns = min(3, len(others))
     rows = -(-len(others) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
+    fig, axes = subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
     bins = _log_frequency_bins(firing_rates)
     for ax, name in zip(axes.flat, others, strict=False):
         pair = {reference: firing_rates[reference], name: firing_rates[name]}
@@ -142,7 +145,7 @@ def plot_magnitude_heatmaps(
     burstiness for a BAE, activations for an SAE)."""
     columns = min(3, len(magnitudes))
     rows = -(-len(magnitudes) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
+    fig, axes = subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
     for ax, (name, values) in zip(axes.flat, magnitudes.items(), strict=False):
         image = ax.imshow(values.detach().float().cpu().numpy(), aspect="auto", cmap="magma")
         fig.colorbar(image, ax=ax)
@@ -173,7 +176,7 @@ def plot_entropy_curves(
     spread over seeds, ``bits_std``, when the rows have it); reliable cells filled, unreliable
     ones hollow (``reliable`` False: a poor reconstruction or an estimate above its ceiling).
     Filled points are coloured by their BAE's relative reconstruction error."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = subplots(figsize=(7.5, 4.8))
     errors = [r["relative_error"] for r in rows if r["relative_error"] is not None]
     vmax = max(errors) if errors else 1.0
     scatter = None
@@ -220,7 +223,7 @@ def plot_comsem_scores(
     """Per-feature ComSem scores sorted from best to worst, with their running mean (the summary
     score after the best n features): one curve pair per model when given a mapping."""
     series = scores if isinstance(scores, Mapping) else {"ComSem": scores}
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = subplots(figsize=(6.5, 4.5))
     for n, (name, values) in enumerate(series.items()):
         ranked = np.sort(np.asarray(values, dtype=float))[::-1]
         if ranked.size == 0:
