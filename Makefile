@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install quickstart test demo lint bench
+.PHONY: install quickstart test demo lint bench notebooks
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,10 @@ demo: install
 lint: install
 	$(BIN)/ruff check sae_lens_bae tests benchmarks tutorials
 	$(BIN)/ruff format --check sae_lens_bae tests benchmarks tutorials
+
+# the tutorials' .ipynb files, outputs stripped, from their jupytext .py scripts (edit the .py)
+notebooks: install
+	$(BIN)/jupytext --to ipynb tutorials/[0-9][0-9]_*.py
 
 bench: install
 	$(BIN)/python benchmarks/train_step.py

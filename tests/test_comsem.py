@@ -470,7 +470,7 @@ def test_a_paid_run_needs_a_yes(tmp_path, compare_out):
     assert done.exit_code == 0, done.output
 
 
-def test_comsem_runs_inside_a_running_event_loop(records, tokenizer, tmp_path):
+def test_comsem_runs_inside_a_running_event_loop(records, tokenizer):
     """A Jupyter kernel runs an event loop: comsem() there gives the summary asyncio.run gives."""
     import asyncio
 

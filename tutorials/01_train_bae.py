@@ -25,11 +25,22 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
-from sae_lens import SAE, LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner, LoggingConfig
+from sae_lens import (
+    SAE,
+    LanguageModelSAERunnerConfig,
+    LanguageModelSAETrainingRunner,
+    LoggingConfig,
+)
 
 import sae_lens_bae  # noqa: F401  (registers the "bae" architecture with SAELens)
-from sae_lens_bae import BAETrainingSAEConfig, DEFAULT_LR, harvest_activations, load_model, train_sae
-from sae_lens_bae.activations import norm_scale
+from sae_lens_bae import (
+    DEFAULT_LR,
+    BAETrainingSAEConfig,
+    harvest_activations,
+    load_model,
+    train_sae,
+)
+from sae_lens_bae.activations import drop_outliers, norm_scale
 from sae_lens_bae.data import default_corpus, load_token_dataset
 from sae_lens_bae.features import code_prior
 
@@ -67,8 +78,14 @@ cfg = LanguageModelSAERunnerConfig(
 )
 live = LanguageModelSAETrainingRunner(cfg, override_dataset=tokens, override_model=model).run()
 bae = SAE.load_from_disk(OUT / "live")
-print(type(bae).__name__, bae.cfg.d_in, "->", bae.cfg.d_sae, "bits; entropy on after step",
-      live.cfg.resolved_entropy_off_steps())
+print(
+    type(bae).__name__,
+    bae.cfg.d_in,
+    "->",
+    bae.cfg.d_sae,
+    "bits; entropy on after step",
+    live.cfg.resolved_entropy_off_steps(),
+)
 
 # %% [markdown]
 # ## From a cache: harvest once, train many epochs
@@ -77,10 +94,15 @@ print(type(bae).__name__, bae.cfg.d_in, "->", bae.cfg.d_sae, "bits; entropy on a
 
 # %%
 cache = harvest_activations(model, tokens, [HOOK], OUT / "cache", progress=False)
-states = cache.activations(HOOK)
-scale = norm_scale(states)  # one scale for training and reading: entropy does not care, training does
-run = train_sae(states * scale, BAETrainingSAEConfig(d_in=states.shape[1]), lr=DEFAULT_LR,
-                training_samples=300 * 256, batch_size=256)
+states, dropped = drop_outliers(cache.activations(HOOK))  # attention sinks' massive norms
+scale = norm_scale(states)  # one scale for training and reading (entropy does not care)
+run = train_sae(
+    states * scale,
+    BAETrainingSAEConfig(d_in=states.shape[1]),
+    lr=DEFAULT_LR,
+    training_samples=300 * 256,
+    batch_size=256,
+)
 history = run.history
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
 axes[0].plot([r["step"] for r in history], [r["reconstruction_loss"] for r in history])

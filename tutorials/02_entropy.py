@@ -27,23 +27,51 @@ import torch
 from sae_lens_bae import load_model
 from sae_lens_bae.data import default_corpus, load_token_dataset
 from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
+from sae_lens_bae.experiments.synthetic import directional_data
 
 torch.manual_seed(0)
-recipe = EntropyRecipe(steps=800, seeds=1)  # a small budget; it stops early once converged
 
 # %% [markdown]
-# ## Known truth: 8 equally likely states carry 3 bits
+# ## Known truth: r fair bits
+# The paper's synthetic sets: states c M, c uniform on {0,1}^r, M an orthonormal basis in d = 64.
+# A set of r fair bits holds exactly r bits, and a BAE (linear decoder) can reproduce it exactly
+# with r channels. `EntropyRecipe()` trains to convergence (at most 4000 steps).
+
+# %%
+truth = {}
+for r in (3, 8):
+    train, _ = directional_data(r, 64, n_train=4096, n_test=0, seed=r)
+    (cell,) = estimate_entropies([train], EntropyRecipe(), progress=False)
+    truth[r] = cell
+    print(
+        f"r = {r}: estimate {cell.bits:.2f} bits (truth {r}), ceiling {cell.ceiling_bits:.2f}, "
+        f"relative error {cell.relative_error:.4f}, {cell.steps} steps, reliable: {cell.reliable}"
+    )
+
+# %% [markdown]
+# ## What the number is: 8 arbitrary states
+# Eight random points also hold 3 bits, but they are not an affine image of a 3-bit cube: a
+# linear decoder needs at least 7 channels (8 affinely independent points), and the estimate is
+# the *sum of the channels' entropies*: at least 7 H(1/8) = 3.8 bits, more when the code spreads
+# over extra channels. It lands above the ceiling log2(8) = 3, and the cell says it cannot be read
+# as the set's entropy. The same holds for any set of fewer states than dimensions: read such
+# cells as an upper bound, never as the entropy.
 
 # %%
 points = torch.randn(8, 64)
-eight = points[torch.arange(4096) % 8]
-(cell,) = estimate_entropies([eight], recipe, progress=False)
-print(f"estimate {cell.bits:.2f} bits (truth 3), ceiling {cell.ceiling_bits:.2f}, "
-      f"relative error {cell.relative_error:.3f}, reliable: {cell.reliable}")
+(cell,) = estimate_entropies([points[torch.arange(4096) % 8]], EntropyRecipe(), progress=False)
+print(
+    f"estimate {cell.bits:.2f} bits, ceiling {cell.ceiling_bits:.2f}, "
+    f"relative error {cell.relative_error:.4f}, reliable: {cell.reliable}"
+)
 
 # %% [markdown]
 # ## A trace: the state at position p of 512 sequences, at layer 15
-# Position 0 is the BOS (one state: 0 bits); later positions depend on more tokens.
+# Position 0 is the BOS (one state: 0 bits); later positions depend on more tokens. A small
+# budget (2x BAEs, 600 steps of 256) keeps this to a minute or two on a laptop; with 512 states
+# per cell the ceiling is 9 bits and, past the first positions, the states are nearly as many as
+# they are distinct and far from a cube, so expect the later cells to be flagged. A real trace
+# is `bae entropy positions` (more sequences, 3 seeds, larger budgets: docs/entropy.md).
 
 # %%
 model = load_model("smollm2-135m")
@@ -52,27 +80,44 @@ tokens = torch.as_tensor(
 )
 hook = "blocks.15.hook_resid_post"
 _, cache = model.run_with_cache(tokens, names_filter=[hook], prepend_bos=False)
-positions = [0, 1, 2, 4, 8, 16]
+positions = [0, 1, 2, 4, 8]
 sets = [cache[hook][:, p] for p in positions]
-cells = estimate_entropies(sets, recipe, progress=False)
+cells = estimate_entropies(
+    sets, EntropyRecipe(expansion=2, steps=600, batch_size=256), progress=False
+)
 for p, c in zip(positions, cells, strict=True):
-    print(f"position {p:2d}: {c.bits:6.2f} bits, ceiling {c.ceiling_bits:5.2f}, "
-          f"error {c.relative_error if c.relative_error is not None else 0:.3f}, "
-          f"{'reliable' if c.reliable else 'NOT reliable'}")
+    print(
+        f"position {p:2d}: {c.bits:6.2f} bits, ceiling {c.ceiling_bits:5.2f}, "
+        f"error {c.relative_error if c.relative_error is not None else 0:.3f}, "
+        f"{'reliable' if c.reliable else 'NOT reliable'}"
+    )
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.5))
 reliable = [c.reliable for c in cells]
 ax.plot(positions, [c.bits for c in cells], color="#4a7ab7")
-ax.scatter([p for p, r in zip(positions, reliable) if r],
-           [c.bits for c, r in zip(cells, reliable) if r], color="#4a7ab7", label="reliable")
-ax.scatter([p for p, r in zip(positions, reliable) if not r],
-           [c.bits for c, r in zip(cells, reliable) if not r], facecolors="none",
-           edgecolors="#c0392b", label="not reliable")
+ax.scatter(
+    [p for p, r in zip(positions, reliable, strict=True) if r],
+    [c.bits for c, r in zip(cells, reliable, strict=True) if r],
+    color="#4a7ab7",
+    label="reliable",
+)
+ax.scatter(
+    [p for p, r in zip(positions, reliable, strict=True) if not r],
+    [c.bits for c, r in zip(cells, reliable, strict=True) if not r],
+    facecolors="none",
+    edgecolors="#c0392b",
+    label="not reliable",
+)
 ax.plot(positions, [c.ceiling_bits for c in cells], "--", color="gray", label="log2(states)")
 ax.axhline(math.log2(len(tokens)), color="gray", lw=0.5)
-ax.set(xlabel="token position", ylabel="entropy (bits)", xscale="symlog",
-       title="SmolLM2 layer 15: entropy of the states at one position")
+ax.set(
+    xlabel="token position",
+    ylabel="entropy (bits)",
+    xscale="symlog",
+    title="SmolLM2 layer 15: entropy of the states at one position",
+)
+ax.set_xticks(positions, [str(p) for p in positions])
 ax.legend()
 plt.tight_layout()
 plt.show()

@@ -27,8 +27,8 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import HTML, display
 
-from sae_lens_bae import BAETrainingSAEConfig, DEFAULT_LR, load_model, train_sae
-from sae_lens_bae.activations import norm_scale
+from sae_lens_bae import DEFAULT_LR, BAETrainingSAEConfig, load_model, train_sae
+from sae_lens_bae.activations import norm_scale, outlier_mask
 from sae_lens_bae.comsem import ClientConfig, ComSemConfig, comsem
 from sae_lens_bae.comsem.loopback import LoopbackServer
 from sae_lens_bae.data import default_corpus, load_token_dataset
@@ -42,11 +42,22 @@ rows = torch.as_tensor(
 hook = "blocks.15.hook_resid_post"
 _, cache = model.run_with_cache(rows, names_filter=[hook], prepend_bos=False)
 states = cache[hook][:, 1:].reshape(-1, model.cfg.d_model)  # every token but the BOS
-positions = torch.stack(torch.meshgrid(torch.arange(rows.shape[0]), torch.arange(1, 48),
-                                       indexing="ij"), -1).reshape(-1, 2)
+positions = torch.stack(
+    torch.meshgrid(torch.arange(rows.shape[0]), torch.arange(1, 48), indexing="ij"), -1
+).reshape(-1, 2)
+# attention sinks carry "massive activations" (norms 100x the median): they would dominate the
+# squared error, so they are dropped, as every command here does
+keep = outlier_mask(states)
+states, positions = states[keep], positions[keep]
+print(f"{int((~keep).sum())} of {keep.numel()} states dropped as outliers")
 scale = norm_scale(states)
-bae = train_sae(states * scale, BAETrainingSAEConfig(d_in=states.shape[1]), lr=DEFAULT_LR,
-                training_samples=400 * 256, batch_size=256).sae.eval()
+bae = train_sae(
+    states * scale,
+    BAETrainingSAEConfig(d_in=states.shape[1]),
+    lr=DEFAULT_LR,
+    training_samples=400 * 256,
+    batch_size=256,
+).sae.eval()
 
 # %%
 prior = code_prior(bae)
@@ -61,8 +72,9 @@ plt.show()
 
 # %%
 token_ids = rows[positions[:, 0], positions[:, 1]]
-records = top_k_records(bae, states * scale, positions, token_ids, "burstiness", k=10,
-                        prior=prior, sequences=rows)
+records = top_k_records(
+    bae, states * scale, positions, token_ids, "burstiness", k=10, prior=prior, sequences=rows
+)
 counts = records.counts()
 print(f"{int((counts >= 6).sum())} features with at least 6 records (activated, the paper's rule)")
 
@@ -72,8 +84,10 @@ def show(feature: int, n: int = 6) -> None:
     lines = []
     for index, magnitude in records.samples(feature)[:n]:
         before, token, after = records.context_parts(index, model.tokenizer, before=12, after=4)
-        lines.append(f"<div style='font-family:monospace'>{magnitude:+.3f} {escape(before)}"
-                     f"<mark><b>{escape(token)}</b></mark>{escape(after)}</div>")
+        lines.append(
+            f"<div style='font-family:monospace'>{magnitude:+.3f} {escape(before)}"
+            f"<mark><b>{escape(token)}</b></mark>{escape(after)}</div>"
+        )
     display(HTML(f"<h4>feature {feature}</h4>" + "".join(lines)))
 
 
@@ -86,7 +100,10 @@ for feature in counts.argsort(descending=True)[:3].tolist():
 # %%
 with LoopbackServer() as server:
     client = ClientConfig(model="rules", base_url=server.base_url)
-    summary = comsem(records, model.tokenizer, client, ComSemConfig(max_features=12),
-                     progress=False)
-print(f"{summary['activated']} activated, {summary['evaluated']} evaluated, "
-      f"{summary['interpretable']} with score > 0, mean score {summary['mean_score']:.2f}")
+    summary = comsem(
+        records, model.tokenizer, client, ComSemConfig(max_features=12), progress=False
+    )
+print(
+    f"{summary['activated']} activated, {summary['evaluated']} evaluated, "
+    f"{summary['interpretable']} with score > 0, mean score {summary['mean_score']:.2f}"
+)
