@@ -308,6 +308,20 @@ def test_quickstart_pipeline_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_p
     )
     report = (out / "report.md").read_text()
     assert "| dense features" in report and "![training curves]" in report
+    assert "| CE loss recovered, spliced into the model |" in report
+    # CE recovered and KL: the saved models spliced into the model on the held-out rows
+    from sae_lens_bae.activations import ActivationCache
+    from sae_lens_bae.evaluation import spliced_losses
+    from sae_lens_bae.models import load_model
+
+    tokens = ActivationCache.load(out / "activations").tokens()
+    n_held_out = max(1, round(0.1 * tokens.shape[0]))
+    saved = {name: SAE.load_from_disk(out / name) for name in ("bae", "topk")}
+    expected = spliced_losses(load_model(str(tiny_hf_llama_dir)), saved,
+                              tokens[-n_held_out:][:32], metrics["hook"])  # fmt: skip
+    for name in ("bae", "topk"):
+        for key in ("ce_loss_score", "kl_div_with_sae", "ce_loss_with_sae"):
+            assert metrics["models"][name][key] == pytest.approx(expected[name][key], rel=1e-5)
     for png in ("training_curves.png", "firing_frequency.png"):
         image = matplotlib.image.imread(out / png)
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100

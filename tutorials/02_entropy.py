@@ -79,7 +79,10 @@ tokens = torch.as_tensor(
     load_token_dataset(default_corpus(), model.tokenizer, 17, max_sequences=512)["input_ids"]
 )
 hook = "blocks.15.hook_resid_post"
-_, cache = model.run_with_cache(tokens, names_filter=[hook], prepend_bos=False)
+with torch.no_grad():  # no autograd graph; and no layers (or logits) past the hook
+    _, cache = model.run_with_cache(
+        tokens, names_filter=[hook], prepend_bos=False, stop_at_layer=16
+    )
 positions = [0, 1, 2, 4, 8]
 sets = [cache[hook][:, p] for p in positions]
 cells = estimate_entropies(

@@ -40,7 +40,8 @@ rows = torch.as_tensor(
     load_token_dataset(default_corpus(), model.tokenizer, 48, max_sequences=160)["input_ids"]
 )
 hook = "blocks.15.hook_resid_post"
-_, cache = model.run_with_cache(rows, names_filter=[hook], prepend_bos=False)
+with torch.no_grad():  # no autograd graph; and no layers (or logits) past the hook
+    _, cache = model.run_with_cache(rows, names_filter=[hook], prepend_bos=False, stop_at_layer=16)
 states = cache[hook][:, 1:].reshape(-1, model.cfg.d_model)  # every token but the BOS
 positions = torch.stack(
     torch.meshgrid(torch.arange(rows.shape[0]), torch.arange(1, 48), indexing="ij"), -1

@@ -17,7 +17,7 @@ from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 from sae_lens_bae.activations import drop_outliers, harvest_activations
 from sae_lens_bae.data import default_corpus, load_token_dataset
 from sae_lens_bae.entropy import estimate_entropy
-from sae_lens_bae.evaluation import evaluate_sae
+from sae_lens_bae.evaluation import evaluate_sae, spliced_losses
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
 from sae_lens_bae.reports import Stopwatch, write_json, write_text
@@ -68,6 +68,8 @@ class QuickstartConfig:
     """k of the topk SAE (SAELens' default)."""
     outlier_norm_ratio: float = 10.0
     """Activations with a norm above this times the median are dropped (attention sinks)."""
+    spliced_sequences: int = 32
+    """Held-out sequences on which each model is spliced into the LM (CE recovered, KL); 0: skip."""
     device: str = "cpu"
     """Torch device."""
     seed: int = 0
@@ -161,6 +163,18 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
     metrics["bae"]["entropy_code_bits"] = estimate.code_bits
     metrics["bae"]["entropy_reliable"] = estimate.reliable
     lap("evaluate")
+    if cfg.spliced_sequences > 0:  # the SAEs read raw activations (their scale folded back)
+        held_out_rows = cache.tokens()[n_seq - n_held_out :][: cfg.spliced_sequences]
+        spliced = spliced_losses(
+            load_model(cfg.model, device=cfg.device),
+            {name: run.sae for name, run in runs.items()},
+            held_out_rows,
+            hook,
+            outlier_norm_ratio=cfg.outlier_norm_ratio,
+        )
+        for name, losses in spliced.items():
+            metrics[name].update(losses)
+        lap("spliced into the model")
 
     plot_training_curves(
         {name: run.history for name, run in runs.items()},
@@ -201,6 +215,10 @@ def _verdict(bae: dict[str, Any]) -> str:
     )
 
 
+def _cell(value: Any, fmt: str) -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
 def _report(summary: dict[str, Any]) -> str:
     bae, topk = summary["models"]["bae"], summary["models"]["topk"]
     rows = [
@@ -213,8 +231,15 @@ def _report(summary: dict[str, Any]) -> str:
         ("dense features (fire on > 50% of tokens)", "dense", "{}"),
         ("features", "d_sae", "{}"),
     ]
+    if "ce_loss_score" in bae:
+        rows += [
+            ("CE loss recovered, spliced into the model", "ce_loss_score", "{:.4f}"),
+            ("KL divergence from the clean logits (nats/token)", "kl_div_with_sae", "{:.4f}"),
+            ("next-token CE loss, spliced in", "ce_loss_with_sae", "{:.4f}"),
+            ("next-token CE loss, clean model", "ce_loss_without_sae", "{:.4f}"),
+        ]
     table = "\n".join(
-        f"| {label} | {fmt.format(bae[key])} | {fmt.format(topk[key])} |"
+        f"| {label} | {_cell(bae.get(key), fmt)} | {_cell(topk.get(key), fmt)} |"
         for label, key, fmt in rows
     )
     seconds = ", ".join(f"{k} {v:.0f} s" for k, v in summary["seconds"].items())

@@ -70,8 +70,8 @@ PRESETS: dict[str, SyntheticPreset] = {
         recipe=EntropyRecipe(steps=4000, lr=4e-3),
     ),
     # between the two: d = 256, r up to 128, the paper's bar (within 0.05 r bits at < 2%
-    # held-out error), no ablation. Not yet measured: its 18 stacked BAEs ran at 1.24 s per step
-    # on 2 shared CPU cores (over 80 minutes for 4000 steps; see docs/entropy.md)
+    # held-out error), no ablation. Measured (docs/entropy.md): 10:26 on 2 CPU cores; every
+    # r <= 16 within 0.02 bits on 3 seeds, r = 64 and 128 missed (2.5-3x r, 6-21% error)
     "mid": SyntheticPreset(
         d=256,
         ranks=(0, 1, 4, 16, 64, 128),
@@ -117,8 +117,8 @@ class SyntheticConfig:
     """What ``bae bench synthetic`` runs: a preset, optionally with parts of its grid replaced."""
 
     preset: Literal["cpu", "mid", "paper", "test"] = "cpu"
-    """cpu (d = 64, a 2-core machine, about 16 minutes), mid (d = 256, r up to 128; not yet
-    measured), paper (d = 2048, for a GPU) or test (seconds)."""
+    """cpu (d = 64, a 2-core machine, about 16 minutes), mid (d = 256, r up to 128, about 10
+    minutes; misses its bar at r >= 64), paper (d = 2048, for a GPU) or test (seconds)."""
     steps: int | None = None
     """Training steps of every BAE (default: the preset's)."""
     ranks: Sequence[int] | None = None
@@ -213,6 +213,7 @@ def run_preset(
                         "reconstruction_mse": cell.reconstruction_mse,
                         # held-out SSE as a fraction of the data variance (None for r = 0)
                         "relative_error": cell.relative_error,
+                        "steps": cell.steps,  # at most the recipe's; fewer once converged
                     }
                 )
                 if seed == preset.seeds[0] and r == max(preset.ranks):
