@@ -145,6 +145,11 @@ class _CovariancePenalty(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, codes: Tensor, block: int, binary: bool | None) -> Tensor:  # type: ignore[override]
+        with torch.autocast(codes.device.type, enabled=False):  # bf16 outputs would round counts
+            return _CovariancePenalty._forward(ctx, codes, block, binary)
+
+    @staticmethod
+    def _forward(ctx, codes: Tensor, block: int, binary: bool | None) -> Tensor:  # noqa: ANN001
         groups, batch, n = codes.shape
         if binary is None:  # a host sync: callers that know (training) say so
             binary = bool(((codes == 0) | (codes == 1)).all())
@@ -178,7 +183,12 @@ class _CovariancePenalty(torch.autograd.Function):
         return (total / norm).to(work_dtype)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return _CovariancePenalty._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
         x, counts = ctx.saved_tensors
         binary, dtype = ctx.binary, ctx.work_dtype
         groups, batch, n = x.shape
@@ -291,7 +301,9 @@ def bae_objective(
             f"[*stack, batch, n_bits]; got {tuple(sae_in.shape)}, {tuple(sae_out.shape)} and "
             f"{tuple(bits.shape)}"
         )
-    reconstruction = (sae_out - sae_in.to(sae_out.dtype)).pow(2).mean(dim=(-2, -1))
+    # in fp32 whatever the autocast dtype: a bf16 mean would round the loss to 3 digits
+    wide = torch.promote_types(sae_out.dtype, torch.float32)
+    reconstruction = (sae_out.to(wide) - sae_in.to(wide)).pow(2).mean(dim=(-2, -1))
     entropy_bits = minibatch_entropy(bits)
     zero = torch.zeros_like(entropy_bits)
     entropy = entropy_coefficient * entropy_bits if entropy_on else zero

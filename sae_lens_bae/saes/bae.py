@@ -75,6 +75,10 @@ _RESAMPLING_BUFFERS = ("window_counts", "window_samples")
 training checkpoint read as an inference model."""
 
 
+_FP32_BUFFERS = ("code_mean", "code_mean_count")
+"""Running statistics kept in fp32 whatever the parameters' dtype."""
+
+
 def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
     """Encoder of width bits * d_sae, optional encoder bias, and the running mean-code buffers."""
     cfg = sae.cfg
@@ -135,9 +139,22 @@ class _BAEMixin:
         super().initialize_weights()  # type: ignore[misc]  # SAE's or TrainingSAE's
         _init_bae_parameters(self)  # type: ignore[arg-type]
 
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
+        """``.to(dtype)``/``.half()`` convert parameters only: the running mean code stays fp32
+        (in bf16 its count would stall at 256 and small updates would round away)."""
+        super()._apply(fn, recurse)  # type: ignore[misc]
+        for name in _FP32_BUFFERS:
+            buffer = self._buffers.get(name)  # type: ignore[attr-defined]
+            if buffer is not None and buffer.dtype != torch.float32:
+                self._buffers[name] = buffer.float()  # type: ignore[attr-defined]
+        return self
+
     def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
         sae_out = self.hook_sae_recons(feature_acts @ self.W_dec + self.b_dec)
         return self.run_time_activation_norm_fn_out(sae_out)
+
+    _sync_free = False
+    """Whether input checks run on the device (a training BAE: its step never waits on the host)."""
 
     def _check_input(self, x: Tensor) -> None:
         if x.shape[-1] != self.cfg.d_in:
@@ -146,11 +163,17 @@ class _BAEMixin:
                 f"{tuple(x.shape)}. Check the hook point (and the model) this BAE was trained on: "
                 f"{self.cfg.metadata.hook_name or 'unknown hook'}."
             )
-        if not torch.isfinite(x).all():
+        finite = torch.isfinite(x).all()
+        advice = "Check the model's dtype (fp16 overflow) and the activation source."
+        if torch.compiler.is_compiling() or (x.device.type != "cpu" and self._sync_free):
+            # a training step on an accelerator (or under torch.compile) never waits for the host:
+            # the check runs on the device and fails the step there
+            torch._assert_async(finite, f"BAE received NaN/Inf activations. {advice}")
+        elif not finite:
             n_bad = int((~torch.isfinite(x)).sum())
             raise ValueError(
                 f"BAE received {n_bad} NaN/Inf values in activations of shape {tuple(x.shape)}. "
-                "Check the model's dtype (fp16 overflow) and the activation source."
+                f"{advice}"
             )
 
     def process_sae_in(self, sae_in: Tensor) -> Tensor:
@@ -244,6 +267,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     """Training BAE: the step passes gradients through the configured surrogate."""
 
     b_enc: nn.Parameter | None
+    _sync_free = True
 
     @override
     def initialize_weights(self) -> None:

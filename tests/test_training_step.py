@@ -1,0 +1,115 @@
+"""A BAE training step for accelerators: it compiles as one graph (no host syncs, no graph
+breaks), runs under autocast with the losses of fp32, and keeps its running statistics in fp32
+whatever dtype its parameters are cast to."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sae_lens.saes.sae import TrainStepInput
+
+from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.losses import bae_objective
+from sae_lens_bae.saes.binary import update_running_mean
+
+
+def _bae(d_in: int = 16, seed: int = 0) -> BAETrainingSAE:
+    torch.manual_seed(seed)
+    return BAETrainingSAE(BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in, total_training_steps=100))
+
+
+def _step_input(sae: BAETrainingSAE, x: torch.Tensor, step: int) -> TrainStepInput:
+    coefficients = {
+        name: value if isinstance(value, float) else value.value
+        for name, value in sae.get_coefficients().items()
+    }
+    return TrainStepInput(
+        sae_in=x,
+        coefficients=coefficients,
+        dead_neuron_mask=None,
+        n_training_steps=step,
+        is_logging_step=False,
+    )
+
+
+def _loss_and_grads(sae: BAETrainingSAE, forward, x: torch.Tensor, step: int):
+    sae.zero_grad(set_to_none=True)
+    loss = forward(x, step)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in sae.named_parameters()}
+
+
+def test_a_training_step_compiles_as_one_graph_with_the_eager_losses_and_gradients():
+    """fullgraph=True fails on any graph break, which a host sync (``bool(tensor)``, ``.item()``)
+    in the step would cause; the AOT backend also traces the backward (covariance included)."""
+    sae = _bae()
+    x = torch.randn(128, 16, generator=torch.Generator().manual_seed(1))
+
+    def forward(x: torch.Tensor, step: int) -> torch.Tensor:
+        return sae.training_forward_pass(_step_input(sae, x, step)).loss
+
+    compiled = torch.compile(forward, fullgraph=True, backend="aot_eager")
+    for step in (10, 60):  # entropy off (first quarter), then on
+        eager_loss, eager_grads = _loss_and_grads(sae, forward, x, step)
+        loss, grads = _loss_and_grads(sae, compiled, x, step)
+        assert torch.equal(loss, eager_loss)
+        assert grads.keys() == eager_grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, eager_grads[name], rtol=0, atol=0, msg=name)
+
+
+def test_a_compiled_step_still_refuses_nan_activations():
+    """Under compile the input check runs on the device (no sync) and still fails the step."""
+    sae = _bae()
+    x = torch.randn(64, 16)
+    x[5, 3] = float("nan")
+    compiled = torch.compile(
+        lambda x: sae.training_forward_pass(_step_input(sae, x, 60)).loss,
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    with pytest.raises(RuntimeError, match="NaN/Inf activations"):
+        compiled(x)
+
+
+def test_training_under_bf16_autocast_gives_the_fp32_losses():
+    sae = _bae(d_in=64)
+    x = torch.randn(512, 64, generator=torch.Generator().manual_seed(2))
+    fp32 = sae.training_forward_pass(_step_input(sae, x, 60)).losses
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = sae.training_forward_pass(_step_input(sae, x, 60)).losses
+    for name, value in fp32.items():
+        assert mixed[name].dtype == torch.float32, name
+        torch.testing.assert_close(mixed[name], value, rtol=1e-3, atol=0, msg=name)
+
+
+def test_the_objective_of_bf16_outputs_is_computed_in_fp32():
+    """Under autocast a decoder can hand over bf16 outputs; the reconstruction term must not be
+    rounded to bf16's 3 significant digits."""
+    generator = torch.Generator().manual_seed(3)
+    sae_in = torch.randn(256, 32, generator=generator)
+    sae_out = (sae_in + 0.1 * torch.randn(256, 32, generator=generator)).bfloat16()
+    bits = (torch.rand(256, 48, generator=generator) < 0.3).float()
+    kwargs = {"entropy_coefficient": 1e-3, "covariance_coefficient": 1e-3}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = bae_objective(sae_in, sae_out, bits, **kwargs)
+    exact = bae_objective(sae_in, sae_out.float(), bits, **kwargs)
+    for name, value in exact.items():
+        assert mixed[name].dtype == torch.float32, name
+        assert torch.equal(mixed[name], value), name
+
+
+def test_running_statistics_stay_fp32_in_a_bf16_bae():
+    """In bf16 the update count stalls at 256 (256 + 1 rounds to 256): the running mean would
+    weigh every later batch 1/256 instead of 1/count."""
+    sae, reference = _bae(), _bae()
+    sae.to(torch.bfloat16)
+    assert sae.W_enc.dtype == torch.bfloat16
+    assert sae.code_mean.dtype == sae.code_mean_count.dtype == torch.float32
+    generator = torch.Generator().manual_seed(4)
+    for _ in range(300):
+        batch_mean = torch.rand(sae.cfg.d_sae, generator=generator)
+        update_running_mean(sae.code_mean, sae.code_mean_count, batch_mean, 0.999)
+        update_running_mean(reference.code_mean, reference.code_mean_count, batch_mean, 0.999)
+    assert sae.code_mean_count.item() == 300
+    assert torch.equal(sae.code_mean, reference.code_mean)
