@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from sae_lens_bae.losses import LOSS_TERMS, bae_objective, total_loss
+from sae_lens_bae.saes import binary
 from sae_lens_bae.saes.bae_config import (
     ARCHITECTURE,
     BAE_PRESETS,
@@ -73,10 +74,6 @@ __all__ = [
 _RESAMPLING_BUFFERS = ("window_counts", "window_samples")
 """Training-only buffers of a resampling BAE: dropped from the inference model, and from a
 training checkpoint read as an inference model."""
-
-
-_FP32_BUFFERS = ("code_mean", "code_mean_count")
-"""Running statistics kept in fp32 whatever the parameters' dtype."""
 
 
 def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
@@ -143,10 +140,7 @@ class _BAEMixin:
         """``.to(dtype)``/``.half()`` convert parameters only: the running mean code stays fp32
         (in bf16 its count would stall at 256 and small updates would round away)."""
         super()._apply(fn, recurse)  # type: ignore[misc]
-        for name in _FP32_BUFFERS:
-            buffer = self._buffers.get(name)  # type: ignore[attr-defined]
-            if buffer is not None and buffer.dtype != torch.float32:
-                self._buffers[name] = buffer.float()  # type: ignore[attr-defined]
+        binary.keep_fp32(self._buffers, binary.RUNNING_MEAN_BUFFERS)  # type: ignore[attr-defined]
         return self
 
     def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
@@ -166,8 +160,7 @@ class _BAEMixin:
         finite = torch.isfinite(x).all()
         advice = "Check the model's dtype (fp16 overflow) and the activation source."
         if torch.compiler.is_compiling() or (x.device.type != "cpu" and self._sync_free):
-            # a training step on an accelerator (or under torch.compile) never waits for the host:
-            # the check runs on the device and fails the step there
+            # a training step off the CPU (or compiled) never waits on the host: checked on device
             torch._assert_async(finite, f"BAE received NaN/Inf activations. {advice}")
         elif not finite:
             n_bad = int((~torch.isfinite(x)).sum())

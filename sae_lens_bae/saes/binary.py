@@ -10,7 +10,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-__all__ = ["SURROGATES", "bits_to_values", "step", "update_running_mean"]
+__all__ = [
+    "RUNNING_MEAN_BUFFERS",
+    "SURROGATES",
+    "bits_to_values",
+    "keep_fp32",
+    "step",
+    "update_running_mean",
+]
 
 
 def _sigmoid_surrogate(x: Tensor, temperature: float) -> Tensor:
@@ -84,3 +91,15 @@ def update_running_mean(mean: Tensor, count: Tensor, batch_mean: Tensor, decay: 
     average with weight 1 - decay. Tensor arithmetic only: a GPU step never waits for the host."""
     count += 1
     mean.lerp_(batch_mean, torch.clamp(count.reciprocal(), min=1.0 - decay))
+
+
+RUNNING_MEAN_BUFFERS = ("code_mean", "code_mean_count")
+"""A BAE's running mean-code buffers: fp32 whatever dtype its parameters are cast to."""
+
+
+def keep_fp32(buffers: dict[str, Tensor | None], names: tuple[str, ...]) -> None:
+    """In place: the named buffers back to fp32 after a module-wide cast (``.to(bfloat16)``)."""
+    for name in names:
+        buffer = buffers.get(name)
+        if buffer is not None and buffer.dtype != torch.float32:
+            buffers[name] = buffer.float()
