@@ -149,7 +149,7 @@ class _CovariancePenalty(torch.autograd.Function):
             return _CovariancePenalty._forward(ctx, codes, block, binary)
 
     @staticmethod
-    def _forward(ctx, codes: Tensor, block: int, binary: bool | None) -> Tensor:  # noqa: ANN001
+    def _forward(ctx, codes: Tensor, block: int, binary: bool | None) -> Tensor:
         groups, batch, n = codes.shape
         if binary is None:  # a host sync: callers that know (training) say so
             binary = bool(((codes == 0) | (codes == 1)).all())
@@ -188,7 +188,7 @@ class _CovariancePenalty(torch.autograd.Function):
             return _CovariancePenalty._backward(ctx, grad_out)
 
     @staticmethod
-    def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
+    def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
         x, counts = ctx.saved_tensors
         binary, dtype = ctx.binary, ctx.work_dtype
         groups, batch, n = x.shape

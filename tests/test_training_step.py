@@ -11,6 +11,7 @@ from sae_lens.saes.sae import TrainStepInput
 from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.losses import bae_objective
 from sae_lens_bae.saes.binary import update_running_mean
+from sae_lens_bae.training.stacked import StackedBAE
 
 
 def _bae(d_in: int = 16, seed: int = 0) -> BAETrainingSAE:
@@ -113,3 +114,21 @@ def test_running_statistics_stay_fp32_in_a_bf16_bae():
         update_running_mean(reference.code_mean, reference.code_mean_count, batch_mean, 0.999)
     assert sae.code_mean_count.item() == 300
     assert torch.equal(sae.code_mean, reference.code_mean)
+
+
+def test_casting_a_trained_bae_or_stack_to_bf16_leaves_its_running_statistics_untouched():
+    """The cast itself must not round them either: 1001 updates is not a bf16 number, nor are
+    most running means."""
+    sae = _bae()
+    stack = StackedBAE(sae.cfg, seeds=[0, 1])
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(1001):
+        batch_mean = torch.rand(sae.cfg.d_sae, generator=generator)
+        update_running_mean(sae.code_mean, sae.code_mean_count, batch_mean, 0.999)
+        update_running_mean(stack.code_mean, stack.code_mean_count, batch_mean.expand(2, -1), 0.999)
+    for model in (sae, stack):
+        mean, count = model.code_mean.clone(), model.code_mean_count.clone()
+        model.to(torch.bfloat16)
+        assert model.W_enc.dtype == torch.bfloat16
+        assert torch.equal(model.code_mean, mean) and torch.equal(model.code_mean_count, count)
+        assert model.code_mean_count.item() == 1001

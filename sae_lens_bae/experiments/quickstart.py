@@ -20,7 +20,7 @@ from sae_lens_bae.entropy import estimate_entropy
 from sae_lens_bae.evaluation import evaluate_sae, spliced_losses
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
-from sae_lens_bae.reports import Stopwatch, write_json, write_text
+from sae_lens_bae.reports import Stopwatch, cell, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, BAETrainingSAEConfig, bae_config
 from sae_lens_bae.training import TrainingRun, train_sae
 
@@ -215,31 +215,27 @@ def _verdict(bae: dict[str, Any]) -> str:
     )
 
 
-def _cell(value: Any, fmt: str) -> str:
-    return "n/a" if value is None else fmt.format(value)
-
-
 def _report(summary: dict[str, Any]) -> str:
     bae, topk = summary["models"]["bae"], summary["models"]["topk"]
     rows = [
-        ("reconstruction loss (mean sq. error, raw scale)", "reconstruction_loss", "{:.4g}"),
-        ("relative error (SSE / sum of squares)", "relative_error", "{:.4f}"),
-        ("explained variance", "explained_variance", "{:.4f}"),
-        ("mean active features per token (L0)", "l0", "{:.1f}"),
-        ("entropy of firing rates (bits)", "entropy_bits", "{:.1f}"),
-        ("dead features (never fire on held-out)", "dead", "{}"),
-        ("dense features (fire on > 50% of tokens)", "dense", "{}"),
-        ("features", "d_sae", "{}"),
+        ("reconstruction loss (mean sq. error, raw scale)", "reconstruction_loss", ".4g"),
+        ("relative error (SSE / sum of squares)", "relative_error", ".4f"),
+        ("explained variance", "explained_variance", ".4f"),
+        ("mean active features per token (L0)", "l0", ".1f"),
+        ("entropy of firing rates (bits)", "entropy_bits", ".1f"),
+        ("dead features (never fire on held-out)", "dead", ""),
+        ("dense features (fire on > 50% of tokens)", "dense", ""),
+        ("features", "d_sae", ""),
     ]
     if "ce_loss_score" in bae:
         rows += [
-            ("CE loss recovered, spliced into the model", "ce_loss_score", "{:.4f}"),
-            ("KL divergence from the clean logits (nats/token)", "kl_div_with_sae", "{:.4f}"),
-            ("next-token CE loss, spliced in", "ce_loss_with_sae", "{:.4f}"),
-            ("next-token CE loss, clean model", "ce_loss_without_sae", "{:.4f}"),
+            ("CE loss recovered, spliced into the model", "ce_loss_score", ".4f"),
+            ("KL divergence from the clean logits (nats/token)", "kl_div_with_sae", ".4f"),
+            ("next-token CE loss, spliced in", "ce_loss_with_sae", ".4f"),
+            ("next-token CE loss, clean model", "ce_loss_without_sae", ".4f"),
         ]
     table = "\n".join(
-        f"| {label} | {_cell(bae.get(key), fmt)} | {_cell(topk.get(key), fmt)} |"
+        f"| {label} | {cell(bae.get(key), fmt)} | {cell(topk.get(key), fmt)} |"
         for label, key, fmt in rows
     )
     seconds = ", ".join(f"{k} {v:.0f} s" for k, v in summary["seconds"].items())

@@ -137,18 +137,17 @@ class _BAEMixin:
         _init_bae_parameters(self)  # type: ignore[arg-type]
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
-        """``.to(dtype)``/``.half()`` convert parameters only: the running mean code stays fp32
-        (in bf16 its count would stall at 256 and small updates would round away)."""
-        super()._apply(fn, recurse)  # type: ignore[misc]
-        binary.keep_fp32(self._buffers, binary.RUNNING_MEAN_BUFFERS)  # type: ignore[attr-defined]
+        """``.to(dtype)``/``.half()`` cast parameters only: the running mean code keeps fp32."""
+        binary.apply_keeping_dtypes(
+            lambda: super(_BAEMixin, self)._apply(fn, recurse),  # type: ignore[misc]
+            self._buffers,  # type: ignore[attr-defined]
+            binary.RUNNING_MEAN_BUFFERS,
+        )
         return self
 
     def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
         sae_out = self.hook_sae_recons(feature_acts @ self.W_dec + self.b_dec)
         return self.run_time_activation_norm_fn_out(sae_out)
-
-    _sync_free = False
-    """Whether input checks run on the device (a training BAE: its step never waits on the host)."""
 
     def _check_input(self, x: Tensor) -> None:
         if x.shape[-1] != self.cfg.d_in:
@@ -159,7 +158,8 @@ class _BAEMixin:
             )
         finite = torch.isfinite(x).all()
         advice = "Check the model's dtype (fp16 overflow) and the activation source."
-        if torch.compiler.is_compiling() or (x.device.type != "cpu" and self._sync_free):
+        training_step = isinstance(self, TrainingSAE)
+        if torch.compiler.is_compiling() or (x.device.type != "cpu" and training_step):
             # a training step off the CPU (or compiled) never waits on the host: checked on device
             torch._assert_async(finite, f"BAE received NaN/Inf activations. {advice}")
         elif not finite:
@@ -260,7 +260,6 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     """Training BAE: the step passes gradients through the configured surrogate."""
 
     b_enc: nn.Parameter | None
-    _sync_free = True
 
     @override
     def initialize_weights(self) -> None:

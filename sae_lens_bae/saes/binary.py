@@ -14,7 +14,7 @@ __all__ = [
     "RUNNING_MEAN_BUFFERS",
     "SURROGATES",
     "bits_to_values",
-    "keep_fp32",
+    "apply_keeping_dtypes",
     "step",
     "update_running_mean",
 ]
@@ -94,12 +94,18 @@ def update_running_mean(mean: Tensor, count: Tensor, batch_mean: Tensor, decay: 
 
 
 RUNNING_MEAN_BUFFERS = ("code_mean", "code_mean_count")
-"""A BAE's running mean-code buffers: fp32 whatever dtype its parameters are cast to."""
+"""A BAE's running mean-code buffers: never cast with its parameters (in bf16 the update count
+stalls at 256 and small updates round away)."""
 
 
-def keep_fp32(buffers: dict[str, Tensor | None], names: tuple[str, ...]) -> None:
-    """In place: the named buffers back to fp32 after a module-wide cast (``.to(bfloat16)``)."""
-    for name in names:
-        buffer = buffers.get(name)
-        if buffer is not None and buffer.dtype != torch.float32:
-            buffers[name] = buffer.float()
+def apply_keeping_dtypes(
+    apply: Callable[[], object], buffers: dict[str, Tensor | None], names: tuple[str, ...]
+) -> None:
+    """Run a module's ``_apply`` (``.to(dtype)``, ``.half()``, a device move) so that the named
+    buffers follow device moves but keep their dtype and exact values."""
+    before = {name: buffers[name] for name in names if buffers.get(name) is not None}
+    apply()
+    for name, old in before.items():
+        new = buffers[name]
+        if new is not None and new.dtype != old.dtype:
+            buffers[name] = old.to(new.device)

@@ -14,7 +14,7 @@ statistics, and has its gradient clipped to norm 1 on its own, as SAELens' ``SAE
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -30,7 +30,13 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAE,
     BAETrainingSAEConfig,
 )
-from sae_lens_bae.saes.binary import bits_to_values, step, update_running_mean
+from sae_lens_bae.saes.binary import (
+    RUNNING_MEAN_BUFFERS,
+    apply_keeping_dtypes,
+    bits_to_values,
+    step,
+    update_running_mean,
+)
 from sae_lens_bae.saes.resampling import constant_channels, resample_constant_channels
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor
 from sae_lens_bae.training.trainer import activation_batches
@@ -69,6 +75,13 @@ class StackedBAE(nn.Module):
             self.register_buffer("window_counts", torch.zeros(len(members), cfg.n_bits,
                                                               dtype=torch.int64))  # fmt: skip
             self.register_buffer("window_samples", torch.zeros((), dtype=torch.int64))
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> StackedBAE:
+        """As ``BAETrainingSAE``: a cast leaves the running mean codes in fp32."""
+        apply_keeping_dtypes(
+            lambda: super(StackedBAE, self)._apply(fn, recurse), self._buffers, RUNNING_MEAN_BUFFERS
+        )
+        return self
 
     def _weight(self, name: str, members: Tensor | None) -> Tensor:
         """A stacked weight, or its rows for ``members`` only (gradients flow to those rows)."""
@@ -156,7 +169,7 @@ class StackedBAE(nn.Module):
             entropy_on=n_training_steps >= cfg.resolved_entropy_off_steps(),
             covariance_block_size=cfg.covariance_block_size,
         )
-        batch_mean, counts = bits.detach().float().mean(1), bits.detach().sum(1).to(torch.int64)
+        batch_mean = bits.detach().float().mean(1)
         if members is None:
             update_running_mean(self.code_mean, self.code_mean_count, batch_mean,
                                 cfg.code_mean_decay)  # fmt: skip
@@ -165,6 +178,7 @@ class StackedBAE(nn.Module):
             update_running_mean(rows, self.code_mean_count, batch_mean, cfg.code_mean_decay)
             self.code_mean[members] = rows
         if cfg.resample_every > 0:
+            counts = bits.detach().sum(1).to(torch.int64)
             if members is None:
                 self.window_counts += counts
             else:
