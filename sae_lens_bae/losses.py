@@ -18,6 +18,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from sae_lens_bae.global_batch import GlobalBatch
+
 __all__ = [
     "LOSS_TERMS",
     "bae_objective",
@@ -90,11 +92,21 @@ def minibatch_entropy(codes: Float[Tensor, "... batch n"]) -> Float[Tensor, "...
     return binary_entropy(codes.float().mean(-2), eps=min(0.5 / batch, 0.25))
 
 
-def _tiles(n: int, block: int) -> Iterator[tuple[slice, slice, bool]]:
-    """Upper-triangular tiles (I <= J) of an n x n matrix; the flag marks diagonal tiles."""
+def _tiles(
+    n: int, block: int, share: tuple[int, int] = (0, 1)
+) -> Iterator[tuple[slice, slice, bool]]:
+    """Upper-triangular tiles (I <= J) of an n x n matrix; the flag marks diagonal tiles.
+
+    ``share = (rank, world)``: only every world-th tile from the rank-th, the band of tiles one
+    rank of a data-parallel group owns.
+    """
+    rank, world = share
+    index = 0
     for i0 in range(0, n, block):
         for j0 in range(i0, n, block):
-            yield slice(i0, min(i0 + block, n)), slice(j0, min(j0 + block, n)), i0 == j0
+            if index % world == rank:
+                yield slice(i0, min(i0 + block, n)), slice(j0, min(j0 + block, n)), i0 == j0
+            index += 1
 
 
 def _bf16_products(a: Tensor) -> bool:
@@ -144,12 +156,16 @@ class _CovariancePenalty(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, codes: Tensor, block: int, binary: bool | None) -> Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, codes: Tensor, block: int, binary: bool | None, share: tuple[int, int]
+    ) -> Tensor:
         with torch.autocast(codes.device.type, enabled=False):  # bf16 outputs would round counts
-            return _CovariancePenalty._forward(ctx, codes, block, binary)
+            return _CovariancePenalty._forward(ctx, codes, block, binary, share)
 
     @staticmethod
-    def _forward(ctx, codes: Tensor, block: int, binary: bool | None) -> Tensor:
+    def _forward(
+        ctx, codes: Tensor, block: int, binary: bool | None, share: tuple[int, int]
+    ) -> Tensor:
         groups, batch, n = codes.shape
         if binary is None:  # a host sync: callers that know (training) say so
             binary = bool(((codes == 0) | (codes == 1)).all())
@@ -168,7 +184,7 @@ class _CovariancePenalty(torch.autograd.Function):
             norm = float(batch - 1)
         total = torch.zeros(groups, dtype=torch.float64, device=codes.device)
         signs: list[Tensor] | None = [] if groups * n * n <= _SIGN_CACHE_LIMIT else None
-        for rows, cols, diagonal in _tiles(n, block):
+        for rows, cols, diagonal in _tiles(n, block, share):
             tile = _scaled_cov_tile(x, counts, rows, cols, work_dtype)
             if signs is not None:
                 signs.append(tile.sign().to(torch.int8))
@@ -180,21 +196,22 @@ class _CovariancePenalty(torch.autograd.Function):
                 total += 2.0 * tile_sum
         ctx.save_for_backward(x, counts if counts is not None else x.new_empty(0))
         ctx.block, ctx.binary, ctx.work_dtype, ctx.signs = block, binary, work_dtype, signs
+        ctx.share = share
         return (total / norm).to(work_dtype)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
         with torch.autocast(grad_out.device.type, enabled=False):
             return _CovariancePenalty._backward(ctx, grad_out)
 
     @staticmethod
-    def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+    def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
         x, counts = ctx.saved_tensors
         binary, dtype = ctx.binary, ctx.work_dtype
         groups, batch, n = x.shape
         grad = torch.zeros(groups, batch, n, dtype=dtype, device=x.device)
         sign_sums = torch.zeros(groups, 1, n, dtype=dtype, device=x.device)  # c^T S (binary)
-        for index, (rows, cols, diagonal) in enumerate(_tiles(n, ctx.block)):
+        for index, (rows, cols, diagonal) in enumerate(_tiles(n, ctx.block, ctx.share)):
             if ctx.signs is not None:
                 sign = ctx.signs[index].to(dtype)
             else:
@@ -211,7 +228,7 @@ class _CovariancePenalty(torch.autograd.Function):
         if binary:
             grad -= sign_sums / batch
         grad *= grad_out.to(dtype).view(groups, 1, 1) * (2.0 / (batch - 1))
-        return grad, None, None
+        return grad, None, None, None
 
 
 def _matmul(a: Tensor, b: Tensor, integer_entries: bool) -> Tensor:
@@ -235,6 +252,7 @@ def covariance_penalty(
     block_size: int | None = None,
     *,
     binary: bool | None = None,
+    share: tuple[int, int] = (0, 1),
 ) -> Float[Tensor, "*stack"]:
     """Sum of |off-diagonal entries| of the unbiased covariance of the code channels.
 
@@ -247,6 +265,8 @@ def covariance_penalty(
     sets (one per BAE of a ``StackedBAE``), each with its own penalty, computed by batched matmuls.
     ``binary``: whether the codes are all 0/1 (None: checked, which waits for the device; a
     training step passes True, its codes come from the step function).
+    ``share = (rank, world)``: only the rank's band of tiles (every world-th), a partial sum that
+    the ranks of a data-parallel group add up (``bae_objective`` with a ``GlobalBatch``).
     """
     if codes.ndim < 2:
         raise ValueError(
@@ -261,7 +281,9 @@ def covariance_penalty(
     stack, (batch, n) = codes.shape[:-2], codes.shape[-2:]
     groups = math.prod(stack)
     block = block_size or min(n, max(128, math.isqrt(_TILE_ELEMENTS // max(groups, 1))))
-    penalty = _CovariancePenalty.apply(codes.reshape(groups, batch, n), block, binary)
+    if not 0 <= share[0] < share[1]:
+        raise ValueError(f"share must be (rank, world) with 0 <= rank < world, got {share}")
+    penalty = _CovariancePenalty.apply(codes.reshape(groups, batch, n), block, binary, share)
     return penalty.reshape(stack)  # type: ignore[no-any-return]
 
 
@@ -281,6 +303,7 @@ def bae_objective(
     firing_coefficient: float = 0.0,
     entropy_on: bool = True,
     covariance_block_size: int | None = None,
+    batch: GlobalBatch | None = None,
 ) -> dict[str, Float[Tensor, "*stack"]]:
     """The BAE's training loss terms for a minibatch, per member of a stack of BAEs.
 
@@ -294,6 +317,10 @@ def bae_objective(
     logging). Each has the shape of the leading ``stack`` dimensions: () for one BAE, [G] for a
     ``StackedBAE``. ``total_loss`` sums the terms; every trainer calls this one function, so a
     change to the objective is made once.
+
+    ``batch``: in data-parallel training, the ranks' minibatches as one (``GlobalBatch.of()``):
+    every term is then the one of the concatenated global minibatch, on every rank, and its
+    gradient is what ``DistributedDataParallel`` averages into the single-process gradient.
     """
     if bits.shape[:-1] != sae_in.shape[:-1] or sae_out.shape != sae_in.shape:
         raise ValueError(
@@ -303,18 +330,29 @@ def bae_objective(
         )
     # in fp32 whatever the autocast dtype: a bf16 mean would round the loss to 3 digits
     wide = torch.promote_types(sae_out.dtype, torch.float32)
-    reconstruction = (sae_out.to(wide) - sae_in.to(wide)).pow(2).mean(dim=(-2, -1))
-    entropy_bits = minibatch_entropy(bits)
+    squared = (sae_out.to(wide) - sae_in.to(wide)).pow(2)
+    batch = batch or GlobalBatch.local()
+    if batch.world == 1:
+        reconstruction = squared.mean(dim=(-2, -1))
+        mean_code = bits.mean(dim=-2)
+        entropy_bits = minibatch_entropy(bits)
+    else:  # sums over the ranks, divided by the global count
+        rows = batch.rows(bits.shape[-2])
+        reconstruction = batch.sum(squared.sum(dim=(-2, -1))) / (rows * squared.shape[-1])
+        mean_code = batch.sum(bits.float().sum(dim=-2)) / rows
+        entropy_bits = binary_entropy(mean_code, eps=min(0.5 / rows, 0.25))
     zero = torch.zeros_like(entropy_bits)
     entropy = entropy_coefficient * entropy_bits if entropy_on else zero
     if covariance_coefficient > 0:
-        covariance = covariance_coefficient * covariance_penalty(
-            bits, covariance_block_size, binary=True
+        # every rank computes its band of tiles on the gathered codes; the bands add up
+        penalty = covariance_penalty(
+            batch.gather(bits), covariance_block_size, binary=True, share=(batch.rank, batch.world)
         )
+        covariance = covariance_coefficient * batch.sum(penalty)
     else:
         covariance = zero
     if firing_coefficient > 0:
-        firing = firing_coefficient * bits.mean(dim=-2).sum(-1).to(zero.dtype)
+        firing = firing_coefficient * mean_code.sum(-1).to(zero.dtype)
     else:
         firing = zero
     return {

@@ -18,6 +18,7 @@ PACKAGE = "sae_lens_bae"
 
 FLOORS = {
     "sae_lens_bae.losses": 0,
+    "sae_lens_bae.global_batch": 0,
     "sae_lens_bae.reports": 0,
     "sae_lens_bae.plots": 0,
     "sae_lens_bae.saes": 1,

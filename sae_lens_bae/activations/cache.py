@@ -67,12 +67,28 @@ class ActivationCache:
     def _shards(self) -> list[Path]:
         return [self.path / f"shard_{i:05d}.safetensors" for i in range(self.meta["n_shards"])]
 
-    def _read(self, key: str) -> Tensor:
+    def _read(self, key: str, sequences: slice | None = None) -> Tensor:
+        """``key`` of every shard, or of the shards that hold ``sequences`` (a step-1 slice)."""
+        per_shard, n_seq = self.meta["shard_sequences"], self.meta["n_sequences"]
+        start, stop, step = (sequences or slice(None)).indices(n_seq)
+        if step != 1:
+            raise ValueError(f"sequences must be a contiguous slice, got {sequences}")
         parts = []
-        for shard in self._shards():
-            with safe_open(shard, framework="pt") as f:
-                parts.append(f.get_tensor(key))
-        return torch.cat(parts)
+        for index, shard in enumerate(self._shards()):
+            first = index * per_shard
+            lo, hi = max(start, first), min(stop, first + per_shard)
+            if lo < hi:
+                with safe_open(shard, framework="pt") as f:
+                    parts.append(f.get_slice(key)[lo - first : hi - first])
+        return torch.cat(parts) if parts else torch.empty(0)
+
+    def rank_sequences(self, rank: int, world: int) -> slice:
+        """The contiguous block of sequences rank ``rank`` of ``world`` reads in data-parallel
+        training: the blocks of the ranks cover every sequence once, within one of each other."""
+        if not 0 <= rank < world:
+            raise ValueError(f"rank must be in [0, world={world}), got {rank}")
+        n_seq = self.meta["n_sequences"]
+        return slice(rank * n_seq // world, (rank + 1) * n_seq // world)
 
     def tokens(self) -> Int[Tensor, "n_seq ctx"]:
         """Token ids of every harvested sequence (BOS included)."""
@@ -89,12 +105,11 @@ class ActivationCache:
     def activations(
         self, hook: str, dtype: torch.dtype = torch.float32, sequences: slice | None = None
     ) -> Float[Tensor, "n_rows d"]:
-        """All rows of one hook (optionally of a slice of sequences), as ``dtype``."""
+        """All rows of one hook (optionally of a contiguous slice of sequences, reading only the
+        shards that hold it), as ``dtype``."""
         if hook not in self.meta["hooks"]:
             raise KeyError(f"Hook {hook!r} was not harvested; this cache has {self.hooks}")
-        acts = self._read(hook)  # [n_seq, kept positions, d]
-        if sequences is not None:
-            acts = acts[sequences]
+        acts = self._read(hook, sequences)  # [n_seq, kept positions, d]: only their shards
         return acts.reshape(-1, acts.shape[-1]).to(dtype)
 
 

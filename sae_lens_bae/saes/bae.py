@@ -20,7 +20,6 @@ its evals, histograms and scaling folds work unchanged. Two SAELens behaviours d
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -35,10 +34,10 @@ from sae_lens.saes.sae import (
     TrainStepInput,
     TrainStepOutput,
 )
-from sae_lens.training.sae_trainer import SAETrainer
 from torch import Tensor, nn
 from typing_extensions import override
 
+from sae_lens_bae.global_batch import GlobalBatch
 from sae_lens_bae.losses import LOSS_TERMS, bae_objective, total_loss
 from sae_lens_bae.saes import binary
 from sae_lens_bae.saes.bae_config import (
@@ -49,6 +48,7 @@ from sae_lens_bae.saes.bae_config import (
     BAEConfig,
     BAETrainingSAEConfig,
     bae_config,
+    length_of_calling_trainer,
     read_cfg_json,
     validate_config_dict,
 )
@@ -96,16 +96,6 @@ def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
         "code_mean", torch.zeros(cfg.n_bits, dtype=torch.float32, device=sae.device)
     )
     sae.register_buffer("code_mean_count", torch.zeros((), dtype=torch.float32, device=sae.device))
-
-
-def _length_of_calling_trainer() -> int | None:
-    """``total_training_steps`` of the ``SAETrainer`` whose constructor called
-    ``get_coefficients`` (two frames up), if that is what called it."""
-    frame = inspect.currentframe()
-    caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
-    trainer = caller.f_locals.get("self") if caller is not None else None
-    steps = getattr(getattr(trainer, "cfg", None), "total_training_steps", None)
-    return steps if isinstance(trainer, SAETrainer) and isinstance(steps, int) else None
 
 
 def _refuse_decoder_norm_folding() -> NoReturn:
@@ -257,9 +247,13 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
 
 
 class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
-    """Training BAE: the step passes gradients through the configured surrogate."""
+    """Training BAE: the step passes gradients through the configured surrogate.
+
+    ``global_batch`` (set by ``sae_lens_bae.training.distributed``) makes every step's loss the
+    one of the ranks' concatenated minibatch, and its output (but ``hidden_pre``) that batch's."""
 
     b_enc: nn.Parameter | None
+    global_batch: GlobalBatch | None = None
 
     @override
     def initialize_weights(self) -> None:
@@ -278,7 +272,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         off for the first fraction, resampling until a fraction) works with SAELens' own trainer
         and runners without extra calls."""
         if self.cfg.total_training_steps is None:
-            steps = _length_of_calling_trainer()
+            steps = length_of_calling_trainer()
             if steps is not None:
                 self.cfg.total_training_steps = steps
         warm = self.cfg.coefficient_warm_up_steps
@@ -317,6 +311,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             firing_coefficient=step_input.coefficients.get("firing", 0.0),
             entropy_on=step_input.n_training_steps >= self.cfg.resolved_entropy_off_steps(),
             covariance_block_size=self.cfg.covariance_block_size,
+            batch=self.global_batch,
         )
 
     @override
@@ -359,15 +354,19 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         logged; first, at the end of a resampling window, the constant channels are resampled."""
         sae_in = step_input.sae_in
         n = step_input.n_training_steps
+        batch = self.global_batch or GlobalBatch.local()
         if self.cfg.resample_every > 0 and n > 0 and self.cfg.resampling_at(n - 1):
-            self.resample(sae_in)
+            self.resample(batch.gather(sae_in))
         bits, hidden_pre = self.encode_bits_with_grad(sae_in)
         feature_acts = self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits))
         sae_out = self.decode(feature_acts)
         losses = self.objective(sae_in, sae_out, bits, step_input)
         entropy_bits = losses.pop("batch_entropy_bits")
-        self._update_code_mean(bits)
-        flat_bits = bits.detach().reshape(-1, bits.shape[-1])
+        flat_bits = batch.gather(bits.detach().reshape(-1, bits.shape[-1]))  # global minibatch
+        self._update_code_mean(flat_bits)
+        if batch.world > 1:  # the output covers the global minibatch too (firing statistics)
+            sae_in, sae_out = batch.gather(sae_in), batch.gather(sae_out.detach())
+            feature_acts = bits_to_values(flat_bits, self.cfg.bits)
         if self.cfg.resample_every > 0:
             self.window_counts += flat_bits.sum(0).to(torch.int64)
             self.window_samples += flat_bits.shape[0]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any, Literal
 
 from sae_lens.constants import SAE_CFG_FILENAME
 from sae_lens.saes.sae import SAEConfig, SAEMetadata, TrainingSAEConfig
+from sae_lens.training.sae_trainer import SAETrainer
 from typing_extensions import override
 
 from sae_lens_bae.saes.bae_presets import BAE_PRESETS, BAEPreset
@@ -24,6 +26,7 @@ __all__ = [
     "BAEPreset",
     "BAETrainingSAEConfig",
     "bae_config",
+    "length_of_calling_trainer",
     "read_cfg_json",
     "validate_config_dict",
 ]
@@ -328,3 +331,14 @@ def bae_config(
             coefficient_warm_up_fraction * total_training_steps
         )
     return BAETrainingSAEConfig(d_in=d_in, d_sae=d_sae, **{**settings, **overrides})
+
+
+def length_of_calling_trainer() -> int | None:
+    """``total_training_steps`` of the ``SAETrainer`` whose constructor called
+    ``get_coefficients`` (two frames up), if that is what called it: how a BAE learns the
+    length of training, which SAELens never tells an SAE."""
+    frame = inspect.currentframe()
+    caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+    trainer = caller.f_locals.get("self") if caller is not None else None
+    steps = getattr(getattr(trainer, "cfg", None), "total_training_steps", None)
+    return steps if isinstance(trainer, SAETrainer) and isinstance(steps, int) else None

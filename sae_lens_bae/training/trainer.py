@@ -25,6 +25,7 @@ from sae_lens.saes.sae import TrainingSAE, TrainingSAEConfig, TrainStepOutput
 from sae_lens.training.sae_trainer import SAETrainer
 from torch import Tensor
 
+from sae_lens_bae.activations.cache import ActivationCache
 from sae_lens_bae.losses import reconstruction_loss
 from sae_lens_bae.reports import write_json
 from sae_lens_bae.saes.bae import (
@@ -34,6 +35,14 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAEConfig,
 )
 from sae_lens_bae.training.checkpoints import latest_checkpoint, mark_complete, read_marker
+from sae_lens_bae.training.distributed import (
+    batch_indices,
+    data_parallel,
+    is_distributed,
+    rank_batches,
+    rank_cache_batches,
+    rank_world,
+)
 
 __all__ = [
     "HISTORY_FILE",
@@ -88,19 +97,9 @@ def activation_batches(
     epoch is dropped so every minibatch entropy is measured on ``batch_size`` samples. ``start``
     skips that many batches of the same stream (a resumed run) without gathering them.
     """
-    n = activations.shape[0]
-    if n < batch_size:
-        raise ValueError(
-            f"Need at least batch_size={batch_size} activations to form a minibatch, got {n}"
-        )
-    per_epoch = n // batch_size
-    generator = torch.Generator().manual_seed(seed)
-    skip = start
-    while True:
-        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-        first, skip = min(skip, per_epoch), skip - min(skip, per_epoch)
-        for batch in range(first, per_epoch):
-            yield activations[order[batch * batch_size : (batch + 1) * batch_size]]
+    for index in batch_indices(activations.shape[0], batch_size, shuffle=shuffle, seed=seed,
+                               start=start):  # fmt: skip
+        yield activations[index]
 
 
 class _Counted(Iterator[Tensor]):
@@ -128,6 +127,7 @@ class RecordingTrainer(SAETrainer[Any, Any]):
         super().__init__(*args, **kwargs)
         self.record_every = record_every
         self.history: list[dict[str, float]] = []
+        self.marker_info: dict[str, Any] = {}  # more facts for every checkpoint's marker
         self._user_checkpoint_fn = self.save_checkpoint_fn
         self.save_checkpoint_fn = self._complete_checkpoint
 
@@ -140,7 +140,8 @@ class RecordingTrainer(SAETrainer[Any, Any]):
         batches = self.data_provider.count if isinstance(self.data_provider, _Counted) else None
         # SAETrainer checkpoints inside a step, before it counts that step as done
         mark_complete(checkpoint_path, n_training_samples=self.n_training_samples,
-                      n_training_steps=self.n_training_steps + 1, batches_read=batches)  # fmt: skip
+                      n_training_steps=self.n_training_steps + 1, batches_read=batches,
+                      **self.marker_info)  # fmt: skip
 
     def resume(self, checkpoint: str | Path) -> dict[str, Any]:
         """Load the weights, running statistics, optimiser, schedules and history of a complete
@@ -185,9 +186,10 @@ class TrainingRun:
 
 
 def train_sae(
-    activations: Float[Tensor, "n d_in"] | Iterable[Float[Tensor, "batch d_in"]],
+    activations: Float[Tensor, "n d_in"] | ActivationCache | Iterable[Float[Tensor, "batch d_in"]],
     cfg: TrainingSAEConfig,
     *,
+    hook: str | None = None,
     training_samples: int | None = None,
     epochs: float | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -198,6 +200,7 @@ def train_sae(
     checkpoint_dir: str | Path | None = None,
     n_checkpoints: int = 10,
     resume: bool = False,
+    distributed: bool = False,
     **trainer_kwargs: Any,
 ) -> TrainingRun:
     """Train any SAELens architecture (a BAE or a baseline) with ``SAETrainer`` on activations
@@ -205,22 +208,53 @@ def train_sae(
 
     Args:
         activations: a ``[n, d_in]`` tensor (iterated in reshuffled epochs, ``seed`` fixing the
-            order) or any iterator of ``[batch_size, d_in]`` batches.
+            order), an ``ActivationCache`` (its ``hook``; the only one by default) or any
+            iterator of ``[batch_size, d_in]`` batches.
         cfg: the training config of the SAE (e.g. ``BAETrainingSAEConfig``,
             ``TopKTrainingSAEConfig``).
-        training_samples / epochs: length of training; give one (epochs needs a tensor).
+        training_samples / epochs: length of training; give one (epochs needs a tensor or cache).
+        batch_size: rows per step (per rank when ``distributed``).
         checkpoint_dir: write ``n_checkpoints`` checkpoints there during training.
         resume: continue from the newest complete checkpoint in ``checkpoint_dir``, on the
             same minibatches as the interrupted run (an iterator of batches is read past the
             batches already trained on; it must give the same batches again). Give the same
             arguments as the interrupted run.
+        distributed: this process is one of N ranks (``torchrun``, process group initialised):
+            train a BAE on the global minibatch of N * ``batch_size`` rows
+            (``sae_lens_bae.training.distributed``). A tensor must be the same on every rank
+            (each reads its rows of the global batches: the stream is the one of a single process
+            at batch N * ``batch_size``, so a tensor run resumes with any N at that global batch);
+            a cache is read by blocks, one per rank (resume with the same N); an iterator must
+            give this rank's batches. ``training_samples`` counts all ranks; rank 0 writes the
+            checkpoints (resuming ranks read them: a file system they share).
         trainer_kwargs: any further ``SAETrainerConfig`` field (``lr_scheduler_name``,
             ``logger``...).
     """
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs the checkpoint_dir the interrupted run wrote to")
+    if distributed and not is_distributed():
+        raise ValueError(
+            "distributed=True needs torch.distributed initialised: launch with torchrun and call "
+            "torch.distributed.init_process_group first"
+        )
+    rank, world = rank_world() if distributed else (0, 1)
     checkpoint = latest_checkpoint(checkpoint_dir) if resume else None
-    start = int(read_marker(checkpoint)["batches_read"]) if checkpoint else 0
+    marker = read_marker(checkpoint) if checkpoint else {}
+    start = int(marker.get("batches_read", 0))
+    info: dict[str, Any] = {"global_batch_size": batch_size * world, "world_size": world}
+    if isinstance(activations, ActivationCache):
+        hook = hook or (activations.hooks[0] if len(activations.hooks) == 1 else None)
+        if hook is None:
+            raise ValueError(f"Name the hook to train on: hook=... (one of {activations.hooks})")
+        if distributed:
+            info["data"] = "cache blocks"
+            n_rows = activations.token_positions().shape[0]
+            if epochs is not None:
+                training_samples = int(epochs * n_rows)
+            data = _Counted(rank_cache_batches(activations, hook, batch_size, seed=seed,
+                                               start=start), start)  # fmt: skip
+        else:
+            activations = activations.activations(hook)
     if isinstance(activations, Tensor):
         if activations.ndim != 2 or activations.shape[1] != cfg.d_in:
             raise ValueError(
@@ -228,24 +262,26 @@ def train_sae(
             )
         if epochs is not None:
             training_samples = int(epochs * activations.shape[0])
-        data = _Counted(activation_batches(activations, batch_size, seed=seed, start=start),
-                        start)  # fmt: skip
-    else:
+        batches = rank_batches if distributed else activation_batches
+        data = _Counted(batches(activations, batch_size, seed=seed, start=start), start)
+    elif not isinstance(activations, ActivationCache):
         if epochs is not None:
             raise ValueError("epochs needs an activation tensor; give training_samples instead")
         data = _Counted(iter(activations))
         for _ in range(start):
             next(data)
+    _check_resumable(marker, info)
     if training_samples is None:
         raise ValueError("Say how long to train: training_samples=... or epochs=...")
+    writes = checkpoint_dir is not None and rank == 0
     trainer_cfg = SAETrainerConfig(
         total_training_samples=training_samples,
-        train_batch_size_samples=batch_size,
+        train_batch_size_samples=batch_size * world,
         lr=lr,
         lr_end=trainer_kwargs.pop("lr_end", lr),
         device=device,
-        checkpoint_path=None if checkpoint_dir is None else str(checkpoint_dir),
-        n_checkpoints=n_checkpoints if checkpoint_dir is not None else 0,
+        checkpoint_path=str(checkpoint_dir) if writes else None,
+        n_checkpoints=n_checkpoints if writes else 0,
         **trainer_kwargs,
     )
     if isinstance(cfg, BAETrainingSAEConfig) and cfg.total_training_steps is None:
@@ -256,9 +292,33 @@ def train_sae(
     trainer = RecordingTrainer(
         cfg=trainer_cfg, sae=sae, data_provider=data, record_every=record_every
     )
+    trainer.marker_info = info
     if checkpoint is not None:
         trainer.resume(checkpoint)
+    if distributed:
+        data_parallel(trainer)
     return TrainingRun(trainer.fit(), trainer.history)
+
+
+def _check_resumable(marker: dict[str, Any], info: dict[str, Any]) -> None:
+    """Refuse to resume on another global batch (another objective: the entropy is a property of
+    the minibatch), or a cache read by blocks with another number of ranks (other blocks)."""
+    if not marker:
+        return
+    saved = marker.get("global_batch_size", info["global_batch_size"])
+    if saved != info["global_batch_size"]:
+        raise ValueError(
+            f"The checkpoint was trained on global minibatches of {saved} rows, this run makes "
+            f"{info['global_batch_size']} (ranks x batch_size): resume with batch_size x ranks "
+            f"= {saved}"
+        )
+    ranks = marker.get("world_size", 1)
+    if "cache blocks" in (marker.get("data"), info.get("data")) and ranks != info["world_size"]:
+        raise ValueError(
+            f"The checkpoint read its cache in blocks of {ranks} ranks; resume with {ranks} "
+            "ranks, or pass the cache's activations as a tensor (its stream does not depend on "
+            "the number of ranks)"
+        )
 
 
 def train_bae(

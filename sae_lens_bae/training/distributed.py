@@ -1,0 +1,168 @@
+"""Data-parallel BAE training on ``torch.distributed``: N ranks with batch b train exactly the BAE
+that one process trains with batch N * b.
+
+Launch with ``torchrun`` (NCCL on GPUs, gloo on CPU). Three pieces:
+
+* ``data_parallel(trainer)`` turns any SAELens ``SAETrainer`` of a BAE (``train_sae``'s, or the
+  one ``bae train``'s runner builds) data-parallel: the weights' gradients are averaged by
+  ``DistributedDataParallel``, and the BAE computes its loss on the *global* minibatch
+  (``sae_lens_bae.global_batch``): per-channel counts are summed over the ranks, the codes
+  gathered so that each rank computes its band of covariance tiles, with autograd through every
+  collective. The trainer counts samples and firing statistics over the global batch, so its
+  schedule (steps, checkpoints, entropy switch-on) is the single-process one.
+* ``rank_batches`` is the rank's part of ``activation_batches``' stream at batch N * b: the
+  ranks' batches, concatenated in rank order, *are* the single-process batches, so a run resumes
+  exactly with any number of ranks that keeps the global batch.
+* ``rank_cache_batches`` reads only the rank's block of an ``ActivationCache`` (memory / N).
+
+Rank 0 writes checkpoints and the final model (every rank holds the same weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from jaxtyping import Float
+from sae_lens.saes.sae import TrainStepInput, TrainStepOutput
+from sae_lens.training.sae_trainer import SAETrainer
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from sae_lens_bae.activations.cache import ActivationCache
+from sae_lens_bae.global_batch import GlobalBatch
+from sae_lens_bae.saes.bae import BAETrainingSAE
+
+__all__ = [
+    "batch_indices",
+    "data_parallel",
+    "is_distributed",
+    "rank_batches",
+    "rank_cache_batches",
+    "rank_world",
+]
+
+
+def is_distributed() -> bool:
+    """Whether this process is one rank of an initialised ``torch.distributed`` group."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank_world(group: Any = None) -> tuple[int, int]:
+    """(rank, world size) of this process; (0, 1) outside ``torch.distributed``."""
+    if not is_distributed():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def batch_indices(
+    n: int, batch_size: int, *, shuffle: bool = True, seed: int = 0, start: int = 0
+) -> Iterator[Tensor]:
+    """Row indices of endless minibatches over n rows, reshuffled every epoch from ``seed``, the
+    last partial batch of an epoch dropped; ``start`` skips that many batches."""
+    if n < batch_size:
+        raise ValueError(
+            f"Need at least batch_size={batch_size} activations to form a minibatch, got {n}"
+        )
+    per_epoch = n // batch_size
+    generator = torch.Generator().manual_seed(seed)
+    skip = start
+    while True:
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        first, skip = min(skip, per_epoch), skip - min(skip, per_epoch)
+        for batch in range(first, per_epoch):
+            yield order[batch * batch_size : (batch + 1) * batch_size]
+
+
+def rank_batches(
+    activations: Float[Tensor, "n d_in"],
+    batch_size: int,
+    *,
+    seed: int = 0,
+    start: int = 0,
+    group: Any = None,
+) -> Iterator[Float[Tensor, "batch d_in"]]:
+    """This rank's ``batch_size`` rows of every global minibatch of N * ``batch_size`` rows.
+
+    Every rank holds (or memory-maps) the same ``activations``; each gathers only its rows. The
+    global minibatches are those of ``activation_batches(activations, N * batch_size, seed=seed)``
+    and rank r gets rows [r * b, (r + 1) * b) of each, so an epoch covers every row once across
+    the ranks and the stream does not depend on N at a fixed global batch.
+    """
+    rank, world = rank_world(group)
+    mine = slice(rank * batch_size, (rank + 1) * batch_size)
+    for index in batch_indices(activations.shape[0], batch_size * world, seed=seed, start=start):
+        yield activations[index[mine]]
+
+
+def rank_cache_batches(
+    cache: ActivationCache,
+    hook: str,
+    batch_size: int,
+    *,
+    seed: int = 0,
+    start: int = 0,
+    group: Any = None,
+    dtype: torch.dtype = torch.float32,
+) -> Iterator[Float[Tensor, "batch d_in"]]:
+    """Minibatches of ``batch_size`` rows from this rank's block of sequences of ``cache``
+    (``ActivationCache.rank_sequences``): only its shards are read, and the ranks' blocks cover
+    the cache once. Each rank reshuffles its block every epoch from (seed, rank), so the stream
+    depends on the number of ranks: a run resumes exactly with the same number."""
+    rank, world = rank_world(group)
+    rows = cache.activations(hook, dtype=dtype, sequences=cache.rank_sequences(rank, world))
+    for index in batch_indices(rows.shape[0], batch_size, seed=seed * 1_000_003 + rank,
+                               start=start):  # fmt: skip
+        yield rows[index]
+
+
+class _TrainingStep(nn.Module):
+    """The BAE's training step as a module's forward, so that DDP sees the step."""
+
+    def __init__(self, sae: BAETrainingSAE) -> None:
+        super().__init__()
+        self.sae = sae
+
+    def forward(self, step_input: TrainStepInput) -> TrainStepOutput:
+        return type(self.sae).training_forward_pass(self.sae, step_input)
+
+
+def data_parallel(trainer: SAETrainer[Any, Any], group: Any = None) -> SAETrainer[Any, Any]:
+    """Make ``trainer`` (built on every rank with the *global* ``train_batch_size_samples`` and
+    ``total_training_samples``, fed this rank's batches) train on the global minibatch.
+
+    Like SAELens' ``compile_sae``, it replaces the BAE's ``training_forward_pass`` on the instance:
+    the step now runs through ``DistributedDataParallel`` (which broadcasts rank 0's weights and
+    buffers once, then averages gradients; buffers are not synced again, the BAE's running
+    statistics are computed from the global batch on every rank). ``trainer.step`` counts the
+    samples of every rank. Returns ``trainer``.
+    """
+    sae = trainer.sae
+    if not isinstance(sae, BAETrainingSAE):
+        raise TypeError(
+            f"data_parallel trains BAEs; got a {type(sae).__name__} (for other SAELens "
+            "architectures wrap the SAE in DistributedDataParallel: their losses are per sample)"
+        )
+    if not is_distributed():
+        raise RuntimeError(
+            "data_parallel needs torch.distributed initialised: launch with torchrun and call "
+            "torch.distributed.init_process_group (gloo on CPU, nccl on GPUs) first"
+        )
+    _, world = rank_world(group)
+    sae.to(trainer.cfg.device)
+    sae.global_batch = GlobalBatch.of(group)
+    ddp = DistributedDataParallel(_TrainingStep(sae), process_group=group,
+                                  forward_sync_buffers=False)  # fmt: skip
+    # a function, not the module: an nn.Module attribute would make the DDP wrapper a child of sae
+    sae.training_forward_pass = lambda step_input: ddp(step_input)  # type: ignore[method-assign]
+    local_step = trainer.step
+
+    def step(batch: Tensor) -> TrainStepOutput:
+        output = local_step(batch)
+        trainer.n_training_samples += (world - 1) * batch.shape[0]  # the other ranks' rows
+        return output
+
+    trainer.step = step  # type: ignore[method-assign]
+    return trainer
