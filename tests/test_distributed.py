@@ -1,0 +1,198 @@
+"""Data-parallel training: 2 gloo ranks (spawned) against one process on the concatenated batch.
+
+One spawn runs everything that needs ranks (it costs two interpreter start-ups): 20 training steps
+with checkpoints, and one epoch of each rank's data; the single-process references and the
+resume from the 2-rank checkpoint run here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from sae_lens import StandardTrainingSAE, StandardTrainingSAEConfig
+from sae_lens.config import SAETrainerConfig
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from sae_lens_bae import BAETrainingSAEConfig, harvest_activations, train_sae
+from sae_lens_bae.activations.cache import ActivationCache
+from sae_lens_bae.training.checkpoints import latest_checkpoint, read_marker
+from sae_lens_bae.training.distributed import (
+    data_parallel,
+    rank_batches,
+    rank_cache_batches,
+)
+from sae_lens_bae.training.trainer import RecordingTrainer, activation_batches
+
+D_IN, D_SAE, BATCH, STEPS, WORLD = 16, 64, 32, 20, 2
+ROWS = 700  # 10 global batches of 64 per epoch, 60 rows dropped: epochs wrap inside 20 steps
+TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss", "firing_loss")
+
+
+def _config() -> BAETrainingSAEConfig:
+    # entropy on after 3 steps, resampling every 5: every part of the step runs in 20 steps
+    return BAETrainingSAEConfig(
+        d_in=D_IN, d_sae=D_SAE, entropy_off_steps=3, firing_coefficient=1e-3,
+        resample_every=5, resample_until_fraction=0.9,
+    )  # fmt: skip
+
+
+def _activations() -> torch.Tensor:
+    return torch.randn(ROWS, D_IN, generator=torch.Generator().manual_seed(0))
+
+
+def _train(out: Path, batch_size: int, distributed: bool, **kwargs: Any) -> dict[str, Any]:
+    """Train, recording every step's gradients (after clipping, as the optimizer sees them)."""
+    grads: list[list[torch.Tensor]] = []
+
+    def record(optimizer: Any, *_: Any) -> None:
+        grads.append([p.grad.clone() for g in optimizer.param_groups for p in g["params"]])
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        run = train_sae(_activations(), _config(), training_samples=STEPS * 2 * BATCH,
+                        batch_size=batch_size, lr=1e-2, seed=3, record_every=1,
+                        distributed=distributed, **kwargs)  # fmt: skip
+    finally:
+        handle.remove()
+    result = {"history": run.history, "grads": grads, "state": run.sae.state_dict()}
+    torch.save(result, out)
+    return result
+
+
+def _worker(rank: int, port: int, tmp: str, cache_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        _train(Path(tmp) / f"rank{rank}.pt", BATCH, True,
+               checkpoint_dir=Path(tmp) / "ckpt", n_checkpoints=1)  # fmt: skip
+        ids = torch.arange(100, dtype=torch.float32)[:, None]  # row i holds i
+        epoch = [b[:, 0].long() for b in islice(rank_batches(ids, 8, seed=5), 6)]
+        cache = ActivationCache.load(cache_path)
+        hook = cache.hooks[0]
+        block = cache.rank_sequences(rank, WORLD)
+        n_block = cache.activations(hook, sequences=block).shape[0]
+        rows = list(islice(rank_cache_batches(cache, hook, 5), n_block // 5))
+        torch.save({"tensor": epoch, "cache": rows, "block": (block.start, block.stop)},
+                   Path(tmp) / f"data{rank}.pt")  # fmt: skip
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, tiny_llama, token_dataset) -> Path:
+    tmp = tmp_path_factory.mktemp("ranks")
+    tokens = token_dataset.select(range(10))
+    cache = harvest_activations(tiny_llama, tokens, ["blocks.0.hook_resid_post"], tmp / "acts",
+                                shard_sequences=3, dtype="float32", progress=False)  # fmt: skip
+    mp.spawn(_worker, args=(_free_port(), str(tmp), str(cache.path)), nprocs=WORLD)
+    return tmp
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> bool:
+    """Max difference within ``rel`` of the tensor's largest entry."""
+    scale = b.abs().max().clamp_min(1e-30)
+    return bool(((a.double() - b.double()).abs().max() / scale) <= rel)
+
+
+def test_two_ranks_train_the_bae_of_one_process_on_the_concatenated_batch(two_ranks, tmp_path):
+    ranks = [torch.load(two_ranks / f"rank{r}.pt") for r in range(WORLD)]
+    single = _train(tmp_path / "single.pt", WORLD * BATCH, False)
+    assert len(single["history"]) == len(ranks[0]["history"]) == STEPS
+    for mine, other in zip(ranks[0]["history"], single["history"], strict=True):  # global loss
+        for term in TERMS:
+            assert _close(torch.tensor(mine[term]), torch.tensor(other[term])), (term, mine, other)
+        assert _close(torch.tensor(sum(mine[t] for t in TERMS)),
+                      torch.tensor(sum(other[t] for t in TERMS)))  # fmt: skip
+    assert ranks[0]["history"][5]["entropy_loss"] > 0  # the entropy term was on
+    assert len(ranks[0]["grads"]) == len(single["grads"]) == STEPS
+    for step_grads, single_grads in zip(ranks[0]["grads"], single["grads"], strict=True):
+        for mine, other in zip(step_grads, single_grads, strict=True):
+            assert _close(mine, other)
+    for name, value in single["state"].items():
+        assert torch.equal(ranks[0]["state"][name], ranks[1]["state"][name]), name  # in sync
+        assert _close(ranks[0]["state"][name], value), name
+    assert int(ranks[0]["state"]["window_samples"]) == int(single["state"]["window_samples"])
+
+
+def test_each_rank_reads_its_rows_and_together_they_cover_every_row_once(two_ranks):
+    data = [torch.load(two_ranks / f"data{r}.pt") for r in range(WORLD)]
+    # tensor: the ranks' batches, concatenated, are the single-process batches of 2 x 8 rows
+    ids = torch.arange(100, dtype=torch.float32)[:, None]
+    reference = [b[:, 0].long() for b in islice(activation_batches(ids, 16, seed=5), 6)]
+    for k, batch in enumerate(reference):
+        assert torch.equal(torch.cat([data[0]["tensor"][k], data[1]["tensor"][k]]), batch)
+    seen = torch.cat([torch.cat(d["tensor"]) for d in data])
+    assert seen.unique().numel() == seen.numel() == 96  # 6 global batches of 16, 4 rows dropped
+    # cache: the blocks partition the sequences; each rank's epoch is its block's rows, once each
+    cache = ActivationCache.load(two_ranks / "acts")
+    full = cache.activations(cache.hooks[0])
+    assert [d["block"] for d in data] == [(0, 5), (5, 10)]
+    per_sequence = full.shape[0] // 10
+    for d in data:
+        rows = torch.cat(d["cache"])
+        block = full[d["block"][0] * per_sequence : d["block"][1] * per_sequence]
+        assert rows.shape == block.shape
+        assert torch.equal(rows[torch.argsort(rows[:, 0])], block[torch.argsort(block[:, 0])])
+
+
+def test_a_checkpoint_of_two_ranks_resumes_in_one_process(two_ranks, tmp_path):
+    ranks = torch.load(two_ranks / "rank0.pt")
+    checkpoint = two_ranks / "ckpt"
+    marker = read_marker(latest_checkpoint(checkpoint))
+    assert 0 < marker["n_training_steps"] < STEPS and marker["world_size"] == WORLD
+    assert marker["global_batch_size"] == WORLD * BATCH
+    resumed = _train(tmp_path / "resumed.pt", WORLD * BATCH, False, checkpoint_dir=checkpoint,
+                     resume=True, n_checkpoints=0)  # fmt: skip
+    assert len(resumed["grads"]) == STEPS - marker["n_training_steps"]  # resumed midway
+    for name, value in ranks["state"].items():
+        assert _close(resumed["state"][name], value), name
+    with pytest.raises(ValueError, match="global minibatches of 64 rows.*resume with"):
+        _train(tmp_path / "other.pt", BATCH, False, checkpoint_dir=checkpoint, resume=True)
+
+
+def test_a_cache_block_is_read_from_its_shards_alone(tiny_llama, token_dataset, tmp_path):
+    tokens = token_dataset.select(range(10))
+    cache = harvest_activations(tiny_llama, tokens, ["blocks.0.hook_resid_post"], tmp_path,
+                                shard_sequences=3, dtype="float32", progress=False)  # fmt: skip
+    full = cache.activations("blocks.0.hook_resid_post")
+    (tmp_path / "shard_00000.safetensors").unlink()  # sequences 0-2: not in rank 1's block
+    block = cache.rank_sequences(1, 2)
+    assert block == slice(5, 10)
+    assert torch.equal(cache.activations("blocks.0.hook_resid_post", sequences=block),
+                       full[5 * 31 :])  # fmt: skip
+    with pytest.raises(ValueError, match="rank must be in"):
+        cache.rank_sequences(2, 2)
+
+
+def test_data_parallel_refuses_what_it_cannot_train_exactly():
+    with pytest.raises(ValueError, match="needs torch.distributed initialised"):
+        train_sae(_activations(), _config(), training_samples=64, distributed=True)
+    sae = StandardTrainingSAE(StandardTrainingSAEConfig(d_in=D_IN, d_sae=D_SAE))
+    trainer = RecordingTrainer(
+        cfg=SAETrainerConfig(
+            total_training_samples=64,
+            train_batch_size_samples=32,
+            lr=1e-3,
+            lr_end=1e-3,
+            device="cpu",
+        ),  # fmt: skip
+        sae=sae,
+        data_provider=iter([]),
+    )
+    with pytest.raises(TypeError, match="data_parallel trains BAEs"):
+        data_parallel(trainer)
