@@ -153,7 +153,7 @@ def test_outlier_mask_and_check_layers(tiny_llama):
 def test_harvest_reads_a_dataset_in_any_format(tiny_llama, token_dataset, tmp_path, fmt):
     """SAELens' runner sets the dataset it is given to torch format in place; a harvest of the
     same dataset afterwards (tutorial 01) gets the same rows."""
-    dataset = token_dataset.select(range(6))
+    dataset = token_dataset.with_format(None).select(range(6))  # other tests set torch format
     expected = torch.as_tensor(dataset["input_ids"])
     dataset.set_format(fmt)
     cache = harvest_activations(tiny_llama, dataset, HOOKS[:1], tmp_path, dtype="float32")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,11 @@ import torch.multiprocessing as mp
 from sae_lens import StandardTrainingSAE, StandardTrainingSAEConfig
 from sae_lens.config import SAETrainerConfig
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from typer.testing import CliRunner
 
 from sae_lens_bae import BAETrainingSAEConfig, harvest_activations, train_sae
 from sae_lens_bae.activations.cache import ActivationCache
-from sae_lens_bae.training.checkpoints import latest_checkpoint, read_marker
+from sae_lens_bae.training.checkpoints import COMPLETE_MARKER, latest_checkpoint, read_marker
 from sae_lens_bae.training.distributed import (
     data_parallel,
     rank_batches,
@@ -196,3 +199,43 @@ def test_data_parallel_refuses_what_it_cannot_train_exactly():
     )
     with pytest.raises(TypeError, match="data_parallel trains BAEs"):
         data_parallel(trainer)
+
+
+LIVE = ["--hook", "blocks.1.hook_resid_post", "--context-size", "32", "--batch-size", "128",
+        "--training-tokens", str(24 * 128), "--checkpoints", "2", "--seed", "5"]  # fmt: skip
+
+
+def _torchrun(model: Path, corpus: Path, out: Path, *extra: str) -> None:
+    """``torchrun --nproc_per_node 2 -m sae_lens_bae train --distributed ...``, as documented."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD),
+               "--master_port", str(_free_port()), "-m", "sae_lens_bae", "train", "--distributed",
+               "--model", str(model), "--dataset", str(corpus), "--out", str(out),
+               *LIVE, *extra]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_torchrun_live_training_resumes_exactly_on_the_same_ranks(
+    tiny_hf_llama_dir, tiny_corpus, tmp_path
+):
+    from sae_lens import SAE
+
+    from sae_lens_bae.cli import app
+
+    _torchrun(tiny_hf_llama_dir, tiny_corpus, tmp_path / "full")
+    checkpoints = sorted(
+        (read_marker(m.parent)["n_training_steps"], m.parent)
+        for m in (tmp_path / "full").rglob(COMPLETE_MARKER)
+    )
+    steps, first = checkpoints[0]
+    assert 0 < steps < 24 and read_marker(first)["world_size"] == WORLD
+    assert (first / "rank_1" / "activations_store_state.safetensors").is_file()
+    _torchrun(tiny_hf_llama_dir, tiny_corpus, tmp_path / "resumed", "--resume", str(first))
+    full, resumed = SAE.load_from_disk(tmp_path / "full"), SAE.load_from_disk(tmp_path / "resumed")
+    for name, tensor in resumed.state_dict().items():
+        assert torch.equal(tensor, full.state_dict()[name]), name
+    one = CliRunner().invoke(app, ["train", "--model", str(tiny_hf_llama_dir), "--dataset",
+                                   str(tiny_corpus), "--out", str(tmp_path / "one"), *LIVE,
+                                   "--resume", str(first)])  # fmt: skip
+    assert one.exit_code == 2 and "written by 2 rank(s), this run has 1" in one.output

@@ -11,6 +11,7 @@ with the checkpoint: a run killed and resumed trains on exactly the same minibat
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ class ResumableActivationsStore(ActivationsStore):
     """``ActivationsStore`` with an exactly resumable mixing buffer (see the module docstring)."""
 
     generator: torch.Generator
+    rank: int = 0
     storage: Tensor
     serving: Tensor
 
@@ -38,11 +40,25 @@ class ResumableActivationsStore(ActivationsStore):
         model: HookedRootModule,
         cfg: LanguageModelSAERunnerConfig[Any],
         override_dataset: Any = None,
+        rank: int = 0,
+        world: int = 1,
     ) -> ResumableActivationsStore:
-        """The store SAELens' runner would build from ``cfg``, seeded with ``cfg.seed``."""
+        """The store SAELens' runner would build from ``cfg``, seeded with ``cfg.seed``.
+
+        As rank ``rank`` of ``world`` data-parallel ranks it serves 1/world of the global batch
+        ``cfg.train_batch_size_tokens`` (give it this rank's shard of the dataset), mixes with
+        seed ``cfg.seed + rank``, and keeps its checkpoint state in CHECKPOINT/rank_R (R > 0).
+        """
+        if cfg.train_batch_size_tokens % world:
+            raise ValueError(
+                f"The global batch of {cfg.train_batch_size_tokens} tokens does not split over "
+                f"{world} ranks: give a batch size divisible by {world}"
+            )
         store = cls.from_config(model, cfg, override_dataset=override_dataset)
         assert isinstance(store, cls)
-        store.generator = torch.Generator().manual_seed(cfg.seed)
+        store.rank = rank
+        store.train_batch_size_tokens = cfg.train_batch_size_tokens // world
+        store.generator = torch.Generator().manual_seed(cfg.seed + rank)
         empty = torch.empty(0, cfg.sae.d_in, dtype=store.dtype, device=store.device)
         store.storage, store.serving = empty, empty
         return store
@@ -76,6 +92,18 @@ class ResumableActivationsStore(ActivationsStore):
             "mixing_serving": self.serving.contiguous(),
             "mixing_rng": self.generator.get_state(),
         }
+
+    def save_to_checkpoint(self, checkpoint_path: str | Path) -> None:
+        folder = self._rank_folder(checkpoint_path)
+        folder.mkdir(parents=True, exist_ok=True)
+        super().save_to_checkpoint(folder)
+
+    def load_from_checkpoint(self, checkpoint_path: str | Path) -> None:
+        super().load_from_checkpoint(self._rank_folder(checkpoint_path))
+
+    def _rank_folder(self, checkpoint_path: str | Path) -> Path:
+        """Where this rank's state lives in a checkpoint (rank 0: the checkpoint itself)."""
+        return Path(checkpoint_path) / f"rank_{self.rank}" if self.rank else Path(checkpoint_path)
 
     def load(self, file_path: str) -> None:
         """Fast-forward the token stream (SAELens) and restore the buffer and generator."""

@@ -10,12 +10,14 @@ Activations come from the model's forward passes as training goes (SAELens'
 from __future__ import annotations
 
 import json
+import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner, LoggingConfig
 from sae_lens.saes.sae import SAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
@@ -26,6 +28,7 @@ from sae_lens_bae.data import load_token_dataset, token_rows
 from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
 from sae_lens_bae.training.checkpoints import latest_checkpoint, mark_complete, read_marker
+from sae_lens_bae.training.distributed import data_parallel, is_distributed, rank_world
 from sae_lens_bae.training.trainer import fill_training_schedule
 
 __all__ = ["BAETrainingRunner", "LiveTrainingConfig", "train_live"]
@@ -85,6 +88,10 @@ class LiveTrainingConfig:
     resume: Path | None = None
     """Continue a killed run from its newest complete checkpoint (give its OUT folder or a
     checkpoint folder) with the same options; it ends with the weights of an uninterrupted run."""
+    distributed: bool = False
+    """This process is one rank of a torchrun launch: every rank reads its shard of the dataset,
+    --batch-size is the global minibatch (split over the ranks), the BAE's loss is the global
+    batch's (sae_lens_bae.training.distributed). NCCL on CUDA (a GPU per local rank), else gloo."""
 
 
 class BAETrainingRunner(LanguageModelSAETrainingRunner):
@@ -93,14 +100,18 @@ class BAETrainingRunner(LanguageModelSAETrainingRunner):
     move the training stream), each checkpoint is marked complete once written, and a resumed
     trainer counts its steps from the checkpoint's marker (SAETrainer saves inside a step)."""
 
-    def __init__(self, cfg: LanguageModelSAERunnerConfig[Any], **overrides: Any) -> None:
+    def __init__(
+        self, cfg: LanguageModelSAERunnerConfig[Any], distributed: bool = False, **overrides: Any
+    ) -> None:
         if cfg.prefetch_llm_batches:
             raise ValueError("prefetch_llm_batches reads ahead of the checkpoints: turn it off "
                              "to train with BAETrainingRunner")  # fmt: skip
         super().__init__(cfg, **overrides)
+        self.rank, self.world = rank_world() if distributed else (0, 1)
         self.activations_store = ResumableActivationsStore.for_runner(
-            self.model, cfg, override_dataset=overrides.get("override_dataset")
-        )
+            self.model, cfg, override_dataset=overrides.get("override_dataset"),
+            rank=self.rank, world=self.world,
+        )  # fmt: skip
 
     def run_trainer_with_interruption_handling(self, trainer: SAETrainer[Any, Any]) -> Any:
         saved = trainer.save_checkpoint_fn
@@ -109,10 +120,16 @@ class BAETrainingRunner(LanguageModelSAETrainingRunner):
             if saved is not None:
                 saved(checkpoint_path=checkpoint_path)
             if checkpoint_path is not None:
+                if self.world > 1:  # every rank's store state is written
+                    dist.barrier()
                 mark_complete(checkpoint_path, n_training_samples=trainer.n_training_samples,
-                              n_training_steps=trainer.n_training_steps + 1)  # fmt: skip
+                              n_training_steps=trainer.n_training_steps + 1,
+                              world_size=self.world)  # fmt: skip
 
         trainer.save_checkpoint_fn = save_and_mark
+        if self.world > 1:
+            _save_rank_state(self, trainer)
+            data_parallel(trainer)
         if self.cfg.resume_from_checkpoint is not None:
             trainer.n_training_steps = int(
                 read_marker(self.cfg.resume_from_checkpoint)["n_training_steps"]
@@ -124,8 +141,31 @@ class BAETrainingRunner(LanguageModelSAETrainingRunner):
         return super().run_trainer_with_interruption_handling(trainer)
 
 
-def _check_resumable(checkpoint: Path, sae_cfg: Any) -> None:
-    """Refuse a checkpoint of another model with one line (not a state-dict size mismatch)."""
+def _save_rank_state(runner: BAETrainingRunner, trainer: SAETrainer[Any, Any]) -> None:
+    """Ranks other than 0 write only their activation store's state (their stream position) into
+    CHECKPOINT/rank_R; rank 0 writes the rest and marks the checkpoint once every rank is done."""
+    if runner.rank == 0:
+        return
+
+    def save_checkpoint(checkpoint_name: str, *_: Any, **__: Any) -> None:
+        if runner.cfg.checkpoint_path is not None:  # as rank 0, which then waits for this one
+            runner.activations_store.save_to_checkpoint(
+                Path(runner.cfg.checkpoint_path) / checkpoint_name
+            )
+            dist.barrier()
+
+    trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+
+
+def _check_resumable(checkpoint: Path, sae_cfg: Any, world: int) -> None:
+    """Refuse a checkpoint of another model with one line (not a state-dict size mismatch), or
+    of another number of ranks (each rank's stream position is in the checkpoint)."""
+    ranks = int(read_marker(checkpoint).get("world_size", 1))
+    if ranks != world:
+        raise ValueError(
+            f"{checkpoint} was written by {ranks} rank(s), this run has {world}: a live run "
+            f"resumes on the ranks' own activation streams, so resume it with {ranks}"
+        )
     saved = json.loads((checkpoint / "cfg.json").read_text())
     wanted = sae_cfg.to_dict()
     differs = [key for key in ("architecture", "d_in", "d_sae", "bits")
@@ -140,7 +180,34 @@ def _check_resumable(checkpoint: Path, sae_cfg: Any) -> None:
 
 def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa: ARG001
     """Train with SAELens' runner (its own progress bar); returns the folder of the saved BAE."""
-    model = load_model(cfg.model, device=cfg.device)
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and not cfg.distributed:
+        raise ValueError(
+            f"torchrun started {launched} processes: add --distributed to train one BAE on all "
+            "of them (without it every process would train its own copy into the same folder)"
+        )
+    started_group = cfg.distributed and not is_distributed()
+    if started_group and "MASTER_ADDR" not in os.environ:
+        raise ValueError(
+            "--distributed runs as one of the processes torchrun starts: "
+            "torchrun --nproc_per_node N -m sae_lens_bae train --distributed ..."
+        )
+    device = cfg.device
+    if started_group:
+        if device.startswith("cuda"):
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    try:
+        return _train_live(cfg, device)
+    finally:
+        if started_group:
+            dist.destroy_process_group()
+
+
+def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
+    rank, world = rank_world() if cfg.distributed else (0, 1)
+    model = load_model(cfg.model, device=device)
     check_hooks(model, [cfg.hook])
     tokens = load_token_dataset(cfg.dataset, model.tokenizer, cfg.context_size,
                                 text_column=cfg.text_column)  # fmt: skip
@@ -149,6 +216,8 @@ def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa:
             token_rows(tokens.select(range(1))), names_filter=cfg.hook, prepend_bos=False
         )
     d_in = cache[cfg.hook].shape[-1]
+    if world > 1:  # every rank reads its own contiguous shard of the sequences
+        tokens = tokens.shard(num_shards=world, index=rank, contiguous=True)
     out = Path(cfg.out)
     chosen = {
         name: getattr(cfg, name)
@@ -170,22 +239,31 @@ def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa:
         training_tokens=cfg.training_tokens,
         train_batch_size_tokens=cfg.batch_size,
         lr=cfg.lr or BAE_PRESETS[cfg.preset].lr,
-        device=cfg.device,
+        device=device,
         seed=cfg.seed,
-        logger=LoggingConfig(log_to_wandb=cfg.wandb, wandb_project=cfg.wandb_project),
-        output_path=str(out),
+        logger=LoggingConfig(
+            log_to_wandb=cfg.wandb and rank == 0, wandb_project=cfg.wandb_project
+        ),  # fmt: skip
+        output_path=str(out) if rank == 0 else None,  # rank 0 saves the BAE
         checkpoint_path=str(out / "checkpoints"),
         n_checkpoints=cfg.checkpoints,
     )
+    if world > 1:  # SAELens appends a random run id: take rank 0's
+        shared = [runner_cfg.checkpoint_path]
+        dist.broadcast_object_list(shared, src=0)
+        runner_cfg.checkpoint_path = shared[0]
     if cfg.resume is not None:
         checkpoint = latest_checkpoint(cfg.resume)
-        _check_resumable(checkpoint, sae_cfg)
+        _check_resumable(checkpoint, sae_cfg, world)
         runner_cfg.resume_from_checkpoint = str(checkpoint)
-        print(f"Resuming from {checkpoint}")
+        if rank == 0:
+            print(f"Resuming from {checkpoint}")
     fill_training_schedule(runner_cfg)
     with torch.random.fork_rng():  # the BAE's initial weights follow the seed
         torch.manual_seed(cfg.seed)
-        runner = BAETrainingRunner(runner_cfg, override_dataset=tokens, override_model=model)
+        runner = BAETrainingRunner(runner_cfg, distributed=cfg.distributed,
+                                   override_dataset=tokens, override_model=model)  # fmt: skip
     runner.run()
-    print(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")
+    if rank == 0:
+        print(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")
     return out
