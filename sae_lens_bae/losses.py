@@ -304,6 +304,7 @@ def bae_objective(
     entropy_on: bool = True,
     covariance_block_size: int | None = None,
     batch: GlobalBatch | None = None,
+    global_bits: Float[Tensor, "*stack global_batch n_bits"] | None = None,
 ) -> dict[str, Float[Tensor, "*stack"]]:
     """The BAE's training loss terms for a minibatch, per member of a stack of BAEs.
 
@@ -321,6 +322,7 @@ def bae_objective(
     ``batch``: in data-parallel training, the ranks' minibatches as one (``GlobalBatch.of()``):
     every term is then the one of the concatenated global minibatch, on every rank, and its
     gradient is what ``DistributedDataParallel`` averages into the single-process gradient.
+    ``global_bits``: ``batch.gather(bits, codes=True)`` if the caller already has it.
     """
     if bits.shape[:-1] != sae_in.shape[:-1] or sae_out.shape != sae_in.shape:
         raise ValueError(
@@ -346,7 +348,10 @@ def bae_objective(
     if covariance_coefficient > 0:
         # every rank computes its band of tiles on the gathered codes; the bands add up
         penalty = covariance_penalty(
-            batch.gather(bits), covariance_block_size, binary=True, share=(batch.rank, batch.world)
+            batch.gather(bits, codes=True) if global_bits is None else global_bits,
+            covariance_block_size,
+            binary=True,
+            share=(batch.rank, batch.world),
         )
         covariance = covariance_coefficient * batch.sum(penalty)
     else:

@@ -298,8 +298,9 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         return self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits)), pre
 
     def objective(
-        self, sae_in: Tensor, sae_out: Tensor, bits: Tensor, step_input: TrainStepInput
-    ) -> dict[str, Tensor]:
+        self, sae_in: Tensor, sae_out: Tensor, bits: Tensor, step_input: TrainStepInput,
+        global_bits: Tensor | None = None,
+    ) -> dict[str, Tensor]:  # fmt: skip
         """The loss terms of this step (``sae_lens_bae.losses.bae_objective``), with SAELens'
         scheduled coefficients and the entropy term off for the configured first steps."""
         return bae_objective(
@@ -312,6 +313,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             entropy_on=step_input.n_training_steps >= self.cfg.resolved_entropy_off_steps(),
             covariance_block_size=self.cfg.covariance_block_size,
             batch=self.global_batch,
+            global_bits=global_bits,
         )
 
     @override
@@ -360,9 +362,10 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         bits, hidden_pre = self.encode_bits_with_grad(sae_in)
         feature_acts = self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits))
         sae_out = self.decode(feature_acts)
-        losses = self.objective(sae_in, sae_out, bits, step_input)
+        global_bits = batch.gather(bits.reshape(-1, bits.shape[-1]), codes=True)  # one gather
+        losses = self.objective(sae_in, sae_out, bits, step_input, global_bits)
         entropy_bits = losses.pop("batch_entropy_bits")
-        flat_bits = batch.gather(bits.detach().reshape(-1, bits.shape[-1]))  # global minibatch
+        flat_bits = global_bits.detach()
         self._update_code_mean(flat_bits)
         if batch.world > 1:  # the output covers the global minibatch too (firing statistics)
             sae_in, sae_out = batch.gather(sae_in), batch.gather(sae_out.detach())
