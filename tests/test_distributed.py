@@ -239,3 +239,17 @@ def test_torchrun_live_training_resumes_exactly_on_the_same_ranks(
                                    str(tiny_corpus), "--out", str(tmp_path / "one"), *LIVE,
                                    "--resume", str(first)])  # fmt: skip
     assert one.exit_code == 2 and "written by 2 rank(s), this run has 1" in one.output
+
+
+def test_train_says_how_to_launch_distributed_runs(tmp_path, monkeypatch):
+    from sae_lens_bae.cli import app
+
+    args = ["train", "--dataset", "x.txt", "--out", str(tmp_path)]
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    alone = CliRunner().invoke(app, [*args, "--distributed"])
+    assert alone.exit_code == 2 and "torchrun --nproc_per_node N -m sae_lens_bae" in alone.output
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    copies = CliRunner().invoke(app, args)
+    assert copies.exit_code == 2 and "torchrun started 2 processes: add --distributed" in (
+        copies.output
+    )
