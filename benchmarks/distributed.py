@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -24,11 +22,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from sae_lens.config import SAETrainerConfig
 
 from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
-from sae_lens_bae.training.distributed import data_parallel
+from sae_lens_bae.training.distributed import data_parallel, spawn_local
 from sae_lens_bae.training.trainer import RecordingTrainer
 
 
@@ -67,27 +64,13 @@ def _step_times(d_in: int, batch: int, steps: int, device: str, parallel: bool) 
     return times
 
 
-def _rank(rank: int, world: int, port: int, args: Any, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    device = f"cuda:{rank}" if args.device == "cuda" else "cpu"
-    if args.device == "cuda":
-        torch.cuda.set_device(device)
-    else:
+def _rank(rank: int, world: int, args: Any, out: str) -> None:
+    if args.device == "cpu":
         torch.set_num_threads(max(1, args.threads // world))
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank,
-                            world_size=world)  # fmt: skip
-    try:
-        times = _step_times(args.d_in, args.batch // world, args.steps, device, parallel=True)
-        if rank == 0:
-            Path(out).write_text(json.dumps(times))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    device = f"cuda:{rank}" if args.device == "cuda" else "cpu"
+    times = _step_times(args.d_in, args.batch // world, args.steps, device, parallel=True)
+    if rank == 0:
+        Path(out).write_text(json.dumps(times))
 
 
 def main() -> None:
@@ -115,7 +98,8 @@ def main() -> None:
                      "processes": 1, "step_s": alone})  # fmt: skip
         path = Path(args.out).with_suffix(f".rank0-{world}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
-        mp.spawn(_rank, args=(world, _free_port(), args, str(path)), nprocs=world)
+        spawn_local(_rank, world, world, args, str(path),
+                    backend="nccl" if args.device == "cuda" else "gloo")  # fmt: skip
         step = statistics.median(json.loads(path.read_text()))
         path.unlink()
         rows.append({"configuration": f"{world} processes", "processes": world, "step_s": step})

@@ -8,7 +8,6 @@ resume from the 2-rank checkpoint run here.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from itertools import islice
@@ -17,8 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from sae_lens import StandardTrainingSAE, StandardTrainingSAEConfig
 from sae_lens.config import SAETrainerConfig
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -31,6 +28,7 @@ from sae_lens_bae.training.distributed import (
     data_parallel,
     rank_batches,
     rank_cache_batches,
+    spawn_local,
 )
 from sae_lens_bae.training.trainer import RecordingTrainer, activation_batches
 
@@ -70,30 +68,19 @@ def _train(out: Path, batch_size: int, distributed: bool, **kwargs: Any) -> dict
     return result
 
 
-def _worker(rank: int, port: int, tmp: str, cache_path: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, tmp: str, cache_path: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        _train(Path(tmp) / f"rank{rank}.pt", BATCH, True,
-               checkpoint_dir=Path(tmp) / "ckpt", n_checkpoints=1)  # fmt: skip
-        ids = torch.arange(100, dtype=torch.float32)[:, None]  # row i holds i
-        epoch = [b[:, 0].long() for b in islice(rank_batches(ids, 8, seed=5), 6)]
-        cache = ActivationCache.load(cache_path)
-        hook = cache.hooks[0]
-        block = cache.rank_sequences(rank, WORLD)
-        n_block = cache.activations(hook, sequences=block).shape[0]
-        rows = list(islice(rank_cache_batches(cache, hook, 5), n_block // 5))
-        torch.save({"tensor": epoch, "cache": rows, "block": (block.start, block.stop)},
-                   Path(tmp) / f"data{rank}.pt")  # fmt: skip
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    _train(Path(tmp) / f"rank{rank}.pt", BATCH, True,
+           checkpoint_dir=Path(tmp) / "ckpt", n_checkpoints=1)  # fmt: skip
+    ids = torch.arange(100, dtype=torch.float32)[:, None]  # row i holds i
+    epoch = [b[:, 0].long() for b in islice(rank_batches(ids, 8, seed=5), 6)]
+    cache = ActivationCache.load(cache_path)
+    hook = cache.hooks[0]
+    block = cache.rank_sequences(rank, WORLD)
+    n_block = cache.activations(hook, sequences=block).shape[0]
+    rows = list(islice(rank_cache_batches(cache, hook, 5), n_block // 5))
+    torch.save({"tensor": epoch, "cache": rows, "block": (block.start, block.stop)},
+               Path(tmp) / f"data{rank}.pt")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +89,7 @@ def two_ranks(tmp_path_factory, tiny_llama, token_dataset) -> Path:
     tokens = token_dataset.select(range(10))
     cache = harvest_activations(tiny_llama, tokens, ["blocks.0.hook_resid_post"], tmp / "acts",
                                 shard_sequences=3, dtype="float32", progress=False)  # fmt: skip
-    mp.spawn(_worker, args=(_free_port(), str(tmp), str(cache.path)), nprocs=WORLD)
+    spawn_local(_worker, WORLD, str(tmp), str(cache.path))
     return tmp
 
 
@@ -208,7 +195,7 @@ LIVE = ["--hook", "blocks.1.hook_resid_post", "--context-size", "32", "--batch-s
 def _torchrun(model: Path, corpus: Path, out: Path, *extra: str) -> None:
     """``torchrun --nproc_per_node 2 -m sae_lens_bae train --distributed ...``, as documented."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD),
-               "--master_port", str(_free_port()), "-m", "sae_lens_bae", "train", "--distributed",
+               "--standalone", "-m", "sae_lens_bae", "train", "--distributed",
                "--model", str(model), "--dataset", str(corpus), "--out", str(out),
                *LIVE, *extra]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

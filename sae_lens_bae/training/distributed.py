@@ -20,11 +20,14 @@ Rank 0 writes checkpoints and the final model (every rank holds the same weights
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import socket
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from jaxtyping import Float
 from sae_lens.saes.sae import TrainStepInput, TrainStepOutput
 from sae_lens.training.sae_trainer import SAETrainer
@@ -42,6 +45,7 @@ __all__ = [
     "rank_batches",
     "rank_cache_batches",
     "rank_world",
+    "spawn_local",
 ]
 
 
@@ -166,3 +170,26 @@ def data_parallel(trainer: SAETrainer[Any, Any], group: Any = None) -> SAETraine
 
     trainer.step = step  # type: ignore[method-assign]
     return trainer
+
+
+def spawn_local(fn: Callable[..., None], world: int, *args: Any, backend: str = "gloo") -> None:
+    """Run ``fn(rank, *args)`` on ``world`` processes of this machine, each a rank of one process
+    group (``backend``: gloo, or nccl with GPU ``rank`` each): data-parallel code tried, tested or
+    timed without ``torchrun``. ``fn`` must be importable (a module-level function)."""
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    mp.spawn(_spawned_rank, args=(world, port, backend, fn, args), nprocs=world)
+
+
+def _spawned_rank(
+    rank: int, world: int, port: int, backend: str, fn: Callable[..., None], args: tuple[Any, ...]
+) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    try:
+        fn(rank, *args)
+    finally:
+        dist.destroy_process_group()
