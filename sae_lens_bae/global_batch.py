@@ -20,7 +20,12 @@ import torch.distributed as dist
 from jaxtyping import Float
 from torch import Tensor
 
-__all__ = ["GlobalBatch"]
+__all__ = ["GlobalBatch", "is_distributed"]
+
+
+def is_distributed() -> bool:
+    """Whether this process is one rank of an initialised ``torch.distributed`` group."""
+    return dist.is_available() and dist.is_initialized()
 
 
 def _all_gather(x: Tensor, group: Any, codes: bool) -> Tensor:
@@ -84,7 +89,7 @@ class GlobalBatch:
     @classmethod
     def of(cls, group: Any = None) -> GlobalBatch:
         """The data-parallel minibatch over ``group`` (the default group when None)."""
-        if not dist.is_available() or not dist.is_initialized():
+        if not is_distributed():
             raise RuntimeError(
                 "GlobalBatch.of needs torch.distributed initialised (launch with torchrun and "
                 "call torch.distributed.init_process_group first)"

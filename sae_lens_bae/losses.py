@@ -334,15 +334,14 @@ def bae_objective(
     wide = torch.promote_types(sae_out.dtype, torch.float32)
     squared = (sae_out.to(wide) - sae_in.to(wide)).pow(2)
     batch = batch or GlobalBatch.local()
+    rows = batch.rows(bits.shape[-2])
     if batch.world == 1:
         reconstruction = squared.mean(dim=(-2, -1))
-        mean_code = bits.mean(dim=-2)
-        entropy_bits = minibatch_entropy(bits)
+        mean_code = bits.float().mean(dim=-2)
     else:  # sums over the ranks, divided by the global count
-        rows = batch.rows(bits.shape[-2])
         reconstruction = batch.sum(squared.sum(dim=(-2, -1))) / (rows * squared.shape[-1])
         mean_code = batch.sum(bits.float().sum(dim=-2)) / rows
-        entropy_bits = binary_entropy(mean_code, eps=min(0.5 / rows, 0.25))
+    entropy_bits = binary_entropy(mean_code, eps=min(0.5 / rows, 0.25))  # minibatch_entropy's
     zero = torch.zeros_like(entropy_bits)
     entropy = entropy_coefficient * entropy_bits if entropy_on else zero
     if covariance_coefficient > 0:

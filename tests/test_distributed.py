@@ -23,7 +23,12 @@ from typer.testing import CliRunner
 
 from sae_lens_bae import BAETrainingSAEConfig, harvest_activations, train_sae
 from sae_lens_bae.activations.cache import ActivationCache
-from sae_lens_bae.training.checkpoints import COMPLETE_MARKER, latest_checkpoint, read_marker
+from sae_lens_bae.training.checkpoints import (
+    COMPLETE_MARKER,
+    latest_checkpoint,
+    mark_complete,
+    read_marker,
+)
 from sae_lens_bae.training.distributed import (
     data_parallel,
     rank_batches,
@@ -167,6 +172,15 @@ def test_a_cache_block_is_read_from_its_shards_alone(tiny_llama, token_dataset, 
                        full[5 * 31 :])  # fmt: skip
     with pytest.raises(ValueError, match="rank must be in"):
         cache.rank_sequences(2, 2)
+    # a checkpoint of 2 ranks reading the cache in blocks: 1 process would read other blocks
+    (tmp_path / "ckpt" / "64").mkdir(parents=True)
+    mark_complete(tmp_path / "ckpt" / "64", n_training_samples=64, n_training_steps=1,
+                  batches_read=1, global_batch_size=64, world_size=2,
+                  data="cache blocks")  # fmt: skip
+    refused = r"written by 2 rank\(s\), this run has 1: a cache is read"
+    with pytest.raises(ValueError, match=refused):
+        train_sae(cache, BAETrainingSAEConfig(d_in=32), training_samples=640, batch_size=64,
+                  checkpoint_dir=tmp_path / "ckpt", resume=True)  # fmt: skip
 
 
 def test_data_parallel_refuses_what_it_cannot_train_exactly():

@@ -14,7 +14,13 @@ from typing import Any
 
 from sae_lens_bae.reports import write_json
 
-__all__ = ["COMPLETE_MARKER", "latest_checkpoint", "mark_complete", "read_marker"]
+__all__ = [
+    "COMPLETE_MARKER",
+    "latest_checkpoint",
+    "mark_complete",
+    "read_marker",
+    "refuse_other_ranks",
+]
 
 COMPLETE_MARKER = "checkpoint_complete.json"
 """Written last into a checkpoint folder: ``{"n_training_samples", "n_training_steps", ...}``."""
@@ -45,3 +51,14 @@ def latest_checkpoint(path: str | Path) -> Path:
             "on: n_checkpoints / --checkpoints); start the run again without resuming"
         )
     return max(complete, key=lambda folder: int(read_marker(folder)["n_training_samples"]))
+
+
+def refuse_other_ranks(marker: dict[str, Any], world: int, where: str, why: str) -> None:
+    """Refuse, in one line, to resume a checkpoint written by another number of ranks (markers
+    without ``world_size`` are of one process) where the data stream depends on it."""
+    ranks = int(marker.get("world_size", 1))
+    if ranks != world:
+        raise ValueError(
+            f"{where} was written by {ranks} rank(s), this run has {world}: {why}, so resume it "
+            f"with {ranks}"
+        )

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from sae_lens_bae.activations.cache import ActivationCache
-from sae_lens_bae.global_batch import GlobalBatch
+from sae_lens_bae.global_batch import GlobalBatch, is_distributed
 from sae_lens_bae.saes.bae import BAETrainingSAE
 
 __all__ = [
@@ -49,16 +49,10 @@ __all__ = [
 ]
 
 
-def is_distributed() -> bool:
-    """Whether this process is one rank of an initialised ``torch.distributed`` group."""
-    return dist.is_available() and dist.is_initialized()
-
-
 def rank_world(group: Any = None) -> tuple[int, int]:
     """(rank, world size) of this process; (0, 1) outside ``torch.distributed``."""
-    if not is_distributed():
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
+    batch = GlobalBatch.of(group) if is_distributed() else GlobalBatch.local()
+    return batch.rank, batch.world
 
 
 def batch_indices(

@@ -27,7 +27,12 @@ from sae_lens_bae.activations.store import ResumableActivationsStore
 from sae_lens_bae.data import load_token_dataset, token_rows
 from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
-from sae_lens_bae.training.checkpoints import latest_checkpoint, mark_complete, read_marker
+from sae_lens_bae.training.checkpoints import (
+    latest_checkpoint,
+    mark_complete,
+    read_marker,
+    refuse_other_ranks,
+)
 from sae_lens_bae.training.distributed import data_parallel, is_distributed, rank_world
 from sae_lens_bae.training.trainer import fill_training_schedule
 
@@ -160,12 +165,8 @@ def _save_rank_state(runner: BAETrainingRunner, trainer: SAETrainer[Any, Any]) -
 def _check_resumable(checkpoint: Path, sae_cfg: Any, world: int) -> None:
     """Refuse a checkpoint of another model with one line (not a state-dict size mismatch), or
     of another number of ranks (each rank's stream position is in the checkpoint)."""
-    ranks = int(read_marker(checkpoint).get("world_size", 1))
-    if ranks != world:
-        raise ValueError(
-            f"{checkpoint} was written by {ranks} rank(s), this run has {world}: a live run "
-            f"resumes on the ranks' own activation streams, so resume it with {ranks}"
-        )
+    refuse_other_ranks(read_marker(checkpoint), world, str(checkpoint),
+                       "a live run resumes on the ranks' own activation streams")  # fmt: skip
     saved = json.loads((checkpoint / "cfg.json").read_text())
     wanted = sae_cfg.to_dict()
     differs = [key for key in ("architecture", "d_in", "d_sae", "bits")

@@ -34,7 +34,12 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAE,
     BAETrainingSAEConfig,
 )
-from sae_lens_bae.training.checkpoints import latest_checkpoint, mark_complete, read_marker
+from sae_lens_bae.training.checkpoints import (
+    latest_checkpoint,
+    mark_complete,
+    read_marker,
+    refuse_other_ranks,
+)
 from sae_lens_bae.training.distributed import (
     batch_indices,
     data_parallel,
@@ -242,12 +247,14 @@ def train_sae(
     marker = read_marker(checkpoint) if checkpoint else {}
     start = int(marker.get("batches_read", 0))
     info: dict[str, Any] = {"global_batch_size": batch_size * world, "world_size": world}
+    if distributed and isinstance(activations, ActivationCache):
+        info["data"] = "cache blocks"
+    _check_resumable(marker, info)  # before any data is read
     if isinstance(activations, ActivationCache):
         hook = hook or (activations.hooks[0] if len(activations.hooks) == 1 else None)
         if hook is None:
             raise ValueError(f"Name the hook to train on: hook=... (one of {activations.hooks})")
         if distributed:
-            info["data"] = "cache blocks"
             n_rows = activations.token_positions().shape[0]
             if epochs is not None:
                 training_samples = int(epochs * n_rows)
@@ -270,7 +277,6 @@ def train_sae(
         data = _Counted(iter(activations))
         for _ in range(start):
             next(data)
-    _check_resumable(marker, info)
     if training_samples is None:
         raise ValueError("Say how long to train: training_samples=... or epochs=...")
     writes = checkpoint_dir is not None and rank == 0
@@ -312,13 +318,9 @@ def _check_resumable(marker: dict[str, Any], info: dict[str, Any]) -> None:
             f"{info['global_batch_size']} (ranks x batch_size): resume with batch_size x ranks "
             f"= {saved}"
         )
-    ranks = marker.get("world_size", 1)
-    if "cache blocks" in (marker.get("data"), info.get("data")) and ranks != info["world_size"]:
-        raise ValueError(
-            f"The checkpoint read its cache in blocks of {ranks} ranks; resume with {ranks} "
-            "ranks, or pass the cache's activations as a tensor (its stream does not depend on "
-            "the number of ranks)"
-        )
+    if "cache blocks" in (marker.get("data"), info.get("data")):
+        refuse_other_ranks(marker, info["world_size"], "The checkpoint",
+                           "a cache is read in blocks, one per rank")  # fmt: skip
 
 
 def train_bae(
