@@ -29,8 +29,8 @@ from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEC
 from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
 
-from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
-from sae_lens_bae.losses import covariance_penalty, dense_covariance_penalty
+from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, covariance
+from sae_lens_bae.covariance import covariance_penalty, dense_covariance_penalty
 
 
 def _sync(device: str) -> None:
@@ -39,13 +39,16 @@ def _sync(device: str) -> None:
 
 
 def time_training_step(sae: Any, batch: torch.Tensor, steps: int, warmup: int = 3) -> float:
-    """Median seconds per SAELens training step (SAETrainer.step) on one fixed batch."""
+    """Median seconds per SAELens training step (SAETrainer.step) on one fixed batch.
+
+    The learning rate is 0: Adam does the same arithmetic, and the weights (so a BAE's code
+    density, on which the covariance penalty's cost depends) stay where they were set."""
     trainer = SAETrainer(
         cfg=SAETrainerConfig(
             total_training_samples=batch.shape[0] * (steps + warmup),
             train_batch_size_samples=batch.shape[0],
-            lr=5e-4,
-            lr_end=5e-4,
+            lr=0.0,
+            lr_end=0.0,
             device=str(batch.device),
         ),
         sae=sae,
@@ -62,25 +65,62 @@ def time_training_step(sae: Any, batch: torch.Tensor, steps: int, warmup: int = 
     return statistics.median(times)
 
 
-def step_timings(d_in: int, d_sae: int, batch_size: int, steps: int, device: str) -> dict:
+def bae_at_density(
+    d_in: int, d_sae: int, batch: torch.Tensor, density: float | None, **config: Any
+) -> BAETrainingSAE:
+    """A fresh BAE; with ``density``, its encoder bias set to every channel's (1 - density)
+    quantile on ``batch`` so that each channel fires on that fraction of it (None: as initialised,
+    about half). A trained default BAE at d_sae = 2304 fires 16% of its bits (L0 369 in
+    docs/features.md)."""
+    cfg = BAETrainingSAEConfig(d_in=d_in, d_sae=d_sae, entropy_off_steps=0, **config)
+    sae = BAETrainingSAE(cfg).to(batch.device)
+    if density is not None:
+        with torch.no_grad():
+            sae.b_enc.zero_()
+            sae.b_enc.copy_(-torch.quantile(sae.hidden_pre(batch), 1.0 - density, dim=0))
+    return sae
+
+
+def step_timings(
+    d_in: int, d_sae: int, batch_size: int, steps: int, device: str, densities: list[float]
+) -> dict:
+    """Seconds per step of SAELens' standard and topk SAEs and of BAEs: as initialised, at each
+    of ``densities`` (through the sparse CPU products where they apply, and through matmuls), and
+    without the covariance term."""
     torch.manual_seed(0)
     batch = torch.randn(batch_size, d_in, device=device)
-    models = {
-        "standard": StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae)),
-        "topk": TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=32)),
-        "bae": BAETrainingSAE(BAETrainingSAEConfig(d_in=d_in, d_sae=d_sae, entropy_off_steps=0)),
-        "bae_no_covariance": BAETrainingSAE(
-            BAETrainingSAEConfig(
-                d_in=d_in, d_sae=d_sae, entropy_off_steps=0, covariance_coefficient=0.0
-            )
+    models: dict[str, Any] = {
+        "standard": lambda: StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae)),
+        "topk": lambda: TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=32)),
+        "bae": lambda: bae_at_density(d_in, d_sae, batch, None),
+        "bae_no_covariance": lambda: bae_at_density(
+            d_in, d_sae, batch, None, covariance_coefficient=0.0
         ),
     }
-    seconds = {}
-    for name, sae in models.items():
-        seconds[name] = time_training_step(sae.to(device), batch, steps)
-        print(f"  {name:18s} {seconds[name] * 1e3:9.2f} ms/step", flush=True)
+    for density in densities:
+        models[f"bae_density_{density:g}"] = lambda p=density: bae_at_density(d_in, d_sae, batch, p)
+        if not device.startswith("cuda"):
+            models[f"bae_density_{density:g}_matmul"] = lambda p=density: bae_at_density(
+                d_in, d_sae, batch, p
+            )
+    seconds, code_density = {}, {}
+    for name, make in models.items():
+        sae = make().to(device)
+        saved = covariance.SPARSE_DENSITY
+        if name.endswith("_matmul"):  # the same BAE with the sparse CPU products turned off
+            covariance.SPARSE_DENSITY = -1.0
+        try:
+            seconds[name] = time_training_step(sae, batch, steps)
+        finally:
+            covariance.SPARSE_DENSITY = saved
+        if isinstance(sae, BAETrainingSAE):
+            with torch.no_grad():
+                code_density[name] = float(sae.encode_bits(batch).mean())
+        print(f"  {name:28s} {seconds[name] * 1e3:9.2f} ms/step", flush=True)
     return {
         "seconds_per_step": seconds,
+        "code_density_after_timing": code_density,
+        "over_standard": {name: sec / seconds["standard"] for name, sec in seconds.items()},
         "bae_over_standard": seconds["bae"] / seconds["standard"],
         "bae_over_topk": seconds["bae"] / seconds["topk"],
         "bae_without_covariance_over_standard": seconds["bae_no_covariance"] / seconds["standard"],
@@ -162,6 +202,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--memory-sizes", default="4096,16384,65536")
+    parser.add_argument(
+        "--densities",
+        default="0.16,0.05",
+        help="code densities to time BAEs at besides their initial ~0.5 (0.16: a trained default)",
+    )
     parser.add_argument("--dense-budget-gib", type=float, default=8.0)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--probe", nargs=4, metavar=("N", "BATCH", "KIND", "DEVICE"))
@@ -181,15 +226,19 @@ def main() -> None:
     if args.device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name()
     print(f"Training step, d_in={args.d_in} d_sae={d_sae} batch={args.batch} on {info}")
-    timings = step_timings(args.d_in, d_sae, args.batch, args.steps, args.device)
+    densities = [float(p) for p in args.densities.split(",") if p]
+    timings = step_timings(args.d_in, d_sae, args.batch, args.steps, args.device, densities)
     print("Covariance penalty peak memory (forward + backward), batch", args.batch)
     sizes = [int(s) for s in args.memory_sizes.split(",") if s]
     memory = covariance_memory(sizes, args.batch, args.device, args.dense_budget_gib)
 
-    print("\n| model | ms/step | ratio to standard | ratio to topk |\n|---|---|---|---|")
+    print("\n| model | code density | ms/step | ratio to standard | ratio to topk |")
+    print("|---|---|---|---|---|")
     for name, sec in timings["seconds_per_step"].items():
         std, topk = timings["seconds_per_step"]["standard"], timings["seconds_per_step"]["topk"]
-        print(f"| {name} | {sec * 1e3:.2f} | {sec / std:.2f} | {sec / topk:.2f} |")
+        density = timings["code_density_after_timing"].get(name)
+        shown = f"{density:.3f}" if density is not None else "-"
+        print(f"| {name} | {shown} | {sec * 1e3:.2f} | {sec / std:.2f} | {sec / topk:.2f} |")
     print("\n| d_sae | tiled peak MiB | dense peak MiB | tiled / dense | tiled s |")
     print("|---|---|---|---|---|")
     for row in memory:

@@ -17,6 +17,7 @@ ROOT = Path(sae_lens_bae.__file__).parent
 PACKAGE = "sae_lens_bae"
 
 FLOORS = {
+    "sae_lens_bae.covariance": 0,
     "sae_lens_bae.losses": 0,
     "sae_lens_bae.global_batch": 0,
     "sae_lens_bae.reports": 0,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sae_lens_bae import losses
+from sae_lens_bae import covariance
 from sae_lens_bae.losses import (
     binary_entropy,
     covariance_penalty,
@@ -71,7 +71,7 @@ def dense_reference(codes: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(("n", "block"), [(37, 8), (300, 64), (300, None), (130, 1000)])
 def test_covariance_penalty_matches_dense_reference(binary, n, block, backward, monkeypatch):
     if backward == "recomputed":  # the path taken above 2048 channels
-        monkeypatch.setattr(losses, "_SIGN_CACHE_LIMIT", 0)
+        monkeypatch.setattr(covariance, "_SIGN_CACHE_LIMIT", 0)
     torch.manual_seed(n)
     base = (torch.rand(96, n) < 0.2).double() if binary else torch.randn(96, n).double()
     tiled_in = base.float().requires_grad_()
@@ -137,7 +137,7 @@ def test_an_out_of_memory_in_the_bf16_products_propagates(monkeypatch):
     def out_of_memory(*args, **kwargs):  # noqa: ARG001
         raise RuntimeError("CUDA out of memory. Tried to allocate 16.00 GiB")
 
-    monkeypatch.setattr(losses, "_bf16_products", lambda a: True)  # noqa: ARG005
+    monkeypatch.setattr(covariance, "_bf16_products", lambda a: True)  # noqa: ARG005
     monkeypatch.setattr(torch, "mm", out_of_memory)
     monkeypatch.setattr(torch, "bmm", out_of_memory)
     with pytest.raises(RuntimeError, match="out of memory"):

@@ -121,7 +121,8 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         total_training_steps: length of training, needed only to resolve the fraction above;
             :func:`sae_lens_bae.training.fill_training_schedule` fills it from a runner config.
         dense_threshold: firing rate above which a code bit counts as dense in the metrics.
-        covariance_block_size: tile size of the covariance penalty (None: min(n_bits, 2048)).
+        covariance_block_size: tile size of the covariance penalty (None: by device, at most
+            2048 on CUDA and 724 elsewhere, evened out over n_bits).
         code_mean_decay: the ``code_mean`` buffer (mean code, the prior used for burstiness) is a
             running mean over the first 1 / (1 - decay) steps, then an exponential average.
         firing_coefficient: a_f, weight of the summed minibatch firing rates (the mean number of

@@ -1,0 +1,106 @@
+"""The covariance penalty's two exact paths for 0/1 codes (matmuls, and on CPU the sparse sums over
+the entries that are 1, with dense channels flipped) agree with each other and with torch.cov."""
+
+import pytest
+import torch
+
+from sae_lens_bae import covariance
+from sae_lens_bae.covariance import covariance_penalty
+
+
+def reference(codes: torch.Tensor) -> torch.Tensor:
+    """Dense torch.cov in float64 per member of a stack, exact zeros snapped to 0 (the subgradient
+    of |.| at 0 that the tiles take)."""
+    total = []
+    for member in codes.reshape(-1, *codes.shape[-2:]):
+        cov = torch.cov(member.T)
+        cov = torch.where(cov.abs() < 1e-12, cov * 0, cov)
+        total.append(cov.abs().sum() - cov.diagonal().abs().sum())
+    return torch.stack(total).reshape(codes.shape[:-2])
+
+
+def codes_with_dense_and_silent_channels(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Sparse 0/1 codes (5% of entries) in which some channels fire on 80-100% of the batch (the
+    sparse path flips them) and one block of channels never fires (empty bags)."""
+    generator = torch.Generator().manual_seed(seed)
+    rates = torch.full(shape[-1:], 0.05)
+    rates[::7] = 0.8
+    rates[1] = 1.0
+    rates[-5:] = 0.0
+    return (torch.rand(shape, generator=generator) < rates).float()
+
+
+def run(codes: torch.Tensor, path: str, monkeypatch, weights=None, **kwargs):
+    """Penalty and gradient of (weights * penalty).sum() through the given path."""
+    monkeypatch.setattr(covariance, "SPARSE_DENSITY", 1.0 if path == "sparse" else -1.0)
+    built = []
+    real = covariance._SparseProducts
+
+    def spy(*args):
+        built.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(covariance, "_SparseProducts", spy)
+    leaf = codes.clone().requires_grad_()
+    penalty = covariance_penalty(leaf, binary=True, **kwargs)
+    (penalty * (1.0 if weights is None else weights)).sum().backward()
+    assert bool(built) == (path == "sparse")
+    return penalty.detach(), leaf.grad
+
+
+@pytest.mark.parametrize("cache", ["cached_signs", "recomputed"])
+@pytest.mark.parametrize(
+    ("shape", "block"),
+    [((96, 37), 8), ((130, 300), 64), ((64, 300), None), ((3, 80, 45), 16), ((2, 2, 50, 33), 10)],
+)
+def test_sparse_and_matmul_paths_agree_with_torch_cov(shape, block, cache, monkeypatch):
+    if cache == "recomputed":
+        monkeypatch.setattr(covariance, "_SIGN_CACHE_LIMIT", 0)
+    codes = codes_with_dense_and_silent_channels(shape, seed=shape[-1])
+    weights = torch.arange(1.0, codes[..., 0, 0].numel() + 1).reshape(shape[:-2])
+    sparse, sparse_grad = run(codes, "sparse", monkeypatch, weights, block_size=block)
+    dense, dense_grad = run(codes, "matmul", monkeypatch, weights, block_size=block)
+    # exact integer tiles either way: the same penalty bit for bit, gradients to rounding
+    assert torch.equal(sparse, dense)
+    assert torch.allclose(sparse_grad, dense_grad, rtol=1e-6, atol=1e-7)
+    exact_in = codes.double().requires_grad_()
+    exact = reference(exact_in)
+    (exact * weights).sum().backward()
+    assert torch.allclose(sparse.double(), exact, rtol=1e-6)
+    error = (sparse_grad.double() - exact_in.grad).norm() / exact_in.grad.norm()
+    assert error <= 1e-5
+
+
+def test_sparse_path_bands_add_up_to_the_whole():
+    """Each rank's band of tiles (share) through the sparse products sums to the full penalty."""
+    codes = codes_with_dense_and_silent_channels((64, 90), seed=1)
+    whole = covariance_penalty(codes, 16, binary=True)
+    bands = [covariance_penalty(codes, 16, binary=True, share=(r, 3)) for r in range(3)]
+    assert torch.allclose(sum(bands), whole, rtol=1e-6)
+
+
+def test_sparse_path_above_4096_samples_is_exact_in_float64(monkeypatch):
+    codes = codes_with_dense_and_silent_channels((5000, 24), seed=2)
+    sparse, sparse_grad = run(codes, "sparse", monkeypatch)
+    dense, dense_grad = run(codes, "matmul", monkeypatch)
+    assert sparse.dtype == torch.float64
+    assert sparse.item() == dense.item() == pytest.approx(reference(codes.double()).item(), 1e-12)
+    assert torch.allclose(sparse_grad, dense_grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize(("rate", "sparse"), [(0.05, True), (0.95, True), (0.5, False)])
+def test_the_path_follows_the_density_after_flipping(rate, sparse, monkeypatch):
+    """Codes at 5% (or 95%: every channel flips) take the sparse products on CPU; codes at 50%
+    the matmuls, for which sparse sums would be slower."""
+    built = []
+    real = covariance._SparseProducts
+    monkeypatch.setattr(covariance, "_SparseProducts", lambda *a: built.append(a) or real(*a))
+    codes = (torch.rand(128, 64, generator=torch.Generator().manual_seed(0)) < rate).float()
+    covariance_penalty(codes, binary=True)
+    assert bool(built) is sparse
+
+
+def test_codes_with_no_one_at_all_take_the_sparse_path(monkeypatch):
+    penalty, grad = run(torch.zeros(16, 12), "sparse", monkeypatch)
+    assert penalty.item() == 0.0
+    assert torch.equal(grad, torch.zeros(16, 12))
