@@ -9,11 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from torch import Tensor
 
 __all__ = [
+    "entropy_curves_figure",
     "error_colour_bar",
     "legend_marker",
     "plot_comsem_scores",
@@ -173,13 +177,32 @@ def plot_entropy_curves(
     log2_x: bool = False,
 ) -> Path:
     """Estimated bits against ``x``, one curve per value of ``curve``, with error bars (the
-    spread over seeds, ``bits_std``, when the rows have it); reliable cells filled, unreliable
-    ones hollow (``reliable`` False: a poor reconstruction or an estimate above its ceiling).
-    Filled points are coloured by their BAE's relative reconstruction error."""
+    spread over seeds, ``bits_std``, when the rows have it) and, dotted, each cell's ceiling
+    log2(number of states) (``ceiling_bits``, when the rows have it): no set of that many states
+    holds more. Every point is coloured by its BAE's relative reconstruction error; reliable
+    cells are filled, unreliable ones hollow rings (``reliable`` False: a poor reconstruction or
+    an estimate above its ceiling)."""
+    fig = entropy_curves_figure(rows, x=x, curve=curve, xlabel=xlabel, curve_label=curve_label,
+                                title=title, log2_x=log2_x)  # fmt: skip
+    return save_figure(fig, path)
+
+
+def entropy_curves_figure(
+    rows: list[dict],
+    *,
+    x: str,
+    curve: str,
+    xlabel: str,
+    curve_label: str,
+    title: str = "",
+    log2_x: bool = False,
+) -> Any:
+    """The figure of :func:`plot_entropy_curves`, unsaved."""
     fig, ax = subplots(figsize=(7.5, 4.8))
     errors = [r["relative_error"] for r in rows if r["relative_error"] is not None]
-    vmax = max(errors) if errors else 1.0
-    scatter = None
+    norm = Normalize(vmin=0.0, vmax=max(errors) if errors else 1.0)
+    cmap = colormaps["viridis"]
+    mappable = None
     for n, value in enumerate(sorted({r[curve] for r in rows})):
         group = sorted((r for r in rows if r[curve] == value), key=lambda r: r[x])
         xs = [r[x] for r in group]
@@ -191,30 +214,37 @@ def plot_entropy_curves(
         spread = [r.get("bits_std") or 0.0 for r in group]
         ax.errorbar(xs, bits, yerr=spread, fmt="-", color=colour, alpha=0.7, capsize=2,
                     label=label)  # fmt: skip
-        reliable = [r.get("reliable", True) for r in group]
-        kept = [i for i, ok in enumerate(reliable) if ok]
-        doubtful = [i for i, ok in enumerate(reliable) if not ok]
-        if kept:
-            scatter = ax.scatter(
-                [xs[i] for i in kept],
-                [bits[i] for i in kept],
-                c=[np.nan if group[i]["relative_error"] is None else group[i]["relative_error"]
-                   for i in kept],
-                cmap="viridis", vmin=0.0, vmax=vmax, s=36, zorder=3, edgecolors="k",
-                linewidths=0.3,
+        if all(r.get("ceiling_bits") is not None for r in group):
+            ax.plot(xs, [r["ceiling_bits"] for r in group], ":", color=colour, linewidth=1.2,
+                    gid="ceiling")  # fmt: skip
+        shades = [
+            (0.6, 0.6, 0.6, 1.0) if r["relative_error"] is None else cmap(norm(r["relative_error"]))
+            for r in group
+        ]
+        for reliable in (True, False):
+            picked = [i for i, r in enumerate(group) if bool(r.get("reliable", True)) is reliable]
+            if not picked:
+                continue
+            points = ax.scatter(
+                [xs[i] for i in picked], [bits[i] for i in picked], s=36 if reliable else 44,
+                zorder=3, facecolors=[shades[i] for i in picked] if reliable else "none",
+                edgecolors="k" if reliable else [shades[i] for i in picked],
+                linewidths=0.3 if reliable else 1.8, gid="reliable" if reliable else "unreliable",
             )  # fmt: skip
-        if doubtful:
-            ax.scatter([xs[i] for i in doubtful], [bits[i] for i in doubtful], s=40, zorder=3,
-                       facecolors="none", edgecolors=colour, linewidths=1.2)  # fmt: skip
+            mappable = mappable or points
     if log2_x:
         ax.set_xscale("log", base=2)
     ax.set(xlabel=xlabel, ylabel="estimated entropy (bits)", title=title)
+    if any(r.get("ceiling_bits") is not None for r in rows):
+        ax.plot([], [], ":", color="k", label="ceiling: log2(states)")
     if any(not r.get("reliable", True) for r in rows):
-        ax.scatter([], [], s=40, facecolors="none", edgecolors="k", label="unreliable cell")
+        ax.scatter([], [], s=44, facecolors="none", edgecolors="k", linewidths=1.8,
+                   label="unreliable cell (ring)")  # fmt: skip
     ax.legend(fontsize=8)
-    if scatter is not None:
-        error_colour_bar(fig, ax, scatter)
-    return save_figure(fig, path)
+    if mappable is not None:
+        fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax,
+                     label="relative reconstruction error (SSE / variance)")  # fmt: skip
+    return fig
 
 
 def plot_comsem_scores(

@@ -31,3 +31,34 @@ def test_a_saved_figure_leaves_no_pyplot_figure_open(tmp_path):
     path = plot_firing_frequencies(frequencies, tmp_path / "firing.png")
     assert plt.get_fignums() == before
     assert matplotlib.image.imread(path).shape[2] == 4  # a real RGBA PNG
+
+
+def test_entropy_trace_draws_ceilings_and_keeps_the_error_colour_of_unreliable_cells():
+    from matplotlib import colormaps
+
+    from sae_lens_bae.plots import entropy_curves_figure
+
+    rows = [
+        {"position": 1, "layer": 5, "bits": 1.6, "bits_std": 0.1, "relative_error": 0.0,
+         "ceiling_bits": 9.0, "reliable": True},
+        {"position": 2, "layer": 5, "bits": 11.0, "bits_std": 0.3, "relative_error": 0.5,
+         "ceiling_bits": 9.8, "reliable": False},
+        {"position": 4, "layer": 5, "bits": 16.0, "bits_std": 3.0, "relative_error": 0.25,
+         "ceiling_bits": 9.9, "reliable": False},
+    ]  # fmt: skip
+    fig = entropy_curves_figure(rows, x="position", curve="layer", xlabel="position",
+                                curve_label="layer")  # fmt: skip
+    ax = fig.axes[0]
+    ceilings = [line for line in ax.lines if line.get_gid() == "ceiling"]
+    assert len(ceilings) == 1
+    assert list(ceilings[0].get_ydata()) == [9.0, 9.8, 9.9]
+    (rings,) = [c for c in ax.collections if c.get_gid() == "unreliable"]
+    (filled,) = [c for c in ax.collections if c.get_gid() == "reliable"]
+    viridis = colormaps["viridis"]
+    # errors 0.5 and 0.25 on a 0..0.5 scale: the ends and the middle of the colour map
+    assert rings.get_edgecolors().tolist() == [list(viridis(1.0)), list(viridis(0.5))]
+    assert rings.get_facecolors().shape[0] == 0  # hollow
+    assert filled.get_facecolors().tolist() == [list(viridis(0.0))]
+    labels = ax.get_legend_handles_labels()[1]
+    assert "ceiling: log2(states)" in labels
+    assert "unreliable cell (ring)" in labels
