@@ -9,7 +9,8 @@ from sae_lens_bae.training import Convergence, ConvergenceMonitor
 
 
 def test_convergence_monitor_on_hand_made_curves():
-    rule = Convergence(check_every=10, window=2, rtol=0.01, atol_bits=0.1, min_steps=20)
+    rule = Convergence(check_every=10, window=2, rtol=0.01, atol_bits=0.1, min_steps=20,
+                       horizon=0.0)  # fmt: skip
     monitor = ConvergenceMonitor(rule, 2)
     assert [n for n in range(40) if monitor.due(n)] == [9, 19, 29, 39]
     # checks up to min_steps are not evidence: the objective is not complete yet
@@ -26,6 +27,27 @@ def test_convergence_monitor_on_hand_made_curves():
     assert monitor.update(69, [9.9, 0.3], [9.9, 6.9]) == [1]
     assert monitor.errors[0] == [0.5, 0.5, 0.5, 0.5]
     assert monitor.done and monitor.converged_at == [60, 70]
+
+
+def test_a_slow_drift_is_not_a_plateau_over_the_horizon():
+    """Entropy rising 0.02 bits per check (10 steps) after 100 steps: two windows of 2 checks
+    differ by 0.04 bits, under the 0.1-bit tolerance, but at that pace training as long again
+    (100 steps: 5 times the windows' 20 steps apart) would add 0.2 bits."""
+    rules = {h: Convergence(check_every=10, window=2, rtol=0.0, atol_bits=0.1, horizon=h)
+             for h in (0.0, 1.0)}  # fmt: skip
+    monitors = {h: ConvergenceMonitor(rule, 1) for h, rule in rules.items()}
+    stopped = {}
+    for n, step in enumerate(range(69, 200, 10)):
+        for h, monitor in monitors.items():
+            if monitor.update(step, [0.1], [9.0 + 0.02 * n]):
+                stopped[h] = step + 1
+    assert stopped == {0.0: 100}  # the windows-only rule stops at its first chance
+    # a plateau passes with the horizon too: windows 9.0 and 9.01 at step 130 project to
+    # 0.01 x 130 / 20 = 0.065 bits; 9.0 and 9.02 would project to 0.13 and keep it training
+    for last, expected in ((9.01, [0]), (9.02, [])):
+        plateau = ConvergenceMonitor(rules[1.0], 1)
+        checks = zip((99, 109, 119, 129), (9.0, 9.0, last, last), strict=True)
+        assert [plateau.update(step, [0.1], [bits]) for step, bits in checks][-1] == expected
 
 
 def test_the_convergence_rule_stops_early_on_an_easy_set():

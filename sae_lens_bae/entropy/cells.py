@@ -83,6 +83,10 @@ class EntropyRecipe:
     patience: int = 5
     """Checks per window: the mean of the last window must match the one before it (a plateau
     of a few hundred steps before the code drops a bit is common, so not too few)."""
+    convergence_horizon: float = 1.0
+    """The two windows' difference is extrapolated over this many times the steps trained so
+    far before it is compared with the tolerance: a slow drift is not a plateau (0: compare the
+    windows as they are)."""
 
     def check_samples(self, n: int, what: str) -> None:
         """Fail before any model runs if a cell would hold fewer samples than one minibatch."""
@@ -111,7 +115,8 @@ class EntropyRecipe:
         """The convergence rule of this recipe, or None (train every step)."""
         if not self.converge:
             return None
-        return Convergence(check_every=self.check_every, window=self.patience)
+        return Convergence(check_every=self.check_every, window=self.patience,
+                           horizon=self.convergence_horizon)  # fmt: skip
 
 
 TRACING_RECIPE = EntropyRecipe(expansion=1, steps=1500, batch_size=256, lr=4e-3, seeds=3)
