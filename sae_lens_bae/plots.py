@@ -165,26 +165,10 @@ def error_colour_bar(fig: Any, ax: Any, scatter: Any) -> None:
     fig.colorbar(scatter, ax=ax, label="relative reconstruction error (SSE / variance)")
 
 
-def plot_entropy_curves(
-    rows: list[dict],
-    path: str | Path,
-    *,
-    x: str,
-    curve: str,
-    xlabel: str,
-    curve_label: str,
-    title: str = "",
-    log2_x: bool = False,
-) -> Path:
-    """Estimated bits against ``x``, one curve per value of ``curve``, with error bars (the
-    spread over seeds, ``bits_std``, when the rows have it) and, dotted, each cell's ceiling
-    log2(number of states) (``ceiling_bits``, when the rows have it): no set of that many states
-    holds more. Every point is coloured by its BAE's relative reconstruction error; reliable
-    cells are filled, unreliable ones hollow rings (``reliable`` False: a poor reconstruction or
-    an estimate above its ceiling)."""
-    fig = entropy_curves_figure(rows, x=x, curve=curve, xlabel=xlabel, curve_label=curve_label,
-                                title=title, log2_x=log2_x)  # fmt: skip
-    return save_figure(fig, path)
+def plot_entropy_curves(rows: list[dict], path: str | Path, **options: Any) -> Path:
+    """:func:`entropy_curves_figure` of ``rows`` (with its keyword ``options``) written to
+    ``path``."""
+    return save_figure(entropy_curves_figure(rows, **options), path)
 
 
 def entropy_curves_figure(
@@ -197,7 +181,12 @@ def entropy_curves_figure(
     title: str = "",
     log2_x: bool = False,
 ) -> Any:
-    """The figure of :func:`plot_entropy_curves`, unsaved."""
+    """Estimated bits against ``x``, one curve per value of ``curve``, with error bars (the
+    spread over seeds, ``bits_std``, when the rows have it) and, dotted, each cell's ceiling
+    log2(number of states) (``ceiling_bits``, when the rows have it): no set of that many states
+    holds more. Every point is coloured by its BAE's relative reconstruction error; reliable
+    cells are filled, unreliable ones hollow rings (``reliable`` False: a poor reconstruction or
+    an estimate above its ceiling)."""
     fig, ax = subplots(figsize=(7.5, 4.8))
     errors = [r["relative_error"] for r in rows if r["relative_error"] is not None]
     norm = Normalize(vmin=0.0, vmax=max(errors) if errors else 1.0)
