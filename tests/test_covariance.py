@@ -33,6 +33,7 @@ def codes_with_dense_and_silent_channels(shape: tuple[int, ...], seed: int) -> t
 def run(codes: torch.Tensor, path: str, monkeypatch, weights=None, **kwargs):
     """Penalty and gradient of (weights * penalty).sum() through the given path."""
     monkeypatch.setattr(covariance, "SPARSE_DENSITY", 1.0 if path == "sparse" else -1.0)
+    monkeypatch.setattr(covariance, "SPARSE_MIN_BLOCK", 0)  # small tiles, to test many of them
     built = []
     real = covariance._SparseProducts
 
@@ -71,8 +72,9 @@ def test_sparse_and_matmul_paths_agree_with_torch_cov(shape, block, cache, monke
     assert error <= 1e-5
 
 
-def test_sparse_path_bands_add_up_to_the_whole():
+def test_sparse_path_bands_add_up_to_the_whole(monkeypatch):
     """Each rank's band of tiles (share) through the sparse products sums to the full penalty."""
+    monkeypatch.setattr(covariance, "SPARSE_MIN_BLOCK", 0)
     codes = codes_with_dense_and_silent_channels((64, 90), seed=1)
     whole = covariance_penalty(codes, 16, binary=True)
     bands = [covariance_penalty(codes, 16, binary=True, share=(r, 3)) for r in range(3)]
@@ -88,14 +90,21 @@ def test_sparse_path_above_4096_samples_is_exact_in_float64(monkeypatch):
     assert torch.allclose(sparse_grad, dense_grad, rtol=1e-10, atol=1e-14)
 
 
-@pytest.mark.parametrize(("rate", "sparse"), [(0.05, True), (0.95, True), (0.5, False)])
-def test_the_path_follows_the_density_after_flipping(rate, sparse, monkeypatch):
-    """Codes at 5% (or 95%: every channel flips) take the sparse products on CPU; codes at 50%
-    the matmuls, for which sparse sums would be slower."""
+@pytest.mark.parametrize(
+    ("rate", "shape", "sparse"),
+    [(0.05, (128, 300), True), (0.95, (128, 300), True), (0.5, (128, 300), False),
+     (0.05, (45, 128, 300), False), (0.05, (128, 200), False)],
+)  # fmt: skip
+def test_the_path_follows_the_density_after_flipping_and_the_tile_width(
+    rate, shape, sparse, monkeypatch
+):
+    """One BAE's codes at 5% (or 95%: every channel flips) take the sparse products on CPU; at
+    50% the matmuls, for which sparse sums would be slower; so do 45 stacked BAEs (tiles of 128)
+    and 200 channels (one tile, narrower than SPARSE_MIN_BLOCK)."""
     built = []
     real = covariance._SparseProducts
     monkeypatch.setattr(covariance, "_SparseProducts", lambda *a: built.append(a) or real(*a))
-    codes = (torch.rand(128, 64, generator=torch.Generator().manual_seed(0)) < rate).float()
+    codes = (torch.rand(shape, generator=torch.Generator().manual_seed(0)) < rate).float()
     covariance_penalty(codes, binary=True)
     assert bool(built) is sparse
 

@@ -86,7 +86,8 @@ def test_converged_baes_drop_out_and_the_others_train_as_if_alone():
         d_in=8, d_sae=12, dtype="float64", entropy_off_steps=10, entropy_coefficient=1e-2,
         covariance_coefficient=1e-3, resample_every=7, resample_rate=0.2,
     )  # fmt: skip
-    rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2)
+    rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2,
+                       horizon=0.0)  # fmt: skip
     kwargs = dict(training_samples=80 * 64, batch_size=64, lr=2e-3, progress=False,
                   convergence=rule)  # fmt: skip
     seeds = [5, 6, 7]
