@@ -76,3 +76,21 @@ def test_an_undersized_bae_is_flagged_unreliable():
     assert cell.bits == pytest.approx(sum(cell.bits_per_seed) / 2)
     summary = cell.summary()
     assert summary["reliable"] is False and summary["ceiling_bits"] == cell.ceiling_bits
+
+
+def test_the_reliability_note_says_why_each_cell_is_unreliable():
+    from sae_lens_bae.entropy.cells import reliability_note
+
+    rows = [
+        {"layer": 5, "bits": 3.2, "relative_error": 0.04, "ceiling_bits": 9.0, "reliable": True},
+        {"layer": 25, "bits": 10.2, "relative_error": 0.21, "ceiling_bits": 10.0,
+         "reliable": False},
+        {"layer": 15, "bits": 2.0, "relative_error": 0.65, "ceiling_bits": 9.0, "reliable": False},
+    ]  # fmt: skip
+    note = reliability_note(rows, lambda row: f"layer {row['layer']}").splitlines()
+    assert note[0].startswith("1 of 3 cells are reliable")
+    assert note[1] == (
+        "- unreliable: layer 25: relative error 0.21, estimate 10.2 bits, over its ceiling 10.0"
+    )
+    assert note[2] == "- unreliable: layer 15: relative error 0.65"
+    assert note[-1].startswith("Most cells are unreliable")

@@ -151,7 +151,9 @@ def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
         if row["relative_error"] is not None and row["relative_error"] > DEFAULT_MAX_RELATIVE_ERROR:
             reasons.append(f"relative error {row['relative_error']:.2f}")
         if row["bits"] > row.get("ceiling_bits", float("inf")) + 1e-6:
-            reasons.append(f"{row['bits']:.1f} bits above its ceiling {row['ceiling_bits']:.1f}")
+            reasons.append(
+                f"estimate {row['bits']:.1f} bits, over its ceiling {row['ceiling_bits']:.1f}"
+            )
         lines.append(f"- unreliable: {name(row)}: {', '.join(reasons) or 'see the table'}")
     if len(bad) * 2 > len(rows):
         lines.append("\nMost cells are unreliable: their BAEs do not reconstruct the states (or "
