@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
+from sae_lens_bae.entropy.cells import reliability_note
 from sae_lens_bae.experiments.synthetic import directional_data
 from sae_lens_bae.training import Convergence, ConvergenceMonitor
 
@@ -79,8 +80,6 @@ def test_an_undersized_bae_is_flagged_unreliable():
 
 
 def test_the_reliability_note_says_why_each_cell_is_unreliable():
-    from sae_lens_bae.entropy.cells import reliability_note
-
     rows = [
         {"layer": 5, "bits": 3.2, "relative_error": 0.04, "ceiling_bits": 9.0, "reliable": True},
         {"layer": 25, "bits": 10.2, "relative_error": 0.21, "ceiling_bits": 10.0,
