@@ -1,6 +1,7 @@
 import dataclasses
 import importlib
 import json
+import typing
 
 import pytest
 import torch
@@ -11,8 +12,10 @@ from sae_lens.training.optim import CoefficientScheduler
 
 import sae_lens_bae
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig, bits_to_values
+from sae_lens_bae.entropy import EntropyRecipe
 from sae_lens_bae.losses import covariance_penalty, minibatch_entropy
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
+from sae_lens_bae.saes.bae_presets import PresetName
 from sae_lens_bae.saes.binary import step
 from sae_lens_bae.saes.canonical import canonicalise
 
@@ -141,6 +144,15 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     assert explicit.entropy_coefficient == 0.5
     with pytest.raises(ValueError, match="unknown BAE preset"):
         bae_config(d_in, preset="fast")
+    # estimate_entropies trains with the registry's entropy preset: one rule for both paths
+    through_registry = bae_config(d_in, preset="entropy", total_training_steps=16000)
+    through_recipe = EntropyRecipe().config(d_in)
+    for name in ("entropy_coefficient", "covariance_coefficient", "surrogate_temperature",
+                 "entropy_off_fraction", "resample_every", "firing_coefficient"):  # fmt: skip
+        assert getattr(through_recipe, name) == getattr(through_registry, name), name
+    assert through_registry.entropy_coefficient == pytest.approx(5e-7 * scale)
+    assert EntropyRecipe().lr == BAE_PRESETS["entropy"].lr == 4e-3
+    assert set(typing.get_args(PresetName)) == set(BAE_PRESETS)  # the CLIs' choices
 
 
 def test_forward_is_binary_code_then_linear_decode():

@@ -39,6 +39,7 @@ from sae_lens_bae.plots import (
 )
 from sae_lens_bae.reports import Stopwatch, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
+from sae_lens_bae.saes.bae_presets import PresetName
 from sae_lens_bae.saes.canonical import canonicalise
 from sae_lens_bae.training import BASELINES, baseline_configs, train_sae, train_transcoder
 
@@ -79,7 +80,7 @@ class CompareConfig(LayerData):
     """Flip the BAE's mostly-on bits first, so that every bit's 1 is its rare state (exact)."""
     spliced_sequences: int = 64
     """Held-out sequences on which each model is spliced into the LM (CE, KL); 0: skip."""
-    bae_preset: Literal["default", "short_run", "paper"] = "default"
+    bae_preset: PresetName = "default"
     """The BAE's training recipe (sae_lens_bae.saes.bae_presets)."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
     """BAE config fields that replace the recipe's, e.g. entropy_coefficient=1e-6."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 
@@ -22,6 +22,7 @@ from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
 from sae_lens_bae.reports import Stopwatch, cell, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, BAETrainingSAEConfig, bae_config
+from sae_lens_bae.saes.bae_presets import PresetName
 from sae_lens_bae.training import TrainingRun, train_sae
 
 __all__ = ["REPORT", "QuickstartConfig", "run"]
@@ -56,7 +57,7 @@ class QuickstartConfig:
     """Training steps per model."""
     batch_size: int = 512
     """Activations per training step."""
-    bae_preset: Literal["default", "short_run", "paper"] = "default"
+    bae_preset: PresetName = "default"
     """The BAE's training recipe (sae_lens_bae.saes.bae_presets); its lr unless --bae-lr."""
     bae_lr: float | None = None
     """Adam learning rate of the BAE (default: its recipe's)."""

@@ -11,8 +11,12 @@ than at a large one. How ``default`` was chosen, with the table of every recipe 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["BAE_PRESETS", "BAEPreset"]
+__all__ = ["BAE_PRESETS", "BAEPreset", "PresetName"]
+
+PresetName = Literal["default", "short_run", "entropy", "paper"]
+"""The names of ``BAE_PRESETS`` (for configs and CLIs that pick one)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class BAEPreset:
         }
 
 
-BAE_PRESETS: dict[str, BAEPreset] = {
+BAE_PRESETS: dict[PresetName, BAEPreset] = {
     # the recipe study's best (docs/features.md): the short-run entropy coefficient with 8x its
     # covariance coefficient, the paper's surrogate temperature, and near-constant channels
     # resampled every 125 steps until 95% of training. SmolLM2-135M layer 15, 2000 steps, CPU:
@@ -66,6 +70,13 @@ BAE_PRESETS: dict[str, BAEPreset] = {
     # the coefficients EntropyRecipe uses): the preset for entropy estimation through the registry
     "short_run": BAEPreset(
         lr=2e-3, surrogate_temperature=0.3, entropy_coefficient=5e-7, covariance_coefficient=1e-6
+    ),
+    # entropy estimation through the registry: the short-run coefficients and temperature at
+    # EntropyRecipe's lr, no resampling (a resampled channel is a random one: it adds entropy).
+    # Calibrated on states scaled to unit mean squared norm (entropy.normalise_scale), as
+    # estimate_entropies scales them: the BAE is not scale-invariant (docs/entropy.md)
+    "entropy": BAEPreset(
+        lr=4e-3, surrogate_temperature=0.3, entropy_coefficient=5e-7, covariance_coefficient=1e-6
     ),
     # the paper: a_e = a_c = 1e-7 whatever d, sigmoid surrogate at T = 1, Adam lr 5e-4, 100 epochs
     "paper": BAEPreset(

@@ -27,6 +27,7 @@ from sae_lens_bae.activations.store import ResumableActivationsStore
 from sae_lens_bae.data import load_token_dataset, token_rows
 from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
+from sae_lens_bae.saes.bae_presets import PresetName
 from sae_lens_bae.training.checkpoints import (
     latest_checkpoint,
     mark_complete,
@@ -62,7 +63,7 @@ class LiveTrainingConfig:
     """Activations (tokens) to train on."""
     batch_size: int = 512
     """Activations per training step (the minibatch of the entropy term)."""
-    preset: Literal["default", "short_run", "paper"] = "default"
+    preset: PresetName = "default"
     """Training recipe (sae_lens_bae.saes.bae_presets); the options below replace its values."""
     lr: float | None = None
     """Adam learning rate (default: the recipe's)."""
