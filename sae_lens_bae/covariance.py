@@ -1,8 +1,9 @@
 """The covariance penalty of the BAE objective: the sum of the absolute off-diagonal covariances
 of the code channels, exact, in tiles (a 65536-channel code never builds its 16 GiB matrix).
 
-Binary codes make every tile an integer product, computed one of two ways:
+Binary codes make every tile an integer product, computed one of three ways:
 
+* on CUDA with triton, fused kernels that never write a tile to memory (``fused_covariance``);
 * dense (batched) matmuls: bf16 operands with fp32 accumulation on CUDA, fp32 elsewhere;
 * on CPU, for sparse codes, sums over the entries that are 1 only (``embedding_bag``), after
   flipping every channel that fires in more than half of the batch (|cov| does not change when a
@@ -20,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
+
+from sae_lens_bae.fused_covariance import fused_applies, fused_backward, fused_forward
 
 __all__ = ["covariance_penalty", "dense_covariance_penalty"]
 
@@ -241,6 +244,14 @@ class _CovariancePenalty(torch.autograd.Function):
         work_dtype = torch.promote_types(codes.dtype, torch.float32)
         if binary and batch > _EXACT_FP32_BATCH:  # B * count reaches B^2 > 2^24: fp32 rounds
             work_dtype = torch.float64
+        ctx.fused = binary and fused_applies(codes, _EXACT_FP32_BATCH)
+        if ctx.fused:  # one Triton program per tile: nothing but codes and counts in memory
+            x = codes.detach().to(torch.float16).contiguous()  # exact for 0/1
+            counts = x.sum(1, dtype=torch.float32)
+            ctx.save_for_backward(x, counts)
+            ctx.share = share
+            total = fused_forward(x, counts, share)
+            return (total / (float(batch) * (batch - 1))).to(work_dtype)
         x = codes.detach()
         flips = None
         if binary:
@@ -276,6 +287,11 @@ class _CovariancePenalty(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
+        if ctx.fused:
+            x, counts = ctx.saved_tensors
+            grad = fused_backward(x, counts, ctx.share)
+            scale = grad_out.float().view(-1, 1, 1) * (2.0 / (x.shape[1] - 1))
+            return grad.mul_(scale), None, None, None
         (counts,) = ctx.saved_tensors
         products, binary, dtype = ctx.products, ctx.binary, ctx.work_dtype
         groups, batch, n = products.x.shape

@@ -18,6 +18,7 @@ PACKAGE = "sae_lens_bae"
 
 FLOORS = {
     "sae_lens_bae.covariance": 0,
+    "sae_lens_bae.fused_covariance": 0,
     "sae_lens_bae.losses": 0,
     "sae_lens_bae.global_batch": 0,
     "sae_lens_bae.reports": 0,
@@ -174,6 +175,8 @@ IMPORT_NAMES = {
     "simple_parsing": "simple-parsing",
 }
 NOT_IMPORTED = {"gguf": "read by transformers' GGUF loader (the embedded model)"}
+OPTIONAL = {"triton": "ships with torch's CUDA wheels; the dev extra brings it for CPU tests"}
+"""Imports guarded by ``except ImportError``, declared in an extra rather than required."""
 
 
 def test_declared_dependencies_are_exactly_the_third_party_imports():
@@ -191,5 +194,9 @@ def test_declared_dependencies_are_exactly_the_third_party_imports():
         for name in imported
         if name != PACKAGE and name not in sys.stdlib_module_names
     }
+    extras = {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0].lower()
+              for r in metadata.requires("sae-lens-bae") or [] if "extra ==" in r}  # fmt: skip
+    assert set(OPTIONAL) <= third_party and set(OPTIONAL) <= extras, "optional, not in an extra"
+    third_party -= set(OPTIONAL)
     assert third_party - declared == set(), "imported but not declared"
     assert declared - third_party - set(NOT_IMPORTED) == set(), "declared but never imported"

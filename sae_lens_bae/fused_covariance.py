@@ -1,0 +1,206 @@
+"""The covariance penalty of 0/1 codes as two Triton kernels: each tile is computed once, in
+registers, with nothing but the codes and their column counts read from memory.
+
+The tiled PyTorch path (``covariance.py``) builds every d_sae x d_sae tile in memory and passes
+over it several times (count, scale, subtract, sign, abs, sum; and in backward sign, two products,
+two sums). Here one program per upper-triangular tile and stacked BAE does all of it:
+
+* forward: the co-occurrence counts ``X_I^T X_J`` (fp16 operands, exact for 0/1, fp32
+  accumulation), ``B * count - c_i c_j`` (B(B-1) times the covariance: an exact integer for
+  B <= 4096), ``|.|`` summed over the off-diagonal entries, one partial sum per tile;
+* backward: the same tile recomputed, its sign S, and the gradient's integer products
+  ``X_I S`` and ``X_J S^T`` and ``c^T S`` added into fp32 buffers (atomic adds of integers below
+  2^24, so exact and deterministic in any order).
+
+Triton ships with torch's CUDA wheels; ``TRITON_INTERPRET=1`` runs the same kernels on CPU tensors
+(the test suite checks them that way against the PyTorch path).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only torch without triton: the PyTorch path serves every device
+    triton = None
+
+__all__ = [
+    "FUSED_DEVICES",
+    "HAS_TRITON",
+    "fused_applies",
+    "fused_backward",
+    "fused_forward",
+    "tile_pairs",
+]
+
+HAS_TRITON = triton is not None
+"""Whether the kernels can run (CUDA tensors, or CPU ones under ``TRITON_INTERPRET=1``)."""
+
+FUSED_DEVICES: set[str] = {"cuda"}
+"""Device types whose binary codes take these kernels (with triton installed): CUDA. Empty it to
+time the tiled PyTorch path; the tests add "cpu" under ``TRITON_INTERPRET=1``."""
+
+BLOCK_N = 128
+"""Tile side on CUDA (channels)."""
+BLOCK_B = 32
+"""Samples per step of a tile's loop over the batch."""
+
+
+@functools.lru_cache(maxsize=64)
+def tile_pairs(
+    n: int, block: int, share: tuple[int, int], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """(I, J) tile indices of the upper triangle I <= J, in ``_tiles``' order, keeping every
+    world-th from the rank-th (``share = (rank, world)``): the band one data-parallel rank owns."""
+    count = -(-n // block)
+    pairs = [(i, j) for i in range(count) for j in range(i, count)]
+    rank, world = share
+    mine = pairs[rank::world]
+    tiles = torch.tensor(mine, dtype=torch.int32).reshape(-1, 2)
+    return tiles[:, 0].contiguous().to(device), tiles[:, 1].contiguous().to(device)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _scaled_cov_tile(
+        x_ptr, counts_ptr, g, ti, tj, batch, n,
+        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    ):  # fmt: skip
+        """B(B-1) cov of tile (ti, tj) of stack member g, zero off the matrix and on its
+        diagonal; with the tile's channel indices and counts."""
+        rows = ti * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tj * BLOCK_N + tl.arange(0, BLOCK_N)
+        samples = tl.arange(0, BLOCK_B)
+        base = x_ptr + g.to(tl.int64) * batch * n
+        acc = tl.zeros((BLOCK_N, BLOCK_N), dtype=tl.float32)
+        for b0 in range(0, batch, BLOCK_B):
+            b = b0 + samples
+            offsets = b[:, None].to(tl.int64) * n
+            x_i = tl.load(base + offsets + rows[None, :],
+                          mask=(b[:, None] < batch) & (rows[None, :] < n), other=0.0)  # fmt: skip
+            x_j = tl.load(base + offsets + cols[None, :],
+                          mask=(b[:, None] < batch) & (cols[None, :] < n), other=0.0)  # fmt: skip
+            acc = tl.dot(tl.trans(x_i), x_j, acc)
+        c_i = tl.load(counts_ptr + g * n + rows, mask=rows < n, other=0.0)
+        c_j = tl.load(counts_ptr + g * n + cols, mask=cols < n, other=0.0)
+        cov = acc * batch - c_i[:, None] * c_j[None, :]
+        inside = (rows[:, None] < n) & (cols[None, :] < n) & (rows[:, None] != cols[None, :])
+        return tl.where(inside, cov, 0.0), rows, cols, c_i, c_j
+
+    @triton.jit
+    def _forward_kernel(
+        x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, out_ptr, batch, n, n_tiles,
+        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    ):  # fmt: skip
+        t = tl.program_id(0)
+        g = tl.program_id(1)
+        ti = tl.load(tile_i_ptr + t)
+        tj = tl.load(tile_j_ptr + t)
+        cov, rows, cols, c_i, c_j = _scaled_cov_tile(
+            x_ptr, counts_ptr, g, ti, tj, batch, n, BLOCK_N, BLOCK_B
+        )
+        total = tl.sum(tl.sum(tl.abs(cov), axis=1), axis=0)
+        weight = tl.where(ti == tj, 1.0, 2.0)  # an off-diagonal tile stands for its mirror too
+        tl.store(out_ptr + g * n_tiles + t, total * weight)
+
+    @triton.jit
+    def _backward_kernel(
+        x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, grad_ptr, sign_sums_ptr, batch, n,
+        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    ):  # fmt: skip
+        t = tl.program_id(0)
+        g = tl.program_id(1)
+        ti = tl.load(tile_i_ptr + t)
+        tj = tl.load(tile_j_ptr + t)
+        cov, rows, cols, c_i, c_j = _scaled_cov_tile(
+            x_ptr, counts_ptr, g, ti, tj, batch, n, BLOCK_N, BLOCK_B
+        )
+        sign = tl.where(cov > 0, 1.0, tl.where(cov < 0, -1.0, 0.0))
+        sums = sign_sums_ptr + g * n
+        tl.atomic_add(sums + cols, tl.sum(c_i[:, None] * sign, axis=0), mask=cols < n)
+        mirrored = ti != tj  # an off-diagonal tile also holds its mirror's entries
+        if mirrored:
+            tl.atomic_add(sums + rows, tl.sum(sign * c_j[None, :], axis=1), mask=rows < n)
+        sign = sign.to(x_ptr.dtype.element_ty)  # -1/0/1: exact in fp16
+        samples = tl.arange(0, BLOCK_B)
+        base = x_ptr + g.to(tl.int64) * batch * n
+        grad = grad_ptr + g.to(tl.int64) * batch * n
+        for b0 in range(0, batch, BLOCK_B):
+            b = b0 + samples
+            offsets = b[:, None].to(tl.int64) * n
+            in_rows = (b[:, None] < batch) & (rows[None, :] < n)
+            in_cols = (b[:, None] < batch) & (cols[None, :] < n)
+            x_i = tl.load(base + offsets + rows[None, :], mask=in_rows, other=0.0)
+            tl.atomic_add(grad + offsets + cols[None, :], tl.dot(x_i, sign), mask=in_cols)
+            if mirrored:
+                x_j = tl.load(base + offsets + cols[None, :], mask=in_cols, other=0.0)
+                tl.atomic_add(grad + offsets + rows[None, :], tl.dot(x_j, tl.trans(sign)),
+                              mask=in_rows)  # fmt: skip
+
+
+def fused_applies(codes: Tensor, max_batch: int) -> bool:
+    """Whether binary codes [G, B, n] take the kernels: triton, a device of ``FUSED_DEVICES``,
+    a batch of at most ``max_batch`` (exact fp32 tiles), and not inside ``torch.compile``, whose
+    graphs keep to the tiled path's ops."""
+    return (
+        HAS_TRITON
+        and codes.device.type in FUSED_DEVICES
+        and codes.shape[1] <= max_batch
+        and not torch.compiler.is_compiling()
+    )
+
+
+def _check(codes: Tensor) -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("the fused covariance kernels need triton (pip install triton)")
+    if codes.ndim != 3 or not codes.is_contiguous():
+        raise ValueError(f"fused kernels take contiguous codes [G, B, n], got {codes.shape}")
+
+
+def fused_forward(
+    codes: Tensor,
+    counts: Tensor,
+    share: tuple[int, int] = (0, 1),
+    block_n: int = BLOCK_N,
+    block_b: int = BLOCK_B,
+) -> Tensor:
+    """sum_{i != j} |B(B-1) cov_ij| per stack member (float64 [G]) of 0/1 codes [G, B, n]
+    (fp16, contiguous) with column counts [G, n] (fp32); only the rank's band of tiles."""
+    _check(codes)
+    groups, batch, n = codes.shape
+    tile_i, tile_j = tile_pairs(n, block_n, share, codes.device)
+    partial = torch.empty(groups, len(tile_i), dtype=torch.float32, device=codes.device)
+    if len(tile_i):
+        _forward_kernel[(len(tile_i), groups)](
+            codes, counts, tile_i, tile_j, partial, batch, n, len(tile_i),
+            BLOCK_N=block_n, BLOCK_B=block_b,
+        )  # fmt: skip
+    return partial.sum(1, dtype=torch.float64)
+
+
+def fused_backward(
+    codes: Tensor,
+    counts: Tensor,
+    share: tuple[int, int] = (0, 1),
+    block_n: int = BLOCK_N,
+    block_b: int = BLOCK_B,
+) -> Tensor:
+    """(H S - 1 c^T S / B) [G, B, n] (fp32), S the sign of the covariance with a zero diagonal:
+    the gradient of the penalty times (B - 1) / 2, over the rank's band of tiles."""
+    _check(codes)
+    groups, batch, n = codes.shape
+    tile_i, tile_j = tile_pairs(n, block_n, share, codes.device)
+    grad = torch.zeros(groups, batch, n, dtype=torch.float32, device=codes.device)
+    sign_sums = torch.zeros(groups, n, dtype=torch.float32, device=codes.device)
+    if len(tile_i):
+        _backward_kernel[(len(tile_i), groups)](
+            codes, counts, tile_i, tile_j, grad, sign_sums, batch, n,
+            BLOCK_N=block_n, BLOCK_B=block_b,
+        )  # fmt: skip
+    return grad.sub_(sign_sums[:, None, :] / batch)

@@ -1,0 +1,133 @@
+"""The fused Triton covariance kernels against the tiled PyTorch path, value and gradient.
+
+They run where triton can run them: on CUDA, or on CPU under ``TRITON_INTERPRET=1`` (the
+interpreter reads the environment when the kernels are defined, at import). On a CPU run without
+it, ``test_the_kernels_under_the_triton_interpreter`` runs this file again in a subprocess with
+the interpreter on, so the kernels are checked on every machine that has triton.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sae_lens_bae import covariance
+from sae_lens_bae.covariance import covariance_penalty
+from sae_lens_bae.fused_covariance import (
+    FUSED_DEVICES,
+    HAS_TRITON,
+    fused_backward,
+    fused_forward,
+    tile_pairs,
+)
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+RUNS_HERE = HAS_TRITON and (torch.cuda.is_available() or INTERPRETED)
+here = pytest.mark.skipif(
+    not RUNS_HERE,
+    reason="run in a subprocess by test_the_kernels_under_the_triton_interpreter"
+    if HAS_TRITON
+    else "triton is not installed (pip install -e '.[dev]' on Linux x86_64)",
+)
+BLOCKS = {"block_n": 16, "block_b": 16}  # the smallest tl.dot tiles: many tiles, quick to interpret
+
+
+def codes(groups: int, batch: int, n: int, density: float, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.rand(groups, batch, n, generator=generator) < density).float().to(DEVICE)
+
+
+def tiled(x: torch.Tensor, share=(0, 1)) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PyTorch path's penalty and gradient (the reference)."""
+    saved = set(FUSED_DEVICES)
+    FUSED_DEVICES.clear()
+    try:
+        x = x.clone().requires_grad_(True)
+        penalty = covariance_penalty(x, binary=True, share=share, block_size=16)
+        penalty.sum().backward()
+    finally:
+        FUSED_DEVICES.update(saved)
+    return penalty.detach(), x.grad
+
+
+@here
+@pytest.mark.parametrize(
+    ("groups", "batch", "n", "density"),
+    [(1, 37, 50, 0.3), (3, 40, 33, 0.1), (2, 17, 16, 0.7), (1, 64, 1, 0.5)],
+)
+def test_fused_kernels_equal_the_tiled_path(groups, batch, n, density):
+    """Odd batches and widths, tiles that do not divide n, stacks of G > 1, one channel."""
+    x = codes(groups, batch, n, density, seed=n)
+    half, counts = x.half().contiguous(), x.sum(1)
+    penalty, grad = tiled(x)
+    norm = batch * (batch - 1)
+    assert (fused_forward(half, counts, **BLOCKS) / norm).float() == pytest.approx(
+        penalty.tolist(), rel=1e-6
+    )
+    fused_grad = fused_backward(half, counts, **BLOCKS) * (2 / (batch - 1))
+    torch.testing.assert_close(fused_grad, grad, rtol=1e-6, atol=1e-7)
+    # the atomic adds sum integers below 2^24: any order gives the same bits
+    assert torch.equal(
+        fused_backward(half, counts, **BLOCKS), fused_backward(half, counts, **BLOCKS)
+    )
+
+
+@here
+def test_the_dense_reference_and_the_data_parallel_bands():
+    x = codes(2, 29, 45, 0.4, seed=1)
+    half, counts = x.half().contiguous(), x.sum(1)
+    norm = 29 * 28
+    full = fused_forward(half, counts, **BLOCKS) / norm
+    for g in range(2):
+        cov = torch.cov(x[g].T.cpu().double())
+        dense = cov.abs().sum() - cov.diagonal().abs().sum()
+        assert float(full[g]) == pytest.approx(float(dense), rel=1e-6)
+    # three ranks' bands of tiles add up to the whole, and each equals the tiled path's band
+    bands = [fused_forward(half, counts, (rank, 3), **BLOCKS) / norm for rank in range(3)]
+    torch.testing.assert_close(sum(bands), full)
+    for rank, band in enumerate(bands):
+        assert band.float().tolist() == pytest.approx(tiled(x, (rank, 3))[0].tolist(), rel=1e-6)
+    assert tile_pairs(45, 16, (0, 1), torch.device("cpu"))[0].tolist() == [0, 0, 0, 1, 1, 2]
+
+
+@here
+def test_covariance_penalty_takes_the_kernels_and_its_gradient():
+    """Through ``covariance_penalty`` (autograd): the fused route, chosen for binary codes on a
+    fused device, gives the tiled path's value and gradient times any upstream gradient."""
+    x = codes(2, 33, 40, 0.25, seed=2)
+    penalty, grad = tiled(x)
+    saved = set(FUSED_DEVICES)
+    FUSED_DEVICES.add(DEVICE)
+    try:
+        fused_x = x.clone().requires_grad_(True)
+        fused = covariance_penalty(fused_x, binary=True)
+        (fused * torch.tensor([1.0, -3.0], device=DEVICE)).sum().backward()
+        assert covariance.fused_applies(x, 4096) and not covariance.fused_applies(x, 32)
+    finally:
+        FUSED_DEVICES.clear()
+        FUSED_DEVICES.update(saved)
+    torch.testing.assert_close(fused.detach(), penalty, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fused_x.grad[0], grad[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(fused_x.grad[1], -3 * grad[1], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.skipif(
+    RUNS_HERE or not HAS_TRITON,
+    reason="the kernels ran directly in this run" if HAS_TRITON else "triton is not installed",
+)
+def test_the_kernels_under_the_triton_interpreter():
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "6 passed, 1 skipped" in result.stdout, result.stdout[-2000:]
