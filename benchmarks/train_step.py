@@ -29,7 +29,7 @@ from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEC
 from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
 
-from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, covariance
+from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, covariance, fused_covariance
 from sae_lens_bae.covariance import covariance_penalty, dense_covariance_penalty
 
 
@@ -85,8 +85,8 @@ def step_timings(
     d_in: int, d_sae: int, batch_size: int, steps: int, device: str, densities: list[float]
 ) -> dict:
     """Seconds per step of SAELens' standard and topk SAEs and of BAEs: as initialised, at each
-    of ``densities`` (through the sparse CPU products where they apply, and through matmuls), and
-    without the covariance term."""
+    of ``densities`` (through the sparse CPU products where they apply, and through matmuls),
+    without the covariance term, and on CUDA through the tiled path as well as the fused kernels."""
     torch.manual_seed(0)
     batch = torch.randn(batch_size, d_in, device=device)
     models: dict[str, Any] = {
@@ -97,6 +97,8 @@ def step_timings(
             d_in, d_sae, batch, None, covariance_coefficient=0.0
         ),
     }
+    if device.startswith("cuda") and fused_covariance.HAS_TRITON:  # before/after the kernels
+        models["bae_tiled"] = models["bae"]
     for density in densities:
         models[f"bae_density_{density:g}"] = lambda p=density: bae_at_density(d_in, d_sae, batch, p)
         if not device.startswith("cuda"):
@@ -106,13 +108,16 @@ def step_timings(
     seconds, code_density = {}, {}
     for name, make in models.items():
         sae = make().to(device)
-        saved = covariance.SPARSE_DENSITY
+        saved, fused = covariance.SPARSE_DENSITY, set(fused_covariance.FUSED_DEVICES)
         if name.endswith("_matmul"):  # the same BAE with the sparse CPU products turned off
             covariance.SPARSE_DENSITY = -1.0
+        if name.endswith("_tiled"):  # the same BAE through the tiled PyTorch path
+            fused_covariance.FUSED_DEVICES.clear()
         try:
             seconds[name] = time_training_step(sae, batch, steps)
         finally:
             covariance.SPARSE_DENSITY = saved
+            fused_covariance.FUSED_DEVICES.update(fused)
         if isinstance(sae, BAETrainingSAE):
             with torch.no_grad():
                 code_density[name] = float(sae.encode_bits(batch).mean())
