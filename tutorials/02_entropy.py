@@ -35,7 +35,7 @@ torch.manual_seed(0)
 # ## Known truth: r fair bits
 # The paper's synthetic sets: states c M, c uniform on {0,1}^r, M an orthonormal basis in d = 64.
 # A set of r fair bits holds exactly r bits, and a BAE (linear decoder) can reproduce it exactly
-# with r channels. `EntropyRecipe()` trains to convergence (at most 4000 steps).
+# with r channels. `EntropyRecipe()` trains to convergence (at most 16000 steps).
 
 # %%
 truth = {}
