@@ -49,6 +49,9 @@ BLOCK_N = 128
 """Tile side on CUDA (channels)."""
 BLOCK_B = 32
 """Samples per step of a tile's loop over the batch."""
+NUM_WARPS = 8
+"""Warps per program: a 128 x 128 fp32 accumulator is 64 registers a thread at 8 warps. The
+block sizes are first guesses, not tuned on a GPU yet (issue 16)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -179,7 +182,7 @@ def fused_forward(
     if len(tile_i):
         _forward_kernel[(len(tile_i), groups)](
             codes, counts, tile_i, tile_j, partial, batch, n, len(tile_i),
-            BLOCK_N=block_n, BLOCK_B=block_b,
+            BLOCK_N=block_n, BLOCK_B=block_b, num_warps=NUM_WARPS,
         )  # fmt: skip
     return partial.sum(1, dtype=torch.float64)
 
@@ -201,6 +204,6 @@ def fused_backward(
     if len(tile_i):
         _backward_kernel[(len(tile_i), groups)](
             codes, counts, tile_i, tile_j, grad, sign_sums, batch, n,
-            BLOCK_N=block_n, BLOCK_B=block_b,
+            BLOCK_N=block_n, BLOCK_B=block_b, num_warps=NUM_WARPS,
         )  # fmt: skip
     return grad.sub_(sign_sums[:, None, :] / batch)
