@@ -71,12 +71,16 @@ def tile_pairs(
 if HAS_TRITON:
 
     @triton.jit
-    def _scaled_cov_tile(
-        x_ptr, counts_ptr, g, ti, tj, batch, n,
+    def _program_cov_tile(
+        x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, batch, n,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     ):  # fmt: skip
-        """B(B-1) cov of tile (ti, tj) of stack member g, zero off the matrix and on its
-        diagonal; with the tile's channel indices and counts."""
+        """This program's tile t (row block ti, column block tj) of stack member g: B(B-1) cov,
+        zero off the matrix and on its diagonal, with its channel indices and counts."""
+        t = tl.program_id(0)
+        g = tl.program_id(1)
+        ti = tl.load(tile_i_ptr + t)
+        tj = tl.load(tile_j_ptr + t)
         rows = ti * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tj * BLOCK_N + tl.arange(0, BLOCK_N)
         samples = tl.arange(0, BLOCK_B)
@@ -94,19 +98,15 @@ if HAS_TRITON:
         c_j = tl.load(counts_ptr + g * n + cols, mask=cols < n, other=0.0)
         cov = acc * batch - c_i[:, None] * c_j[None, :]
         inside = (rows[:, None] < n) & (cols[None, :] < n) & (rows[:, None] != cols[None, :])
-        return tl.where(inside, cov, 0.0), rows, cols, c_i, c_j
+        return tl.where(inside, cov, 0.0), rows, cols, c_i, c_j, t, g, ti, tj
 
     @triton.jit
     def _forward_kernel(
         x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, out_ptr, batch, n, n_tiles,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     ):  # fmt: skip
-        t = tl.program_id(0)
-        g = tl.program_id(1)
-        ti = tl.load(tile_i_ptr + t)
-        tj = tl.load(tile_j_ptr + t)
-        cov, rows, cols, c_i, c_j = _scaled_cov_tile(
-            x_ptr, counts_ptr, g, ti, tj, batch, n, BLOCK_N, BLOCK_B
+        cov, rows, cols, c_i, c_j, t, g, ti, tj = _program_cov_tile(
+            x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, batch, n, BLOCK_N, BLOCK_B
         )
         total = tl.sum(tl.sum(tl.abs(cov), axis=1), axis=0)
         weight = tl.where(ti == tj, 1.0, 2.0)  # an off-diagonal tile stands for its mirror too
@@ -117,12 +117,8 @@ if HAS_TRITON:
         x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, grad_ptr, sign_sums_ptr, batch, n,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     ):  # fmt: skip
-        t = tl.program_id(0)
-        g = tl.program_id(1)
-        ti = tl.load(tile_i_ptr + t)
-        tj = tl.load(tile_j_ptr + t)
-        cov, rows, cols, c_i, c_j = _scaled_cov_tile(
-            x_ptr, counts_ptr, g, ti, tj, batch, n, BLOCK_N, BLOCK_B
+        cov, rows, cols, c_i, c_j, t, g, ti, tj = _program_cov_tile(
+            x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, batch, n, BLOCK_N, BLOCK_B
         )
         sign = tl.where(cov > 0, 1.0, tl.where(cov < 0, -1.0, 0.0))
         sums = sign_sums_ptr + g * n
