@@ -108,16 +108,16 @@ def step_timings(
     seconds, code_density = {}, {}
     for name, make in models.items():
         sae = make().to(device)
-        saved, fused = covariance.SPARSE_DENSITY, set(fused_covariance.FUSED_DEVICES)
+        saved = covariance.SPARSE_DENSITY
         if name.endswith("_matmul"):  # the same BAE with the sparse CPU products turned off
             covariance.SPARSE_DENSITY = -1.0
-        if name.endswith("_tiled"):  # the same BAE through the tiled PyTorch path
-            fused_covariance.FUSED_DEVICES.clear()
+        # bae_tiled: the same BAE through the tiled PyTorch path
+        kernels = () if name.endswith("_tiled") else tuple(fused_covariance.FUSED_DEVICES)
         try:
-            seconds[name] = time_training_step(sae, batch, steps)
+            with fused_covariance.fused_on(*kernels):
+                seconds[name] = time_training_step(sae, batch, steps)
         finally:
             covariance.SPARSE_DENSITY = saved
-            fused_covariance.FUSED_DEVICES.update(fused)
         if isinstance(sae, BAETrainingSAE):
             with torch.no_grad():
                 code_density[name] = float(sae.encode_bits(batch).mean())

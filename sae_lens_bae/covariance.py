@@ -22,7 +22,12 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from sae_lens_bae.fused_covariance import fused_applies, fused_backward, fused_forward
+from sae_lens_bae.fused_covariance import (
+    band_tiles,
+    fused_applies,
+    fused_backward,
+    fused_forward,
+)
 
 __all__ = ["covariance_penalty", "dense_covariance_penalty"]
 
@@ -35,13 +40,12 @@ def _tiles(
     ``share = (rank, world)``: only every world-th tile from the rank-th, the band of tiles one
     rank of a data-parallel group owns.
     """
-    rank, world = share
-    index = 0
-    for i0 in range(0, n, block):
-        for j0 in range(i0, n, block):
-            if index % world == rank:
-                yield slice(i0, min(i0 + block, n)), slice(j0, min(j0 + block, n)), i0 == j0
-            index += 1
+    for i, j in band_tiles(-(-n // block), share):
+        yield (
+            slice(i * block, min((i + 1) * block, n)),
+            slice(j * block, min((j + 1) * block, n)),
+            i == j,
+        )
 
 
 def _bf16_products(a: Tensor) -> bool:

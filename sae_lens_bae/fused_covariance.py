@@ -18,7 +18,9 @@ Triton ships with torch's CUDA wheels; ``TRITON_INTERPRET=1`` runs the same kern
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -32,9 +34,11 @@ except ImportError:  # a CPU-only torch without triton: the PyTorch path serves 
 __all__ = [
     "FUSED_DEVICES",
     "HAS_TRITON",
+    "band_tiles",
     "fused_applies",
     "fused_backward",
     "fused_forward",
+    "fused_on",
     "tile_pairs",
 ]
 
@@ -42,8 +46,8 @@ HAS_TRITON = triton is not None
 """Whether the kernels can run (CUDA tensors, or CPU ones under ``TRITON_INTERPRET=1``)."""
 
 FUSED_DEVICES: set[str] = {"cuda"}
-"""Device types whose binary codes take these kernels (with triton installed): CUDA. Empty it to
-time the tiled PyTorch path; the tests add "cpu" under ``TRITON_INTERPRET=1``."""
+"""Device types whose binary codes take these kernels (with triton installed): CUDA. ``fused_on()``
+turns them off to time the tiled PyTorch path; the tests add "cpu" under ``TRITON_INTERPRET=1``."""
 
 BLOCK_N = 128
 """Tile side on CUDA (channels)."""
@@ -54,18 +58,36 @@ NUM_WARPS = 8
 block sizes are first guesses, not tuned on a GPU yet (issue 16)."""
 
 
+def band_tiles(count: int, share: tuple[int, int] = (0, 1)) -> list[tuple[int, int]]:
+    """(I, J) block indices of the upper triangle I <= J of ``count`` x ``count`` blocks, row by
+    row, keeping every world-th from the rank-th (``share = (rank, world)``): the band of tiles
+    one data-parallel rank owns. The tiled path (``covariance._tiles``) walks the same list."""
+    rank, world = share
+    return [(i, j) for i in range(count) for j in range(i, count)][rank::world]
+
+
 @functools.lru_cache(maxsize=64)
 def tile_pairs(
     n: int, block: int, share: tuple[int, int], device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    """(I, J) tile indices of the upper triangle I <= J, in ``_tiles``' order, keeping every
-    world-th from the rank-th (``share = (rank, world)``): the band one data-parallel rank owns."""
-    count = -(-n // block)
-    pairs = [(i, j) for i in range(count) for j in range(i, count)]
-    rank, world = share
-    mine = pairs[rank::world]
-    tiles = torch.tensor(mine, dtype=torch.int32).reshape(-1, 2)
+    """``band_tiles`` of n channels in tiles of ``block``, as two int32 index tensors (I, J) on
+    ``device``, made once per shape."""
+    tiles = torch.tensor(band_tiles(-(-n // block), share), dtype=torch.int32).reshape(-1, 2)
     return tiles[:, 0].contiguous().to(device), tiles[:, 1].contiguous().to(device)
+
+
+@contextlib.contextmanager
+def fused_on(*device_types: str) -> Iterator[None]:
+    """Within the block, exactly ``device_types`` take the kernels (none: the tiled path
+    everywhere, to time or check it against them); ``FUSED_DEVICES`` is restored after."""
+    saved = set(FUSED_DEVICES)
+    FUSED_DEVICES.clear()
+    FUSED_DEVICES.update(device_types)
+    try:
+        yield
+    finally:
+        FUSED_DEVICES.clear()
+        FUSED_DEVICES.update(saved)
 
 
 if HAS_TRITON:

@@ -15,13 +15,13 @@ import sys
 import pytest
 import torch
 
-from sae_lens_bae import covariance
 from sae_lens_bae.covariance import covariance_penalty
 from sae_lens_bae.fused_covariance import (
-    FUSED_DEVICES,
     HAS_TRITON,
+    fused_applies,
     fused_backward,
     fused_forward,
+    fused_on,
     tile_pairs,
 )
 
@@ -44,14 +44,10 @@ def codes(groups: int, batch: int, n: int, density: float, seed: int) -> torch.T
 
 def tiled(x: torch.Tensor, share=(0, 1)) -> tuple[torch.Tensor, torch.Tensor]:
     """The PyTorch path's penalty and gradient (the reference)."""
-    saved = set(FUSED_DEVICES)
-    FUSED_DEVICES.clear()
-    try:
-        x = x.clone().requires_grad_(True)
+    x = x.clone().requires_grad_(True)
+    with fused_on():
         penalty = covariance_penalty(x, binary=True, share=share, block_size=16)
         penalty.sum().backward()
-    finally:
-        FUSED_DEVICES.update(saved)
     return penalty.detach(), x.grad
 
 
@@ -101,16 +97,12 @@ def test_covariance_penalty_takes_the_kernels_and_its_gradient():
     fused device, gives the tiled path's value and gradient times any upstream gradient."""
     x = codes(2, 33, 40, 0.25, seed=2)
     penalty, grad = tiled(x)
-    saved = set(FUSED_DEVICES)
-    FUSED_DEVICES.add(DEVICE)
-    try:
-        fused_x = x.clone().requires_grad_(True)
+    fused_x = x.clone().requires_grad_(True)
+    with fused_on(DEVICE):
         fused = covariance_penalty(fused_x, binary=True)
         (fused * torch.tensor([1.0, -3.0], device=DEVICE)).sum().backward()
-        assert covariance.fused_applies(x, 4096) and not covariance.fused_applies(x, 32)
-    finally:
-        FUSED_DEVICES.clear()
-        FUSED_DEVICES.update(saved)
+        assert fused_applies(x, 4096) and not fused_applies(x, 32)
+    assert not fused_applies(x.cpu(), 4096)  # restored: CPU codes take the tiled path again
     torch.testing.assert_close(fused.detach(), penalty, rtol=1e-6, atol=0)
     torch.testing.assert_close(fused_x.grad[0], grad[0], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(fused_x.grad[1], -3 * grad[1], rtol=1e-6, atol=1e-7)
