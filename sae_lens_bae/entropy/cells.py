@@ -55,9 +55,9 @@ class EntropyRecipe:
 
     The budget is 16000 steps: with 4000 (and lr 2e-3) Gaussian fair-bit sets of 12 bits and more
     ran out of steps before converging, over-counting by up to 10 bits; with 16000 at lr 4e-3
-    every set up to r = 16 was exact on three seeds and converged in 5400-11600 steps (tables in
-    docs/entropy.md). Easy sets stop long before. ``objective=False`` is the ablation
-    a_e = a_c = 0.
+    every set up to r = 16 was exact on three seeds, in 5000-11600 steps but for one r = 16 set
+    that used the whole budget (tables in docs/entropy.md). Easy sets stop long before.
+    ``objective=False`` is the ablation a_e = a_c = 0.
     """
 
     expansion: int = 4
