@@ -43,10 +43,11 @@ TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss", "firing_loss"
 
 
 def _config() -> BAETrainingSAEConfig:
-    # entropy on after 3 steps, resampling every 5: every part of the step runs in 20 steps
+    # entropy on after 3 steps, resampling every 5, the input scale set from the first global
+    # batch: every part of the step runs in 20 steps
     return BAETrainingSAEConfig(
         d_in=D_IN, d_sae=D_SAE, entropy_off_steps=3, firing_coefficient=1e-3,
-        resample_every=5, resample_until_fraction=0.9,
+        resample_every=5, resample_until_fraction=0.9, rescale_inputs_to=1.0,
     )  # fmt: skip
 
 
@@ -122,6 +123,7 @@ def test_two_ranks_train_the_bae_of_one_process_on_the_concatenated_batch(two_ra
         assert torch.equal(ranks[0]["state"][name], ranks[1]["state"][name]), name  # in sync
         assert _close(ranks[0]["state"][name], value), name
     assert int(ranks[0]["state"]["window_samples"]) == int(single["state"]["window_samples"])
+    assert float(ranks[0]["state"]["input_scale"]) > 0  # set (and equal, above) on every rank
 
 
 def test_each_rank_reads_its_rows_and_together_they_cover_every_row_once(two_ranks):

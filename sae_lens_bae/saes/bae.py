@@ -8,21 +8,20 @@ value (``h_R = h_B`` for ``bits = 1``). Training minimises
     reconstruction + a_e * H(mean code of the minibatch) + a_c * sum_{i != j} |cov(h_B)_ij|
 
 and passes gradients through the step with a surrogate derivative (``saes.binary.SURROGATES``).
-Its configs and training recipes are in ``saes.bae_config`` (re-exported here).
+Configs and recipes: ``saes.bae_config`` (re-exported here); an optional constant input scale
+(``rescale_inputs_to``): ``saes.input_scale``; folds (``fold_W_dec_norm`` is refused: codes are
+binary, so decoder norms cannot move into the encoder): ``saes.bae_folds``.
 
 SAELens' parameter names (``W_enc``, ``W_dec``, ``b_enc``, ``b_dec``) and hook points are kept, so
-its evals, histograms and scaling folds work unchanged. Two SAELens behaviours differ on purpose:
-
-* ``apply_b_dec_to_input`` defaults to False: the paper's encoder sees the raw hidden state.
-* ``fold_W_dec_norm`` is refused: codes are binary, so decoder norms cannot move into the encoder
-  without changing the reconstruction.
+its evals, histograms and scaling folds work unchanged. ``apply_b_dec_to_input`` defaults to
+False: the paper's encoder sees the raw hidden state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -52,7 +51,14 @@ from sae_lens_bae.saes.bae_config import (
     read_cfg_json,
     validate_config_dict,
 )
+from sae_lens_bae.saes.bae_folds import BAEFoldsMixin
 from sae_lens_bae.saes.binary import bits_to_values, step, update_running_mean
+from sae_lens_bae.saes.input_scale import (
+    INPUT_SCALE_BUFFER,
+    current_input_scale,
+    fix_input_scale,
+    register_input_scale,
+)
 from sae_lens_bae.saes.resampling import constant_channels, resample_constant_channels
 
 __all__ = [
@@ -96,17 +102,10 @@ def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
         "code_mean", torch.zeros(cfg.n_bits, dtype=torch.float32, device=sae.device)
     )
     sae.register_buffer("code_mean_count", torch.zeros((), dtype=torch.float32, device=sae.device))
+    register_input_scale(sae, cfg.rescale_inputs_to)
 
 
-def _refuse_decoder_norm_folding() -> NoReturn:
-    raise ValueError(
-        "A BAE cannot fold decoder norms: its codes are binary, so scaling the encoder does not "
-        "scale them and the reconstruction would change. Load or use it without "
-        "fold_W_dec_norm (its outputs are already exact)."
-    )
-
-
-class _BAEMixin:
+class _BAEMixin(BAEFoldsMixin):
     """Weights, encoding, decoding, validation and folding shared by the inference and the
     training BAE (listed first in their bases, so ``super()`` reaches SAELens' classes)."""
 
@@ -120,6 +119,8 @@ class _BAEMixin:
     hook_sae_acts_pre: Callable[[Tensor], Tensor]
     hook_sae_acts_post: Callable[[Tensor], Tensor]
     hook_sae_recons: Callable[[Tensor], Tensor]
+    hook_sae_input: Callable[[Tensor], Tensor]
+    run_time_activation_norm_fn_in: Callable[[Tensor], Tensor]
     run_time_activation_norm_fn_out: Callable[[Tensor], Tensor]
 
     def initialize_weights(self) -> None:
@@ -127,16 +128,18 @@ class _BAEMixin:
         _init_bae_parameters(self)  # type: ignore[arg-type]
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
-        """``.to(dtype)``/``.half()`` cast parameters only: the running mean code keeps fp32."""
+        """``.to(dtype)``/``.half()`` cast parameters only: running means and scale keep fp32."""
         binary.apply_keeping_dtypes(
             lambda: super(_BAEMixin, self)._apply(fn, recurse),  # type: ignore[misc]
             self._buffers,  # type: ignore[attr-defined]
-            binary.RUNNING_MEAN_BUFFERS,
+            (*binary.RUNNING_MEAN_BUFFERS, INPUT_SCALE_BUFFER),
         )
         return self
 
     def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
-        sae_out = self.hook_sae_recons(feature_acts @ self.W_dec + self.b_dec)
+        sae_out = feature_acts @ self.W_dec + self.b_dec
+        scale = current_input_scale(self)  # type: ignore[arg-type]
+        sae_out = self.hook_sae_recons(sae_out if scale is None else sae_out / scale)
         return self.run_time_activation_norm_fn_out(sae_out)
 
     def _check_input(self, x: Tensor) -> None:
@@ -160,8 +163,13 @@ class _BAEMixin:
             )
 
     def process_sae_in(self, sae_in: Tensor) -> Tensor:
+        """SAELens' input processing, the input scale (if any) applied before the centring."""
         self._check_input(sae_in)
-        return SAE.process_sae_in(self, sae_in)  # type: ignore[arg-type]
+        scale = current_input_scale(self)  # type: ignore[arg-type]
+        if scale is None:
+            return SAE.process_sae_in(self, sae_in)  # type: ignore[arg-type]
+        sae_in = self.run_time_activation_norm_fn_in(self.hook_sae_input(sae_in.to(self.dtype)))
+        return sae_in * scale - self.b_dec * self.cfg.apply_b_dec_to_input
 
     def hidden_pre(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... n_bits"]:
         """Encoder pre-activations of every code bit (their sign is the code)."""
@@ -185,24 +193,6 @@ class _BAEMixin:
         update_running_mean(
             self.code_mean, self.code_mean_count, batch_mean, self.cfg.code_mean_decay
         )
-
-    def fold_activation_whitening(
-        self, mean: Tensor, whitening_matrix: Tensor, unwhitening_matrix: Tensor
-    ) -> None:
-        """SAELens' exact whitening fold; a BAE without an encoder bias reading the raw input
-        has nowhere to put the mean's shift, so it is refused there (SAELens would skip it)."""
-        if self.b_enc is None and not self.cfg.apply_b_dec_to_input and bool(mean.any()):
-            raise ValueError(
-                "This BAE has no encoder bias, so a whitening with a non-zero mean cannot be "
-                "folded into it exactly; train it with encoder_bias=True or apply_b_dec_to_input"
-            )
-        super().fold_activation_whitening(mean, whitening_matrix, unwhitening_matrix)  # type: ignore[misc]
-
-    def fold_W_dec_norm(self) -> None:
-        _refuse_decoder_norm_folding()
-
-    def fold_and_get_W_dec_norm(self) -> Tensor:
-        _refuse_decoder_norm_folding()
 
     def _bae_histograms(self) -> dict[str, NDArray[Any]]:
         out = {"weights/code_mean": self.code_mean.detach().cpu().numpy()}
@@ -302,7 +292,11 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         global_bits: Tensor | None = None,
     ) -> dict[str, Tensor]:  # fmt: skip
         """The loss terms of this step (``sae_lens_bae.losses.bae_objective``), with SAELens'
-        scheduled coefficients and the entropy term off for the configured first steps."""
+        scheduled coefficients and the entropy term off for the configured first steps; the
+        reconstruction is measured in the units of the input scale, if any."""
+        scale = current_input_scale(self)
+        if scale is not None:
+            sae_in, sae_out = sae_in * scale, sae_out * scale
         return bae_objective(
             sae_in.reshape(-1, sae_in.shape[-1]),
             sae_out.reshape(-1, sae_out.shape[-1]),
@@ -334,6 +328,8 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         minibatch (see ``sae_lens_bae.saes.resampling``); returns how many were."""
         x = sae_in.reshape(-1, sae_in.shape[-1])
         residuals = x.to(self.W_dec.dtype) - self.decode(self.encode(x))
+        scale = current_input_scale(self)  # decoder rows live in the scaled units
+        residuals = residuals if scale is None else residuals * scale
         channels = constant_channels(self.window_counts, int(self.window_samples))
         count = resample_constant_channels(
             self.W_enc.data,
@@ -357,6 +353,10 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         sae_in = step_input.sae_in
         n = step_input.n_training_steps
         batch = self.global_batch or GlobalBatch.local()
+        if self.cfg.rescale_inputs_to is not None and (n == 0 or batch.world == 1):
+            # every rank sets it from the first global batch; then only if that was all zeros
+            fix_input_scale(getattr(self, INPUT_SCALE_BUFFER), batch.gather(sae_in),
+                            self.cfg.rescale_inputs_to)  # fmt: skip
         if self.cfg.resample_every > 0 and n > 0 and self.cfg.resampling_at(n - 1):
             self.resample(batch.gather(sae_in))
         bits, hidden_pre = self.encode_bits_with_grad(sae_in)

@@ -43,6 +43,9 @@ _RECIPE_FIELDS = (
     "resample_until_fraction",
 )
 """Training fields whose default (None) resolves to the ``default`` recipe at the config's d_in."""
+_ADDED_FIELDS = {"rescale_inputs_to": None}
+"""Inference fields added after BAEs were first saved: a cfg.json without one loads with this
+value (what those BAEs did)."""
 DEFAULT_BATCH_SIZE = 512
 """Minibatch size the paper uses; the entropy objective is measured on minibatches of this size."""
 
@@ -62,6 +65,11 @@ def _validate_bae_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
             f"bits must be an integer >= 1 (bits per feature for more-bit decoding), "
             f"got {cfg.bits!r}"
         )
+    target = cfg.rescale_inputs_to
+    if target is not None and (isinstance(target, bool) or not target > 0):
+        raise ValueError(
+            f"rescale_inputs_to must be a positive mean squared norm or None, got {target!r}"
+        )
     if cfg.reshape_activations != "none":
         raise ValueError("BAE does not support reshape_activations; flatten hook_z upstream")
 
@@ -76,12 +84,17 @@ class BAEConfig(SAEConfig):
         bits: code bits per feature (more-bit decoding); the encoder emits ``bits * d_sae`` bits.
         encoder_bias: whether the encoder has a bias ``b_enc`` (a firing threshold per bit).
         apply_b_dec_to_input: SAELens' input centring; False, as in the paper.
+        rescale_inputs_to: the BAE multiplies its inputs by one factor (its ``input_scale``
+            buffer, set on the first training batch) that brings them to this mean squared
+            norm, and divides its reconstructions by it: training does not depend on the states'
+            scale (``saes.input_scale``). None: inputs as given.
     """
 
     d_sae: int = None  # type: ignore[assignment]  # resolved to 4 * d_in in __post_init__
     bits: int = 1
     encoder_bias: bool = True
     apply_b_dec_to_input: bool = False
+    rescale_inputs_to: float | None = None
 
     @override
     @classmethod
@@ -143,6 +156,7 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     bits: int = 1
     encoder_bias: bool = True
     apply_b_dec_to_input: bool = False
+    rescale_inputs_to: float | None = None
     surrogate: Literal["sigmoid", "ste"] = "sigmoid"
     surrogate_temperature: float = None  # type: ignore[assignment]  # None: the default recipe
     entropy_coefficient: float = None  # type: ignore[assignment]
@@ -280,7 +294,7 @@ def validate_config_dict(config_dict: dict[str, Any]) -> BAEConfig:
         )
     known = {f.name for f in fields(BAEConfig)}
     extra = sorted(set(config_dict) - known - {"architecture"})
-    missing = sorted(known - set(config_dict) - {"metadata"})
+    missing = sorted(known - set(config_dict) - {"metadata"} - set(_ADDED_FIELDS))
     if extra or missing:
         problems = []
         if extra:

@@ -32,15 +32,20 @@ class BAEPreset:
     resample_every: int = 0
     resample_until_fraction: float = 0.5
     scale_with_d: bool = True
+    rescale_inputs_to: float | None = None
+    """The mean squared norm the recipe was calibrated at, which the BAE then scales its inputs
+    to (``saes.input_scale``); None: inputs as given."""
 
-    def config_fields(self, d_in: int) -> dict[str, float | int]:
-        """The config fields this recipe sets for states of width ``d_in`` (those a config left
-        at None resolves to): coefficients, surrogate temperature and resampling."""
+    def config_fields(self, d_in: int) -> dict[str, float | int | None]:
+        """The config fields this recipe sets for states of width ``d_in``: coefficients,
+        surrogate temperature, resampling (those a config left at None resolves to) and the
+        input scale."""
         return {
             **self.coefficients(d_in),
             "surrogate_temperature": self.surrogate_temperature,
             "resample_every": self.resample_every,
             "resample_until_fraction": self.resample_until_fraction,
+            "rescale_inputs_to": self.rescale_inputs_to,
         }
 
     def coefficients(self, d_in: int) -> dict[str, float]:
@@ -74,9 +79,14 @@ BAE_PRESETS: dict[PresetName, BAEPreset] = {
     # entropy estimation through the registry: the short-run coefficients and temperature at
     # EntropyRecipe's lr, no resampling (a resampled channel is a random one: it adds entropy).
     # Calibrated on states scaled to unit mean squared norm (entropy.normalise_scale), as
-    # estimate_entropies scales them: the BAE is not scale-invariant (docs/entropy.md)
+    # estimate_entropies scales them; the BAE is not scale-invariant (docs/entropy.md), so it
+    # scales its inputs to that norm itself (saes.input_scale): states of any scale will do
     "entropy": BAEPreset(
-        lr=4e-3, surrogate_temperature=0.3, entropy_coefficient=5e-7, covariance_coefficient=1e-6
+        lr=4e-3,
+        surrogate_temperature=0.3,
+        entropy_coefficient=5e-7,
+        covariance_coefficient=1e-6,
+        rescale_inputs_to=1.0,
     ),
     # the paper: a_e = a_c = 1e-7 whatever d, sigmoid surrogate at T = 1, Adam lr 5e-4, 100 epochs
     "paper": BAEPreset(

@@ -56,6 +56,12 @@ class StackedBAE(nn.Module):
                 "StackedBAE trains on activations as given; normalise them beforehand "
                 f"(got normalize_activations={cfg.normalize_activations!r})"
             )
+        if cfg.rescale_inputs_to is not None:
+            raise ValueError(
+                "StackedBAE trains on activations as given; scale them beforehand "
+                "(entropy.normalise_scale) and leave rescale_inputs_to=None "
+                f"(got {cfg.rescale_inputs_to!r})"
+            )
         self.cfg = cfg
         members = []
         for seed in seeds:  # the same initialisation as train_sae(..., seed=seed)

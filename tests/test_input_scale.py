@@ -1,0 +1,145 @@
+"""A BAE's constant input scale (``rescale_inputs_to``): set once on the first training batch,
+saved and loaded with the model, folded exactly, and what makes training independent of the
+states' scale."""
+
+import json
+
+import pytest
+import torch
+from sae_lens import SAE
+from sae_lens.saes.sae import TrainStepInput
+
+from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.saes.bae_config import bae_config
+from sae_lens_bae.training import train_sae
+from sae_lens_bae.training.stacked import StackedBAE
+
+
+def fair_bits(n: int = 1024, d: int = 12, r: int = 4, seed: int = 0) -> torch.Tensor:
+    """States x = b W + o of r fair bits: raw norms far from 1."""
+    g = torch.Generator().manual_seed(seed)
+    bits = torch.randint(0, 2, (n, r), generator=g).float()
+    return bits @ torch.randn(r, d, generator=g) + torch.randn(d, generator=g)
+
+
+def trained(x: torch.Tensor, **overrides) -> BAETrainingSAE:
+    cfg = bae_config(x.shape[-1], preset="entropy", total_training_steps=40, **overrides)
+    run = train_sae(x, cfg, training_samples=40 * 64, batch_size=64, lr=4e-3, seed=0)
+    return run.sae
+
+
+def test_first_batch_sets_the_scale_and_later_batches_keep_it():
+    torch.manual_seed(0)
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, rescale_inputs_to=2.0,
+                                              entropy_off_steps=0))  # fmt: skip
+    assert bae.input_scale.item() == 0.0  # unset: reads inputs as given
+    x = fair_bits()
+    bae.training_forward_pass(_step(x[:64], 0))
+    expected = (2.0 / x[:64].pow(2).sum(-1).mean()).sqrt()
+    assert bae.input_scale.item() == pytest.approx(expected.item(), rel=1e-6)
+    bae.training_forward_pass(_step(10 * x[64:128], 1))
+    assert bae.input_scale.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_an_all_zero_first_batch_leaves_the_scale_unset():
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, rescale_inputs_to=1.0,
+                                              entropy_off_steps=0))  # fmt: skip
+    bae.training_forward_pass(_step(torch.zeros(64, 12), 0))
+    assert bae.input_scale.item() == 0.0
+    bae.training_forward_pass(_step(torch.full((64, 12), 0.5), 1))
+    assert bae.input_scale.item() == pytest.approx(1 / 3**0.5)  # 1 / sqrt(12 * 0.25)
+
+
+def test_training_on_scaled_states_is_the_same_training():
+    """With the scale fixed by the first batch, s * x trains exactly as x (s a power of two:
+    every product is exact, so the two runs agree bit for bit)."""
+    x = fair_bits()
+    small, large = trained(x), trained(64.0 * x)
+    assert torch.equal(small.encode_bits(x), large.encode_bits(64.0 * x))
+    assert torch.equal(64.0 * small(x), large(64.0 * x))
+    assert large.input_scale.item() == small.input_scale.item() / 64.0
+
+
+def test_without_the_scale_the_states_scale_changes_what_is_learnt():
+    x = fair_bits()
+    small, large = trained(x, rescale_inputs_to=None), trained(64.0 * x, rescale_inputs_to=None)
+    assert not torch.equal(small.encode_bits(x), large.encode_bits(64.0 * x))
+
+
+def test_the_scale_is_saved_and_loaded(tmp_path):
+    x = fair_bits()
+    bae = trained(x)
+    bae.save_inference_model(tmp_path)
+    loaded = SAE.load_from_disk(tmp_path)  # built on the meta device: the buffer must be saved
+    assert isinstance(loaded, BAE) and loaded.cfg.rescale_inputs_to == 1.0
+    assert loaded.input_scale.item() == bae.input_scale.item()
+    assert torch.equal(loaded(x), bae(x))
+
+
+def test_a_cfg_json_saved_before_the_field_existed_loads(tmp_path):
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=8))
+    bae.save_model(tmp_path)
+    cfg = json.loads((tmp_path / "cfg.json").read_text())
+    del cfg["rescale_inputs_to"]
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    loaded = BAE.load_from_disk(tmp_path)
+    assert loaded.cfg.rescale_inputs_to is None and not hasattr(loaded, "input_scale")
+
+
+@pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
+def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=6, d_sae=12, rescale_inputs_to=1.0,
+                        apply_b_dec_to_input=apply_b_dec_to_input)).double()  # fmt: skip
+    with torch.no_grad():
+        bae.b_dec.normal_()
+        bae.W_dec.normal_()
+        bae.b_enc.normal_()
+        bae.input_scale.fill_(0.3)
+    x = torch.randn(50, 6, dtype=torch.float64)
+    expected_norm_fold = bae(3.0 * x) / 3.0
+    mean, matrix = torch.randn(6, dtype=torch.float64), torch.randn(6, 6, dtype=torch.float64)
+    inverse = torch.linalg.inv(matrix)
+    whitened = (x - mean) @ matrix
+    codes, expected = bae.encode_bits(whitened), bae.decode(bae.encode(whitened)) @ inverse + mean
+    bae.fold_activation_whitening(mean, matrix, inverse)
+    assert bae.input_scale.item() == 1.0  # moved into the weights first
+    assert torch.equal(bae.encode_bits(x), codes)
+    assert torch.allclose(bae.decode(bae.encode(x)), expected)
+
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=6, d_sae=12, rescale_inputs_to=1.0,
+                        apply_b_dec_to_input=apply_b_dec_to_input)).double()  # fmt: skip
+    with torch.no_grad():
+        bae.b_dec.normal_()
+        bae.W_dec.normal_()
+        bae.b_enc.normal_()
+        bae.input_scale.fill_(0.3)
+    bae.fold_activation_norm_scaling_factor(3.0)  # SAELens' own fold, untouched
+    assert torch.allclose(bae(x), expected_norm_fold)
+
+
+def test_a_cast_keeps_the_scale_in_fp32():
+    bae = BAE(BAEConfig(d_in=8, rescale_inputs_to=1.0)).to(torch.bfloat16)
+    assert bae.W_enc.dtype == torch.bfloat16 and bae.input_scale.dtype == torch.float32
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, True])
+def test_a_bad_target_is_refused(value):
+    with pytest.raises(ValueError, match="rescale_inputs_to must be a positive"):
+        BAETrainingSAEConfig(d_in=8, rescale_inputs_to=value)
+
+
+def test_the_entropy_preset_scales_and_the_stacked_trainer_refuses_it():
+    cfg = bae_config(8, preset="entropy")
+    assert cfg.rescale_inputs_to == 1.0
+    assert bae_config(8).rescale_inputs_to is None  # the feature default reads states as given
+    with pytest.raises(ValueError, match="scale them beforehand"):
+        StackedBAE(cfg, [0])
+
+
+def _step(x: torch.Tensor, n: int) -> TrainStepInput:
+    coefficients = {"entropy": 1e-3, "covariance": 1e-3, "firing": 0.0}
+    return TrainStepInput(sae_in=x, coefficients=coefficients, dead_neuron_mask=None,
+                          n_training_steps=n, is_logging_step=False)  # fmt: skip
