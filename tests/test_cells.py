@@ -85,11 +85,18 @@ def test_the_reliability_note_says_why_each_cell_is_unreliable():
         {"layer": 25, "bits": 10.2, "relative_error": 0.21, "ceiling_bits": 10.0,
          "reliable": False},
         {"layer": 15, "bits": 2.0, "relative_error": 0.65, "ceiling_bits": 9.0, "reliable": False},
+        {"layer": 20, "bits": 6.6, "relative_error": 0.03, "ceiling_bits": 12.0,
+         "excess_bits": 3.6, "reliable": False},
+        {"layer": 21, "bits": 6.0, "relative_error": 0.03, "ceiling_bits": 12.0,
+         "excess_bits": 0.25, "reliable": True},
     ]  # fmt: skip
     note = reliability_note(rows, lambda row: f"layer {row['layer']}").splitlines()
-    assert note[0].startswith("1 of 3 cells are reliable")
+    assert note[0].startswith("2 of 5 cells are reliable")
     assert note[1] == (
         "- unreliable: layer 25: relative error 0.21, estimate 10.2 bits, over its ceiling 10.0"
     )
     assert note[2] == "- unreliable: layer 15: relative error 0.65"
+    assert note[3] == (
+        "- unreliable: layer 20: dependent channels: 3.6 bits over the code's joint entropy"
+    )
     assert note[-1].startswith("Most cells are unreliable")

@@ -54,6 +54,42 @@ def test_the_ceiling_holds_on_a_set_of_8_distinct_states():
     assert halves.bits == pytest.approx(3.0) and halves.reliable
 
 
+class TwoBitCodes:
+    """Stands in for a BAE that codes only the first two coordinates (the others carry little
+    variance), its two bits written ``copies`` times."""
+
+    def __init__(self, copies: int) -> None:
+        self.copies = copies
+
+    def encode_bits(self, x):
+        return torch.cat([(x[:, :2] > 0.5).float()] * self.copies, dim=1)
+
+    encode = encode_bits
+
+    def decode(self, codes):
+        return torch.cat([codes[:, :2], torch.zeros(codes.shape[0], 4)], dim=1)
+
+
+def test_dependent_channels_below_the_ceiling_are_flagged_by_their_excess():
+    # 64 states (ceiling 6 bits), 20 of each; 2 coordinates hold nearly all the variance
+    index = torch.arange(64).repeat(20)
+    states = ((index[:, None] >> torch.arange(6)) & 1).float() * torch.tensor([1, 1] + [0.05] * 4)
+    correction = 3 / (2 * 1280 * math.log(2))  # Miller-Madow: 4 codes in 1280 states
+    single = estimate_entropy(TwoBitCodes(1), states)
+    assert single.n_codes == 4 and single.code_bits == pytest.approx(2.0)
+    assert single.excess_bits == pytest.approx(-correction) and single.reliable
+    # SSE: the 4 small coordinates' squares (c^2 / 2 each); variance: 1/4 and c^2 / 4 each
+    assert single.relative_error == pytest.approx((4 * 0.05**2 / 2) / (2 / 4 + 4 * 0.05**2 / 4))
+    twice = estimate_entropy(TwoBitCodes(2), states)
+    assert twice.bits == pytest.approx(4.0) and twice.bits < twice.ceiling_bits == 6.0
+    assert twice.excess_bits == pytest.approx(2.0 - correction)
+    assert not twice.reliable  # within the ceiling, reconstructed: only the excess catches it
+    # too few states per code to measure the joint entropy: no excess, no verdict from it
+    codes = torch.randint(0, 2, (300, 8), generator=torch.Generator().manual_seed(0)).float()
+    unresolved = estimate_entropy(FixedCodes(), codes)
+    assert unresolved.n_codes > 300 / 16 and unresolved.excess_bits is None
+
+
 def test_bootstrap_spread_is_zero_on_a_constant_set_and_positive_on_a_random_one():
     constant = estimate_entropy(FixedCodes(), torch.ones(300, 4), bootstrap=20, seed=1)
     assert constant.bootstrap_std == 0.0 and constant.bits == 0.0

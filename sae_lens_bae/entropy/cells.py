@@ -22,6 +22,7 @@ from sae_lens_bae.entropy.estimate import (
     DEFAULT_MAX_RELATIVE_ERROR,
     EntropyEstimate,
     estimate_entropy,
+    is_reliable,
 )
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.reports import cell
@@ -140,6 +141,7 @@ CELL_COLUMNS = [
     ("bits", lambda row: cell(row["bits"], ".2f")),
     ("± seeds", lambda row: cell(row.get("bits_std"), ".2f")),
     ("ceiling", lambda row: cell(row.get("ceiling_bits"), ".2f")),
+    ("excess", lambda row: cell(row.get("excess_bits"), ".2f")),
     ("relative error", lambda row: cell(row["relative_error"], ".4f")),
     ("reliable", lambda row: "yes" if row.get("reliable") else "NO"),
     ("steps", lambda row: cell(row.get("steps"))),
@@ -152,8 +154,9 @@ def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
     warning when most are not. ``name`` says which cell a row is (e.g. "layer 15, position 4")."""
     bad = [row for row in rows if not row.get("reliable", True)]
     lines = [f"{len(rows) - len(bad)} of {len(rows)} cells are reliable (relative "
-             f"reconstruction error <= {DEFAULT_MAX_RELATIVE_ERROR:.0%} and estimate within "
-             "log2 of the number of distinct states)."]  # fmt: skip
+             f"reconstruction error <= {DEFAULT_MAX_RELATIVE_ERROR:.0%}, estimate within "
+             "log2 of the number of distinct states and, where the sample resolves the codes, "
+             "within 5% of their joint entropy)."]  # fmt: skip
     for row in bad:
         reasons = []
         if row["relative_error"] is not None and row["relative_error"] > DEFAULT_MAX_RELATIVE_ERROR:
@@ -162,6 +165,11 @@ def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
             reasons.append(
                 f"estimate {row['bits']:.1f} bits, over its ceiling {row['ceiling_bits']:.1f}"
             )
+        if row.get("excess_bits") is not None and not is_reliable(
+            row["bits"], float("inf"), None, row["excess_bits"]
+        ):
+            reasons.append(f"dependent channels: {row['excess_bits']:.1f} bits over the "
+                           "code's joint entropy")  # fmt: skip
         lines.append(f"- unreliable: {name(row)}: {', '.join(reasons) or 'see the table'}")
     if len(bad) * 2 > len(rows):
         lines.append("\nMost cells are unreliable: their BAEs do not reconstruct the states (or "
@@ -187,6 +195,7 @@ class CellEntropy:
     code_bits: float
     bootstrap_std: float | None
     reliable: bool
+    excess_bits: float | None  # over the codes' joint entropy, mean over seeds (see estimate)
     steps: int  # the most steps any of its BAEs trained
     scale: float  # the factor the cell's states were multiplied by before training
     bae: BAETrainingSAE = field(repr=False)
@@ -205,6 +214,7 @@ class CellEntropy:
             "code_bits": self.code_bits,
             "bootstrap_std": self.bootstrap_std,
             "reliable": self.reliable,
+            "excess_bits": self.excess_bits,
             "steps": self.steps,
             "scale": self.scale,
         }
@@ -243,9 +253,9 @@ def _cell(
     first = estimates[0]
     relative_error = _mean([e.relative_error for e in estimates])
     mean_bits = sum(bits) / len(bits)
-    reliable = (relative_error is None or relative_error <= max_relative_error) and (
-        mean_bits <= first.ceiling_bits + 1e-6
-    )
+    excess = _mean([e.excess_bits for e in estimates])
+    reliable = is_reliable(mean_bits, first.ceiling_bits, relative_error, excess,
+                           max_relative_error)  # fmt: skip
     return CellEntropy(
         bits=mean_bits,
         bits_std=float(torch.tensor(bits).std()) if len(bits) > 1 else None,
@@ -257,7 +267,8 @@ def _cell(
         ceiling_bits=first.ceiling_bits,
         code_bits=first.code_bits,
         bootstrap_std=first.bootstrap_std,
-        reliable=bool(reliable),
+        reliable=reliable,
+        excess_bits=excess,
         steps=max(steps),
         scale=scale,
         bae=bae,
@@ -280,7 +291,8 @@ def estimate_entropies(
     """Train ``recipe.seeds`` BAEs per set (all stacked, see ``train_stacked_baes``) and estimate
     each set's entropy with them: the mean over seeds, with their spread, a bootstrap spread over
     states (``bootstrap`` replicates, first seed), the reconstruction error, the ceiling and
-    ``reliable`` (relative error at most ``max_relative_error``, mean within the ceiling).
+    ``reliable`` (``entropy.estimate.is_reliable`` on the seeds' means: relative error at most
+    ``max_relative_error``, within the ceiling, no excess over the codes' joint entropy).
 
     Estimates and reconstruction are measured on ``eval_sets`` when given (held-out samples of the
     same distributions), else on the training sets themselves: the entropy *of that set* is the

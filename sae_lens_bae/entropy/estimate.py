@@ -10,9 +10,15 @@ covariance penalty pushes towards), and the code's entropy is at most the set's.
   has that much entropy;
 * ``code_bits``: the plug-in entropy of the distinct codes in the set, a lower companion (at most
   both the estimate and the ceiling);
+* ``excess_bits``: how far the estimate exceeds the code's joint entropy (``code_bits`` with the
+  Miller-Madow bias correction), where the sample resolves that joint distribution (at most one
+  distinct code per ``RESOLVED_SAMPLES_PER_CODE`` states; else None). The sum over channels
+  equals the joint entropy only for independent channels, so an excess is bits counted twice by
+  dependent channels: an over-count below the ceiling, which the ceiling alone cannot catch;
 * ``relative_error``: the BAE's reconstruction error on the set (SSE / total variance): an
   estimate from a code that has lost the states says little about the states;
-* ``reliable``: relative error at most ``max_relative_error`` and the estimate within the ceiling;
+* ``reliable``: relative error at most ``max_relative_error``, the estimate within the ceiling,
+  and an excess (where known) at most ``max(MIN_EXCESS_BITS, EXCESS_FRACTION * joint entropy)``;
 * ``bootstrap_std``: the spread of the estimate over states resampled with replacement (Poisson
   bootstrap, streamed), for the same BAE.
 """
@@ -30,10 +36,28 @@ from torch import Tensor
 
 from sae_lens_bae.losses import binary_entropy
 
-__all__ = ["DEFAULT_MAX_RELATIVE_ERROR", "EntropyEstimate", "estimate_entropy", "plugin_entropy"]
+__all__ = [
+    "DEFAULT_MAX_RELATIVE_ERROR",
+    "EXCESS_FRACTION",
+    "MIN_EXCESS_BITS",
+    "RESOLVED_SAMPLES_PER_CODE",
+    "EntropyEstimate",
+    "estimate_entropy",
+    "excess_bits",
+    "is_reliable",
+    "plugin_entropy",
+]
 
 DEFAULT_MAX_RELATIVE_ERROR = 0.2
 """A cell whose BAE leaves more of its states' variance unexplained than this is not reliable."""
+RESOLVED_SAMPLES_PER_CODE = 16
+"""The code's joint entropy is taken as measured when there are at least this many states per
+distinct code (the Miller-Madow-corrected plug-in is then within about 0.05 bit)."""
+EXCESS_FRACTION = 0.05
+"""An estimate may exceed the code's joint entropy by this fraction of it (issue 15's accuracy
+bar, 0.05 r bits) ..."""
+MIN_EXCESS_BITS = 0.1
+"""... or by this many bits, whichever is larger."""
 
 
 @dataclass
@@ -49,6 +73,8 @@ class EntropyEstimate:
     relative_error: float | None
     reliable: bool
     bootstrap_std: float | None = None
+    n_codes: int = 0
+    excess_bits: float | None = None
 
 
 def plugin_entropy(counts: Iterable[int]) -> float:
@@ -56,6 +82,35 @@ def plugin_entropy(counts: Iterable[int]) -> float:
     counts = [c for c in counts if c > 0]
     total = sum(counts)
     return max(-sum(c / total * math.log2(c / total) for c in counts), 0.0) + 0.0
+
+
+def excess_bits(bits: float, code_counts: Iterable[int]) -> float | None:
+    """``bits`` (a per-channel sum) minus the joint entropy of the codes with these counts
+    (plug-in plus the Miller-Madow correction, (K - 1) / (2 n ln 2) for K codes in n states), or
+    None when the sample does not resolve the joint distribution (fewer than
+    ``RESOLVED_SAMPLES_PER_CODE`` states per code: the plug-in is then biased low, and a good
+    estimate would look like an excess)."""
+    counts = [c for c in code_counts if c > 0]
+    n = sum(counts)
+    if not counts or n < RESOLVED_SAMPLES_PER_CODE * len(counts):
+        return None
+    joint = plugin_entropy(counts) + (len(counts) - 1) / (2 * n * math.log(2))
+    return bits - joint
+
+
+def is_reliable(
+    bits: float,
+    ceiling_bits: float,
+    relative_error: float | None,
+    excess: float | None,
+    max_relative_error: float = DEFAULT_MAX_RELATIVE_ERROR,
+) -> bool:
+    """The reliability rule (see module): reconstruction, ceiling and excess."""
+    if relative_error is not None and relative_error > max_relative_error:
+        return False
+    if bits > ceiling_bits + 1e-6:
+        return False
+    return excess is None or excess <= max(MIN_EXCESS_BITS, EXCESS_FRACTION * (bits - excess))
 
 
 def _row_keys(rows: Tensor) -> list[int]:
@@ -130,9 +185,8 @@ def estimate_entropy(
     if replicate_counts is not None and replicate_sizes is not None:
         p = (replicate_counts / replicate_sizes.clamp_min(1.0)[:, None]).float()
         bootstrap_std = float(binary_entropy(p).clamp_min(0.0).std()) if bootstrap > 1 else 0.0
-    reliable = (relative_error is None or relative_error <= max_relative_error) and (
-        bits_estimate <= ceiling + 1e-6
-    )
+    excess = excess_bits(bits_estimate, codes.values())
+    reliable = is_reliable(bits_estimate, ceiling, relative_error, excess, max_relative_error)
     return EntropyEstimate(
         bits=bits_estimate,
         firing_rates=rates,
@@ -141,6 +195,8 @@ def estimate_entropy(
         ceiling_bits=ceiling,
         code_bits=plugin_entropy(codes.values()),
         relative_error=relative_error,
-        reliable=bool(reliable),
+        reliable=reliable,
         bootstrap_std=bootstrap_std,
+        n_codes=len(codes),
+        excess_bits=excess,
     )

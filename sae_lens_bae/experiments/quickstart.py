@@ -162,6 +162,7 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
     metrics["bae"]["entropy_ceiling_bits"] = estimate.ceiling_bits
     metrics["bae"]["distinct_states"] = estimate.n_distinct
     metrics["bae"]["entropy_code_bits"] = estimate.code_bits
+    metrics["bae"]["entropy_excess_bits"] = estimate.excess_bits
     metrics["bae"]["entropy_reliable"] = estimate.reliable
     lap("evaluate")
     if cfg.spliced_sequences > 0:  # the SAEs read raw activations (their scale folded back)
@@ -210,8 +211,9 @@ def _verdict(bae: dict[str, Any]) -> str:
     if bae["entropy_reliable"]:
         return "The estimate is reliable (reconstruction error <= 20%, within the ceiling)."
     return (
-        "The estimate is **not reliable** as the set's entropy (above the ceiling, or the "
-        "reconstruction is poor): read it as the number of bits this code spends, and use "
+        "The estimate is **not reliable** as the set's entropy (above the ceiling, dependent "
+        "channels counted twice, or the reconstruction is poor): read it as the number of bits "
+        "this code spends, and use "
         "`estimate_entropies` with a recipe trained for entropy on a set this size."
     )
 
