@@ -6,12 +6,14 @@ tiled covariance penalty against the dense one.
 
 Every figure is measured in this process (or, for peak memory, in a fresh child process per
 measurement) and reported as a ratio to a baseline measured the same way. Timings are medians over
-``--steps`` full training steps (forward, backward, clipping, Adam) through ``SAETrainer.step``.
+``--steps`` full training steps (forward, backward, clipping, Adam) through ``SAETrainer.step``,
+the models taking turns step by step.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -20,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +41,13 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_training_step(sae: Any, batch: torch.Tensor, steps: int, warmup: int = 3) -> float:
-    """Median seconds per SAELens training step (SAETrainer.step) on one fixed batch.
-
-    The learning rate is 0: Adam does the same arithmetic, and the weights (so a BAE's code
-    density, on which the covariance penalty's cost depends) stay where they were set."""
-    trainer = SAETrainer(
+def _trainer(sae: Any, batch: torch.Tensor, steps: int) -> SAETrainer:
+    """SAELens' trainer for ``steps`` steps on ``batch`` at learning rate 0: Adam does the same
+    arithmetic, and the weights (so a BAE's code density, on which the covariance penalty's cost
+    depends) stay where they were set."""
+    return SAETrainer(
         cfg=SAETrainerConfig(
-            total_training_samples=batch.shape[0] * (steps + warmup),
+            total_training_samples=batch.shape[0] * steps,
             train_batch_size_samples=batch.shape[0],
             lr=0.0,
             lr_end=0.0,
@@ -54,15 +56,44 @@ def time_training_step(sae: Any, batch: torch.Tensor, steps: int, warmup: int = 
         sae=sae,
         data_provider=iter(()),
     )
-    times = []
+
+
+@contextlib.contextmanager
+def products_of(name: str) -> Iterator[None]:
+    """The covariance products a model's name asks for: ``_int8`` the int8 CPU matmuls alone
+    (sparse sums off), ``_fp32`` the CPU products before the int8 matmuls, ``_tiled`` the tiled
+    PyTorch path on CUDA instead of the fused kernels; anything else the defaults."""
+    saved = covariance.SPARSE_DENSITY, covariance.CPU_INT8
+    if name.endswith("_int8"):
+        covariance.SPARSE_DENSITY = -1.0
+    if name.endswith("_fp32"):
+        covariance.CPU_INT8 = False
+    kernels = () if name.endswith("_tiled") else tuple(fused_covariance.FUSED_DEVICES)
+    try:
+        with fused_covariance.fused_on(*kernels):
+            yield
+    finally:
+        covariance.SPARSE_DENSITY, covariance.CPU_INT8 = saved
+
+
+def time_training_steps(
+    saes: dict[str, Any], batch: torch.Tensor, steps: int, warmup: int = 3
+) -> dict[str, float]:
+    """Median seconds per SAELens training step (``SAETrainer.step``) of each model on one fixed
+    batch. The models take turns, one step each per round, so that a machine whose speed drifts
+    (a shared or throttled CPU) slows every model alike and the ratios stay fair."""
+    trainers = {name: _trainer(sae, batch, steps + warmup) for name, sae in saes.items()}
+    times: dict[str, list[float]] = {name: [] for name in saes}
     for i in range(warmup + steps):
-        _sync(str(batch.device))
-        start = time.perf_counter()
-        trainer.step(batch)
-        _sync(str(batch.device))
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, trainer in trainers.items():
+            with products_of(name):
+                _sync(str(batch.device))
+                start = time.perf_counter()
+                trainer.step(batch)
+                _sync(str(batch.device))
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def bae_at_density(
@@ -85,8 +116,10 @@ def step_timings(
     d_in: int, d_sae: int, batch_size: int, steps: int, device: str, densities: list[float]
 ) -> dict:
     """Seconds per step of SAELens' standard and topk SAEs and of BAEs: as initialised, at each
-    of ``densities`` (through the sparse CPU products where they apply, and through matmuls),
-    without the covariance term, and on CUDA through the tiled path as well as the fused kernels."""
+    of ``densities``, without the covariance term; on CPU each BAE also through the products it
+    had before the int8 matmuls (``_fp32``: fp32 matmuls, sparse sums below
+    ``SPARSE_DENSITY_FP32``) and, at each density, through the int8 matmuls alone (``_int8``:
+    the sparse sums off); on CUDA through the tiled path as well as the fused kernels."""
     torch.manual_seed(0)
     batch = torch.randn(batch_size, d_in, device=device)
     models: dict[str, Any] = {
@@ -97,27 +130,20 @@ def step_timings(
             d_in, d_sae, batch, None, covariance_coefficient=0.0
         ),
     }
-    if device.startswith("cuda") and fused_covariance.HAS_TRITON:  # before/after the kernels
+    cpu = not device.startswith("cuda")
+    if not cpu and fused_covariance.HAS_TRITON:  # before/after the kernels
         models["bae_tiled"] = models["bae"]
+    if cpu:
+        models["bae_fp32"] = models["bae"]
     for density in densities:
         models[f"bae_density_{density:g}"] = lambda p=density: bae_at_density(d_in, d_sae, batch, p)
-        if not device.startswith("cuda"):
-            models[f"bae_density_{density:g}_matmul"] = lambda p=density: bae_at_density(
-                d_in, d_sae, batch, p
-            )
-    seconds, code_density = {}, {}
-    for name, make in models.items():
-        sae = make().to(device)
-        saved = covariance.SPARSE_DENSITY
-        if name.endswith("_matmul"):  # the same BAE with the sparse CPU products turned off
-            covariance.SPARSE_DENSITY = -1.0
-        # bae_tiled: the same BAE through the tiled PyTorch path
-        kernels = () if name.endswith("_tiled") else tuple(fused_covariance.FUSED_DEVICES)
-        try:
-            with fused_covariance.fused_on(*kernels):
-                seconds[name] = time_training_step(sae, batch, steps)
-        finally:
-            covariance.SPARSE_DENSITY = saved
+        if cpu:
+            for path in ("int8", "fp32"):
+                models[f"bae_density_{density:g}_{path}"] = models[f"bae_density_{density:g}"]
+    saes = {name: make().to(device) for name, make in models.items()}
+    seconds = time_training_steps(saes, batch, steps)
+    code_density = {}
+    for name, sae in saes.items():
         if isinstance(sae, BAETrainingSAE):
             with torch.no_grad():
                 code_density[name] = float(sae.encode_bits(batch).mean())
@@ -227,6 +253,8 @@ def main() -> None:
         "cpu": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_int8_products": covariance.cpu_int8_products(),
     }
     if args.device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name()

@@ -1,19 +1,23 @@
 """The covariance penalty of the BAE objective: the sum of the absolute off-diagonal covariances
 of the code channels, exact, in tiles (a 65536-channel code never builds its 16 GiB matrix).
 
-Binary codes make every tile an integer product, computed one of three ways:
+Binary codes make every tile an integer product, computed one of four ways:
 
 * on CUDA with triton, fused kernels that never write a tile to memory (``fused_covariance``);
-* dense (batched) matmuls: bf16 operands with fp32 accumulation on CUDA, fp32 elsewhere;
-* on CPU, for sparse codes, sums over the entries that are 1 only (``embedding_bag``), after
+* dense (batched) matmuls: bf16 operands with fp32 accumulation on CUDA;
+* on CPU, int8 matmuls with int32 accumulation (``torch._int_mm``): 0/1 codes and -1/0/1 signs
+  are int8 numbers, and the CPU multiplies int8 2x (AVX2) to 4x (AVX-512 VNNI) faster than fp32;
+  fp32 matmuls where this torch has no int8 product (and as the reference, ``CPU_INT8 = False``);
+* on CPU, for very sparse codes, sums over the entries that are 1 only (``embedding_bag``), after
   flipping every channel that fires in more than half of the batch (|cov| does not change when a
   channel is flipped): rho * B * n^2 additions instead of B * n^2 multiply-adds at density rho.
 
-Both are exact; the tests check them against ``torch.cov`` and each other.
+All are exact; the tests check them against ``torch.cov`` and each other.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 
@@ -68,6 +72,22 @@ def _integer_mm(a: Tensor, b: Tensor) -> Tensor:
     return a.float() @ b.float()
 
 
+CPU_INT8 = True
+"""On CPU, binary codes multiply as int8 matmuls (``_Int8Products``) when this torch can
+(``cpu_int8_products``); False: fp32 matmuls, the path before them (benchmarks compare the two)."""
+
+
+@functools.cache
+def cpu_int8_products() -> bool:
+    """Whether this torch multiplies int8 matrices on the CPU with int32 results (``_int_mm``)."""
+    probe = torch.ones(2, 8, dtype=torch.int8)
+    try:  # a 2 x 8 probe: the only failure it can meet is a torch without the kernel
+        torch._int_mm(probe, probe.T.contiguous())
+    except (AttributeError, NotImplementedError, RuntimeError):
+        return False
+    return True
+
+
 _SIGN_CACHE_LIMIT = 1 << 24
 """Codes with at most this many covariance entries in all (n <= 4096 for one BAE) keep the
 forward's sign tiles as int8 for backward (at most 16 MiB, less than the [batch, n] codes) instead
@@ -76,16 +96,33 @@ of recomputing them: a quarter fewer matmul FLOPs."""
 _EXACT_FP32_BATCH = 4096
 """The binary path computes B * (co-occurrence count) - c_i c_j, integers up to B^2: exact in
 fp32 for B <= 4096 (B^2 <= 2^24); larger batches work in float64, exact up to B = 2^26."""
+_EXACT_INT32_BATCH = 46340
+"""... and in int32 (the int8 products' tiles) for B <= 46340 (B^2 < 2^31)."""
 
 _TILE_ELEMENTS = {"cuda": 1 << 22, "cpu": 1 << 19}
 """Default tile: at most this many entries over the whole stack, per device type (2048 x 2048 for
 one BAE on CUDA; 724 x 724 elsewhere, where a tile that stays in cache makes the penalty of
 d_sae = 2304 two times faster on 2 CPU cores than 2048-wide tiles: ``benchmarks/train_step.py``)."""
 
-SPARSE_DENSITY = 0.25
+SPARSE_DENSITY = 0.05
 """On CPU, binary codes whose density (after flipping the channels that fire more than half of the
-time) is at most this take the sparse products. On 2 AVX2 cores (d_sae = 2304, batch 512) the
-sparse forward + backward beats the fp32 matmuls below a density of about 0.3."""
+time) is at most this take the sparse products (``SPARSE_DENSITY_FP32`` where the matmuls are
+fp32). Forward + backward on 2 cores (AMD EPYC) at batch 512, d_sae 2304 / 8192, int8 matmuls
+against sparse sums, ms (noisy to 20%):
+
+| density | AVX-512 VNNI | oneDNN capped at AVX2 |
+|---|---|---|
+| 0.16 | 17 / 260 against 44 / 539 | 29 / 484 against 34 / 554 |
+| 0.08 | 23 / 341 against 33 / 333 | 29 / 506 against 21 / 365 |
+| 0.04 | 23 / 267 against 26 / 241 | 29 / 499 against 16 / 238 |
+| 0.02 | 22 / 332 against 24 / 341 | 28 / 471 against 12 / 202 |
+
+The int8 matmuls cost the same at any density; the crossover is near 0.03 with VNNI and 0.1
+without. 0.05 is at most 15% off the faster path with VNNI; on AVX2 alone, codes between 0.05
+and 0.1 take int8 matmuls up to 40% slower than the sparse sums would be."""
+SPARSE_DENSITY_FP32 = 0.25
+"""The same against fp32 matmuls: on 2 AVX2 cores (d_sae = 2304, batch 512) the sparse forward +
+backward beats them below a density of about 0.3."""
 
 SPARSE_MIN_BLOCK = 256
 """...and whose tiles are at least this wide: each tile costs one ``embedding_bag`` call per
@@ -107,6 +144,7 @@ class _DenseProducts:
     """The two products the tiles need, as batched matmuls of the codes x [G, B, n]."""
 
     int8_signs = True  # cached sign tiles: int8 (a quarter of the memory) convert on the fly
+    int32_results = False  # the products come in the work dtype
 
     def __init__(self, x: Tensor, integer_entries: bool) -> None:
         self.x, self.integer_entries = x, integer_entries
@@ -118,6 +156,52 @@ class _DenseProducts:
     def left(self, rows: slice, matrix: Tensor) -> Tensor:
         """x[:, :, rows] @ matrix: [G, B, cols]."""
         return _matmul(self.x[:, :, rows], matrix, self.integer_entries)
+
+
+class _Int8Products:
+    """The same products for 0/1 codes on CPU as int8 matmuls with int32 results, one
+    ``torch._int_mm`` per member of a stack: exact (int32 sums of 0/1 and -1/0/1 products). The
+    codes' column blocks are made contiguous once (int8: a quarter of the fp32 codes, and
+    faster to multiply than strided views); sign tiles are multiplied as they come, transposed
+    views included."""
+
+    int8_signs = True
+    int32_results = True
+
+    def __init__(self, x: Tensor) -> None:
+        self.x = x.to(torch.int8)
+        self._blocks: dict[tuple[int, int], list[Tensor]] = {}
+        self._transposed: dict[tuple[int, int], list[Tensor]] = {}
+
+    def _columns(self, block: slice, transposed: bool = False) -> list[Tensor]:
+        cache = self._transposed if transposed else self._blocks
+        key = (block.start, block.stop)
+        if key not in cache:
+            cache[key] = [_row_major(codes[:, block].T if transposed else codes[:, block])
+                          for codes in self.x]  # fmt: skip
+        return cache[key]
+
+    def gram(self, rows: slice, cols: slice) -> Tensor:
+        pairs = zip(self._columns(rows, transposed=True), self._columns(cols), strict=True)
+        return _stack([torch._int_mm(a, b) for a, b in pairs])
+
+    def left(self, rows: slice, matrix: Tensor) -> Tensor:
+        signs = matrix.to(torch.int8)
+        pairs = zip(self._columns(rows), signs, strict=True)
+        return _stack(
+            [torch._int_mm(a, b if 1 not in b.shape else _row_major(b)) for a, b in pairs]
+        )
+
+
+def _row_major(matrix: Tensor) -> Tensor:
+    """``matrix`` with the strides of a fresh row-major one. ``contiguous()`` keeps any stride
+    of a dimension of size 1, and ``torch._int_mm`` on CPU (torch 2.13) reads such a stride as
+    the row length: a [1, 16] view with strides (1, 1) multiplies as garbage (strided and
+    transposed views of wider matrices multiply right)."""
+    rows, cols = matrix.shape
+    if matrix.stride() == (cols, 1):
+        return matrix
+    return torch.empty((rows, cols), dtype=matrix.dtype, device=matrix.device).copy_(matrix)
 
 
 _Bags = list[tuple[Tensor, Tensor]]
@@ -134,6 +218,7 @@ class _SparseProducts:
     """
 
     int8_signs = False  # embedding_bag reads its weights in the work dtype: no conversion
+    int32_results = False
 
     def __init__(self, x: Tensor, dtype: torch.dtype) -> None:
         self.x, self.dtype = x, dtype
@@ -188,27 +273,38 @@ def _stack(tiles: list[Tensor]) -> Tensor:
     return tiles[0].unsqueeze(0) if len(tiles) == 1 else torch.stack(tiles)
 
 
+def _cpu_int8() -> bool:
+    return CPU_INT8 and cpu_int8_products()
+
+
+def _cpu_matmuls(x: Tensor) -> _Int8Products | _DenseProducts:
+    """The matmul products of 0/1 codes on CPU: int8 where this torch has them (``CPU_INT8``)."""
+    return _Int8Products(x) if _cpu_int8() else _DenseProducts(x, True)
+
+
 def _binary_products(
     x: Tensor, counts: Tensor, dtype: torch.dtype, block: int
-) -> tuple[_DenseProducts | _SparseProducts, Tensor, Tensor, Tensor | None]:
+) -> tuple[_DenseProducts | _Int8Products | _SparseProducts, Tensor, Tensor, Tensor | None]:
     """(products, codes, counts, channel signs) for 0/1 codes x [G, B, n].
 
     On CPU (outside ``torch.compile``, whose graphs need fixed shapes) codes whose flipped density
     is at most ``SPARSE_DENSITY``, in tiles at least ``SPARSE_MIN_BLOCK`` wide, come back with
     every channel that fires in more than half of the batch flipped (1 - x), their counts, the
     sparse products and the +-1 signs that map the gradient back. Elsewhere the codes as they
-    are (bf16 on CUDA: exact for 0/1, half the memory) and matmuls.
+    are and matmuls: bf16 on CUDA (exact for 0/1, half the memory), int8 on CPU where this torch
+    has the product (``CPU_INT8``), else fp32.
     """
     if x.is_cuda:
         x = x.bfloat16()
         return _DenseProducts(x, True), x, counts, None
     if torch.compiler.is_compiling() or min(block, x.shape[2]) < SPARSE_MIN_BLOCK:
-        return _DenseProducts(x, True), x, counts, None
+        return _cpu_matmuls(x), x, counts, None
     batch = x.shape[1]
     flipped = counts > batch / 2
     rare_counts = torch.where(flipped, batch - counts, counts)
-    if float(rare_counts.sum()) > SPARSE_DENSITY * x.numel():
-        return _DenseProducts(x, True), x, counts, None
+    limit = SPARSE_DENSITY if _cpu_int8() else SPARSE_DENSITY_FP32
+    if float(rare_counts.sum()) > limit * x.numel():
+        return _cpu_matmuls(x), x, counts, None
     if not flipped.any():
         return _SparseProducts(x, dtype), x, counts, None
     x = torch.where(flipped[:, None, :], 1 - x, x)
@@ -270,9 +366,12 @@ class _CovariancePenalty(torch.autograd.Function):
         signs: list[Tensor] | None = [] if groups * n * n <= _SIGN_CACHE_LIMIT else None
         for rows, cols, diagonal in _tiles(n, block, share):
             tile = _scaled_cov_tile(products, counts, rows, cols, work_dtype)
-            if signs is not None:
+            if signs is not None:  # backward's sign tiles: the diagonal never counts
                 sign = tile.sign()
-                signs.append(sign.to(torch.int8) if products.int8_signs else sign)
+                sign = sign.to(torch.int8) if products.int8_signs else sign
+                if diagonal:
+                    sign.diagonal(dim1=1, dim2=2).zero_()
+                signs.append(sign)
             tile = tile.abs_()
             tile_sum = tile.sum(dim=(1, 2), dtype=torch.float64)
             if diagonal:
@@ -299,26 +398,23 @@ class _CovariancePenalty(torch.autograd.Function):
         (counts,) = ctx.saved_tensors
         products, binary, dtype = ctx.products, ctx.binary, ctx.work_dtype
         groups, batch, n = products.x.shape
-        grad = torch.zeros(groups, batch, n, dtype=dtype, device=grad_out.device)
-        sign_sums = torch.zeros(groups, 1, n, dtype=dtype, device=grad_out.device)  # c^T S
+        # H S, summed in the products' own dtype (int32 from the int8 matmuls: no casts per tile)
+        accumulate = torch.int32 if products.int32_results else dtype
+        grad = torch.zeros(groups, batch, n, dtype=accumulate, device=grad_out.device)
         for index, (rows, cols, diagonal) in enumerate(_tiles(n, ctx.block, ctx.share)):
-            if ctx.signs is not None:
-                cached = ctx.signs[index]
-                sign = cached.to(dtype)
+            if ctx.signs is not None:  # diagonal already zero
+                sign = ctx.signs[index]
             else:
                 sign = _scaled_cov_tile(products, counts if binary else None, rows, cols, dtype)
-                cached = sign = sign.sign_()
-            if diagonal:
-                sign.diagonal(dim1=1, dim2=2).zero_()
+                sign = sign.sign_()
+                if diagonal:
+                    sign.diagonal(dim1=1, dim2=2).zero_()
             grad[:, :, cols] += products.left(rows, sign)
-            if binary:
-                sign_sums[:, :, cols] += counts[:, None, rows] @ sign
             if not diagonal:
-                grad[:, :, rows] += products.left(cols, cached.transpose(1, 2))
-                if binary:
-                    sign_sums[:, :, rows] += counts[:, None, cols] @ sign.transpose(1, 2)
-        if binary:
-            grad -= sign_sums / batch
+                grad[:, :, rows] += products.left(cols, sign.transpose(1, 2))
+        grad = grad.to(dtype)
+        if binary:  # minus 1 (c^T S) / B: c^T S is the column sums of H S
+            grad -= grad.sum(1, keepdim=True) / batch
         if ctx.flips is not None:  # back from the flipped channels to the codes
             grad *= ctx.flips[:, None, :]
         grad *= grad_out.to(dtype).view(groups, 1, 1) * (2.0 / (batch - 1))
@@ -338,11 +434,15 @@ def _scaled_cov_tile(
 ) -> Tensor:
     """Covariance tiles [G, rows, cols] times B(B-1) for binary codes (integers: exact sign), else
     times B-1."""
-    product = products.gram(rows, cols).to(dtype)
+    product = products.gram(rows, cols)
+    batch = products.x.shape[1]
     if counts is None:
-        return product
+        return product.to(dtype)
+    if not product.is_floating_point() and batch <= _EXACT_INT32_BATCH:  # int32 all the way
+        whole = counts.to(torch.int32)
+        return product.mul_(batch).sub_(whole[:, rows, None] * whole[:, None, cols])
     outer = counts[:, rows, None] * counts[:, None, cols]
-    return product.mul_(products.x.shape[1]).sub_(outer)
+    return product.to(dtype).mul_(batch).sub_(outer)
 
 
 def covariance_penalty(

@@ -1,5 +1,6 @@
-"""The covariance penalty's two exact paths for 0/1 codes (matmuls, and on CPU the sparse sums over
-the entries that are 1, with dense channels flipped) agree with each other and with torch.cov."""
+"""The covariance penalty's exact CPU paths for 0/1 codes (int8 matmuls, fp32 matmuls, and the
+sparse sums over the entries that are 1, with dense channels flipped) agree with each other and
+with torch.cov."""
 
 import pytest
 import torch
@@ -30,46 +31,53 @@ def codes_with_dense_and_silent_channels(shape: tuple[int, ...], seed: int) -> t
     return (torch.rand(shape, generator=generator) < rates).float()
 
 
+PRODUCTS = {"sparse": "_SparseProducts", "int8": "_Int8Products", "fp32": "_DenseProducts"}
+
+
 def run(codes: torch.Tensor, path: str, monkeypatch, weights=None, **kwargs):
-    """Penalty and gradient of (weights * penalty).sum() through the given path."""
-    monkeypatch.setattr(covariance, "SPARSE_DENSITY", 1.0 if path == "sparse" else -1.0)
+    """Penalty and gradient of (weights * penalty).sum() through the given path (a key of
+    PRODUCTS)."""
+    for limit in ("SPARSE_DENSITY", "SPARSE_DENSITY_FP32"):
+        monkeypatch.setattr(covariance, limit, 1.0 if path == "sparse" else -1.0)
     monkeypatch.setattr(covariance, "SPARSE_MIN_BLOCK", 0)  # small tiles, to test many of them
-    built = []
-    real = covariance._SparseProducts
-
-    def spy(*args):
-        built.append(args)
-        return real(*args)
-
-    monkeypatch.setattr(covariance, "_SparseProducts", spy)
+    monkeypatch.setattr(covariance, "CPU_INT8", path != "fp32")
+    built = {name: [] for name in PRODUCTS}
+    for name, attribute in PRODUCTS.items():
+        real = getattr(covariance, attribute)
+        spy = lambda *a, real=real, name=name: built[name].append(a) or real(*a)  # noqa: E731
+        monkeypatch.setattr(covariance, attribute, spy)
     leaf = codes.clone().requires_grad_()
     penalty = covariance_penalty(leaf, binary=True, **kwargs)
     (penalty * (1.0 if weights is None else weights)).sum().backward()
-    assert bool(built) == (path == "sparse")
+    assert [name for name in PRODUCTS if built[name]] == [path]
     return penalty.detach(), leaf.grad
 
 
 @pytest.mark.parametrize("cache", ["cached_signs", "recomputed"])
 @pytest.mark.parametrize(
     ("shape", "block"),
-    [((96, 37), 8), ((130, 300), 64), ((64, 300), None), ((3, 80, 45), 16), ((2, 2, 50, 33), 10)],
-)
-def test_sparse_and_matmul_paths_agree_with_torch_cov(shape, block, cache, monkeypatch):
+    [((96, 37), 8), ((130, 300), 64), ((64, 300), None), ((3, 80, 45), 16), ((2, 2, 50, 33), 10),
+     ((40, 33), 16)],
+)  # fmt: skip
+def test_the_cpu_paths_agree_with_torch_cov(shape, block, cache, monkeypatch):
+    """Odd sizes, tiles that do not divide n (the last ((40, 33), 16) is one channel wide: a
+    [1, 16] sign tile whose transpose has strides (1, 1)), stacks."""
     if cache == "recomputed":
         monkeypatch.setattr(covariance, "_SIGN_CACHE_LIMIT", 0)
     codes = codes_with_dense_and_silent_channels(shape, seed=shape[-1])
     weights = torch.arange(1.0, codes[..., 0, 0].numel() + 1).reshape(shape[:-2])
     sparse, sparse_grad = run(codes, "sparse", monkeypatch, weights, block_size=block)
-    dense, dense_grad = run(codes, "matmul", monkeypatch, weights, block_size=block)
-    # exact integer tiles either way: the same penalty bit for bit, gradients to rounding
-    assert torch.equal(sparse, dense)
-    assert torch.allclose(sparse_grad, dense_grad, rtol=1e-6, atol=1e-7)
     exact_in = codes.double().requires_grad_()
     exact = reference(exact_in)
     (exact * weights).sum().backward()
     assert torch.allclose(sparse.double(), exact, rtol=1e-6)
     error = (sparse_grad.double() - exact_in.grad).norm() / exact_in.grad.norm()
     assert error <= 1e-5
+    for path in ("int8", "fp32"):
+        dense, dense_grad = run(codes, path, monkeypatch, weights, block_size=block)
+        # exact integer tiles every way: the same penalty bit for bit, gradients to rounding
+        assert torch.equal(sparse, dense)
+        assert torch.allclose(sparse_grad, dense_grad, rtol=1e-6, atol=1e-7)
 
 
 def test_sparse_path_bands_add_up_to_the_whole(monkeypatch):
@@ -84,26 +92,30 @@ def test_sparse_path_bands_add_up_to_the_whole(monkeypatch):
 def test_sparse_path_above_4096_samples_is_exact_in_float64(monkeypatch):
     codes = codes_with_dense_and_silent_channels((5000, 24), seed=2)
     sparse, sparse_grad = run(codes, "sparse", monkeypatch)
-    dense, dense_grad = run(codes, "matmul", monkeypatch)
+    dense, dense_grad = run(codes, "int8", monkeypatch)
     assert sparse.dtype == torch.float64
     assert sparse.item() == dense.item() == pytest.approx(reference(codes.double()).item(), 1e-12)
     assert torch.allclose(sparse_grad, dense_grad, rtol=1e-10, atol=1e-14)
 
 
 @pytest.mark.parametrize(
-    ("rate", "shape", "sparse"),
-    [(0.05, (128, 300), True), (0.95, (128, 300), True), (0.5, (128, 300), False),
-     (0.05, (45, 128, 300), False), (0.05, (128, 200), False)],
+    ("rate", "shape", "int8", "sparse"),
+    [(0.03, (128, 300), True, True), (0.97, (128, 300), True, True),
+     (0.5, (128, 300), True, False), (0.03, (45, 128, 300), True, False),
+     (0.03, (128, 200), True, False), (0.16, (128, 300), True, False),
+     (0.16, (128, 300), False, True), (0.5, (128, 300), False, False)],
 )  # fmt: skip
 def test_the_path_follows_the_density_after_flipping_and_the_tile_width(
-    rate, shape, sparse, monkeypatch
+    rate, shape, int8, sparse, monkeypatch
 ):
-    """One BAE's codes at 5% (or 95%: every channel flips) take the sparse products on CPU; at
+    """One BAE's codes at 3% (or 97%: every channel flips) take the sparse products on CPU; at
     50% the matmuls, for which sparse sums would be slower; so do 45 stacked BAEs (tiles of 128)
-    and 200 channels (one tile, narrower than SPARSE_MIN_BLOCK)."""
+    and 200 channels (one tile, narrower than SPARSE_MIN_BLOCK). At 16% the int8 matmuls are
+    faster than sparse sums, the fp32 ones slower."""
     built = []
     real = covariance._SparseProducts
     monkeypatch.setattr(covariance, "_SparseProducts", lambda *a: built.append(a) or real(*a))
+    monkeypatch.setattr(covariance, "CPU_INT8", int8)
     codes = (torch.rand(shape, generator=torch.Generator().manual_seed(0)) < rate).float()
     covariance_penalty(codes, binary=True)
     assert bool(built) is sparse

@@ -133,13 +133,19 @@ def test_binary_codes_of_a_batch_above_4096_stay_exact():
     assert told.item() == covariance_penalty(codes).item()
 
 
-def test_an_out_of_memory_in_the_bf16_products_propagates(monkeypatch):
+@pytest.mark.parametrize("path", ["bf16", "int8"])
+def test_an_out_of_memory_in_the_integer_products_propagates(path, monkeypatch):
     def out_of_memory(*args, **kwargs):  # noqa: ARG001
-        raise RuntimeError("CUDA out of memory. Tried to allocate 16.00 GiB")
+        raise RuntimeError("out of memory. Tried to allocate 16.00 GiB")
 
-    monkeypatch.setattr(covariance, "_bf16_products", lambda a: True)  # noqa: ARG005
-    monkeypatch.setattr(torch, "mm", out_of_memory)
-    monkeypatch.setattr(torch, "bmm", out_of_memory)
+    if path == "bf16":
+        monkeypatch.setattr(covariance, "CPU_INT8", False)
+        monkeypatch.setattr(covariance, "_bf16_products", lambda a: True)  # noqa: ARG005
+        monkeypatch.setattr(torch, "mm", out_of_memory)
+        monkeypatch.setattr(torch, "bmm", out_of_memory)
+    else:
+        assert covariance.cpu_int8_products()  # probed once, before the products fail
+        monkeypatch.setattr(torch, "_int_mm", out_of_memory)
     with pytest.raises(RuntimeError, match="out of memory"):
         covariance_penalty((torch.rand(64, 16) < 0.5).float(), binary=True)
 
