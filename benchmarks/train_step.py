@@ -32,7 +32,7 @@ from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEC
 from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
 
-from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, covariance, fused_covariance
+from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, covariance_products, fused_covariance
 from sae_lens_bae.covariance import covariance_penalty, dense_covariance_penalty
 
 
@@ -63,17 +63,18 @@ def products_of(name: str) -> Iterator[None]:
     """The covariance products a model's name asks for: ``_int8`` the int8 CPU matmuls alone
     (sparse sums off), ``_fp32`` the CPU products before the int8 matmuls, ``_tiled`` the tiled
     PyTorch path on CUDA instead of the fused kernels; anything else the defaults."""
-    saved = covariance.SPARSE_DENSITY, covariance.CPU_INT8
+    products = covariance_products
+    saved = products.SPARSE_DENSITY, products.CPU_INT8
     if name.endswith("_int8"):
-        covariance.SPARSE_DENSITY = -1.0
+        products.SPARSE_DENSITY = -1.0
     if name.endswith("_fp32"):
-        covariance.CPU_INT8 = False
+        products.CPU_INT8 = False
     kernels = () if name.endswith("_tiled") else tuple(fused_covariance.FUSED_DEVICES)
     try:
         with fused_covariance.fused_on(*kernels):
             yield
     finally:
-        covariance.SPARSE_DENSITY, covariance.CPU_INT8 = saved
+        products.SPARSE_DENSITY, products.CPU_INT8 = saved
 
 
 def time_training_steps(
@@ -254,7 +255,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_int8_products": covariance.cpu_int8_products(),
+        "cpu_int8_products": covariance_products.cpu_int8_products(),
     }
     if args.device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name()

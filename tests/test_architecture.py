@@ -18,6 +18,7 @@ PACKAGE = "sae_lens_bae"
 
 FLOORS = {
     "sae_lens_bae.covariance": 0,
+    "sae_lens_bae.covariance_products": 0,
     "sae_lens_bae.fused_covariance": 0,
     "sae_lens_bae.losses": 0,
     "sae_lens_bae.global_batch": 0,

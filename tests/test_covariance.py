@@ -5,7 +5,7 @@ with torch.cov."""
 import pytest
 import torch
 
-from sae_lens_bae import covariance
+from sae_lens_bae import covariance, covariance_products
 from sae_lens_bae.covariance import covariance_penalty
 
 
@@ -31,21 +31,23 @@ def codes_with_dense_and_silent_channels(shape: tuple[int, ...], seed: int) -> t
     return (torch.rand(shape, generator=generator) < rates).float()
 
 
-PRODUCTS = {"sparse": "_SparseProducts", "int8": "_Int8Products", "fp32": "_DenseProducts"}
+PRODUCTS = {"sparse": "SparseProducts", "int8": "Int8Products", "fp32": "DenseProducts"}
 
 
 def run(codes: torch.Tensor, path: str, monkeypatch, weights=None, **kwargs):
     """Penalty and gradient of (weights * penalty).sum() through the given path (a key of
     PRODUCTS)."""
     for limit in ("SPARSE_DENSITY", "SPARSE_DENSITY_FP32"):
-        monkeypatch.setattr(covariance, limit, 1.0 if path == "sparse" else -1.0)
-    monkeypatch.setattr(covariance, "SPARSE_MIN_BLOCK", 0)  # small tiles, to test many of them
-    monkeypatch.setattr(covariance, "CPU_INT8", path != "fp32")
+        monkeypatch.setattr(covariance_products, limit, 1.0 if path == "sparse" else -1.0)
+    monkeypatch.setattr(
+        covariance_products, "SPARSE_MIN_BLOCK", 0
+    )  # small tiles, to test many of them
+    monkeypatch.setattr(covariance_products, "CPU_INT8", path != "fp32")
     built = {name: [] for name in PRODUCTS}
     for name, attribute in PRODUCTS.items():
-        real = getattr(covariance, attribute)
+        real = getattr(covariance_products, attribute)
         spy = lambda *a, real=real, name=name: built[name].append(a) or real(*a)  # noqa: E731
-        monkeypatch.setattr(covariance, attribute, spy)
+        monkeypatch.setattr(covariance_products, attribute, spy)
     leaf = codes.clone().requires_grad_()
     penalty = covariance_penalty(leaf, binary=True, **kwargs)
     (penalty * (1.0 if weights is None else weights)).sum().backward()
@@ -82,7 +84,7 @@ def test_the_cpu_paths_agree_with_torch_cov(shape, block, cache, monkeypatch):
 
 def test_sparse_path_bands_add_up_to_the_whole(monkeypatch):
     """Each rank's band of tiles (share) through the sparse products sums to the full penalty."""
-    monkeypatch.setattr(covariance, "SPARSE_MIN_BLOCK", 0)
+    monkeypatch.setattr(covariance_products, "SPARSE_MIN_BLOCK", 0)
     codes = codes_with_dense_and_silent_channels((64, 90), seed=1)
     whole = covariance_penalty(codes, 16, binary=True)
     bands = [covariance_penalty(codes, 16, binary=True, share=(r, 3)) for r in range(3)]
@@ -113,9 +115,10 @@ def test_the_path_follows_the_density_after_flipping_and_the_tile_width(
     and 200 channels (one tile, narrower than SPARSE_MIN_BLOCK). At 16% the int8 matmuls are
     faster than sparse sums, the fp32 ones slower."""
     built = []
-    real = covariance._SparseProducts
-    monkeypatch.setattr(covariance, "_SparseProducts", lambda *a: built.append(a) or real(*a))
-    monkeypatch.setattr(covariance, "CPU_INT8", int8)
+    real = covariance_products.SparseProducts
+    monkeypatch.setattr(covariance_products, "SparseProducts",
+                        lambda *a: built.append(a) or real(*a))  # fmt: skip
+    monkeypatch.setattr(covariance_products, "CPU_INT8", int8)
     codes = (torch.rand(shape, generator=torch.Generator().manual_seed(0)) < rate).float()
     covariance_penalty(codes, binary=True)
     assert bool(built) is sparse

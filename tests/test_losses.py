@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sae_lens_bae import covariance
+from sae_lens_bae import covariance, covariance_products
 from sae_lens_bae.losses import (
     binary_entropy,
     covariance_penalty,
@@ -139,12 +139,12 @@ def test_an_out_of_memory_in_the_integer_products_propagates(path, monkeypatch):
         raise RuntimeError("out of memory. Tried to allocate 16.00 GiB")
 
     if path == "bf16":
-        monkeypatch.setattr(covariance, "CPU_INT8", False)
-        monkeypatch.setattr(covariance, "_bf16_products", lambda a: True)  # noqa: ARG005
+        monkeypatch.setattr(covariance_products, "CPU_INT8", False)
+        monkeypatch.setattr(covariance_products, "_bf16_products", lambda a: True)  # noqa: ARG005
         monkeypatch.setattr(torch, "mm", out_of_memory)
         monkeypatch.setattr(torch, "bmm", out_of_memory)
     else:
-        assert covariance.cpu_int8_products()  # probed once, before the products fail
+        assert covariance_products.cpu_int8_products()  # probed once, before the products fail
         monkeypatch.setattr(torch, "_int_mm", out_of_memory)
     with pytest.raises(RuntimeError, match="out of memory"):
         covariance_penalty((torch.rand(64, 16) < 0.5).float(), binary=True)
