@@ -159,12 +159,15 @@ def step_timings(
     }
 
 
-def _probe(n: int, batch: int, kind: str, device: str) -> float:
-    """Extra peak memory (MiB) of one forward + backward of the penalty, measured in this fresh
-    process: peak RSS over the RSS after the inputs exist (CPU) or CUDA's peak allocation."""
+def _probe(n: int, batch: int, kind: str, device: str, density: float) -> tuple[float, float]:
+    """Extra peak memory (MiB) and seconds of one forward + backward of the penalty, measured in
+    this fresh process: peak RSS over the RSS after the inputs exist (CPU) or CUDA's peak
+    allocation. ``kind``: ``tiled``, ``tiled_fp32`` (the CPU products before the int8 matmuls)
+    or ``dense`` (``torch.cov``), on random codes of that ``density``."""
     torch.manual_seed(0)
-    codes = (torch.rand(batch, n, device=device) < 0.05).float().requires_grad_()
-    fn = covariance_penalty if kind == "tiled" else dense_covariance_penalty
+    codes = (torch.rand(batch, n, device=device) < density).float().requires_grad_()
+    fn = dense_covariance_penalty if kind == "dense" else covariance_penalty
+    covariance_products.CPU_INT8 = kind != "tiled_fp32"
     # warm-up on a slice of the codes: the kernels' code pages (file-backed, counted in RSS) and
     # the library's one-time buffers belong to the baseline, not to the penalty's memory
     fn(codes[:64].detach().requires_grad_()).backward()
@@ -172,9 +175,11 @@ def _probe(n: int, batch: int, kind: str, device: str) -> float:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
+        start = time.perf_counter()
         fn(codes).backward()
         torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
+        seconds = time.perf_counter() - start
+        return (torch.cuda.max_memory_allocated() - base) / 2**20, seconds
     with open("/proc/self/statm") as f:
         base_mib = int(f.read().split()[1]) * resource.getpagesize() / 2**20
     try:  # reset the peak (VmHWM) so transients of the imports and the set-up do not count
@@ -182,10 +187,12 @@ def _probe(n: int, batch: int, kind: str, device: str) -> float:
             f.write("5")
     except OSError:
         pass
+    start = time.perf_counter()
     fn(codes).backward()
+    seconds = time.perf_counter() - start
     with open("/proc/self/status") as f:
         peak_kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-    return peak_kib / 1024 - base_mib
+    return peak_kib / 1024 - base_mib, seconds
 
 
 # glibc raises its mmap threshold after a large free (up to 32 MiB), after which freed tiles stay
@@ -194,33 +201,42 @@ def _probe(n: int, batch: int, kind: str, device: str) -> float:
 PROBE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}
 
 
-def measure_peak_memory_mib(n: int, batch: int, kind: str, device: str = "cpu") -> float:
-    """Run :func:`_probe` in a child process so each measurement starts from a clean peak."""
+def probe_penalty(
+    n: int, batch: int, kind: str, device: str = "cpu", density: float = 0.05
+) -> tuple[float, float]:
+    """(extra peak MiB, seconds) of :func:`_probe`, run in a child process so that each
+    measurement starts from a clean peak."""
     result = subprocess.run(
-        [sys.executable, __file__, "--probe", str(n), str(batch), kind, device],
+        [sys.executable, __file__, "--probe", str(n), str(batch), kind, device, str(density)],
         capture_output=True,
         text=True,
         check=True,
         env={**os.environ, **PROBE_ENV},
     )
-    return float(result.stdout.strip().splitlines()[-1])
+    peak, seconds = result.stdout.strip().splitlines()[-1].split()
+    return float(peak), float(seconds)
 
 
-def covariance_memory(sizes: list[int], batch: int, device: str, budget_gib: float) -> list[dict]:
+def covariance_memory(
+    sizes: list[int], batch: int, device: str, budget_gib: float, density: float
+) -> list[dict]:
     rows = []
     for n in sizes:
         # torch.cov keeps ~4 n x n fp32 matrices alive (cov, abs, grad, sign) at its peak
         dense_estimate_gib = 4 * n * n * 4 / 2**30
-        row: dict[str, Any] = {"d_sae": n, "batch": batch}
-        start = time.perf_counter()
-        row["tiled_peak_mib"] = measure_peak_memory_mib(n, batch, "tiled", device)
-        row["tiled_seconds"] = time.perf_counter() - start
-        if dense_estimate_gib <= budget_gib:
-            row["dense_peak_mib"] = measure_peak_memory_mib(n, batch, "dense", device)
+        row: dict[str, Any] = {"d_sae": n, "batch": batch, "density": density}
+        for kind in ("tiled", "tiled_fp32", "dense"):
+            if kind == "tiled_fp32" and device.startswith("cuda"):  # int8 products: CPU only
+                continue
+            if kind == "dense" and dense_estimate_gib > budget_gib:
+                row["dense_peak_mib"] = None
+                row["dense_note"] = f"not run: needs about {dense_estimate_gib:.0f} GiB"
+                continue
+            row[f"{kind}_peak_mib"], row[f"{kind}_seconds"] = probe_penalty(
+                n, batch, kind, device, density
+            )
+        if row["dense_peak_mib"] is not None:
             row["tiled_over_dense"] = row["tiled_peak_mib"] / row["dense_peak_mib"]
-        else:
-            row["dense_peak_mib"] = None
-            row["dense_note"] = f"not run: needs about {dense_estimate_gib:.0f} GiB"
         print(f"  d_sae={n}: {row}", flush=True)
         rows.append(row)
     return rows
@@ -241,11 +257,14 @@ def main() -> None:
     )
     parser.add_argument("--dense-budget-gib", type=float, default=8.0)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--probe", nargs=4, metavar=("N", "BATCH", "KIND", "DEVICE"))
+    parser.add_argument(
+        "--memory-density", type=float, default=0.05, help="code density of the memory probes"
+    )
+    parser.add_argument("--probe", nargs=5, metavar=("N", "BATCH", "KIND", "DEVICE", "DENSITY"))
     args = parser.parse_args()
     if args.probe:
-        n, batch, kind, device = args.probe
-        print(_probe(int(n), int(batch), kind, device))
+        n, batch, kind, device, density = args.probe
+        print(*_probe(int(n), int(batch), kind, device, float(density)))
         return
 
     d_sae = args.expansion * args.d_in
@@ -264,7 +283,9 @@ def main() -> None:
     timings = step_timings(args.d_in, d_sae, args.batch, args.steps, args.device, densities)
     print("Covariance penalty peak memory (forward + backward), batch", args.batch)
     sizes = [int(s) for s in args.memory_sizes.split(",") if s]
-    memory = covariance_memory(sizes, args.batch, args.device, args.dense_budget_gib)
+    memory = covariance_memory(
+        sizes, args.batch, args.device, args.dense_budget_gib, args.memory_density
+    )
 
     print("\n| model | code density | ms/step | ratio to standard | ratio to topk |")
     print("|---|---|---|---|---|")
@@ -273,15 +294,16 @@ def main() -> None:
         density = timings["code_density_after_timing"].get(name)
         shown = f"{density:.3f}" if density is not None else "-"
         print(f"| {name} | {shown} | {sec * 1e3:.2f} | {sec / std:.2f} | {sec / topk:.2f} |")
-    print("\n| d_sae | tiled peak MiB | dense peak MiB | tiled / dense | tiled s |")
-    print("|---|---|---|---|---|")
+    print("\n| d_sae | tiled peak MiB | dense peak MiB | tiled / dense | tiled s | fp32 tiles s |")
+    print("|---|---|---|---|---|---|")
     for row in memory:
         dense = row["dense_peak_mib"]
         dense_s = f"{dense:.0f}" if dense is not None else row["dense_note"]
         ratio = f"{row['tiled_over_dense']:.3f}" if dense is not None else "-"
+        fp32 = row.get("tiled_fp32_seconds")
         print(
             f"| {row['d_sae']} | {row['tiled_peak_mib']:.0f} | {dense_s} | {ratio} "
-            f"| {row['tiled_seconds']:.1f} |"
+            f"| {row['tiled_seconds']:.2f} | {f'{fp32:.2f}' if fp32 is not None else '-'} |"
         )
     if args.out:
         args.out.write_text(
