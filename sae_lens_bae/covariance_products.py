@@ -95,9 +95,10 @@ SPARSE_DENSITY_FP32 = 0.25
 backward beats them below a density of about 0.3."""
 
 SPARSE_MIN_BLOCK = 256
-"""...and whose tiles are at least this wide: each tile costs one ``embedding_bag`` call per
-member of a stack, so many small BAEs (45 of d_sae = 576 share tiles 116 wide) are faster
-through batched matmuls (measured: 166 ms against 249 ms at density 0.16, batch 256)."""
+"""Sparse codes take the sparse products only in tiles at least this wide: each tile costs one
+``embedding_bag`` call per member of a stack, so many small BAEs (45 of d_sae = 576 share tiles
+116 wide) are faster through batched matmuls (measured: 166 ms against 249 ms at density 0.16,
+batch 256)."""
 
 
 class DenseProducts:
@@ -233,6 +234,12 @@ class SparseProducts:
         return cache[key]
 
 
+Products = DenseProducts | Int8Products | SparseProducts
+"""What ``binary_products`` returns: ``x`` (the codes multiplied, int8 / bf16 / as given),
+``gram``, ``left``, and ``int8_signs`` / ``int32_results`` (the sign tiles' and the results'
+dtypes)."""
+
+
 def _stack(tiles: list[Tensor]) -> Tensor:
     return tiles[0].unsqueeze(0) if len(tiles) == 1 else torch.stack(tiles)
 
@@ -248,7 +255,7 @@ def _cpu_matmuls(x: Tensor) -> Int8Products | DenseProducts:
 
 def binary_products(
     x: Tensor, counts: Tensor, dtype: torch.dtype, block: int
-) -> tuple[DenseProducts | Int8Products | SparseProducts, Tensor, Tensor, Tensor | None]:
+) -> tuple[Products, Tensor, Tensor, Tensor | None]:
     """(products, codes, counts, channel signs) for 0/1 codes x [G, B, n].
 
     On CPU (outside ``torch.compile``, whose graphs need fixed shapes) codes whose flipped density
@@ -278,9 +285,3 @@ def binary_products(
 
 def _matmul(a: Tensor, b: Tensor, integer_entries: bool) -> Tensor:
     return _integer_mm(a, b) if integer_entries else a @ b.to(a.dtype)
-
-
-Products = DenseProducts | Int8Products | SparseProducts
-"""What ``binary_products`` returns: ``x`` (the codes multiplied, int8 / bf16 / as given),
-``gram``, ``left``, and ``int8_signs`` / ``int32_results`` (the sign tiles' and the results'
-dtypes)."""
