@@ -100,3 +100,29 @@ def test_the_reliability_note_says_why_each_cell_is_unreliable():
         "- unreliable: layer 20: dependent channels: 3.6 bits over the code's joint entropy"
     )
     assert note[-1].startswith("Most cells are unreliable")
+
+
+def test_the_recipes_learning_rate_schedule_reaches_the_stacked_trainer():
+    """A warm-up and a cosine decay in the recipe train the cell's BAE as train_stacked_baes does
+    with them (the same weights), and differently from a constant lr."""
+    from sae_lens_bae.training import train_stacked_baes
+
+    x, _ = directional_data(2, 8, 1024, 16, seed=0)
+    schedule = {"lr_warm_up_steps": 5, "lr_scheduler_name": "cosineannealing", "lr_end": 1e-3}
+    recipe = EntropyRecipe(steps=20, batch_size=64, converge=False, **schedule)
+    [cell] = estimate_entropies([x], recipe, normalise=False, progress=False, bootstrap=0)
+    run = {"training_samples": 20 * 64, "seeds": [0], "batch_size": 64, "lr": recipe.lr}
+    direct = train_stacked_baes([x], recipe.config(8), progress=False, **run, **schedule)
+    assert torch.equal(cell.bae.W_enc, direct.baes[0].W_enc)
+    constant = train_stacked_baes([x], recipe.config(8), progress=False, **run)
+    assert not torch.allclose(cell.bae.W_enc, constant.baes[0].W_enc)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"lr_warm_up_steps": -1}, "lr_warm_up_steps"), ({"steps": 10, "lr_warm_up_steps": 10},
+     "lr_warm_up_steps"), ({"lr_end": 1.0}, "lr_end"), ({"lr_end": 0.0}, "lr_end")],
+)  # fmt: skip
+def test_a_recipe_with_a_bad_schedule_says_so(fields, message):
+    with pytest.raises(ValueError, match=message):
+        EntropyRecipe(**fields)

@@ -27,6 +27,8 @@ REQUIRED = {
 }
 # options that the config only accepts with other required options
 INSTEAD = {("interpret",): {"sae": ["--dataset", "texts.txt"]}}
+# fields whose generic "other value" would be out of range: lr_end must lie in (0, lr]
+VALID = {"lr_end": "0.0001"}
 IDS = [" ".join(path) for path, *_ in COMMANDS]
 
 
@@ -63,6 +65,8 @@ def _recording_app(run):
 def _other_value(option):
     """Command-line text for a valid value of ``option`` other than its default."""
     default = option.default
+    if option.path[-1] in VALID:
+        return VALID[option.path[-1]]
     if option.annotation is bool:
         return None  # a flag: --no-x or --x
     if option.parser is not None:

@@ -20,11 +20,15 @@ TOLERANCES = {"float32": (1e-5, 1e-7), "float64": (1e-9, 1e-12)}
 
 
 # the firing term and the coefficients' warm-up (SAETrainer schedules it for a single BAE, the
-# stacked trainer with BAETrainingSAEConfig.coefficients_at) must match as well
+# stacked trainer with BAETrainingSAEConfig.coefficients_at) must match as well, and so must the
+# learning rate's warm-up (SAELens' scheduler in both): (config fields, trainer arguments)
 OPTIONS = {
-    "paper terms": {"resample_every": 0, "firing_coefficient": 0.0},
-    "firing, warm-up, resampling": {"firing_coefficient": 3e-3, "coefficient_warm_up_steps": 15,
-                                    "resample_every": 7, "resample_rate": 0.2},
+    "paper terms": ({"resample_every": 0, "firing_coefficient": 0.0}, {}),
+    "firing, warm-up, resampling": ({"firing_coefficient": 3e-3, "coefficient_warm_up_steps": 15,
+                                     "resample_every": 7, "resample_rate": 0.2}, {}),
+    "lr warm-up, cosine": ({"resample_every": 0}, {"lr_warm_up_steps": 12,
+                                                   "lr_scheduler_name": "cosineannealing",
+                                                   "lr_end": 2e-4}),
 }  # fmt: skip
 
 
@@ -42,15 +46,15 @@ def test_stacked_training_equals_separate_trainings(bits, dtype, options):
         entropy_off_steps=10,
         entropy_coefficient=1e-2,
         covariance_coefficient=1e-3,
-        **OPTIONS[options],
+        **OPTIONS[options][0],
     )
     seeds = [5, 6, 7]
-    stacked, histories, steps = train_stacked_baes(
-        sets, cfg, training_samples=40 * 64, seeds=seeds, batch_size=64, lr=2e-3, progress=False
-    )
+    trainer = {"training_samples": 40 * 64, "batch_size": 64, "lr": 2e-3, **OPTIONS[options][1]}
+    stacked, histories, steps = train_stacked_baes(sets, cfg, seeds=seeds, progress=False,
+                                                   **trainer)  # fmt: skip
     assert len(histories[0]["reconstruction_loss"]) == 40 and steps == [40, 40, 40]
     for g, (x, seed) in enumerate(zip(sets, seeds, strict=True)):
-        alone = train_sae(x, cfg, training_samples=40 * 64, batch_size=64, lr=2e-3, seed=seed).sae
+        alone = train_sae(x, cfg, seed=seed, **trainer).sae
         for name, value in alone.state_dict().items():
             assert torch.allclose(stacked[g].state_dict()[name], value, rtol=rtol, atol=atol), (
                 g,

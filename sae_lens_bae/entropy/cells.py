@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from jaxtyping import Float
@@ -71,6 +72,14 @@ class EntropyRecipe:
     """BAE minibatch (the entropy term is measured on it)."""
     lr: float = _PRESET.lr
     """Adam learning rate of the BAEs."""
+    lr_warm_up_steps: int = 0
+    """Steps over which the learning rate rises linearly to ``lr`` (SAELens' scheduler): at
+    lr 4e-3 a code of 1024 channels on 512-dimensional states fell to a constant in its first
+    100 steps without one, and recovered too slowly to read r = 256 (docs/entropy.md)."""
+    lr_scheduler_name: Literal["constant", "cosineannealing"] = "constant"
+    """After the warm-up: a constant lr, or a cosine down to ``lr_end`` at the end of ``steps``."""
+    lr_end: float | None = None
+    """The cosine's final learning rate (None: ``lr``, no decay)."""
     surrogate_temperature: float = _PRESET.surrogate_temperature
     """Temperature of the sigmoid surrogate gradient."""
     entropy_coefficient_2048: float = _PRESET.entropy_coefficient
@@ -96,6 +105,14 @@ class EntropyRecipe:
     """The two windows' difference is extrapolated over this many times the steps trained so
     far before it is compared with the tolerance: a slow drift is not a plateau (0: compare the
     windows as they are)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lr_warm_up_steps < self.steps:
+            raise ValueError(
+                f"lr_warm_up_steps must be in [0, steps={self.steps}), got {self.lr_warm_up_steps}"
+            )
+        if self.lr_end is not None and not 0 < self.lr_end <= self.lr:
+            raise ValueError(f"lr_end must be in (0, lr={self.lr}], got {self.lr_end}")
 
     def check_samples(self, n: int, what: str) -> None:
         """Fail before any model runs if a cell would hold fewer samples than one minibatch."""
@@ -334,6 +351,9 @@ def estimate_entropies(
         progress=progress,
         convergence=recipe.convergence(),
         check_sets=[x for x in held_out for _ in replicas],
+        lr_warm_up_steps=recipe.lr_warm_up_steps,
+        lr_scheduler_name=recipe.lr_scheduler_name,
+        lr_end=recipe.lr_end,
     )
     cells = []
     for index, (states, k) in enumerate(zip(held_out, scales, strict=True)):

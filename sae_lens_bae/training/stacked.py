@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 from jaxtyping import Float
+from sae_lens.training.optim import get_lr_scheduler
 from torch import Tensor, nn
 from tqdm.auto import trange
 
@@ -255,6 +256,9 @@ def train_stacked_baes(
     progress: bool = True,
     convergence: Convergence | None = None,
     check_sets: Sequence[Float[Tensor, "m d_in"]] | None = None,
+    lr_warm_up_steps: int = 0,
+    lr_scheduler_name: str = "constant",
+    lr_end: float | None = None,
 ) -> StackedTraining:
     """Train one BAE per activation set, all at once; returns the BAEs, per-BAE histories and
     the steps each trained.
@@ -265,6 +269,10 @@ def train_stacked_baes(
     (default: its own set; the first rows, as many for every BAE) and stops updating once it has
     converged; training ends when all have (``sae_lens_bae.training.convergence``). A converged
     BAE drops out of the stacked matmuls, so a stack costs what its unconverged members cost.
+    ``lr_warm_up_steps``, ``lr_scheduler_name``, ``lr_end``: the learning-rate schedule, by
+    SAELens' scheduler and under its names (``train_sae`` passes them to ``SAETrainerConfig``):
+    a linear warm-up over the first steps, then constant or ``"cosineannealing"`` down to
+    ``lr_end`` (default: ``lr``) at the end of the budget.
     """
     sets = list(activations)
     seeds = list(range(len(sets))) if seeds is None else list(seeds)
@@ -275,6 +283,9 @@ def train_stacked_baes(
         cfg = replace(cfg, total_training_steps=n_steps)
     model = StackedBAE(cfg, seeds).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    scheduler = get_lr_scheduler(lr_scheduler_name, optimizer, training_steps=n_steps, lr=lr,
+                                 warm_up_steps=lr_warm_up_steps, decay_steps=0,
+                                 lr_end=lr if lr_end is None else lr_end, num_cycles=1)  # fmt: skip
     streams = [activation_batches(x, batch_size, seed=s) for x, s in zip(sets, seeds, strict=True)]
     histories: list[dict[str, list[float]]] = [{} for _ in sets]
     monitor = checks = None
@@ -294,6 +305,7 @@ def train_stacked_baes(
         total_loss(losses).sum().backward()
         model.clip_grad_norms_(1.0)
         optimizer.step()
+        scheduler.step()
         optimizer.zero_grad()
         for g, weights in frozen.items():  # Adam's momentum would still move a converged BAE
             for parameter, kept in zip(model.parameters(), weights, strict=True):
