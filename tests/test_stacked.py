@@ -107,3 +107,19 @@ def test_converged_baes_drop_out_and_the_others_train_as_if_alone():
                 continue
             assert torch.allclose(stacked.baes[g].state_dict()[name], value, rtol=1e-9,
                                   atol=1e-12), (g, name)  # fmt: skip
+
+
+def test_the_convergence_rule_waits_out_the_learning_rate_warm_up():
+    """A plateau during the lr warm-up is not convergence: under a rule that any two windows
+    pass (tolerances far above any change), a BAE stops at the first check where two windows of
+    checks exist, counted from the end of the warm-up."""
+    from sae_lens_bae.training import Convergence
+
+    x = binary_mixtures(1, rank=1)[0]
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_steps=0)
+    rule = Convergence(check_every=5, window=2, rtol=1e6, atol_bits=1e6, atol_error=1e6,
+                       horizon=0.0)  # fmt: skip
+    kwargs = dict(training_samples=200 * 64, batch_size=64, lr=2e-3, progress=False,
+                  convergence=rule, seeds=[5])  # fmt: skip
+    assert train_stacked_baes([x], cfg, **kwargs).steps == [20]  # 2 windows of 2 checks of 5
+    assert train_stacked_baes([x], cfg, lr_warm_up_steps=50, **kwargs).steps == [70]

@@ -290,7 +290,8 @@ def train_stacked_baes(
     histories: list[dict[str, list[float]]] = [{} for _ in sets]
     monitor = checks = None
     if convergence is not None:
-        rule = replace(convergence, min_steps=max(convergence.min_steps,
+        # neither the objective's nor the learning rate's ramp is evidence of a plateau
+        rule = replace(convergence, min_steps=max(convergence.min_steps, lr_warm_up_steps,
                                                   cfg.resolved_entropy_off_steps()))  # fmt: skip
         monitor = ConvergenceMonitor(rule, len(sets))
         chosen = list(check_sets) if check_sets is not None else sets
