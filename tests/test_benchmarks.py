@@ -38,3 +38,45 @@ def test_runner_throughput_trains_each_sae_through_saelens_runner(
     assert len(runs["bae"]["density_every_10_steps"]) == 1
     assert 0 < runs["bae"]["density_first_last"][0] < 1
     assert (out / "runner_throughput.md").read_text().count("| bae |") == 1
+
+
+def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
+    """Each variant replaces recipe fields and is trained and read on the same cell: a variant
+    without the convergence rule trains the whole budget, its trajectory has one point per
+    stride, its estimate is the library's (``estimate_entropies`` on the same cell and recipe),
+    and a bad variant is refused with one line (exit 2) before any training."""
+    from dataclasses import replace
+
+    from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
+    from sae_lens_bae.experiments.synthetic import directional_data
+
+    out = tmp_path / "cell"
+    script = str(BENCHMARKS / "synthetic_cell.py")
+    common = ["--d", "16", "--r", "2", "--n-train", "2048", "--n-test", "512", "--steps", "400",
+              "--every", "100", "--out", str(out)]  # fmt: skip
+    subprocess.run(
+        [sys.executable, script, *common, "--variant", 'all steps={"converge": false}',
+         "--variant", 'warm-up={"lr_warm_up_steps": 100, "converge": false}'],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    report = json.loads((out / "synthetic_cell.json").read_text())
+    assert [v["name"] for v in report["variants"]] == ["all steps", "warm-up"]
+    for variant in report["variants"]:
+        assert variant["steps"] == 400
+        assert len(variant["trajectory"]["reconstruction_loss"]) == 4
+    plain, warm = report["variants"]
+    train, test = directional_data(2, 16, 2048, 512, 2000)  # the synthetic presets' seeding
+    recipe = replace(EntropyRecipe(expansion=2, steps=400, lr=4e-3), converge=False)
+    [direct] = estimate_entropies([train], recipe, eval_sets=[test], seeds=[0], normalise=False,
+                                  progress=False)  # fmt: skip
+    assert plain["bits"] == pytest.approx(direct.bits, rel=1e-6)
+    assert plain["relative_error"] == pytest.approx(direct.relative_error, rel=1e-6)
+    assert plain["within_bar"] == (abs(direct.bits - 2) <= 0.1 and direct.relative_error < 0.02)
+    # the warm-up changes training: its first steps run at a fraction of the lr
+    assert warm["trajectory"]["reconstruction_loss"] != plain["trajectory"]["reconstruction_loss"]
+    assert (out / "synthetic_cell.md").read_text().count('| {"converge": false} |') == 1
+    bad = subprocess.run([sys.executable, script, *common, "--variant", 'x={"lrr": 1}'],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2
+    assert "not EntropyRecipe fields: ['lrr']" in bad.stderr
+    assert "Traceback" not in bad.stderr
