@@ -19,6 +19,15 @@ def test_directional_data_has_exactly_r_bits(r):
         directional_data(9, d=8, n_train=10, n_test=10, seed=0)
 
 
+def test_a_step_budget_inside_the_presets_warm_up_is_refused_with_what_to_do():
+    from sae_lens_bae.experiments.synthetic import SyntheticConfig
+
+    with pytest.raises(ValueError, match="--steps 500 does not pass the paper preset's 1000 lr "
+                                         "warm-up steps; use more than 1000"):  # fmt: skip
+        SyntheticConfig(preset="paper", steps=500)
+    assert SyntheticConfig(preset="paper", steps=1001).grid().recipe.steps == 1001
+
+
 def _row(r, estimate, objective=True, error=0.01, seed=0, expansion=2):
     return {"r": r, "seed": seed, "expansion": expansion, "objective": objective,
             "estimate_bits": estimate, "reconstruction_mse": 1e-6,

@@ -159,6 +159,10 @@ class SyntheticConfig:
         """The preset with this config's replacements."""
         chosen = PRESETS[self.preset]
         if self.steps is not None:
+            warm = chosen.recipe.lr_warm_up_steps
+            if self.steps <= warm:
+                raise ValueError(f"--steps {self.steps} does not pass the {self.preset} preset's "
+                                 f"{warm} lr warm-up steps; use more than {warm}")  # fmt: skip
             chosen = replace(chosen, recipe=replace(chosen.recipe, steps=self.steps))
         for name in ("ranks", "expansions", "seeds"):
             values = getattr(self, name)
