@@ -71,7 +71,7 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
                                   progress=False)  # fmt: skip
     assert plain["bits"] == pytest.approx(direct.bits, rel=1e-6)
     assert plain["relative_error"] == pytest.approx(direct.relative_error, rel=1e-6)
-    assert plain["within_bar"] == (abs(direct.bits - 2) <= 0.1 and direct.relative_error < 0.02)
+    assert plain["within_bar"] == (abs(direct.bits - 2) <= 0.1 and direct.relative_error <= 0.02)
     # the warm-up changes training: its first steps run at a fraction of the lr
     assert warm["trajectory"]["reconstruction_loss"] != plain["trajectory"]["reconstruction_loss"]
     assert (out / "synthetic_cell.md").read_text().count('| {"converge": false} |') == 1
