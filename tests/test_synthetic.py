@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import matplotlib.image
 import pytest
@@ -62,3 +63,61 @@ def test_run_writes_json_table_and_plots(tmp_path):
     assert by_key[(4, False)]["estimate_bits"] > 4 + 1
     for png in ("synthetic_entropy.png", "synthetic_dynamics.png"):
         assert matplotlib.image.imread(tmp_path / png).shape[0] > 100
+
+
+def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, monkeypatch):
+    """The outputs are written after each (expansion, objective) group; run again, the same grid
+    trains only the groups the file lacks, and another grid starts afresh."""
+    from sae_lens_bae.experiments import synthetic
+
+    trained = []
+    real = synthetic.estimate_entropies
+
+    def counting(sets, recipe, **kwargs):
+        if recipe.objective is False and not trained.count("stop"):
+            trained.append("stop")
+            raise KeyboardInterrupt  # the run stops during the ablation group
+        trained.append(recipe.objective)
+        return real(sets, recipe, **kwargs)
+
+    monkeypatch.setattr(synthetic, "estimate_entropies", counting)
+    preset = PRESETS["test"]
+    with pytest.raises(KeyboardInterrupt):
+        run_preset(preset, tmp_path, progress=False)
+    partial = json.loads((tmp_path / "synthetic.json").read_text())
+    assert trained == [True, "stop"]
+    assert [row["objective"] for row in partial["results"]] == [True] * len(preset.ranks)
+    assert partial["missing"] == [{"expansion": 2, "objective": False}]
+    assert "not trained yet: 2x without objective" in (tmp_path / "synthetic.md").read_text()
+
+    rows = run_preset(preset, tmp_path, progress=False)
+    assert trained == [True, "stop", False]  # only the missing group trained
+    assert rows[: len(preset.ranks)] == partial["results"]  # the kept rows, untouched
+    assert [row["objective"] for row in rows] == [True] * 3 + [False] * 3
+    final = json.loads((tmp_path / "synthetic.json").read_text())
+    assert final["results"] == rows and final["missing"] == []
+    assert set(json.loads((tmp_path / "synthetic_dynamics.json").read_text())) == {
+        "with objective, 2x",
+        "without objective, 2x",
+    }
+
+    rows = run_preset(preset, tmp_path, progress=False)  # complete: nothing trained again
+    assert trained == [True, "stop", False] and rows == final["results"]
+    other = replace(preset, recipe=replace(preset.recipe, steps=200))
+    run_preset(other, tmp_path, progress=False)  # another recipe: every group trained
+    assert trained == [True, "stop", False, True, False]
+    run_preset(other, tmp_path, progress=False, resume=False)
+    assert trained == [True, "stop", False, True, False, True, False]
+
+
+def test_the_ablation_can_be_left_out_from_the_command_line(tmp_path):
+    from sae_lens_bae.experiments.synthetic import SyntheticConfig, run
+
+    assert SyntheticConfig(preset="paper").grid().ablation is True
+    assert SyntheticConfig(preset="paper", ablation=False).grid().ablation is False
+    assert SyntheticConfig(preset="mid", ablation=True).grid().ablation is True
+    summary = run(SyntheticConfig(preset="test", ranks=[0], ablation=False, out=tmp_path), False)
+    assert [row["objective"] for row in summary["results"]] == [True]
+    report = (tmp_path / "synthetic.md").read_text()
+    assert "Bar met with the objective (every cell, >= 1 seeds): True\n" in report
+    assert "ablation" not in report  # no verdict on an ablation that was not run
