@@ -210,6 +210,8 @@ def _bad_inputs(model, corpus, tmp):
     (tmp / "a_file").write_text("x")
     (tmp / "foreign").mkdir()
     (tmp / "foreign" / "cfg.json").write_text('{"architecture": "martian", "d_in": 3}')
+    (tmp / "other_grid").mkdir()
+    (tmp / "other_grid" / "synthetic.json").write_text('{"preset": {"d": 3}, "results": []}')
     m, c = ["--model", str(model)], ["--dataset", str(corpus)]
     return [
         (["quickstart", *m, "--corpus", str(tmp / "missing.txt")], "No such file or folder"),
@@ -244,6 +246,8 @@ def _bad_inputs(model, corpus, tmp):
             "File exists",
         ),  # an output folder that cannot be made
         (["bench", "synthetic", "--ranks", "100"], "ranks go up to d = 64"),
+        (["bench", "synthetic", "--preset", "test", "--out", str(tmp / "other_grid")],
+         "holds the results of another grid or recipe; use another --out"),
         (["bench", "two-token", "--words", "yes"], "exactly two words"),
         (["compress", "--thresholds", "-2"], "outside [log2 0.5, 0]"),
         (["steer", "icl", "--dataset", "x", "--baselines", "transcoder"], "choose among"),
@@ -428,7 +432,8 @@ PREVIOUS_OPTIONS = {
                          detection=False, calibrate=False, batch_api=False, price_input=0.0,
                          price_output=0.0, templates=None, top=20),
     ("bench", "synthetic"): dict(preset="cpu", out=Path(R + "synthetic"), steps=None, ranks=None,
-                                 expansions=None, seeds=None, device="cpu"),
+                                 expansions=None, seeds=None, ablation=None, resume=True,
+                                 device="cpu"),
     ("bench", "two-token"): dict(model=TOK, layer=15, hook="hook_resid_post", words=("yes", "no"),
                                  ranks=(0, 1, 2, 4, 6, 8, 10, 12), n_samples=4096, expansion=1,
                                  steps=1500, bae_batch_size=256, lr=4e-3, device="cpu", seed=0,

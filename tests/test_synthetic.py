@@ -104,10 +104,13 @@ def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, mon
     rows = run_preset(preset, tmp_path, progress=False)  # complete: nothing trained again
     assert trained == [True, "stop", False] and rows == final["results"]
     other = replace(preset, recipe=replace(preset.recipe, steps=200))
-    run_preset(other, tmp_path, progress=False)  # another recipe: every group trained
+    with pytest.raises(ValueError, match="holds the results of another grid or recipe; use "
+                                         "another --out"):  # fmt: skip
+        run_preset(other, tmp_path, progress=False)  # would overwrite: refused before training
+    assert trained == [True, "stop", False]
+    assert json.loads((tmp_path / "synthetic.json").read_text()) == final
+    run_preset(other, tmp_path, progress=False, resume=False)  # asked to: every group trained
     assert trained == [True, "stop", False, True, False]
-    run_preset(other, tmp_path, progress=False, resume=False)
-    assert trained == [True, "stop", False, True, False, True, False]
 
 
 def test_the_ablation_can_be_left_out_from_the_command_line(tmp_path):

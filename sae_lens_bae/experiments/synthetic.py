@@ -289,8 +289,9 @@ def _thin(history: Mapping[str, list[float]]) -> dict[str, list[float]]:
 def _earlier_rows(
     preset: SyntheticPreset, out: Path, cells: list[tuple[int, int]]
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[float]]]]:
-    """The complete groups of an earlier run of this grid in ``out`` and their dynamics; nothing
-    if there is none or it was another grid (which this run then overwrites)."""
+    """The complete groups of an earlier run of this grid in ``out`` and their dynamics (nothing if
+    there is none); refuses a folder holding another grid's results, which this run would
+    overwrite."""
     path = out / "synthetic.json"
     if not path.exists():
         return [], {}
@@ -298,8 +299,11 @@ def _earlier_rows(
         saved = json.loads(path.read_text())
     except json.JSONDecodeError:
         return [], {}
-    if not isinstance(saved, dict) or saved.get("preset") != json.loads(json.dumps(asdict(preset))):
+    if not isinstance(saved, dict) or "results" not in saved:
         return [], {}
+    if saved.get("preset") != json.loads(json.dumps(asdict(preset))):
+        raise ValueError(f"{path} holds the results of another grid or recipe; use another --out "
+                         f"(or --no-resume to overwrite them)")  # fmt: skip
     by_group: dict[tuple[int, bool], list[dict[str, Any]]] = {}
     for row in saved.get("results", []):
         by_group.setdefault((row["expansion"], row["objective"]), []).append(row)
