@@ -67,7 +67,7 @@ def test_run_writes_json_table_and_plots(tmp_path):
 
 def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, monkeypatch):
     """The outputs are written after each (expansion, objective) group; run again, the same grid
-    trains only the groups the file lacks, and another grid starts afresh."""
+    trains only the groups the file lacks; another grid is refused unless told not to resume."""
     from sae_lens_bae.experiments import synthetic
 
     trained = []

@@ -127,11 +127,7 @@ def run_preset(
     grid (preset and recipe equal) are kept and not trained again."""
     out = Path(out_dir) if out_dir is not None else None
     cells = [(r, seed) for r in preset.ranks for seed in preset.seeds]
-    groups = [
-        (expansion, objective)
-        for expansion in preset.expansions
-        for objective in ((True, False) if preset.ablation else (True,))
-    ]
+    groups = preset.groups
     rows, dynamics = earlier_rows(preset, out, cells) if out is not None and resume else ([], {})
     done = {(row["expansion"], row["objective"]) for row in rows}
     if done and progress:

@@ -30,6 +30,12 @@ class SyntheticPreset:
         """The accuracy bar: within max(floor, fraction * r) bits of r."""
         return max(self.tolerance_floor, self.tolerance_fraction * r)
 
+    @property
+    def groups(self) -> list[tuple[int, bool]]:
+        """(expansion, objective) of each stacked training, in the order a run trains them."""
+        objectives = (True, False) if self.ablation else (True,)
+        return [(expansion, objective) for expansion in self.expansions for objective in objectives]
+
 
 PRESETS: dict[str, SyntheticPreset] = {
     # 84 BAEs in 16 min on 2 CPU cores. Measured: every cell within 0.01 bits on 3 of 3 seeds at

@@ -59,7 +59,7 @@ def earlier_rows(
         raise ValueError(f"{path} holds the results of another grid or recipe; use another --out "
                          f"(or --no-resume to overwrite them)")  # fmt: skip
     by_group: dict[tuple[int, bool], list[dict[str, Any]]] = {}
-    for row in saved.get("results", []):
+    for row in saved["results"]:
         by_group.setdefault((row["expansion"], row["objective"]), []).append(row)
     wanted = sorted(cells)
     rows = [
@@ -116,8 +116,7 @@ def summarise(preset: SyntheticPreset, rows: list[dict[str, Any]]) -> dict[str, 
     trained = {(row["expansion"], row["objective"]) for row in rows}
     missing = [
         {"expansion": expansion, "objective": objective}
-        for expansion in preset.expansions
-        for objective in ((True, False) if preset.ablation else (True,))
+        for expansion, objective in preset.groups
         if (expansion, objective) not in trained
     ]
     return {"preset": asdict(preset), "results": rows, "bar": verdict, "missing": missing}
