@@ -80,9 +80,10 @@ def bits_to_values(
     if bits.shape[-1] % n_bits_per_value:
         raise ValueError(f"{bits.shape[-1]} bits do not split into groups of {n_bits_per_value}")
     weights = 2.0 ** torch.arange(n_bits_per_value, device=bits.device, dtype=bits.dtype)
-    weights = weights / (2**n_bits_per_value - 1)
     grouped = einops.rearrange(bits, "... (value bit) -> ... value bit", bit=n_bits_per_value)
-    return grouped @ weights
+    # integer sums are exact, then one rounding: all ones is exactly 1 (1/7 + 2/7 + 4/7 in
+    # fp32 is 1.0000001 on some CPUs' matmul kernels)
+    return (grouped @ weights) / (2**n_bits_per_value - 1)
 
 
 @torch.no_grad()
