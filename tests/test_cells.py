@@ -66,6 +66,23 @@ def test_the_convergence_rule_stops_early_on_an_easy_set():
     assert full.steps == 900
 
 
+def test_a_translated_set_reads_the_same_entropy():
+    """Entropy does not change when every state moves by one vector. LLM states share a large
+    mean; scaled by their mean squared norm (the rule until 2026-11-25) this 4-bit set, moved 10
+    times its norm away, read 0.00 bits at 101% error: the penalties outweighed a reconstruction
+    of 1% of the scale."""
+    train, test = directional_data(4, d=12, n_train=2048, n_test=512, seed=3)
+    direction = torch.randn(12, generator=torch.Generator().manual_seed(1))
+    shift = 10 * 2**0.5 * direction / direction.norm()  # 10 times the states' rms norm
+    recipe = EntropyRecipe(expansion=2, steps=4000, batch_size=256)
+    near, far = estimate_entropies([train, train + shift], recipe,
+                                   eval_sets=[test, test + shift], progress=False)  # fmt: skip
+    assert far.scale == pytest.approx(near.scale, rel=1e-5)  # variance 0.5 from variance 2
+    for cell in (near, far):
+        assert cell.bits == pytest.approx(4.0, abs=0.05) and cell.reliable
+        assert cell.relative_error < 0.01 and cell.typical_relative_error < 0.01
+
+
 def test_an_undersized_bae_is_flagged_unreliable():
     generator = torch.Generator().manual_seed(0)
     states = torch.randn(1024, 16, generator=generator)  # full rank: 1024 distinct states
@@ -89,9 +106,11 @@ def test_the_reliability_note_says_why_each_cell_is_unreliable():
          "excess_bits": 3.6, "reliable": False},
         {"layer": 21, "bits": 6.0, "relative_error": 0.03, "ceiling_bits": 12.0,
          "excess_bits": 0.25, "reliable": True},
+        {"layer": 4, "bits": 6.6, "relative_error": 0.18, "typical_relative_error": 0.68,
+         "ceiling_bits": 9.9, "reliable": False},
     ]  # fmt: skip
     note = reliability_note(rows, lambda row: f"layer {row['layer']}").splitlines()
-    assert note[0].startswith("2 of 5 cells are reliable")
+    assert note[0].startswith("2 of 6 cells are reliable")
     assert note[1] == (
         "- unreliable: layer 25: relative error 0.21, estimate 10.2 bits, over its ceiling 10.0"
     )
@@ -99,6 +118,7 @@ def test_the_reliability_note_says_why_each_cell_is_unreliable():
     assert note[3] == (
         "- unreliable: layer 20: dependent channels: 3.6 bits over the code's joint entropy"
     )
+    assert note[4] == "- unreliable: layer 4: typical state's error 0.68"
     assert note[-1].startswith("Most cells are unreliable")
 
 

@@ -314,7 +314,7 @@ def test_quickstart_pipeline_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_p
     assert bae["distinct_states"] <= metrics["held_out_tokens"]
     assert bae["entropy_reliable"] == is_reliable(
         bae["entropy_estimate_bits"], bae["entropy_ceiling_bits"], bae["relative_error"],
-        bae["entropy_excess_bits"],
+        bae["entropy_excess_bits"], typical_error=bae["typical_relative_error"],
     )  # fmt: skip
     report = (out / "report.md").read_text()
     assert "| dense features" in report and "![training curves]" in report

@@ -35,19 +35,33 @@ def test_first_batch_sets_the_scale_and_later_batches_keep_it():
     assert bae.input_scale.item() == 0.0  # unset: reads inputs as given
     x = fair_bits()
     bae.training_forward_pass(_step(x[:64], 0))
-    expected = (2.0 / x[:64].pow(2).sum(-1).mean()).sqrt()
+    expected = (2.0 / (x[:64] - x[:64].mean(0)).pow(2).sum(-1).mean()).sqrt()  # to variance 2
     assert bae.input_scale.item() == pytest.approx(expected.item(), rel=1e-6)
     bae.training_forward_pass(_step(10 * x[64:128], 1))
     assert bae.input_scale.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
-def test_an_all_zero_first_batch_leaves_the_scale_unset():
+def test_a_first_batch_without_variance_leaves_the_scale_unset():
     bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, rescale_inputs_to=1.0,
                                               entropy_off_steps=0))  # fmt: skip
     bae.training_forward_pass(_step(torch.zeros(64, 12), 0))
     assert bae.input_scale.item() == 0.0
-    bae.training_forward_pass(_step(torch.full((64, 12), 0.5), 1))
-    assert bae.input_scale.item() == pytest.approx(1 / 3**0.5)  # 1 / sqrt(12 * 0.25)
+    bae.training_forward_pass(_step(torch.full((64, 12), 0.5), 1))  # far from 0, no spread
+    assert bae.input_scale.item() == 0.0
+    corners = torch.zeros(64, 12)
+    corners[::2] = 1.0  # half the states at 0, half at 1: variance 12 * 0.25
+    bae.training_forward_pass(_step(corners + 7.0, 2))
+    assert bae.input_scale.item() == pytest.approx(1 / 3**0.5)
+
+
+def test_the_scale_does_not_depend_on_where_the_states_sit():
+    """The scale is set by the states' spread, not their distance from the origin: LLM states
+    share a large mean, which a mean squared norm would count as scale."""
+    x = fair_bits()
+    shifted = x + 100.0 * torch.randn(12, generator=torch.Generator().manual_seed(5))
+    near, far = trained(x), trained(shifted)
+    # the same first batch, shifted: equal up to fp32 rounding of states 100 times farther out
+    assert far.input_scale.item() == pytest.approx(near.input_scale.item(), rel=1e-4)
 
 
 def test_training_on_scaled_states_is_the_same_training():
@@ -71,7 +85,7 @@ def test_the_scale_is_saved_and_loaded(tmp_path):
     bae = trained(x)
     bae.save_inference_model(tmp_path)
     loaded = SAE.load_from_disk(tmp_path)  # built on the meta device: the buffer must be saved
-    assert isinstance(loaded, BAE) and loaded.cfg.rescale_inputs_to == 1.0
+    assert isinstance(loaded, BAE) and loaded.cfg.rescale_inputs_to == 0.5
     assert loaded.input_scale.item() == bae.input_scale.item()
     assert torch.equal(loaded(x), bae(x))
 
@@ -133,7 +147,7 @@ def test_a_bad_target_is_refused(value):
 
 def test_the_entropy_preset_scales_and_the_stacked_trainer_refuses_it():
     cfg = bae_config(8, preset="entropy")
-    assert cfg.rescale_inputs_to == 1.0
+    assert cfg.rescale_inputs_to == 0.5  # the variance of fair bits at unit mean squared norm
     assert bae_config(8).rescale_inputs_to is None  # the feature default reads states as given
     with pytest.raises(ValueError, match="scale them beforehand"):
         StackedBAE(cfg, [0])

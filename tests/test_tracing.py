@@ -83,9 +83,10 @@ def test_estimate_entropies_per_cell():
     # four distinct states: a 2-bit ceiling; the estimate is the mean over the cell's seeds
     assert (cells[1].n_distinct, cells[1].ceiling_bits) == (4, 2.0)
     assert cells[1].bits == pytest.approx(sum(cells[1].bits_per_seed) / len(cells[1].bits_per_seed))
-    assert normalise_scale(four_points, 8.0) == pytest.approx(
-        (8 / four_points.pow(2).sum(-1).mean().item()) ** 0.5
-    )
+    spread = (four_points - four_points.mean(0)).pow(2).sum(-1).mean().item()
+    assert normalise_scale(four_points, 8.0) == pytest.approx((8 / spread) ** 0.5)  # variance 8
+    assert normalise_scale(four_points + 50.0, 8.0) == pytest.approx((8 / spread) ** 0.5, rel=1e-6)
+    assert normalise_scale(constant, 8.0) == pytest.approx((8 / (8 * 9.0)) ** 0.5)  # no spread
     with pytest.raises(ValueError, match="set 1 is"):
         estimate_entropies([constant, torch.zeros(10, 4)], progress=False)
     with pytest.raises(ValueError, match="NaN"):

@@ -163,6 +163,7 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
     metrics["bae"]["distinct_states"] = estimate.n_distinct
     metrics["bae"]["entropy_code_bits"] = estimate.code_bits
     metrics["bae"]["entropy_excess_bits"] = estimate.excess_bits
+    metrics["bae"]["typical_relative_error"] = estimate.typical_relative_error
     metrics["bae"]["entropy_reliable"] = estimate.reliable
     lap("evaluate")
     if cfg.spliced_sequences > 0:  # the SAEs read raw activations (their scale folded back)
@@ -209,10 +210,14 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
 
 def _verdict(bae: dict[str, Any]) -> str:
     if bae["entropy_reliable"]:
-        return "The estimate is reliable (reconstruction error <= 20%, within the ceiling)."
+        return (
+            "The estimate is reliable (reconstruction error <= 20% in total and for the "
+            "typical state, within the ceiling)."
+        )
     return (
         "The estimate is **not reliable** as the set's entropy (above the ceiling, dependent "
-        "channels counted twice, or the reconstruction is poor): read it as the number of bits "
+        "channels counted twice, or the reconstruction is poor in total or for the typical "
+        "state): read it as the number of bits "
         "this code spends, and use "
         "`estimate_entropies` with a recipe trained for entropy on a set this size."
     )
@@ -223,6 +228,11 @@ def _report(summary: dict[str, Any]) -> str:
     rows = [
         ("reconstruction loss (mean sq. error, raw scale)", "reconstruction_loss", ".4g"),
         ("relative error (SSE / sum of squares)", "relative_error", ".4f"),
+        (
+            "typical state's relative error (median error / median spread)",
+            "typical_relative_error",
+            ".4f",
+        ),
         ("explained variance", "explained_variance", ".4f"),
         ("mean active features per token (L0)", "l0", ".1f"),
         ("entropy of firing rates (bits)", "entropy_bits", ".1f"),

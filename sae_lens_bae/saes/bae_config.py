@@ -68,7 +68,7 @@ def _validate_bae_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
     target = cfg.rescale_inputs_to
     if target is not None and (isinstance(target, bool) or not target > 0):
         raise ValueError(
-            f"rescale_inputs_to must be a positive mean squared norm or None, got {target!r}"
+            f"rescale_inputs_to must be a positive total variance or None, got {target!r}"
         )
     if cfg.reshape_activations != "none":
         raise ValueError("BAE does not support reshape_activations; flatten hook_z upstream")
@@ -85,9 +85,10 @@ class BAEConfig(SAEConfig):
         encoder_bias: whether the encoder has a bias ``b_enc`` (a firing threshold per bit).
         apply_b_dec_to_input: SAELens' input centring; False, as in the paper.
         rescale_inputs_to: the BAE multiplies its inputs by one factor (its ``input_scale``
-            buffer, set on the first training batch) that brings them to this mean squared
-            norm, and divides its reconstructions by it: training does not depend on the states'
-            scale (``saes.input_scale``). None: inputs as given.
+            buffer, set on the first training batch) that brings them to this total variance
+            (mean squared distance from their mean), and divides its reconstructions by it:
+            training does not depend on the states' scale (``saes.input_scale``). None: inputs
+            as given.
     """
 
     d_sae: int = None  # type: ignore[assignment]  # resolved to 4 * d_in in __post_init__

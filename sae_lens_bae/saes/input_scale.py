@@ -1,5 +1,5 @@
 """A BAE's input scale: one constant factor, measured on its first training batch, that brings
-its inputs to the mean squared norm its recipe was calibrated at (``rescale_inputs_to``).
+its inputs to the total variance its recipe was calibrated at (``rescale_inputs_to``).
 
 A BAE's training is not scale-invariant (docs/entropy.md): its penalties weigh against a
 reconstruction error that grows with the square of the states' scale, and Adam's steps have one
@@ -8,6 +8,9 @@ encoder, dividing the reconstruction by k after the decoder, and measuring the r
 loss in the scaled units makes training on ``s * x`` the same as training on ``x`` (k absorbs s),
 so a recipe calibrated at one scale holds on states of any scale, with no step on the caller's
 side. The factor is fixed once (never re-estimated): the encoder's weights are learnt for it.
+It is taken from the inputs' variance (mean squared distance from their mean), not their mean
+squared norm: states far from the origin (an LLM's share a large mean) would otherwise be scaled
+by where they sit rather than by how they spread (``entropy.normalise_scale``).
 """
 
 from __future__ import annotations
@@ -41,9 +44,12 @@ def current_input_scale(module: nn.Module) -> Tensor | None:
 
 @torch.no_grad()
 def fix_input_scale(scale: Tensor, x: Float[Tensor, "... d_in"], target: float) -> None:
-    """Set an unset ``scale`` so that ``x * scale`` has mean squared norm ``target``; a set one
-    is kept (a resumed or continued run keeps the factor its weights were learnt for), and an
-    all-zero batch leaves it unset. On the device, without a host sync."""
-    mean_square = x.detach().float().pow(2).sum(-1).mean()
-    fresh = torch.sqrt(target / mean_square.clamp_min(torch.finfo(torch.float32).tiny))
-    scale.copy_(torch.where((scale > 0) | (mean_square == 0), scale, fresh))
+    """Set an unset ``scale`` so that ``x * scale`` has total variance ``target`` (mean squared
+    distance from the batch's mean); a set one is kept (a resumed or continued run keeps the
+    factor its weights were learnt for), and a batch without variance leaves it unset. On the
+    device, without a host sync."""
+    rows = x.detach().float().reshape(-1, x.shape[-1])
+    variance = (rows - rows.mean(0)).pow(2).sum(-1).mean()
+    flat = variance <= 1e-12 * rows.pow(2).sum(-1).mean()
+    fresh = torch.sqrt(target / variance.clamp_min(torch.finfo(torch.float32).tiny))
+    scale.copy_(torch.where((scale > 0) | flat, scale, fresh))
