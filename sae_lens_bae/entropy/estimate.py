@@ -18,11 +18,12 @@ covariance penalty pushes towards), and the code's entropy is at most the set's.
 * ``relative_error``: the BAE's reconstruction error on the set (SSE / total variance): an
   estimate from a code that has lost the states says little about the states;
 * ``typical_relative_error``: the same for the typical state, the median state's squared error
-  over the median state's squared distance from the mean (on a uniform sample of at most
-  ``TYPICAL_SAMPLE`` states). The total is a sum over states, so a few states far from the rest
-  can carry it: at layer 5 of SmolLM2-135M 4% of a position's states hold 70-80% of its
-  variance, and a code of those few passes the total at 18% while the median state keeps 68% of
-  its error (docs/entropy.md);
+  over the median state's squared distance from the states' coordinate-wise median (on a uniform
+  sample of at most ``TYPICAL_SAMPLE`` states). The total is a sum over states, so a few states
+  far from the rest can carry it: at layer 5 of SmolLM2-135M 4% of a position's states hold
+  70-80% of its variance, and a code of those few passes the total at 18% while the median state
+  keeps 68% of its error (docs/entropy.md). The centre is a median, not the mean, because such
+  states pull the mean away from all the others too;
 * ``reliable``: both errors at most ``max_relative_error``, the estimate within the ceiling,
   and an excess (where known) at most ``max(MIN_EXCESS_BITS, EXCESS_FRACTION * joint entropy)``;
 * ``bootstrap_std``: the spread of the estimate over states resampled with replacement (Poisson
@@ -149,10 +150,11 @@ class _Reservoir:
             self.rows[slot], self.errors[slot] = rows[fill + i], float(errors[fill + i])
         self.seen += rows.shape[0]
 
-    def typical_relative_error(self, mean: Tensor) -> float | None:
-        """Median squared error over median squared distance from ``mean`` (None if the
-        median state sits on the mean: no typical deviation to compare with)."""
-        distances = (torch.stack(self.rows) - mean.cpu()).pow(2).sum(-1)
+    def typical_relative_error(self) -> float | None:
+        """Median squared error over median squared distance from the coordinate-wise median
+        (None if the median state sits on it: no typical spread to compare with)."""
+        rows = torch.stack(self.rows)
+        distances = (rows - rows.median(0).values).pow(2).sum(-1)
         typical = float(distances.median())
         return float(torch.tensor(self.errors).median()) / typical if typical > 1e-30 else None
 
@@ -229,7 +231,7 @@ def estimate_entropy(
     variance = total - float(sums.pow(2).sum()) / n
     has_variance = variance > 1e-12 * max(total, 1e-30)
     relative_error = sse / variance if has_variance else None
-    typical_error = reservoir.typical_relative_error(sums / n) if has_variance else None
+    typical_error = reservoir.typical_relative_error() if has_variance else None
     ceiling = math.log2(len(states))
     bootstrap_std = None
     if replicate_counts is not None and replicate_sizes is not None:
