@@ -70,7 +70,8 @@ def test_a_translated_set_reads_the_same_entropy():
     """Entropy does not change when every state moves by one vector. LLM states share a large
     mean; scaled by their mean squared norm (the rule until 2026-11-25) this 4-bit set, moved 10
     times its norm away, read 0.00 bits at 101% error: the penalties outweighed a reconstruction
-    of 1% of the scale."""
+    of 1% of the scale. Each set is now scaled by its variance and placed where the recipe was
+    calibrated (``entropy.frame``)."""
     train, test = directional_data(4, d=12, n_train=2048, n_test=512, seed=3)
     direction = torch.randn(12, generator=torch.Generator().manual_seed(1))
     shift = 10 * 2**0.5 * direction / direction.norm()  # 10 times the states' rms norm
@@ -78,6 +79,9 @@ def test_a_translated_set_reads_the_same_entropy():
     near, far = estimate_entropies([train, train + shift], recipe,
                                    eval_sets=[test, test + shift], progress=False)  # fmt: skip
     assert far.scale == pytest.approx(near.scale, rel=1e-5)  # variance 0.5 from variance 2
+    assert torch.allclose(far.shift, near.shift - shift, atol=1e-5)  # both put where calibrated
+    placed = (train + near.shift) * near.scale
+    assert placed.mean(0) == pytest.approx(torch.full((12,), 0.5**0.5 / 12**0.5), abs=1e-5)
     for cell in (near, far):
         assert cell.bits == pytest.approx(4.0, abs=0.05) and cell.reliable
         assert cell.relative_error < 0.01 and cell.typical_relative_error < 0.01

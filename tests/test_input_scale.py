@@ -8,9 +8,12 @@ import pytest
 import torch
 from sae_lens import SAE
 from sae_lens.saes.sae import TrainStepInput
+from safetensors.torch import load_file, save_file
 
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.entropy import estimate_entropy
 from sae_lens_bae.saes.bae_config import bae_config
+from sae_lens_bae.saes.input_scale import frame_input
 from sae_lens_bae.training import train_sae
 from sae_lens_bae.training.stacked import StackedBAE
 
@@ -54,14 +57,34 @@ def test_a_first_batch_without_variance_leaves_the_scale_unset():
     assert bae.input_scale.item() == pytest.approx(1 / 3**0.5)
 
 
-def test_the_scale_does_not_depend_on_where_the_states_sit():
-    """The scale is set by the states' spread, not their distance from the origin: LLM states
-    share a large mean, which a mean squared norm would count as scale."""
+def test_the_frame_does_not_depend_on_where_the_states_sit():
+    """k is set by the states' spread, not their distance from the origin (LLM states share a
+    large mean, which a mean squared norm would count as scale), and t puts the first batch's
+    mean at sqrt(variance) along the diagonal: the same encoder input wherever the states sit."""
     x = fair_bits()
-    shifted = x + 100.0 * torch.randn(12, generator=torch.Generator().manual_seed(5))
-    near, far = trained(x), trained(shifted)
-    # the same first batch, shifted: equal up to fp32 rounding of states 100 times farther out
+    move = 100.0 * torch.randn(12, generator=torch.Generator().manual_seed(5))
+    near, far = _first_step(x), _first_step(x + move)
+    # the same first batch, moved: equal up to fp32 rounding of states 100 times farther out
     assert far.input_scale.item() == pytest.approx(near.input_scale.item(), rel=1e-4)
+    assert torch.allclose(far.input_shift, near.input_shift - move, atol=1e-3)
+    framed = frame_input(near, x[:64])
+    assert torch.allclose(frame_input(far, x[:64] + move), framed, atol=1e-4)
+    assert framed.mean(0) == pytest.approx(torch.full((12,), 0.5**0.5 / 12**0.5), abs=1e-5)
+    assert (framed - framed.mean(0)).pow(2).sum(-1).mean().item() == pytest.approx(0.5, rel=1e-5)
+
+
+def test_a_moved_set_reads_the_same_entropy_through_the_registry():
+    """The registry's entropy preset on a 4-bit set and on the same set moved 100 times its
+    spread away: 4 bits both (with the inputs scaled by their norm and not moved, before
+    2026-11-25, the moved set read 1.99 bits at 46% error)."""
+    x = fair_bits(n=2048)
+    move = 100.0 * torch.randn(12, generator=torch.Generator().manual_seed(5))
+    for states in (x, x + move):
+        cfg = bae_config(12, preset="entropy", total_training_steps=2000)
+        run = train_sae(states, cfg, training_samples=2000 * 512, batch_size=512, lr=4e-3,
+                        seed=0)  # fmt: skip
+        estimate = estimate_entropy(run.sae.eval(), states)
+        assert estimate.bits == pytest.approx(4.0, abs=0.05) and estimate.relative_error < 0.01
 
 
 def test_training_on_scaled_states_is_the_same_training():
@@ -87,7 +110,23 @@ def test_the_scale_is_saved_and_loaded(tmp_path):
     loaded = SAE.load_from_disk(tmp_path)  # built on the meta device: the buffer must be saved
     assert isinstance(loaded, BAE) and loaded.cfg.rescale_inputs_to == 0.5
     assert loaded.input_scale.item() == bae.input_scale.item()
+    assert torch.equal(loaded.input_shift, bae.input_shift) and bool(bae.input_shift.any())
     assert torch.equal(loaded(x), bae(x))
+
+
+def test_a_bae_saved_before_the_shift_existed_loads_unshifted(tmp_path):
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=8, rescale_inputs_to=1.0))
+    with torch.no_grad():
+        bae.input_scale.fill_(0.5)
+    bae.save_model(tmp_path)
+    weights = tmp_path / "sae_weights.safetensors"
+    state = {k: v for k, v in load_file(weights).items() if k != "input_shift"}
+    save_file(state, weights)
+    loaded = SAE.load_from_disk(tmp_path)
+    assert torch.equal(loaded.input_shift, torch.zeros(8))
+    x = torch.randn(20, 8)
+    assert torch.equal(loaded(x), bae(x))  # it read its inputs unshifted, and still does
 
 
 def test_a_cfg_json_saved_before_the_field_existed_loads(tmp_path):
@@ -111,6 +150,7 @@ def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
         bae.W_dec.normal_()
         bae.b_enc.normal_()
         bae.input_scale.fill_(0.3)
+        bae.input_shift.normal_()
     x = torch.randn(50, 6, dtype=torch.float64)
     expected_norm_fold = bae(3.0 * x) / 3.0
     mean, matrix = torch.randn(6, dtype=torch.float64), torch.randn(6, 6, dtype=torch.float64)
@@ -118,7 +158,7 @@ def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
     whitened = (x - mean) @ matrix
     codes, expected = bae.encode_bits(whitened), bae.decode(bae.encode(whitened)) @ inverse + mean
     bae.fold_activation_whitening(mean, matrix, inverse)
-    assert bae.input_scale.item() == 1.0  # moved into the weights first
+    assert bae.input_scale.item() == 1.0 and not bae.input_shift.any()  # into the weights first
     assert torch.equal(bae.encode_bits(x), codes)
     assert torch.allclose(bae.decode(bae.encode(x)), expected)
 
@@ -130,7 +170,8 @@ def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
         bae.W_dec.normal_()
         bae.b_enc.normal_()
         bae.input_scale.fill_(0.3)
-    bae.fold_activation_norm_scaling_factor(3.0)  # SAELens' own fold, untouched
+        bae.input_shift.normal_()
+    bae.fold_activation_norm_scaling_factor(3.0)  # after the frame's own fold, SAELens'
     assert torch.allclose(bae(x), expected_norm_fold)
 
 
@@ -151,6 +192,14 @@ def test_the_entropy_preset_scales_and_the_stacked_trainer_refuses_it():
     assert bae_config(8).rescale_inputs_to is None  # the feature default reads states as given
     with pytest.raises(ValueError, match="scale them beforehand"):
         StackedBAE(cfg, [0])
+
+
+def _first_step(x: torch.Tensor) -> BAETrainingSAE:
+    """A BAE of the entropy preset after one training step on the first 64 states."""
+    torch.manual_seed(0)
+    bae = BAETrainingSAE(bae_config(12, preset="entropy", total_training_steps=40))
+    bae.training_forward_pass(_step(x[:64], 0))
+    return bae
 
 
 def _step(x: torch.Tensor, n: int) -> TrainStepInput:

@@ -6,9 +6,9 @@ from sae_lens_bae.entropy.cells import (
     CellEntropy,
     EntropyRecipe,
     estimate_entropies,
-    normalise_scale,
 )
 from sae_lens_bae.entropy.estimate import EntropyEstimate, estimate_entropy
+from sae_lens_bae.entropy.frame import normalise_scale, placement_shift
 
 __all__ = [
     "TRACING_RECIPE",
@@ -18,4 +18,5 @@ __all__ = [
     "estimate_entropies",
     "estimate_entropy",
     "normalise_scale",
+    "placement_shift",
 ]

@@ -25,6 +25,7 @@ from sae_lens_bae.entropy.estimate import (
     estimate_entropy,
     is_reliable,
 )
+from sae_lens_bae.entropy.frame import normalise_scale, placement_shift
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.reports import cell
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
@@ -40,6 +41,7 @@ __all__ = [
     "EntropyRecipe",
     "estimate_entropies",
     "normalise_scale",
+    "placement_shift",
 ]
 
 
@@ -222,7 +224,8 @@ class CellEntropy:
     reliable: bool
     excess_bits: float | None  # over the codes' joint entropy, mean over seeds (see estimate)
     steps: int  # the most steps any of its BAEs trained
-    scale: float  # the factor the cell's states were multiplied by before training
+    scale: float  # the factor the cell's states were multiplied by before training ...
+    shift: Tensor = field(repr=False)  # ... after this vector was added: (x + shift) * scale
     bae: BAETrainingSAE = field(repr=False)
     history: dict[str, list[float]] = field(repr=False)
 
@@ -246,31 +249,6 @@ class CellEntropy:
         }
 
 
-def normalise_scale(states: Float[Tensor, "n d"], target_variance: float = 0.5) -> float:
-    """The factor that brings the total variance of ``states`` (their mean squared distance from
-    their mean) to ``target_variance``.
-
-    Entropy is unchanged by scaling, but a BAE's training is not: the penalties weigh against a
-    reconstruction error that grows with the states' scale, and the surrogate's gradient shrinks
-    as pre-activations grow. One target for every cell makes cells of different layers (whose
-    norms differ by orders of magnitude) comparable. The target is a variance, not a mean squared
-    norm, because entropy is unchanged by a translation too: LLM states share a large mean (the
-    last-token states of SmolLM2's ICL prompts hold 3-8% of their mean squared norm as variance),
-    and scaled by their norm such a set leaves the penalties 6-16 times stronger against its
-    reconstruction than the recipe was calibrated for (a fair-bit set moved 5 times its norm away
-    read 0 bits for 8; docs/entropy.md). The states are not centred: the set's common component
-    keeps most of it on one side of the encoder's hyperplanes, which is what lets channels be
-    constant (0 bits); centred, every channel starts splitting the set in half (a centred 8-bit
-    set read 9-10 bits). A set without variance (one state) is scaled to mean squared norm
-    ``target_variance`` instead.
-    """
-    x = states.double()
-    variance = (x - x.mean(0)).pow(2).sum(-1).mean().item()
-    spread = variance if variance > 1e-12 * max(x.pow(2).sum(-1).mean().item(), 1e-30) else 0.0
-    measure = spread or x.pow(2).sum(-1).mean().item()
-    return (target_variance / measure) ** 0.5 if measure > 0 else 1.0
-
-
 def _mean(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
@@ -282,7 +260,7 @@ def _cell(
     steps: list[int],
     bae: BAETrainingSAE,
     history: dict[str, list[float]],
-    scale: float,
+    frame: tuple[float, Tensor],
     max_relative_error: float,
 ) -> CellEntropy:
     """One cell from its seeds' estimates (the first seed's BAE and bootstrap are kept)."""
@@ -309,7 +287,8 @@ def _cell(
         reliable=reliable,
         excess_bits=excess,
         steps=max(steps),
-        scale=scale,
+        scale=frame[0],
+        shift=frame[1],
         bae=bae,
         history=history,
     )
@@ -336,9 +315,12 @@ def estimate_entropies(
 
     Estimates and reconstruction are measured on ``eval_sets`` when given (held-out samples of the
     same distributions), else on the training sets themselves: the entropy *of that set* is the
-    question there; convergence is checked on the same states. ``normalise`` scales each set to
-    the recipe's ``target_variance`` first (see ``normalise_scale``; evaluation sets get their
-    training set's factor). ``seeds``: a base seed per set (default its index); seed s of a set is
+    question there; convergence is checked on the same states. ``normalise`` moves each set to
+    where the recipe was calibrated (``entropy.frame``: mean ``sqrt(variance)`` along the
+    diagonal, ``placement_shift``) and scales it to the recipe's ``target_variance``
+    (``normalise_scale``); a cell reads ``(states + shift) * scale`` (evaluation sets get their
+    training set's shift and factor), so a translated set gives the same estimate. ``seeds``: a
+    base seed per set (default its index); seed s of a set is
     its base + 1000 s.
     """
     recipe = recipe or EntropyRecipe()
@@ -360,8 +342,9 @@ def estimate_entropies(
     if len(base) != len(sets):
         raise ValueError(f"{len(sets)} sets but {len(base)} seeds")
     scales = [normalise_scale(s, recipe.target_variance) if normalise else 1.0 for s in sets]
-    scaled = [s.float() * k for s, k in zip(sets, scales, strict=True)]
-    held_out = [s.float() * k for s, k in zip(eval_sets, scales, strict=True)]
+    shifts = [placement_shift(s) if normalise else torch.zeros(d_in) for s in sets]
+    scaled = [(s.float() + t) * k for s, t, k in zip(sets, shifts, scales, strict=True)]
+    held_out = [(s.float() + t) * k for s, t, k in zip(eval_sets, shifts, scales, strict=True)]
     replicas = range(recipe.seeds)
     training = train_stacked_baes(
         [x for x in scaled for _ in replicas],
@@ -379,7 +362,7 @@ def estimate_entropies(
         lr_end=recipe.lr_end,
     )
     cells = []
-    for index, (states, k) in enumerate(zip(held_out, scales, strict=True)):
+    for index, (states, k, t) in enumerate(zip(held_out, scales, shifts, strict=True)):
         states = states.to(device)
         members = range(index * recipe.seeds, (index + 1) * recipe.seeds)
         estimates = [
@@ -395,6 +378,6 @@ def estimate_entropies(
         evaluations = [evaluate_sae(training.baes[g], states) for g in members]
         first = members[0]
         cells.append(_cell(estimates, evaluations, [training.steps[g] for g in members],
-                           training.baes[first], training.histories[first], k,
+                           training.baes[first], training.histories[first], (k, t),
                            max_relative_error))  # fmt: skip
     return cells

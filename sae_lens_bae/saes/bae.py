@@ -55,9 +55,12 @@ from sae_lens_bae.saes.bae_folds import BAEFoldsMixin
 from sae_lens_bae.saes.binary import bits_to_values, step, update_running_mean
 from sae_lens_bae.saes.input_scale import (
     INPUT_SCALE_BUFFER,
+    INPUT_SHIFT_BUFFER,
     current_input_scale,
-    fix_input_scale,
+    fix_input_frame,
+    frame_input,
     register_input_scale,
+    unframe_output,
 )
 from sae_lens_bae.saes.resampling import constant_channels, resample_constant_channels
 
@@ -132,14 +135,13 @@ class _BAEMixin(BAEFoldsMixin):
         binary.apply_keeping_dtypes(
             lambda: super(_BAEMixin, self)._apply(fn, recurse),  # type: ignore[misc]
             self._buffers,  # type: ignore[attr-defined]
-            (*binary.RUNNING_MEAN_BUFFERS, INPUT_SCALE_BUFFER),
+            (*binary.RUNNING_MEAN_BUFFERS, INPUT_SCALE_BUFFER, INPUT_SHIFT_BUFFER),
         )
         return self
 
     def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
         sae_out = feature_acts @ self.W_dec + self.b_dec
-        scale = current_input_scale(self)  # type: ignore[arg-type]
-        sae_out = self.hook_sae_recons(sae_out if scale is None else sae_out / scale)
+        sae_out = self.hook_sae_recons(unframe_output(self, sae_out))  # type: ignore[arg-type]
         return self.run_time_activation_norm_fn_out(sae_out)
 
     def _check_input(self, x: Tensor) -> None:
@@ -163,13 +165,12 @@ class _BAEMixin(BAEFoldsMixin):
             )
 
     def process_sae_in(self, sae_in: Tensor) -> Tensor:
-        """SAELens' input processing, the input scale (if any) applied before the centring."""
+        """SAELens' input processing, the input frame (if any: k (x + t)) before the centring."""
         self._check_input(sae_in)
-        scale = current_input_scale(self)  # type: ignore[arg-type]
-        if scale is None:
+        if current_input_scale(self) is None:  # type: ignore[arg-type]
             return SAE.process_sae_in(self, sae_in)  # type: ignore[arg-type]
         sae_in = self.run_time_activation_norm_fn_in(self.hook_sae_input(sae_in.to(self.dtype)))
-        return sae_in * scale - self.b_dec * self.cfg.apply_b_dec_to_input
+        return frame_input(self, sae_in) - self.b_dec * self.cfg.apply_b_dec_to_input  # type: ignore[arg-type]
 
     def hidden_pre(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... n_bits"]:
         """Encoder pre-activations of every code bit (their sign is the code)."""
@@ -354,9 +355,8 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         n = step_input.n_training_steps
         batch = self.global_batch or GlobalBatch.local()
         if self.cfg.rescale_inputs_to is not None and (n == 0 or batch.world == 1):
-            # every rank sets it from the first global batch; then only if that was all zeros
-            fix_input_scale(getattr(self, INPUT_SCALE_BUFFER), batch.gather(sae_in),
-                            self.cfg.rescale_inputs_to)  # fmt: skip
+            # every rank sets it from the first global batch; later only if that had no variance
+            fix_input_frame(self, batch.gather(sae_in), self.cfg.rescale_inputs_to)
         if self.cfg.resample_every > 0 and n > 0 and self.cfg.resampling_at(n - 1):
             self.resample(batch.gather(sae_in))
         bits, hidden_pre = self.encode_bits_with_grad(sae_in)

@@ -1,5 +1,7 @@
-"""A BAE's input scale: one constant factor, measured on its first training batch, that brings
-its inputs to the total variance its recipe was calibrated at (``rescale_inputs_to``).
+"""A BAE's input frame: one constant factor and one constant shift, measured on its first training
+batch, that bring its inputs to the total variance and the place its recipe was calibrated at
+(``rescale_inputs_to``): the encoder reads ``k (x + t)``, the decoder's output is divided by k
+and t is subtracted again.
 
 A BAE's training is not scale-invariant (docs/entropy.md): its penalties weigh against a
 reconstruction error that grows with the square of the states' scale, and Adam's steps have one
@@ -7,31 +9,55 @@ size whatever the scale the weights need. Multiplying the input by a constant k 
 encoder, dividing the reconstruction by k after the decoder, and measuring the reconstruction
 loss in the scaled units makes training on ``s * x`` the same as training on ``x`` (k absorbs s),
 so a recipe calibrated at one scale holds on states of any scale, with no step on the caller's
-side. The factor is fixed once (never re-estimated): the encoder's weights are learnt for it.
-It is taken from the inputs' variance (mean squared distance from their mean), not their mean
-squared norm: states far from the origin (an LLM's share a large mean) would otherwise be scaled
-by where they sit rather than by how they spread (``entropy.normalise_scale``).
+side. k is taken from the inputs' variance (mean squared distance from their mean), not their
+mean squared norm: states far from the origin (an LLM's share a large mean) would otherwise be
+scaled by where they sit rather than by how they spread (``entropy.frame``).
+
+Nor is training translation-invariant: the initial encoder's hyperplanes pass through the origin,
+and the encoder's gradient is the input times the pre-activations' gradient, so a large common
+component of the inputs steers every update (biases can absorb a translation of the forward
+pass, not of the gradients: a 4-bit set moved 100 times its spread away read 2 bits at 46%
+error with the biases moved instead). t moves the inputs so that their mean sits at
+``sqrt(variance)`` along the unit diagonal, where ``estimate_entropies`` puts every set
+(``entropy.frame.placement_shift``), so a translated set trains as the set itself, up to
+rounding. Both are fixed once (never re-estimated): the weights are learnt for them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-__all__ = ["INPUT_SCALE_BUFFER", "current_input_scale", "fix_input_scale", "register_input_scale"]
+__all__ = [
+    "INPUT_SCALE_BUFFER",
+    "INPUT_SHIFT_BUFFER",
+    "InputFrameMixin",
+    "current_input_scale",
+    "fix_input_frame",
+    "fix_input_scale",
+    "frame_input",
+    "register_input_scale",
+    "unframe_output",
+]
 
 INPUT_SCALE_BUFFER = "input_scale"
 """The buffer holding k (fp32 scalar; 0 until the first training batch sets it)."""
+INPUT_SHIFT_BUFFER = "input_shift"
+"""The buffer holding t (fp32, d_in; 0 until the first training batch sets it)."""
 
 
 def register_input_scale(module: nn.Module, target: float | None) -> None:
-    """Give a BAE its (unset) input scale when its config asks for one (``target`` not None)."""
+    """Give a BAE its (unset) input frame when its config asks for one (``target`` not None)."""
     if target is not None:
-        module.register_buffer(
-            INPUT_SCALE_BUFFER,
-            torch.zeros((), dtype=torch.float32, device=next(module.parameters()).device),
-        )
+        device = next(module.parameters()).device
+        module.register_buffer(INPUT_SCALE_BUFFER,
+                               torch.zeros((), dtype=torch.float32, device=device))  # fmt: skip
+        d_in = module.cfg.d_in  # type: ignore[union-attr]
+        module.register_buffer(INPUT_SHIFT_BUFFER,
+                               torch.zeros(d_in, dtype=torch.float32, device=device))  # fmt: skip
 
 
 def current_input_scale(module: nn.Module) -> Tensor | None:
@@ -42,14 +68,61 @@ def current_input_scale(module: nn.Module) -> Tensor | None:
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
+def frame_input(module: nn.Module, x: Tensor) -> Tensor:
+    """``k (x + t)``: the input in the frame the BAE trains in (``x`` without a frame)."""
+    scale = current_input_scale(module)
+    if scale is None:
+        return x
+    shift = getattr(module, INPUT_SHIFT_BUFFER, None)
+    return (x if shift is None else x + shift.to(x.dtype)) * scale.to(x.dtype)
+
+
+def unframe_output(module: nn.Module, y: Tensor) -> Tensor:
+    """``y / k - t``: a reconstruction back in the input's own units."""
+    scale = current_input_scale(module)
+    if scale is None:
+        return y
+    shift = getattr(module, INPUT_SHIFT_BUFFER, None)
+    y = y / scale.to(y.dtype)
+    return y if shift is None else y - shift.to(y.dtype)
+
+
 @torch.no_grad()
-def fix_input_scale(scale: Tensor, x: Float[Tensor, "... d_in"], target: float) -> None:
+def fix_input_scale(scale: Tensor, x: Float[Tensor, "... d_in"], target: float) -> Tensor:
     """Set an unset ``scale`` so that ``x * scale`` has total variance ``target`` (mean squared
     distance from the batch's mean); a set one is kept (a resumed or continued run keeps the
     factor its weights were learnt for), and a batch without variance leaves it unset. On the
-    device, without a host sync."""
+    device, without a host sync. Returns whether this call set it (a 0-dim bool tensor)."""
     rows = x.detach().float().reshape(-1, x.shape[-1])
     variance = (rows - rows.mean(0)).pow(2).sum(-1).mean()
     flat = variance <= 1e-12 * rows.pow(2).sum(-1).mean()
     fresh = torch.sqrt(target / variance.clamp_min(torch.finfo(torch.float32).tiny))
-    scale.copy_(torch.where((scale > 0) | flat, scale, fresh))
+    setting = (scale <= 0) & ~flat
+    scale.copy_(torch.where(setting, fresh, scale))
+    return setting
+
+
+@torch.no_grad()
+def fix_input_frame(module: nn.Module, x: Float[Tensor, "... d_in"], target: float) -> None:
+    """``fix_input_scale`` on the module's k and, in the call that sets it, its shift t: the
+    vector that puts this batch's mean at ``sqrt(variance)`` along the unit diagonal."""
+    setting = fix_input_scale(getattr(module, INPUT_SCALE_BUFFER), x, target)
+    shift = getattr(module, INPUT_SHIFT_BUFFER)
+    rows = x.detach().float().reshape(-1, x.shape[-1])
+    mean = rows.mean(0)
+    spread = (rows - mean).pow(2).sum(-1).mean().sqrt()
+    shift.copy_(torch.where(setting, spread / rows.shape[-1] ** 0.5 - mean, shift))
+
+
+class InputFrameMixin:
+    """Loading a BAE whose config has a frame but whose weights were saved before the shift
+    existed: its shift is 0 (what it did), not a missing key."""
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
+                              **kwargs: Any) -> None:  # fmt: skip
+        key = prefix + INPUT_SHIFT_BUFFER
+        framed = getattr(self, INPUT_SHIFT_BUFFER, None) is not None
+        if framed and key not in state_dict and prefix + INPUT_SCALE_BUFFER in state_dict:
+            d_in = self.cfg.d_in  # type: ignore[attr-defined]
+            state_dict[key] = torch.zeros(d_in, dtype=torch.float32)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[misc]
