@@ -130,33 +130,39 @@ def is_reliable(
 
 class _Reservoir:
     """A uniform sample of at most ``size`` rows of a stream (Algorithm R), with each row's
-    squared reconstruction error: what the typical state's error is measured on."""
+    squared reconstruction error: what the typical state's error is measured on. The rows are
+    copied into one preallocated block (fp32), so no batch is kept alive by a sampled row."""
 
     def __init__(self, size: int, generator: torch.Generator) -> None:
-        self.size, self.generator, self.seen = size, generator, 0
-        self.rows: list[Tensor] = []
-        self.errors: list[float] = []
+        self.size, self.generator, self.seen, self.filled = size, generator, 0, 0
+        self.rows: Tensor | None = None
+        self.errors = torch.zeros(size, dtype=torch.float64)
 
     def add(self, rows: Tensor, errors: Tensor) -> None:
-        rows, errors = rows.detach().cpu().double(), errors.detach().cpu().double()
-        fill = min(max(self.size - len(self.rows), 0), rows.shape[0])
-        self.rows.extend(rows[:fill])
-        self.errors.extend(errors[:fill].tolist())
+        rows, errors = rows.detach().cpu().float(), errors.detach().cpu().double()
+        if self.rows is None:
+            self.rows = torch.zeros(self.size, rows.shape[-1])
+        fill = min(self.size - self.filled, rows.shape[0])
+        self.rows[self.filled : self.filled + fill] = rows[:fill]
+        self.errors[self.filled : self.filled + fill] = errors[:fill]
+        self.filled += fill
         seen = self.seen + fill + torch.arange(rows.shape[0] - fill, dtype=torch.float64)
         slots = (torch.rand(seen.shape, generator=self.generator, dtype=torch.float64)
                  * (seen + 1)).long()  # fmt: skip
         for i in torch.nonzero(slots < self.size).flatten().tolist():  # in stream order
-            slot = int(slots[i])
-            self.rows[slot], self.errors[slot] = rows[fill + i], float(errors[fill + i])
+            self.rows[slots[i]], self.errors[slots[i]] = rows[fill + i], errors[fill + i]
         self.seen += rows.shape[0]
 
     def typical_relative_error(self) -> float | None:
         """Median squared error over median squared distance from the coordinate-wise median
         (None if the median state sits on it: no typical spread to compare with)."""
-        rows = torch.stack(self.rows)
+        if self.rows is None:
+            return None
+        rows = self.rows[: self.filled].double()
         distances = (rows - rows.median(0).values).pow(2).sum(-1)
         typical = float(distances.median())
-        return float(torch.tensor(self.errors).median()) / typical if typical > 1e-30 else None
+        errors = self.errors[: self.filled]
+        return float(errors.median()) / typical if typical > 1e-30 else None
 
 
 def _row_keys(rows: Tensor) -> list[int]:
