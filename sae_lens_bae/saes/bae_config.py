@@ -84,11 +84,12 @@ class BAEConfig(SAEConfig):
         bits: code bits per feature (more-bit decoding); the encoder emits ``bits * d_sae`` bits.
         encoder_bias: whether the encoder has a bias ``b_enc`` (a firing threshold per bit).
         apply_b_dec_to_input: SAELens' input centring; False, as in the paper.
-        rescale_inputs_to: the BAE multiplies its inputs by one factor (its ``input_scale``
-            buffer, set on the first training batch) that brings them to this total variance
-            (mean squared distance from their mean), and divides its reconstructions by it:
-            training does not depend on the states' scale (``saes.input_scale``). None: inputs
-            as given.
+        rescale_inputs_to: the BAE reads ``k (x + t)``: one factor (its ``input_scale``
+            buffer) that brings its inputs to this total variance (mean squared distance from
+            their mean) and one shift (``input_shift``) that puts their mean at
+            sqrt(variance) along the diagonal, both set on the first training batch, undone on
+            its reconstructions: training depends on neither the states' scale nor where they
+            sit (``saes.input_scale``). None: inputs as given.
     """
 
     d_sae: int = None  # type: ignore[assignment]  # resolved to 4 * d_in in __post_init__

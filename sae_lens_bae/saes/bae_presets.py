@@ -33,8 +33,8 @@ class BAEPreset:
     resample_until_fraction: float = 0.5
     scale_with_d: bool = True
     rescale_inputs_to: float | None = None
-    """The total variance the recipe was calibrated at, which the BAE then scales its inputs to
-    (``saes.input_scale``); None: inputs as given."""
+    """The total variance the recipe was calibrated at, which the BAE then scales (and places)
+    its inputs to (``saes.input_scale``); None: inputs as given."""
 
     def config_fields(self, d_in: int) -> dict[str, float | int | None]:
         """The config fields this recipe sets for states of width ``d_in``: coefficients,
@@ -80,8 +80,8 @@ BAE_PRESETS: dict[PresetName, BAEPreset] = {
     # EntropyRecipe's lr, no resampling (a resampled channel is a random one: it adds entropy).
     # Calibrated on fair-bit sets at unit mean squared norm, a total variance of 0.5, the
     # variance estimate_entropies scales every set to (entropy.normalise_scale); the BAE is not
-    # scale-invariant (docs/entropy.md), so it scales its inputs to that variance itself
-    # (saes.input_scale): states of any scale and any mean will do
+    # scale- or translation-invariant (docs/entropy.md), so it scales and places its inputs
+    # there itself (saes.input_scale): states of any scale and any mean will do
     "entropy": BAEPreset(
         lr=4e-3,
         surrogate_temperature=0.3,

@@ -37,8 +37,8 @@ __all__ = [
     "InputFrameMixin",
     "current_input_scale",
     "fix_input_frame",
-    "fix_input_scale",
     "frame_input",
+    "placement",
     "register_input_scale",
     "unframe_output",
 ]
@@ -87,31 +87,29 @@ def unframe_output(module: nn.Module, y: Tensor) -> Tensor:
     return y if shift is None else y - shift.to(y.dtype)
 
 
-@torch.no_grad()
-def fix_input_scale(scale: Tensor, x: Float[Tensor, "... d_in"], target: float) -> Tensor:
-    """Set an unset ``scale`` so that ``x * scale`` has total variance ``target`` (mean squared
-    distance from the batch's mean); a set one is kept (a resumed or continued run keeps the
-    factor its weights were learnt for), and a batch without variance leaves it unset. On the
-    device, without a host sync. Returns whether this call set it (a 0-dim bool tensor)."""
-    rows = x.detach().float().reshape(-1, x.shape[-1])
-    variance = (rows - rows.mean(0)).pow(2).sum(-1).mean()
-    flat = variance <= 1e-12 * rows.pow(2).sum(-1).mean()
-    fresh = torch.sqrt(target / variance.clamp_min(torch.finfo(torch.float32).tiny))
-    setting = (scale <= 0) & ~flat
-    scale.copy_(torch.where(setting, fresh, scale))
-    return setting
+def placement(rows: Float[Tensor, "n d_in"]) -> tuple[Tensor, Tensor]:
+    """(total variance, shift t) of states, in their dtype: the mean squared distance from their
+    mean, and the vector that puts their mean at ``sqrt(variance)`` along the unit diagonal (the
+    one rule for a BAE's frame and for ``entropy.frame``'s sets)."""
+    mean = rows.mean(0)
+    variance = (rows - mean).pow(2).sum(-1).mean()
+    return variance, variance.sqrt() / rows.shape[-1] ** 0.5 - mean
 
 
 @torch.no_grad()
 def fix_input_frame(module: nn.Module, x: Float[Tensor, "... d_in"], target: float) -> None:
-    """``fix_input_scale`` on the module's k and, in the call that sets it, its shift t: the
-    vector that puts this batch's mean at ``sqrt(variance)`` along the unit diagonal."""
-    setting = fix_input_scale(getattr(module, INPUT_SCALE_BUFFER), x, target)
-    shift = getattr(module, INPUT_SHIFT_BUFFER)
+    """Set the module's unset k so that ``k x`` has total variance ``target``, and in the same
+    call its shift t (``placement``); a set frame is kept (a resumed or continued run keeps the
+    frame its weights were learnt for), and a batch without variance leaves it unset. On the
+    device, without a host sync."""
+    scale, shift = getattr(module, INPUT_SCALE_BUFFER), getattr(module, INPUT_SHIFT_BUFFER)
     rows = x.detach().float().reshape(-1, x.shape[-1])
-    mean = rows.mean(0)
-    spread = (rows - mean).pow(2).sum(-1).mean().sqrt()
-    shift.copy_(torch.where(setting, spread / rows.shape[-1] ** 0.5 - mean, shift))
+    variance, fresh_shift = placement(rows)
+    flat = variance <= 1e-12 * rows.pow(2).sum(-1).mean()
+    fresh = torch.sqrt(target / variance.clamp_min(torch.finfo(torch.float32).tiny))
+    setting = (scale <= 0) & ~flat
+    scale.copy_(torch.where(setting, fresh, scale))
+    shift.copy_(torch.where(setting, fresh_shift, shift))
 
 
 class InputFrameMixin:
