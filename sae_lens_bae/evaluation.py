@@ -12,9 +12,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from sae_lens_bae.losses import binary_entropy
+from sae_lens_bae.losses import bae_objective, binary_entropy, total_loss
+from sae_lens_bae.saes.binary import bits_to_values
+from sae_lens_bae.saes.input_scale import current_input_scale
 
-__all__ = ["evaluate_sae", "spliced_losses"]
+__all__ = ["evaluate_sae", "held_out_objective", "spliced_losses"]
 
 
 @torch.no_grad()
@@ -68,6 +70,42 @@ def evaluate_sae(
         "d_sae": int(sae.cfg.d_sae),
         "firing_rates": rates,
     }
+
+
+@torch.no_grad()
+def held_out_objective(bae: Any, activations: Float[Tensor, "n d_in"], batch_size: int) -> float:
+    """The BAE's training objective on ``activations`` (reconstruction + entropy + covariance
+    + firing, each coefficient at its final value, the entropy term on, the reconstruction in
+    the units of the BAE's input scale if it has one), averaged over its
+    minibatches of ``batch_size`` rows in order (the last, shorter one left out, as its entropy
+    would not be a minibatch's; a set smaller than one minibatch is one).
+
+    What compares two BAEs trained for the same set: the objective is non-convex, and runs from
+    different initialisations can end in minima of different cost (docs/entropy.md), so the one
+    with the lower held-out objective is the better fit by the BAE's own definition.
+    """
+    n = activations.shape[0]
+    if n == 0:
+        raise ValueError("held_out_objective needs at least one activation")
+    size = min(batch_size, n)
+    coefficients = bae.cfg.coefficients()
+    totals = []
+    for start in range(0, n - size + 1, size):
+        x = activations[start : start + size].to(bae.device, bae.dtype)
+        bits = bae.encode_bits(x)
+        out = bae.decode(bits_to_values(bits, bae.cfg.bits))
+        scale = current_input_scale(bae)  # the units training measures reconstruction in
+        if scale is not None:
+            x, out = x * scale, out * scale
+        terms = bae_objective(
+            x, out, bits,
+            entropy_coefficient=coefficients["entropy"],
+            covariance_coefficient=coefficients["covariance"],
+            firing_coefficient=coefficients["firing"],
+        )  # fmt: skip
+        terms.pop("batch_entropy_bits")
+        totals.append(float(total_loss(terms)))
+    return sum(totals) / len(totals)
 
 
 def _kl(clean: Tensor, other: Tensor) -> Tensor:

@@ -150,3 +150,66 @@ def test_the_recipes_learning_rate_schedule_reaches_the_stacked_trainer():
 def test_a_recipe_with_a_bad_schedule_says_so(fields, message):
     with pytest.raises(ValueError, match=message):
         EntropyRecipe(**fields)
+
+
+def test_held_out_objective_is_the_loss_the_bae_trains_on():
+    """On one minibatch, with the coefficients at their final values and the entropy term on,
+    the held-out objective is the loss ``training_forward_pass`` reports, in the units of the
+    BAE's input frame (set by its first training batch, as a registry ``entropy`` BAE's is)."""
+    from dataclasses import replace
+
+    from sae_lens.saes.sae import TrainStepInput
+
+    from sae_lens_bae.evaluation import held_out_objective
+    from sae_lens_bae.saes.bae import BAETrainingSAE
+
+    cfg = replace(EntropyRecipe(expansion=2).config(8), rescale_inputs_to=0.5)
+    bae = BAETrainingSAE(cfg)
+    x = 3 * torch.randn(64, 8, generator=torch.Generator().manual_seed(0)) + 1.0
+    step = TrainStepInput(sae_in=x, coefficients=cfg.coefficients(), dead_neuron_mask=None,
+                          n_training_steps=10**6, is_logging_step=False)  # fmt: skip
+    expected = float(bae.training_forward_pass(step).loss.detach())
+    assert float(bae.input_scale) != pytest.approx(1.0, rel=0.1)  # the frame is set and used
+    assert held_out_objective(bae, x, 64) == pytest.approx(expected, rel=1e-6)
+    # 70 rows in minibatches of 32: the mean over rows 0-31 and 32-63, the short tail left out
+    tail = torch.cat([x, x[:6]])
+    first, second = (held_out_objective(bae, x[i : i + 32], 32) for i in (0, 32))
+    assert held_out_objective(bae, tail, 32) == pytest.approx((first + second) / 2, rel=1e-6)
+    assert first != pytest.approx(second, rel=1e-3)
+
+
+def test_restarts_keep_the_restart_of_lowest_held_out_objective():
+    """``restarts`` trains that many BAEs per seed (seed b + 1000 s + 100000 q, stacked) and
+    keeps the one whose held-out objective is lowest; every restart's objective is reported."""
+    from sae_lens_bae.entropy import estimate_entropy
+    from sae_lens_bae.evaluation import held_out_objective
+    from sae_lens_bae.training import train_stacked_baes
+
+    x, test = directional_data(3, 8, 1024, 256, seed=0)
+    recipe = EntropyRecipe(expansion=2, steps=60, batch_size=64, converge=False, seeds=2,
+                           restarts=3)  # fmt: skip
+    [cell] = estimate_entropies([x], recipe, eval_sets=[test], normalise=False, progress=False,
+                                bootstrap=0)  # fmt: skip
+    seeds = [1000 * s + 100_000 * q for s in range(2) for q in range(3)]
+    direct = train_stacked_baes([x] * 6, recipe.config(8), training_samples=60 * 64, seeds=seeds,
+                                batch_size=64, lr=recipe.lr, progress=False)  # fmt: skip
+    objectives = [held_out_objective(bae, test, 64) for bae in direct.baes]
+    assert cell.restart_objectives == [pytest.approx(objectives[:3], rel=1e-6),
+                                       pytest.approx(objectives[3:], rel=1e-6)]  # fmt: skip
+    assert len(set(objectives[:3])) == 3  # the restarts ended in different places
+    best = [min(range(3), key=objectives.__getitem__), 3 + min(range(3),
+            key=objectives[3:].__getitem__)]  # fmt: skip
+    assert torch.equal(cell.bae.W_enc, direct.baes[best[0]].W_enc)
+    assert cell.bits_per_seed == [pytest.approx(estimate_entropy(direct.baes[g], test).bits)
+                                  for g in best]  # fmt: skip
+    assert cell.summary()["restart_objectives"] == cell.restart_objectives
+    [plain] = estimate_entropies([x], EntropyRecipe(expansion=2, steps=60, batch_size=64,
+                                 converge=False), eval_sets=[test], normalise=False,
+                                 progress=False, bootstrap=0)  # fmt: skip
+    assert plain.restart_objectives is None  # restart 0 is the seed a plain recipe trains
+    assert torch.equal(plain.bae.W_enc, direct.baes[0].W_enc)
+
+
+def test_a_recipe_without_seeds_or_restarts_says_so():
+    with pytest.raises(ValueError, match="restarts must be at least 1"):
+        EntropyRecipe(restarts=0)

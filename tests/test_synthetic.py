@@ -29,6 +29,20 @@ def test_a_step_budget_inside_the_presets_warm_up_is_refused_with_what_to_do():
     assert SyntheticConfig(preset="paper", steps=1001).grid().recipe.steps == 1001
 
 
+def test_restarts_from_the_command_line_reach_the_recipe_and_the_rows(tmp_path):
+    from sae_lens_bae.experiments.synthetic import SyntheticConfig, run
+
+    assert SyntheticConfig(preset="mid").grid().recipe.restarts == 1
+    assert SyntheticConfig(preset="mid", restarts=3).grid().recipe.restarts == 3
+    with pytest.raises(ValueError, match="--restarts must be at least 1, got 0"):
+        SyntheticConfig(preset="cpu", restarts=0)
+    summary = run(SyntheticConfig(preset="test", ranks=[2], ablation=False, restarts=2,
+                                  out=tmp_path), False)  # fmt: skip
+    [row] = summary["results"]
+    [objectives] = row["restart_objectives"]  # one seed, two restarts
+    assert len(objectives) == 2 and objectives[0] != objectives[1]
+
+
 def _row(r, estimate, objective=True, error=0.01, seed=0, expansion=2):
     return {"r": r, "seed": seed, "expansion": expansion, "objective": objective,
             "estimate_bits": estimate, "reconstruction_mse": 1e-6,
@@ -103,6 +117,14 @@ def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, mon
 
     rows = run_preset(preset, tmp_path, progress=False)  # complete: nothing trained again
     assert trained == [True, "stop", False] and rows == final["results"]
+    older = {**final, "preset": {**final["preset"], "recipe": {
+        k: v for k, v in final["preset"]["recipe"].items() if k != "restarts"}}}  # fmt: skip
+    (tmp_path / "synthetic.json").write_text(json.dumps(older))  # written before restarts
+    assert run_preset(preset, tmp_path, progress=False) == final["results"]
+    assert trained == [True, "stop", False]  # the same grid: a new field at its default
+    restarted = replace(preset, recipe=replace(preset.recipe, restarts=2))
+    with pytest.raises(ValueError, match="another grid or recipe"):
+        run_preset(restarted, tmp_path, progress=False)
     other = replace(preset, recipe=replace(preset.recipe, steps=200))
     with pytest.raises(ValueError, match="holds the results of another grid or recipe; use "
                                          "another --out"):  # fmt: skip

@@ -26,7 +26,7 @@ from sae_lens_bae.entropy.estimate import (
     is_reliable,
 )
 from sae_lens_bae.entropy.frame import normalise_scale, placement_shift
-from sae_lens_bae.evaluation import evaluate_sae
+from sae_lens_bae.evaluation import evaluate_sae, held_out_objective
 from sae_lens_bae.reports import cell
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_presets import BAE_PRESETS
@@ -98,6 +98,11 @@ class EntropyRecipe:
     has at unit mean squared norm, the scale the recipe was calibrated at."""
     seeds: int = 1
     """BAEs per cell, each with its own seed: the estimate is their mean, bits_std their spread."""
+    restarts: int = 1
+    """BAEs trained per seed from different initialisations, of which the one with the lowest
+    held-out objective (``evaluation.held_out_objective``) is kept: the objective is non-convex,
+    and on a d = 512 set of 256 fair bits two runs of four read 256 bits and two stayed near 600
+    at a higher objective (docs/entropy.md). Costs ``restarts`` times the training."""
     converge: bool = True
     """Stop each BAE once its held-out reconstruction and entropy are flat (else: all steps)."""
     check_every: int = 100
@@ -117,6 +122,10 @@ class EntropyRecipe:
             )
         if self.lr_end is not None and not 0 < self.lr_end <= self.lr:
             raise ValueError(f"lr_end must be in (0, lr={self.lr}], got {self.lr_end}")
+        if self.seeds < 1 or self.restarts < 1:
+            raise ValueError(
+                f"seeds and restarts must be at least 1, got {self.seeds} and {self.restarts}"
+            )
 
     def check_samples(self, n: int, what: str) -> None:
         """Fail before any model runs if a cell would hold fewer samples than one minibatch."""
@@ -228,6 +237,8 @@ class CellEntropy:
     shift: Tensor = field(repr=False)  # ... after this vector was added: (x + shift) * scale
     bae: BAETrainingSAE = field(repr=False)
     history: dict[str, list[float]] = field(repr=False)
+    restart_objectives: list[list[float]] | None = None  # per seed, each restart's held-out
+    # objective (the lowest was kept); None without restarts
 
     def summary(self) -> dict[str, float | int | bool | list[float] | None]:
         return {
@@ -246,6 +257,7 @@ class CellEntropy:
             "excess_bits": self.excess_bits,
             "steps": self.steps,
             "scale": self.scale,
+            "restart_objectives": self.restart_objectives,
         }
 
 
@@ -262,6 +274,7 @@ def _cell(
     history: dict[str, list[float]],
     frame: tuple[float, Tensor],
     max_relative_error: float,
+    restart_objectives: list[list[float]] | None = None,
 ) -> CellEntropy:
     """One cell from its seeds' estimates (the first seed's BAE and bootstrap are kept)."""
     bits = [e.bits for e in estimates]
@@ -291,7 +304,25 @@ def _cell(
         shift=frame[1],
         bae=bae,
         history=history,
+        restart_objectives=restart_objectives,
     )
+
+
+RESTART_SEED_STRIDE = 100_000
+"""Restart q of seed s of a set with base seed b trains with seed b + 1000 s + 100000 q (restart
+0 is the seed a recipe without restarts uses)."""
+
+
+def _best_restart(
+    baes: Sequence[BAETrainingSAE], states: Tensor, batch_size: int, first: int, restarts: int
+) -> tuple[int, list[float] | None]:
+    """The index, among ``baes[first : first + restarts]``, of the lowest held-out objective,
+    and their objectives (None without restarts: nothing to choose, nothing computed)."""
+    if restarts == 1:
+        return first, None
+    costs = [held_out_objective(baes[g], states, batch_size)
+             for g in range(first, first + restarts)]  # fmt: skip
+    return first + min(range(restarts), key=costs.__getitem__), costs
 
 
 def estimate_entropies(
@@ -306,12 +337,13 @@ def estimate_entropies(
     device: str = "cpu",
     progress: bool = True,
 ) -> list[CellEntropy]:
-    """Train ``recipe.seeds`` BAEs per set (all stacked, see ``train_stacked_baes``) and estimate
-    each set's entropy with them: the mean over seeds, with their spread, a bootstrap spread over
-    states (``bootstrap`` replicates, first seed), the reconstruction error, the ceiling and
-    ``reliable`` (``entropy.estimate.is_reliable`` on the seeds' means: relative error, in total
-    and for the typical state, at most ``max_relative_error``, within the ceiling, no excess over
-    the codes' joint entropy).
+    """Train ``recipe.seeds`` BAEs per set (all stacked, see ``train_stacked_baes``; with
+    ``recipe.restarts`` > 1, that many per seed, keeping the one of lowest held-out objective)
+    and estimate each set's entropy with them: the mean over seeds, with their spread, a
+    bootstrap spread over states (``bootstrap`` replicates, first seed), the reconstruction
+    error, the ceiling and ``reliable`` (``entropy.estimate.is_reliable`` on the seeds' means:
+    relative error, in total and for the typical state, at most ``max_relative_error``, within
+    the ceiling, no excess over the codes' joint entropy).
 
     Estimates and reconstruction are measured on ``eval_sets`` when given (held-out samples of the
     same distributions), else on the training sets themselves: the entropy *of that set* is the
@@ -345,12 +377,12 @@ def estimate_entropies(
     shifts = [placement_shift(s) if normalise else torch.zeros(d_in) for s in sets]
     scaled = [(s.float() + t) * k for s, t, k in zip(sets, shifts, scales, strict=True)]
     held_out = [(s.float() + t) * k for s, t, k in zip(eval_sets, shifts, scales, strict=True)]
-    replicas = range(recipe.seeds)
+    replicas = [(r, q) for r in range(recipe.seeds) for q in range(recipe.restarts)]
     training = train_stacked_baes(
         [x for x in scaled for _ in replicas],
         recipe.config(d_in),
         training_samples=recipe.steps * recipe.batch_size,
-        seeds=[b + 1000 * r for b in base for r in replicas],
+        seeds=[b + 1000 * r + RESTART_SEED_STRIDE * q for b in base for r, q in replicas],
         batch_size=recipe.batch_size,
         lr=recipe.lr,
         device=device,
@@ -364,7 +396,13 @@ def estimate_entropies(
     cells = []
     for index, (states, k, t) in enumerate(zip(held_out, scales, shifts, strict=True)):
         states = states.to(device)
-        members = range(index * recipe.seeds, (index + 1) * recipe.seeds)
+        chosen = [
+            _best_restart(training.baes, states, recipe.batch_size,
+                          (index * recipe.seeds + r) * recipe.restarts, recipe.restarts)
+            for r in range(recipe.seeds)
+        ]  # fmt: skip
+        members = [g for g, _ in chosen]
+        objectives = [costs for _, costs in chosen if costs is not None] or None
         estimates = [
             estimate_entropy(
                 training.baes[g],
@@ -379,5 +417,5 @@ def estimate_entropies(
         first = members[0]
         cells.append(_cell(estimates, evaluations, [training.steps[g] for g in members],
                            training.baes[first], training.histories[first], (k, t),
-                           max_relative_error))  # fmt: skip
+                           max_relative_error, objectives))  # fmt: skip
     return cells

@@ -56,6 +56,10 @@ class SyntheticConfig:
     """Expansion rates d_sae / d, e.g. 4 (default: the preset's)."""
     seeds: Sequence[int] | None = None
     """Seeds, e.g. 0,1 (default: the preset's)."""
+    restarts: int | None = None
+    """BAEs per cell, of which the one with the lowest held-out objective is kept (default: the
+    preset's; ``EntropyRecipe.restarts``): on a d = 512, r = 256 cell half the runs stay in a
+    worse minimum (docs/entropy.md). Multiplies the training cost."""
     ablation: bool | None = None
     """Also train every cell without the objective, to show it is what makes the estimate right
     (default: the preset's; --no-ablation halves the run)."""
@@ -83,6 +87,10 @@ class SyntheticConfig:
                 raise ValueError(f"--steps {self.steps} does not pass the {self.preset} preset's "
                                  f"{warm} lr warm-up steps; use more than {warm}")  # fmt: skip
             chosen = replace(chosen, recipe=replace(chosen.recipe, steps=self.steps))
+        if self.restarts is not None:
+            if self.restarts < 1:
+                raise ValueError(f"--restarts must be at least 1, got {self.restarts}")
+            chosen = replace(chosen, recipe=replace(chosen.recipe, restarts=self.restarts))
         for name in ("ranks", "expansions", "seeds"):
             values = getattr(self, name)
             if values is not None:
@@ -161,6 +169,7 @@ def run_preset(
                     # held-out SSE as a fraction of the data variance (None for r = 0)
                     "relative_error": cell.relative_error,
                     "steps": cell.steps,  # at most the recipe's; fewer once converged
+                    "restart_objectives": cell.restart_objectives,  # None without restarts
                 }
             )
             if seed == preset.seeds[0] and r == max(preset.ranks):

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sae_lens_bae.entropy import EntropyRecipe
 from sae_lens_bae.experiments.synthetic_presets import SyntheticPreset, tolerance
 from sae_lens_bae.plots import legend_marker, save_figure, subplots
 from sae_lens_bae.reports import write_json, write_text
@@ -40,6 +41,16 @@ def thin_history(history: Mapping[str, list[float]]) -> dict[str, list[float]]:
     return thinned
 
 
+def _with_new_recipe_fields(recorded: Any) -> Any:
+    """A recorded preset with the recipe fields added since it was written (``restarts``, ...)
+    at their defaults, which is what that run trained with: such a folder is the same grid."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("recipe"), dict):
+        return recorded
+    added = {f.name: getattr(EntropyRecipe(), f.name) for f in fields(EntropyRecipe)
+             if f.name not in recorded["recipe"]}  # fmt: skip
+    return {**recorded, "recipe": {**recorded["recipe"], **json.loads(json.dumps(added))}}
+
+
 def earlier_rows(
     preset: SyntheticPreset, out: Path, cells: list[tuple[int, int]]
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[float]]]]:
@@ -55,7 +66,7 @@ def earlier_rows(
         return [], {}
     if not isinstance(saved, dict) or "results" not in saved:
         return [], {}
-    if saved.get("preset") != json.loads(json.dumps(asdict(preset))):
+    if _with_new_recipe_fields(saved.get("preset")) != json.loads(json.dumps(asdict(preset))):
         raise ValueError(f"{path} holds the results of another grid or recipe; use another --out "
                          f"(or --no-resume to overwrite them)")  # fmt: skip
     by_group: dict[tuple[int, bool], list[dict[str, Any]]] = {}
