@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "relative_error": estimate.relative_error, "steps": estimate.steps,
             "seconds": time.perf_counter() - start, "within_bar": verdict["objective_ok"],
             "every": args.every, "trajectory": history,
+            "restart_objectives": estimate.restart_objectives,
+            "restart_bits": estimate.restart_bits,
         })  # fmt: skip
         write_json(args.out / "synthetic_cell.json", report)
         write_text(args.out / "synthetic_cell.md",

@@ -202,11 +202,15 @@ def test_restarts_keep_the_restart_of_lowest_held_out_objective():
     assert torch.equal(cell.bae.W_enc, direct.baes[best[0]].W_enc)
     assert cell.bits_per_seed == [pytest.approx(estimate_entropy(direct.baes[g], test).bits)
                                   for g in best]  # fmt: skip
+    assert cell.restart_bits == [[pytest.approx(estimate_entropy(direct.baes[g], test).bits)
+                                  for g in range(3 * s, 3 * s + 3)] for s in range(2)]  # fmt: skip
     assert cell.summary()["restart_objectives"] == cell.restart_objectives
     [plain] = estimate_entropies([x], EntropyRecipe(expansion=2, steps=60, batch_size=64,
                                  converge=False), eval_sets=[test], normalise=False,
                                  progress=False, bootstrap=0)  # fmt: skip
-    assert plain.restart_objectives is None  # restart 0 is the seed a plain recipe trains
+    assert (
+        plain.restart_objectives is None and plain.restart_bits is None
+    )  # restart 0 is the seed a plain recipe trains
     assert torch.equal(plain.bae.W_enc, direct.baes[0].W_enc)
 
 

@@ -239,6 +239,7 @@ class CellEntropy:
     history: dict[str, list[float]] = field(repr=False)
     restart_objectives: list[list[float]] | None = None  # per seed, each restart's held-out
     # objective (the lowest was kept); None without restarts
+    restart_bits: list[list[float]] | None = None  # per seed, each restart's estimate
 
     def summary(self) -> dict[str, float | int | bool | list[float] | None]:
         return {
@@ -258,6 +259,7 @@ class CellEntropy:
             "steps": self.steps,
             "scale": self.scale,
             "restart_objectives": self.restart_objectives,
+            "restart_bits": self.restart_bits,
         }
 
 
@@ -275,6 +277,7 @@ def _cell(
     frame: tuple[float, Tensor],
     max_relative_error: float,
     restart_objectives: list[list[float]] | None = None,
+    restart_bits: list[list[float]] | None = None,
 ) -> CellEntropy:
     """One cell from its seeds' estimates (the first seed's BAE and bootstrap are kept)."""
     bits = [e.bits for e in estimates]
@@ -305,6 +308,7 @@ def _cell(
         bae=bae,
         history=history,
         restart_objectives=restart_objectives,
+        restart_bits=restart_bits,
     )
 
 
@@ -315,14 +319,15 @@ RESTART_SEED_STRIDE = 100_000
 
 def _best_restart(
     baes: Sequence[BAETrainingSAE], states: Tensor, batch_size: int, first: int, restarts: int
-) -> tuple[int, list[float] | None]:
+) -> tuple[int, list[float] | None, list[float] | None]:
     """The index, among ``baes[first : first + restarts]``, of the lowest held-out objective,
-    and their objectives (None without restarts: nothing to choose, nothing computed)."""
+    their objectives and their estimates in bits (None without restarts: nothing to choose)."""
     if restarts == 1:
-        return first, None
-    costs = [held_out_objective(baes[g], states, batch_size)
-             for g in range(first, first + restarts)]  # fmt: skip
-    return first + min(range(restarts), key=costs.__getitem__), costs
+        return first, None, None
+    candidates = range(first, first + restarts)
+    costs = [held_out_objective(baes[g], states, batch_size) for g in candidates]
+    bits = [estimate_entropy(baes[g], states).bits for g in candidates]
+    return first + min(range(restarts), key=costs.__getitem__), costs, bits
 
 
 def estimate_entropies(
@@ -401,8 +406,9 @@ def estimate_entropies(
                           (index * recipe.seeds + r) * recipe.restarts, recipe.restarts)
             for r in range(recipe.seeds)
         ]  # fmt: skip
-        members = [g for g, _ in chosen]
-        objectives = [costs for _, costs in chosen if costs is not None] or None
+        members = [g for g, _, _ in chosen]
+        objectives = [costs for _, costs, _ in chosen if costs is not None] or None
+        restart_bits = [bits for _, _, bits in chosen if bits is not None] or None
         estimates = [
             estimate_entropy(
                 training.baes[g],
@@ -417,5 +423,5 @@ def estimate_entropies(
         first = members[0]
         cells.append(_cell(estimates, evaluations, [training.steps[g] for g in members],
                            training.baes[first], training.histories[first], (k, t),
-                           max_relative_error, objectives))  # fmt: skip
+                           max_relative_error, objectives, restart_bits))  # fmt: skip
     return cells
