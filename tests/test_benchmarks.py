@@ -129,3 +129,56 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
                          text=True)  # fmt: skip
     assert bad.returncode == 2 and "0 < r <= d, got '4:6'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_trace_frontier_reads_one_trace_cell_at_each_strength(
+    tiny_hf_llama_dir, tiny_corpus, tmp_path
+):
+    """Each multiplier's row is what ``estimate_entropies`` gives on the cell's states with the
+    tracing recipe's coefficients times that multiplier (0: without the objective); a negative
+    multiplier is refused with one line (exit 2)."""
+    from dataclasses import replace
+
+    from sae_lens_bae.activations import gather_states
+    from sae_lens_bae.data import document_windows, iter_texts
+    from sae_lens_bae.entropy import TRACING_RECIPE, estimate_entropies
+    from sae_lens_bae.models import load_model
+
+    out = tmp_path / "frontier"
+    script = str(BENCHMARKS / "trace_frontier.py")
+    common = [
+        "--model",
+        str(tiny_hf_llama_dir),
+        "--dataset",
+        str(tiny_corpus),
+        "--layer",
+        "1",
+        "--position",
+        "4",
+        "--n-sequences",
+        "300",
+        "--expansion",
+        "2",
+        "--steps",
+        "200",
+    ]
+    subprocess.run([sys.executable, script, *common, "--multipliers", "1,0", "--out", str(out)],
+                   check=True, capture_output=True, text=True)  # fmt: skip
+    report = json.loads((out / "trace_frontier.json").read_text())
+    assert [row["multiplier"] for row in report["rows"]] == [1.0, 0.0]
+    model = load_model(str(tiny_hf_llama_dir))
+    tokens = document_windows(iter_texts(tiny_corpus), model.tokenizer, 4, max_sequences=300)
+    assert report["info"]["n_states"] == tokens.shape[0]
+    states, _ = gather_states(model, tokens, ["blocks.1.hook_resid_post"],
+                              torch.full((tokens.shape[0], 1), 4), progress=False)  # fmt: skip
+    x = states["blocks.1.hook_resid_post"][:, 0]
+    for row, objective in zip(report["rows"], (True, False), strict=True):
+        recipe = replace(TRACING_RECIPE, seeds=1, expansion=2, steps=200, objective=objective)
+        [cell] = estimate_entropies([x], recipe, seeds=[0], bootstrap=0, progress=False)
+        assert row["bits"] == pytest.approx(cell.bits, rel=1e-6)
+        assert row["relative_error"] == pytest.approx(cell.relative_error, rel=1e-6)
+        assert row["ceiling_bits"] == cell.ceiling_bits
+    bad = subprocess.run([sys.executable, script, *common, "--multipliers", "1,-1"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "--multipliers must be >= 0, got 1,-1" in bad.stderr
+    assert "Traceback" not in bad.stderr
