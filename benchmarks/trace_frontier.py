@@ -26,17 +26,13 @@ import torch
 from sae_lens_bae.activations import gather_states
 from sae_lens_bae.data import default_corpus, document_windows, iter_texts
 from sae_lens_bae.entropy import TRACING_RECIPE, estimate_entropies
+from sae_lens_bae.entropy.cells import CELL_COLUMNS
 from sae_lens_bae.models import load_model
-from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
+from sae_lens_bae.reports import markdown_table, write_json, write_text
 
 COLUMNS = [
     ("multiplier", lambda row: f"{row['multiplier']:g}"),
-    ("bits", lambda row: cell(row["bits"], ".2f")),
-    ("ceiling", lambda row: cell(row["ceiling_bits"], ".2f")),
-    ("relative error", lambda row: cell(row["relative_error"], ".4f")),
-    ("typical error", lambda row: cell(row["typical_relative_error"], ".4f")),
-    ("reliable", lambda row: "yes" if row["reliable"] else "NO"),
-    ("steps", lambda row: str(row["steps"])),
+    *CELL_COLUMNS,
     ("seconds", lambda row: f"{row['seconds']:.0f}"),
 ]
 
