@@ -49,6 +49,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--multipliers", default="1,0.25,0.0625,0")
     parser.add_argument("--expansion", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument(
+        "--target-variance",
+        type=float,
+        default=TRACING_RECIPE.target_variance,
+        help="the total variance each set is scaled to (the recipe's: 0.5)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
@@ -71,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "info": {"model": args.model, "dataset": str(source), "hook": hook,
                  "position": args.position, "n_states": int(x.shape[0]),
                  "expansion": args.expansion, "steps": args.steps, "seed": args.seed,
+                 "target_variance": args.target_variance,
                  "torch": torch.__version__, "threads": torch.get_num_threads(),
                  "machine": platform.processor() or platform.machine()},
         "rows": [],
@@ -81,6 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             seeds=1,
             expansion=args.expansion,
             steps=args.steps,
+            target_variance=args.target_variance,
             entropy_coefficient_2048=TRACING_RECIPE.entropy_coefficient_2048 * m,
             covariance_coefficient_2048=TRACING_RECIPE.covariance_coefficient_2048 * m,
             objective=m > 0,

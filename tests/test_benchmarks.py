@@ -135,7 +135,8 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
     tiny_hf_llama_dir, tiny_corpus, tmp_path
 ):
     """Each multiplier's row is what ``estimate_entropies`` gives on the cell's states with the
-    tracing recipe's coefficients times that multiplier (0: without the objective); a negative
+    tracing recipe's coefficients times that multiplier (0: without the objective), the states
+    scaled to the variance asked for; a negative
     multiplier is refused with one line (exit 2)."""
     from dataclasses import replace
 
@@ -146,22 +147,9 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
 
     out = tmp_path / "frontier"
     script = str(BENCHMARKS / "trace_frontier.py")
-    common = [
-        "--model",
-        str(tiny_hf_llama_dir),
-        "--dataset",
-        str(tiny_corpus),
-        "--layer",
-        "1",
-        "--position",
-        "4",
-        "--n-sequences",
-        "300",
-        "--expansion",
-        "2",
-        "--steps",
-        "200",
-    ]
+    common = ["--model", str(tiny_hf_llama_dir), "--dataset", str(tiny_corpus), "--layer", "1",
+              "--position", "4", "--n-sequences", "300", "--expansion", "2", "--steps", "200",
+              "--target-variance", "2"]  # fmt: skip
     subprocess.run([sys.executable, script, *common, "--multipliers", "1,0", "--out", str(out)],
                    check=True, capture_output=True, text=True)  # fmt: skip
     report = json.loads((out / "trace_frontier.json").read_text())
@@ -173,7 +161,8 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
                               torch.full((tokens.shape[0], 1), 4), progress=False)  # fmt: skip
     x = states["blocks.1.hook_resid_post"][:, 0]
     for row, objective in zip(report["rows"], (True, False), strict=True):
-        recipe = replace(TRACING_RECIPE, seeds=1, expansion=2, steps=200, objective=objective)
+        recipe = replace(TRACING_RECIPE, seeds=1, expansion=2, steps=200, objective=objective,
+                         target_variance=2.0)  # fmt: skip
         [cell] = estimate_entropies([x], recipe, seeds=[0], bootstrap=0, progress=False)
         assert row["bits"] == pytest.approx(cell.bits, rel=1e-6)
         assert row["relative_error"] == pytest.approx(cell.relative_error, rel=1e-6)
