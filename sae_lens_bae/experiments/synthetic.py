@@ -58,8 +58,8 @@ class SyntheticConfig:
     """Seeds, e.g. 0,1 (default: the preset's)."""
     restarts: int | None = None
     """BAEs per cell, of which the one with the lowest held-out objective is kept (default: the
-    preset's; ``EntropyRecipe.restarts``): on a d = 512, r = 256 cell half the runs stay in a
-    worse minimum (docs/entropy.md). Multiplies the training cost."""
+    preset's; ``EntropyRecipe.restarts``): on a 512-dimensional cell of 256 bits half the runs
+    stay in a worse minimum (docs/entropy.md). Multiplies the training cost."""
     ablation: bool | None = None
     """Also train every cell without the objective, to show it is what makes the estimate right
     (default: the preset's; --no-ablation halves the run)."""

@@ -1,0 +1,136 @@
+"""How each cell's BAE is trained for entropy estimation: ``EntropyRecipe`` (the registry's
+``entropy`` preset, to convergence within a step budget, seeds and restarts) and
+``TRACING_RECIPE``, the LLM traces' CPU-sized default. ``entropy.cells`` trains by it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sae_lens_bae.saes.bae import BAETrainingSAEConfig
+from sae_lens_bae.saes.bae_presets import BAE_PRESETS
+from sae_lens_bae.training.convergence import Convergence
+
+__all__ = ["TRACING_RECIPE", "EntropyRecipe"]
+
+
+_PRESET = BAE_PRESETS["entropy"]
+"""The registry recipe that ``EntropyRecipe`` trains with (one rule for both paths)."""
+
+
+@dataclass(frozen=True)
+class EntropyRecipe:
+    """How a BAE is trained for entropy estimation: the registry's ``entropy`` preset (sigmoid
+    surrogate at T = 0.3, Adam lr 4e-3, entropy off for the first 25% of steps, the paper's
+    d = 2048 coefficients a_e = 5e-7, a_c = 1e-6 rescaled by 2048 / d, since the reconstruction
+    loss is a mean over d dimensions while the penalties are sums over channels), trained until
+    the held-out reconstruction and entropy stop moving (``converge``), within ``steps``.
+
+    The budget is 16000 steps: with 4000 (and lr 2e-3) Gaussian fair-bit sets of 12 bits and more
+    ran out of steps before converging, over-counting by up to 10 bits; with 16000 at lr 4e-3
+    every set up to r = 16 was exact on three seeds, in 5000-11600 steps but for one r = 16 set
+    that used the whole budget (tables in docs/entropy.md). Easy sets stop long before.
+    ``objective=False`` is the ablation a_e = a_c = 0.
+    """
+
+    expansion: int = 4
+    """d_sae / d_in of each BAE (raise it if a cell's reconstruction error is too high)."""
+    bits: int = 1
+    """Code bits per feature (more-bit decoding: more reconstruction for the same d_sae)."""
+    steps: int = 16000
+    """Training steps of each BAE at most (its budget when converging)."""
+    batch_size: int = 512
+    """BAE minibatch (the entropy term is measured on it)."""
+    lr: float = _PRESET.lr
+    """Adam learning rate of the BAEs."""
+    lr_warm_up_steps: int = 0
+    """Steps over which the learning rate rises linearly to ``lr`` (SAELens' scheduler): at
+    lr 4e-3 a code of 1024 channels on 512-dimensional states fell to a constant in its first
+    100 steps without one, and recovered too slowly to read r = 256 (docs/entropy.md)."""
+    lr_scheduler_name: Literal["constant", "cosineannealing"] = "constant"
+    """After the warm-up: a constant lr, or a cosine down to ``lr_end`` at the end of ``steps``."""
+    lr_end: float | None = None
+    """The cosine's final learning rate (None: ``lr``, no decay)."""
+    surrogate_temperature: float = _PRESET.surrogate_temperature
+    """Temperature of the sigmoid surrogate gradient."""
+    entropy_coefficient_2048: float = _PRESET.entropy_coefficient
+    """a_e at d = 2048; each BAE uses a_e * 2048 / d."""
+    covariance_coefficient_2048: float = _PRESET.covariance_coefficient
+    """a_c at d = 2048; each BAE uses a_c * 2048 / d."""
+    entropy_off_fraction: float = _PRESET.entropy_off_fraction
+    """Fraction of the step budget trained without the entropy term."""
+    objective: bool = True
+    """Train with the entropy and covariance terms (False: the ablation a_e = a_c = 0)."""
+    target_variance: float = 0.5
+    """Each set is scaled to this total variance (mean squared distance from its mean) before
+    training (``normalise_scale``): 0.5 is what a set of fair bits along orthonormal directions
+    has at unit mean squared norm, the scale the recipe was calibrated at."""
+    seeds: int = 1
+    """BAEs per cell, each with its own seed: the estimate is their mean, bits_std their spread."""
+    restarts: int = 1
+    """BAEs trained per seed from different initialisations, of which the one with the lowest
+    held-out objective (``evaluation.held_out_objective``) is kept: the objective is non-convex,
+    and on a d = 512 set of 256 fair bits two runs of four read 256 bits and two stayed near 600
+    at a higher objective (docs/entropy.md). Costs ``restarts`` times the training."""
+    converge: bool = True
+    """Stop each BAE once its held-out reconstruction and entropy are flat (else: all steps)."""
+    check_every: int = 100
+    """Steps between two convergence checks."""
+    patience: int = 5
+    """Checks per window: the mean of the last window must match the one before it (a plateau
+    of a few hundred steps before the code drops a bit is common, so not too few)."""
+    convergence_horizon: float = 1.0
+    """The two windows' difference is extrapolated over this many times the steps trained so
+    far before it is compared with the tolerance: a slow drift is not a plateau (0: compare the
+    windows as they are)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lr_warm_up_steps < self.steps:
+            raise ValueError(
+                f"lr_warm_up_steps must be in [0, steps={self.steps}), got {self.lr_warm_up_steps}"
+            )
+        if self.lr_end is not None and not 0 < self.lr_end <= self.lr:
+            raise ValueError(f"lr_end must be in (0, lr={self.lr}], got {self.lr_end}")
+        if self.seeds < 1 or self.restarts < 1:
+            raise ValueError(
+                f"seeds and restarts must be at least 1, got {self.seeds} and {self.restarts}"
+            )
+
+    def check_samples(self, n: int, what: str) -> None:
+        """Fail before any model runs if a cell would hold fewer samples than one minibatch."""
+        if n < self.batch_size:
+            raise ValueError(
+                f"{what} gives {n} hidden states per cell, fewer than one minibatch "
+                f"(batch_size={self.batch_size}); use more or a smaller recipe batch_size"
+            )
+
+    def config(self, d_in: int) -> BAETrainingSAEConfig:
+        scale = 2048 / d_in if self.objective else 0.0
+        return BAETrainingSAEConfig(
+            d_in=d_in,
+            d_sae=self.expansion * d_in,
+            bits=self.bits,
+            surrogate_temperature=self.surrogate_temperature,
+            entropy_coefficient=self.entropy_coefficient_2048 * scale,
+            covariance_coefficient=self.covariance_coefficient_2048 * scale,
+            entropy_off_fraction=self.entropy_off_fraction,
+            firing_coefficient=0.0,
+            resample_every=0,
+            total_training_steps=self.steps,
+        )
+
+    def convergence(self) -> Convergence | None:
+        """The convergence rule of this recipe, or None (train every step)."""
+        if not self.converge:
+            return None
+        return Convergence(check_every=self.check_every, window=self.patience,
+                           horizon=self.convergence_horizon)  # fmt: skip
+
+
+TRACING_RECIPE = EntropyRecipe(expansion=1, steps=1500, batch_size=256, lr=4e-3, seeds=3)
+"""The LLM-tracing default, sized for a 2-core CPU: d_sae = d_in is room enough for the few
+dozen bits a set of a few thousand states can show, a batch of 256 halves the step cost, lr 4e-3
+(as in the synthetic ``cpu`` preset), at most 1500 steps, and 3 seeds per cell for error bars.
+With 1000 steps and one seed, on SmolLM2-135M's layer 15 the two-token benchmark gave 1.00 /
+2.42 / 3.83 / 4.93 bits for r = 1 / 2 / 4 / 8 (ceilings 1 / 2 / 4 / 7.8), with relative
+reconstruction error 0 / 0.1% / 17% / 27%."""
