@@ -9,12 +9,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
+from sae_lens.saes.sae import TrainStepInput
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from sae_lens_bae.losses import bae_objective, binary_entropy, total_loss
+from sae_lens_bae.losses import binary_entropy, total_loss
+from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.binary import bits_to_values
-from sae_lens_bae.saes.input_scale import current_input_scale
 
 __all__ = ["evaluate_sae", "held_out_objective", "spliced_losses"]
 
@@ -73,10 +74,12 @@ def evaluate_sae(
 
 
 @torch.no_grad()
-def held_out_objective(bae: Any, activations: Float[Tensor, "n d_in"], batch_size: int) -> float:
-    """The BAE's training objective on ``activations`` (reconstruction + entropy + covariance
-    + firing, each coefficient at its final value, the entropy term on, the reconstruction in
-    the units of the BAE's input scale if it has one), averaged over its
+def held_out_objective(
+    bae: BAETrainingSAE, activations: Float[Tensor, "n d_in"], batch_size: int
+) -> float:
+    """The BAE's training objective (``BAETrainingSAE.objective``: reconstruction + entropy +
+    covariance + firing, in the units of its input scale) as at the end of its training (each
+    coefficient at its final value, the entropy term on) on ``activations``, averaged over its
     minibatches of ``batch_size`` rows in order (the last, shorter one left out, as its entropy
     would not be a minibatch's; a set smaller than one minibatch is one).
 
@@ -88,21 +91,16 @@ def held_out_objective(bae: Any, activations: Float[Tensor, "n d_in"], batch_siz
     if n == 0:
         raise ValueError("held_out_objective needs at least one activation")
     size = min(batch_size, n)
-    coefficients = bae.cfg.coefficients()
+    entropy_on = bae.cfg.resolved_entropy_off_steps()  # the first step with the entropy term
     totals = []
     for start in range(0, n - size + 1, size):
         x = activations[start : start + size].to(bae.device, bae.dtype)
         bits = bae.encode_bits(x)
         out = bae.decode(bits_to_values(bits, bae.cfg.bits))
-        scale = current_input_scale(bae)  # the units training measures reconstruction in
-        if scale is not None:
-            x, out = x * scale, out * scale
-        terms = bae_objective(
-            x, out, bits,
-            entropy_coefficient=coefficients["entropy"],
-            covariance_coefficient=coefficients["covariance"],
-            firing_coefficient=coefficients["firing"],
-        )  # fmt: skip
+        step = TrainStepInput(sae_in=x, coefficients=bae.cfg.coefficients(),
+                              dead_neuron_mask=None, n_training_steps=entropy_on,
+                              is_logging_step=False)  # fmt: skip
+        terms = bae.objective(x, out, bits, step)
         terms.pop("batch_entropy_bits")
         totals.append(float(total_loss(terms)))
     return sum(totals) / len(totals)

@@ -194,16 +194,14 @@ RESTART_SEED_STRIDE = 100_000
 
 
 def _best_restart(
-    baes: Sequence[BAETrainingSAE], states: Tensor, batch_size: int, first: int, restarts: int
-) -> tuple[int, list[float] | None, list[float] | None]:
-    """The index, among ``baes[first : first + restarts]``, of the lowest held-out objective,
-    their objectives and their estimates in bits (None without restarts: nothing to choose)."""
-    if restarts == 1:
-        return first, None, None
-    candidates = range(first, first + restarts)
-    costs = [held_out_objective(baes[g], states, batch_size) for g in candidates]
-    bits = [estimate_entropy(baes[g], states).bits for g in candidates]
-    return first + min(range(restarts), key=costs.__getitem__), costs, bits
+    baes: Sequence[BAETrainingSAE], states: Tensor, batch_size: int, group: range
+) -> tuple[int, list[float] | None]:
+    """The index, in ``group`` (one seed's restarts), of the BAE of lowest held-out objective,
+    and their objectives (None for a single restart: nothing to choose, nothing computed)."""
+    if len(group) == 1:
+        return group[0], None
+    costs = [held_out_objective(baes[g], states, batch_size) for g in group]
+    return group[min(range(len(group)), key=costs.__getitem__)], costs
 
 
 def estimate_entropies(
@@ -277,24 +275,27 @@ def estimate_entropies(
     cells = []
     for index, (states, k, t) in enumerate(zip(held_out, scales, shifts, strict=True)):
         states = states.to(device)
-        chosen = [
-            _best_restart(training.baes, states, recipe.batch_size,
-                          (index * recipe.seeds + r) * recipe.restarts, recipe.restarts)
-            for r in range(recipe.seeds)
-        ]  # fmt: skip
-        members = [g for g, _, _ in chosen]
-        objectives = [costs for _, costs, _ in chosen if costs is not None] or None
-        restart_bits = [bits for _, _, bits in chosen if bits is not None] or None
-        estimates = [
-            estimate_entropy(
+        seeds, restarts = recipe.seeds, recipe.restarts
+        groups = [range((index * seeds + r) * restarts, (index * seeds + r + 1) * restarts)
+                  for r in range(seeds)]  # fmt: skip
+        chosen = [_best_restart(training.baes, states, recipe.batch_size, g) for g in groups]
+        members = [g for g, _ in chosen]
+        objectives = [costs for _, costs in chosen if costs is not None] or None
+        estimated = {  # every BAE once; the bootstrap on the first seed's kept one
+            g: estimate_entropy(
                 training.baes[g],
                 states,
                 bootstrap=bootstrap if g == members[0] else 0,
                 seed=base[index],
                 max_relative_error=max_relative_error,
             )
-            for g in members
-        ]
+            for group in groups
+            for g in group
+        }
+        estimates = [estimated[g] for g in members]
+        restart_bits = (
+            [[estimated[g].bits for g in group] for group in groups] if restarts > 1 else None
+        )
         evaluations = [evaluate_sae(training.baes[g], states) for g in members]
         first = members[0]
         cells.append(_cell(estimates, evaluations, [training.steps[g] for g in members],

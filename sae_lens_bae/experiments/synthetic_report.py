@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,8 @@ def _with_new_recipe_fields(recorded: Any) -> Any:
     at their defaults, which is what that run trained with: such a folder is the same grid."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("recipe"), dict):
         return recorded
-    added = {f.name: getattr(EntropyRecipe(), f.name) for f in fields(EntropyRecipe)
-             if f.name not in recorded["recipe"]}  # fmt: skip
-    return {**recorded, "recipe": {**recorded["recipe"], **json.loads(json.dumps(added))}}
+    defaults = json.loads(json.dumps(asdict(EntropyRecipe())))
+    return {**recorded, "recipe": {**defaults, **recorded["recipe"]}}
 
 
 def earlier_rows(
