@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=Path("runs/trace-frontier"))
     args = parser.parse_args(argv)
-    multipliers = [float(m) for m in args.multipliers.split(",")]
+    try:
+        multipliers = [float(m) for m in args.multipliers.split(",")]
+    except ValueError:
+        parser.error(f"--multipliers takes numbers separated by commas, got {args.multipliers}")
     if any(m < 0 for m in multipliers):
         parser.error(f"--multipliers must be >= 0, got {args.multipliers}")
     args.out.mkdir(parents=True, exist_ok=True)

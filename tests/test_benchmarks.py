@@ -171,3 +171,7 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "--multipliers must be >= 0, got 1,-1" in bad.stderr
     assert "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, script, *common, "--multipliers", "1,x"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "numbers separated by commas, got 1,x" in bad.stderr
+    assert "Traceback" not in bad.stderr
