@@ -8,13 +8,28 @@ only if some strength gives both errors <= 20% and an estimate under the ceiling
         --position 8 --n-sequences 16384 --multipliers 1,0.25,0.0625,0 --out DIR
 
 A multiplier m trains with a_e and a_c at m times the recipe's (0: the ablation without them,
-the most reconstruction the BAE's width allows). Writes ``DIR/trace_frontier.json`` and ``.md``
-after each multiplier, so an interrupted run keeps its rows.
+the most reconstruction the BAE's width allows).
+
+Beside the BAEs, the reference a reader needs to judge them: codes with one active channel of K
+(k-means: Lloyd's iterations from a k-means++ start), for K in ``--quantizer-sizes``. Such a
+code's cost in the estimator's own currency is bounded whatever the set: K channels firing on
+fractions p_k (summing to 1) sum to H(p) + sum_k (1 - p_k) log2(1 / (1 - p_k)) <= log2 K +
+log2 e bits. It is a reference, not a bound (a code with several active channels may do better
+at the same bits): if the K whose sum stays under the ceiling leave far more than 20% error,
+a reliable cell asks for a code much better than a quantizer at the same rate. Each quantizer row
+reports its error (total and typical state's, as the BAE rows measure them, on all states), the
+per-channel sum a BAE estimate would read from its one-hot code (``bits``) and the code's joint
+entropy (``assignment_bits``). ``info.components_for_80pct`` is how many principal components
+keep 80% of the variance (the most error a reliable cell may leave).
+
+Writes ``DIR/trace_frontier.json``, ``.md`` and ``.png`` (bits against relative error, the
+ceiling and the 20% line drawn) after each row, so an interrupted run keeps its rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import time
 from dataclasses import replace
@@ -22,19 +37,151 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jaxtyping import Float, Int
+from torch import Tensor
 
 from sae_lens_bae.activations import gather_states
 from sae_lens_bae.data import default_corpus, document_windows, iter_texts
 from sae_lens_bae.entropy import TRACING_RECIPE, estimate_entropies
 from sae_lens_bae.entropy.cells import CELL_COLUMNS
+from sae_lens_bae.entropy.estimate import DEFAULT_MAX_RELATIVE_ERROR, plugin_entropy
+from sae_lens_bae.losses import binary_entropy
 from sae_lens_bae.models import load_model
-from sae_lens_bae.reports import markdown_table, write_json, write_text
+from sae_lens_bae.plots import save_figure, subplots
+from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
 
 COLUMNS = [
     ("multiplier", lambda row: f"{row['multiplier']:g}"),
     *CELL_COLUMNS,
     ("seconds", lambda row: f"{row['seconds']:.0f}"),
 ]
+QUANTIZER_COLUMNS = [
+    ("K (channels, one active)", lambda row: str(row["k"])),
+    ("bits (per-channel sum)", lambda row: f"{row['bits']:.2f}"),
+    ("assignment bits", lambda row: f"{row['assignment_bits']:.2f}"),
+    ("relative error", lambda row: f"{row['relative_error']:.4f}"),
+    ("typical error", lambda row: cell(row["typical_relative_error"], ".4f")),
+    ("iterations", lambda row: str(row["iterations"])),
+    ("seconds", lambda row: f"{row['seconds']:.0f}"),
+]
+
+
+def kmeans(
+    x: Float[Tensor, "n d"], k: int, iterations: int = 50, seed: int = 0, chunk: int = 4096
+) -> tuple[Float[Tensor, "k d"], Int[Tensor, " n"], int]:
+    """Lloyd's k-means from a k-means++ start: the centroids, each state's cluster and the
+    iterations run (stops early once no assignment changes). A cluster left empty keeps its
+    centroid. Distances are computed in ``chunk`` rows at a time, so memory is chunk x k."""
+    if not 1 <= k <= x.shape[0]:
+        raise ValueError(f"k must be in [1, {x.shape[0]}] (the number of states), got {k}")
+    offset = x.float().mean(0)
+    x = x.float() - offset  # centred: the distances below subtract norms, exact near the origin
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    norms = x.pow(2).sum(-1)
+    first = int(torch.randint(x.shape[0], (1,), generator=generator))
+    chosen = [first]
+    nearest = (norms - 2 * (x @ x[first]) + norms[first]).clamp_min(0)
+    for _ in range(1, k):
+        weights = nearest.double().cpu()
+        index = (int(torch.multinomial(weights, 1, generator=generator)) if weights.sum() > 0
+                 else int(torch.randint(x.shape[0], (1,), generator=generator)))  # fmt: skip
+        chosen.append(index)
+        distances = (norms - 2 * (x @ x[index]) + norms[index]).clamp_min(0)
+        nearest = torch.minimum(nearest, distances)
+    centroids = x[chosen].clone()
+    assignment = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
+    norms = norms[:, None]
+    run = 0
+    while run < iterations:
+        run += 1
+        c_norms = centroids.pow(2).sum(-1)
+        new = torch.cat([(norms[s : s + chunk] - 2 * x[s : s + chunk] @ centroids.T + c_norms)
+                         .argmin(-1) for s in range(0, x.shape[0], chunk)])  # fmt: skip
+        if torch.equal(new, assignment):
+            break
+        assignment = new
+        counts = torch.bincount(assignment, minlength=k)
+        sums = torch.zeros_like(centroids).index_add_(0, assignment, x)
+        filled = counts > 0
+        centroids[filled] = sums[filled] / counts[filled, None].to(x.dtype)
+    return centroids + offset, assignment, run
+
+
+def quantizer_row(
+    x: Float[Tensor, "n d"], k: int, iterations: int = 50, seed: int = 0
+) -> dict[str, Any]:
+    """What a one-active-channel code of ``k`` channels (``kmeans``) spends and loses on ``x``:
+    the errors as the BAE rows measure them (total SSE / SST; the median state's squared error
+    over the median squared distance from the coordinate-wise median, here on every state), the
+    per-channel entropy sum of its one-hot code (what a BAE estimate of that code reads) and
+    the code's joint entropy."""
+    start = time.perf_counter()
+    centroids, assignment, run = kmeans(x, k, iterations, seed)
+    data = x.double()
+    errors = (data - centroids.double()[assignment]).pow(2).sum(-1)
+    sst = float((data - data.mean(0)).pow(2).sum())
+    spread = float((data - data.median(0).values).pow(2).sum(-1).median())
+    counts = torch.bincount(assignment, minlength=k)
+    rates = counts.double() / x.shape[0]
+    return {
+        "k": k,
+        "bits": float(binary_entropy(rates)),
+        "assignment_bits": plugin_entropy(counts.tolist()),
+        "used_channels": int((counts > 0).sum()),
+        "relative_error": float(errors.sum()) / sst if sst > 0 else None,
+        "typical_relative_error": float(errors.median()) / spread if spread > 1e-30 else None,
+        "iterations": run,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def components_for(x: Float[Tensor, "n d"], kept: float) -> int:
+    """How many principal components of ``x`` keep at least the fraction ``kept`` of its
+    variance."""
+    data = x.double() - x.double().mean(0)
+    variances = torch.linalg.eigvalsh(data.T @ data).flip(0).clamp_min(0)
+    shares = variances.cumsum(0) / variances.sum()
+    return int((shares < kept - 1e-12).sum()) + 1
+
+
+def default_quantizer_sizes(n_states: int, width: int) -> list[int]:
+    """Powers of 4 from 16 while under half the states, and the BAE's width (if under the
+    number of states): the range from a coarse code to one near memorising the set."""
+    sizes = {4**i for i in range(2, 32) if 4**i < n_states / 2}
+    return sorted(sizes | ({width} if width < n_states else set()))
+
+
+def _write(out: Path, report: dict[str, Any], title: str) -> None:
+    write_json(out / "trace_frontier.json", report)
+    text = f"# {title}\n\n"
+    if report["quantizers"]:
+        text += ("Reference: codes with one active channel of K (k-means), "
+                 f"{report['info']['components_for_80pct']} principal components keep 80% of "
+                 "the variance.\n\n" + markdown_table(report["quantizers"], QUANTIZER_COLUMNS)
+                 + "\n\n")  # fmt: skip
+    if report["rows"]:
+        text += "BAEs of the tracing recipe:\n\n" + markdown_table(report["rows"], COLUMNS)
+    write_text(out / "trace_frontier.md", text)
+    fig, ax = subplots(figsize=(6.5, 4.5))
+    ceiling = report["info"]["ceiling_bits"]
+    series = ((report["rows"], "BAE (a_e, a_c x multiplier)", "o"),
+              (report["quantizers"], "k-means, one active of K", "s"))  # fmt: skip
+    for rows, label, marker in series:
+        rows = [r for r in rows if r["relative_error"] is not None]
+        ax.plot([r["relative_error"] for r in rows], [r["bits"] for r in rows], marker=marker,
+                linestyle="", label=label)  # fmt: skip
+        for r in rows:
+            name = f"x{r['multiplier']:g}" if "multiplier" in r else f"K={r['k']}"
+            ax.annotate(name, (r["relative_error"], r["bits"]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")  # fmt: skip
+    ax.axhline(ceiling, color="grey", linestyle="--", label=f"ceiling {ceiling:.2f} bits")
+    ax.axvline(DEFAULT_MAX_RELATIVE_ERROR, color="grey", linestyle=":", label="20% error")
+    ax.set_yscale("log")
+    ax.set_xlabel("relative reconstruction error (SSE / SST)")
+    ax.set_ylabel("bits (sum of per-channel entropies)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    save_figure(fig, out / "trace_frontier.png")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -46,7 +193,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--hook", default="hook_resid_post")
     parser.add_argument("--position", type=int, default=8, help="tokens after the BOS")
     parser.add_argument("--n-sequences", type=int, default=16384)
-    parser.add_argument("--multipliers", default="1,0.25,0.0625,0")
+    parser.add_argument("--multipliers", default="1,0.25,0.0625,0", help="'' for no BAE rows")
+    parser.add_argument(
+        "--quantizer-sizes",
+        default=None,
+        help="K of the k-means references, separated by commas ('' for none); default: powers"
+        " of 4 from 16 while under half the states, and the BAE's width",
+    )
+    parser.add_argument("--quantizer-iterations", type=int, default=50)
     parser.add_argument("--expansion", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument(
@@ -61,11 +215,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=Path("runs/trace-frontier"))
     args = parser.parse_args(argv)
     try:
-        multipliers = [float(m) for m in args.multipliers.split(",")]
+        multipliers = [float(m) for m in args.multipliers.split(",") if m.strip()]
     except ValueError:
         parser.error(f"--multipliers takes numbers separated by commas, got {args.multipliers}")
     if any(m < 0 for m in multipliers):
         parser.error(f"--multipliers must be >= 0, got {args.multipliers}")
+    sizes = None
+    if args.quantizer_sizes is not None:
+        try:
+            sizes = [int(k) for k in args.quantizer_sizes.split(",") if k.strip()]
+        except ValueError:
+            parser.error("--quantizer-sizes takes whole numbers separated by commas, got "
+                         f"{args.quantizer_sizes}")  # fmt: skip
+        if any(k < 1 for k in sizes):
+            parser.error(f"--quantizer-sizes must be >= 1, got {args.quantizer_sizes}")
     args.out.mkdir(parents=True, exist_ok=True)
 
     model = load_model(args.model, device=args.device)
@@ -76,15 +239,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     index = torch.full((tokens.shape[0], 1), args.position)
     states, _ = gather_states(model, tokens, [hook], index, batch_size=args.batch_size)
     x = states[hook][:, 0]
+    width = args.expansion * x.shape[1]
+    sizes = default_quantizer_sizes(x.shape[0], width) if sizes is None else sizes
+    if any(k > x.shape[0] for k in sizes):
+        parser.error(f"--quantizer-sizes: K must be at most the {x.shape[0]} states, got "
+                     f"{args.quantizer_sizes}")  # fmt: skip
+    ceiling = math.log2(torch.unique(x, dim=0).shape[0])
     report: dict[str, Any] = {
         "info": {"model": args.model, "dataset": str(source), "hook": hook,
                  "position": args.position, "n_states": int(x.shape[0]),
                  "expansion": args.expansion, "steps": args.steps, "seed": args.seed,
-                 "target_variance": args.target_variance,
+                 "target_variance": args.target_variance, "ceiling_bits": ceiling,
+                 "components_for_80pct": components_for(x, 1 - DEFAULT_MAX_RELATIVE_ERROR),
                  "torch": torch.__version__, "threads": torch.get_num_threads(),
                  "machine": platform.processor() or platform.machine()},
+        "quantizers": [],
         "rows": [],
     }  # fmt: skip
+    title = (f"{args.model} {hook}, position {args.position}, {x.shape[0]} states, "
+             f"{args.expansion}x")  # fmt: skip
+    for k in sizes:
+        row = quantizer_row(x.to(args.device), k, args.quantizer_iterations, args.seed)
+        report["quantizers"].append(row)
+        _write(args.out, report, title)
     for m in multipliers:
         recipe = replace(
             TRACING_RECIPE,
@@ -101,10 +278,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                         device=args.device)  # fmt: skip
         report["rows"].append({"multiplier": m, **estimate.summary(),
                                "seconds": time.perf_counter() - start})  # fmt: skip
-        write_json(args.out / "trace_frontier.json", report)
-        write_text(args.out / "trace_frontier.md",
-                   f"# {args.model} {hook}, position {args.position}, {x.shape[0]} states, "
-                   f"{args.expansion}x\n\n" + markdown_table(report["rows"], COLUMNS))  # fmt: skip
+        _write(args.out, report, title)
     print((args.out / "trace_frontier.md").read_text())
     return report
 

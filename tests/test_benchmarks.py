@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -150,10 +151,12 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
     common = ["--model", str(tiny_hf_llama_dir), "--dataset", str(tiny_corpus), "--layer", "1",
               "--position", "4", "--n-sequences", "300", "--expansion", "2", "--steps", "200",
               "--target-variance", "2"]  # fmt: skip
-    subprocess.run([sys.executable, script, *common, "--multipliers", "1,0", "--out", str(out)],
+    subprocess.run([sys.executable, script, *common, "--multipliers", "1,0",
+                    "--quantizer-sizes", "8,32", "--out", str(out)],
                    check=True, capture_output=True, text=True)  # fmt: skip
     report = json.loads((out / "trace_frontier.json").read_text())
     assert [row["multiplier"] for row in report["rows"]] == [1.0, 0.0]
+    assert (out / "trace_frontier.png").stat().st_size > 0
     model = load_model(str(tiny_hf_llama_dir))
     tokens = document_windows(iter_texts(tiny_corpus), model.tokenizer, 4, max_sequences=300)
     assert report["info"]["n_states"] == tokens.shape[0]
@@ -166,7 +169,17 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
         [cell] = estimate_entropies([x], recipe, seeds=[0], bootstrap=0, progress=False)
         assert row["bits"] == pytest.approx(cell.bits, rel=1e-6)
         assert row["relative_error"] == pytest.approx(cell.relative_error, rel=1e-6)
-        assert row["ceiling_bits"] == cell.ceiling_bits
+        assert row["ceiling_bits"] == cell.ceiling_bits == report["info"]["ceiling_bits"]
+    frontier = _load_benchmark("trace_frontier")
+    for row, k in zip(report["quantizers"], (8, 32), strict=True):
+        expected = frontier.quantizer_row(x, k)
+        assert {key: row[key] for key in ("k", "assignment_bits", "used_channels", "iterations")} \
+            == {key: expected[key] for key in ("k", "assignment_bits", "used_channels",
+                                               "iterations")}  # fmt: skip
+        assert row["bits"] == pytest.approx(expected["bits"], rel=1e-9)
+        assert row["relative_error"] == pytest.approx(expected["relative_error"], rel=1e-6)
+    assert report["info"]["components_for_80pct"] == frontier.components_for(x, 0.8)
+    assert "| 32 |" in (out / "trace_frontier.md").read_text()
     bad = subprocess.run([sys.executable, script, *common, "--multipliers", "1,-1"],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "--multipliers must be >= 0, got 1,-1" in bad.stderr
@@ -175,3 +188,41 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "numbers separated by commas, got 1,x" in bad.stderr
     assert "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, script, *common, "--quantizer-sizes", "8,100000"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and f"at most the {x.shape[0]} states, got 8,100000" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def _load_benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quantizer_reference_codes_a_set_of_distinct_states_exactly():
+    """k-means with one centroid per distinct state loses nothing; its one-hot code's
+    per-channel sum is sum_k H_b(p_k) and its joint entropy H(p), here for states held 1, 1, 2
+    and 4 times in 8; a coarser K spends at most log2 K + log2 e bits."""
+    frontier = _load_benchmark("trace_frontier")
+    states = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)) + 50.0
+    x = states[[0, 1, 2, 2, 3, 3, 3, 3]]
+    row = frontier.quantizer_row(x, 4)
+    assert row["relative_error"] == 0.0 and row["typical_relative_error"] == 0.0
+    assert row["assignment_bits"] == pytest.approx(1.75, abs=1e-12)  # 1/8, 1/8, 1/4, 1/2
+    h = lambda p: -p * math.log2(p) - (1 - p) * math.log2(1 - p)  # noqa: E731
+    assert row["bits"] == pytest.approx(2 * h(1 / 8) + h(1 / 4) + 1.0, abs=1e-9)
+    assert row["used_channels"] == 4
+    spread = torch.randn(500, 6, generator=torch.Generator().manual_seed(1))
+    coarse = frontier.quantizer_row(spread, 16)
+    assert coarse["assignment_bits"] <= coarse["bits"] <= math.log2(16) + math.log2(math.e)
+    assert 0 < coarse["relative_error"] < 1
+    assert (
+        frontier.components_for(
+            torch.tensor([[2.0, 0, 0], [-2, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1]]),
+            0.8,
+        )
+        == 2
+    )
+    assert frontier.default_quantizer_sizes(16384, 2304) == [16, 64, 256, 1024, 2304, 4096]
