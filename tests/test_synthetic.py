@@ -41,6 +41,8 @@ def test_restarts_from_the_command_line_reach_the_recipe_and_the_rows(tmp_path):
     [row] = summary["results"]
     [objectives] = row["restart_objectives"]  # one seed, two restarts
     assert len(objectives) == 2 and objectives[0] != objectives[1]
+    [bits] = row["restart_bits"]
+    assert len(bits) == 2 and row["estimate_bits"] == bits[objectives.index(min(objectives))]
 
 
 def _row(r, estimate, objective=True, error=0.01, seed=0, expansion=2):

@@ -170,6 +170,7 @@ def run_preset(
                     "relative_error": cell.relative_error,
                     "steps": cell.steps,  # at most the recipe's; fewer once converged
                     "restart_objectives": cell.restart_objectives,  # None without restarts
+                    "restart_bits": cell.restart_bits,  # each restart's estimate, or None
                 }
             )
             if seed == preset.seeds[0] and r == max(preset.ranks):
