@@ -168,6 +168,8 @@ def _write(out: Path, report: dict[str, Any], title: str) -> None:
               (report["quantizers"], "k-means, one active of K", "s"))  # fmt: skip
     for rows, label, marker in series:
         rows = [r for r in rows if r["relative_error"] is not None]
+        if not rows:
+            continue
         ax.plot([r["relative_error"] for r in rows], [r["bits"] for r in rows], marker=marker,
                 linestyle="", label=label)  # fmt: skip
         for r in rows:
