@@ -22,6 +22,14 @@ per-channel sum a BAE estimate would read from its one-hot code (``bits``) and t
 entropy (``assignment_bits``). ``info.components_for_80pct`` is how many principal components
 keep 80% of the variance (the most error a reliable cell may leave).
 
+And between the two, what a BAE's own encoder (one halfspace per channel) makes of the same
+centroids: for each K and each ``--halfspace-margins`` value a, a ``saes.BAE`` whose channel k
+fires iff (x - mean) . u_k > a |u_k|^2 (u_k = centroid k - mean; a = 1/2: nearer the centroid
+than the mean), with the least-squares decoder of those codes, read by ``estimate_entropy``
+untrained. A quantizer's cell is an intersection of halfspaces; these rows say how far one
+halfspace per channel gets to it (``l0``: channels firing per state; ``silent``: the share of
+states that fire none and decode to the mean).
+
 Writes ``DIR/trace_frontier.json``, ``.md`` and ``.png`` (bits against relative error, the
 ceiling and the 20% line drawn) after each row, so an interrupted run keeps its rows.
 """
@@ -42,13 +50,19 @@ from torch import Tensor
 
 from sae_lens_bae.activations import gather_states
 from sae_lens_bae.data import default_corpus, document_windows, iter_texts
-from sae_lens_bae.entropy import TRACING_RECIPE, estimate_entropies
+from sae_lens_bae.entropy import TRACING_RECIPE, estimate_entropies, estimate_entropy
 from sae_lens_bae.entropy.cells import CELL_COLUMNS
-from sae_lens_bae.entropy.estimate import DEFAULT_MAX_RELATIVE_ERROR, plugin_entropy
+from sae_lens_bae.entropy.estimate import (
+    DEFAULT_MAX_RELATIVE_ERROR,
+    excess_bits,
+    is_reliable,
+    plugin_entropy,
+)
 from sae_lens_bae.losses import binary_entropy
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
+from sae_lens_bae.saes import BAE, BAEConfig
 
 COLUMNS = [
     ("multiplier", lambda row: f"{row['multiplier']:g}"),
@@ -59,10 +73,23 @@ QUANTIZER_COLUMNS = [
     ("K (channels, one active)", lambda row: str(row["k"])),
     ("bits (per-channel sum)", lambda row: f"{row['bits']:.2f}"),
     ("assignment bits", lambda row: f"{row['assignment_bits']:.2f}"),
+    ("excess", lambda row: cell(row["excess_bits"], ".2f")),
     ("relative error", lambda row: f"{row['relative_error']:.4f}"),
     ("typical error", lambda row: cell(row["typical_relative_error"], ".4f")),
+    ("reliable", lambda row: "yes" if row["reliable"] else "NO"),
     ("iterations", lambda row: str(row["iterations"])),
     ("seconds", lambda row: f"{row['seconds']:.0f}"),
+]
+
+HALFSPACE_COLUMNS = [
+    ("K", lambda row: str(row["k"])),
+    ("margin a", lambda row: f"{row['margin']:g}"),
+    ("bits", lambda row: f"{row['bits']:.2f}"),
+    ("relative error", lambda row: cell(row["relative_error"], ".4f")),
+    ("typical error", lambda row: cell(row["typical_relative_error"], ".4f")),
+    ("reliable", lambda row: "yes" if row["reliable"] else "NO"),
+    ("l0", lambda row: f"{row['l0']:.2f}"),
+    ("silent", lambda row: f"{row['silent']:.3f}"),
 ]
 
 
@@ -109,12 +136,14 @@ def kmeans(
 
 def quantizer_row(
     x: Float[Tensor, "n d"], k: int, iterations: int = 50, seed: int = 0
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], Float[Tensor, "k d"]]:
     """What a one-active-channel code of ``k`` channels (``kmeans``) spends and loses on ``x``:
     the errors as the BAE rows measure them (total SSE / SST; the median state's squared error
     over the median squared distance from the coordinate-wise median, here on every state), the
     per-channel entropy sum of its one-hot code (what a BAE estimate of that code reads) and
-    the code's joint entropy."""
+    the code's joint entropy; ``reliable`` by the estimator's rule (``is_reliable``, with the
+    excess of the per-channel sum over the joint entropy where the sample resolves it). Returns
+    the row and the centroids."""
     start = time.perf_counter()
     centroids, assignment, run = kmeans(x, k, iterations, seed)
     data = x.double()
@@ -122,16 +151,66 @@ def quantizer_row(
     sst = float((data - data.mean(0)).pow(2).sum())
     spread = float((data - data.median(0).values).pow(2).sum(-1).median())
     counts = torch.bincount(assignment, minlength=k)
-    rates = counts.double() / x.shape[0]
-    return {
+    bits = float(binary_entropy(counts.double() / x.shape[0]))
+    ceiling = math.log2(torch.unique(x, dim=0).shape[0])
+    error = float(errors.sum()) / sst if sst > 0 else None
+    typical = float(errors.median()) / spread if spread > 1e-30 else None
+    excess = excess_bits(bits, counts.tolist())
+    row = {
         "k": k,
-        "bits": float(binary_entropy(rates)),
+        "bits": bits,
         "assignment_bits": plugin_entropy(counts.tolist()),
+        "excess_bits": excess,
+        "ceiling_bits": ceiling,
         "used_channels": int((counts > 0).sum()),
-        "relative_error": float(errors.sum()) / sst if sst > 0 else None,
-        "typical_relative_error": float(errors.median()) / spread if spread > 1e-30 else None,
+        "relative_error": error,
+        "typical_relative_error": typical,
+        "reliable": is_reliable(bits, ceiling, error, excess, typical_error=typical),
         "iterations": run,
         "seconds": time.perf_counter() - start,
+    }
+    return row, centroids
+
+
+def halfspace_bae(
+    x: Float[Tensor, "n d"], centroids: Float[Tensor, "k d"], margin: float, ridge: float = 1e-3
+) -> BAE:
+    """A BAE whose channel k fires iff (x - mean) . u_k > margin |u_k|^2, u_k = centroid k - mean
+    of ``x``, decoding with the least-squares decoder of its codes on ``x`` (ridge ``ridge``
+    on the codes' Gram matrix)."""
+    mean = x.float().mean(0)
+    u = centroids.float() - mean
+    bae = BAE(BAEConfig(d_in=x.shape[1], d_sae=centroids.shape[0], device=str(x.device)))
+    with torch.no_grad():
+        bae.W_enc.copy_(u.T)
+        bae.b_enc.copy_(-(u @ mean) - margin * u.pow(2).sum(-1))
+        codes = bae.encode(x.float()).double()
+        gram = codes.T @ codes + ridge * torch.eye(codes.shape[1], dtype=codes.dtype,
+                                                   device=codes.device)  # fmt: skip
+        bae.W_dec.copy_(torch.linalg.solve(gram, codes.T @ (x.double() - mean.double())))
+        bae.b_dec.copy_(mean)
+    return bae
+
+
+def halfspace_row(
+    x: Float[Tensor, "n d"], centroids: Float[Tensor, "k d"], margin: float
+) -> dict[str, Any]:
+    """``estimate_entropy`` of ``halfspace_bae`` on ``x``, with its channels per state."""
+    bae = halfspace_bae(x, centroids, margin)
+    estimate = estimate_entropy(bae, x)
+    with torch.no_grad():
+        active = torch.cat([bae.encode_bits(x[s : s + 4096]).sum(-1)
+                            for s in range(0, x.shape[0], 4096)])  # fmt: skip
+    return {
+        "k": centroids.shape[0],
+        "margin": margin,
+        "bits": estimate.bits,
+        "ceiling_bits": estimate.ceiling_bits,
+        "relative_error": estimate.relative_error,
+        "typical_relative_error": estimate.typical_relative_error,
+        "reliable": estimate.reliable,
+        "l0": float(active.float().mean()),
+        "silent": float((active == 0).float().mean()),
     }
 
 
@@ -159,13 +238,17 @@ def _write(out: Path, report: dict[str, Any], title: str) -> None:
                  f"{report['info']['components_for_80pct']} principal components keep 80% of "
                  "the variance.\n\n" + markdown_table(report["quantizers"], QUANTIZER_COLUMNS)
                  + "\n\n")  # fmt: skip
+    if report["halfspace"]:
+        text += ("BAEs built from those centroids (one halfspace per channel), untrained:\n\n"
+                 + markdown_table(report["halfspace"], HALFSPACE_COLUMNS) + "\n\n")  # fmt: skip
     if report["rows"]:
         text += "BAEs of the tracing recipe:\n\n" + markdown_table(report["rows"], COLUMNS)
     write_text(out / "trace_frontier.md", text)
     fig, ax = subplots(figsize=(6.5, 4.5))
     ceiling = report["info"]["ceiling_bits"]
-    series = ((report["rows"], "BAE (a_e, a_c x multiplier)", "o"),
-              (report["quantizers"], "k-means, one active of K", "s"))  # fmt: skip
+    series = ((report["rows"], "BAE trained (a_e, a_c x multiplier)", "o"),
+              (report["quantizers"], "k-means, one active of K", "s"),
+              (report["halfspace"], "BAE from k-means centroids (margin a)", "^"))  # fmt: skip
     for rows, label, marker in series:
         rows = [r for r in rows if r["relative_error"] is not None]
         if not rows:
@@ -173,7 +256,10 @@ def _write(out: Path, report: dict[str, Any], title: str) -> None:
         ax.plot([r["relative_error"] for r in rows], [r["bits"] for r in rows], marker=marker,
                 linestyle="", label=label)  # fmt: skip
         for r in rows:
-            name = f"x{r['multiplier']:g}" if "multiplier" in r else f"K={r['k']}"
+            if "multiplier" in r:
+                name = f"x{r['multiplier']:g}"
+            else:
+                name = f"K={r['k']}" + (f", a={r['margin']:g}" if "margin" in r else "")
             ax.annotate(name, (r["relative_error"], r["bits"]), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")  # fmt: skip
     ax.axhline(ceiling, color="grey", linestyle="--", label=f"ceiling {ceiling:.2f} bits")
@@ -203,6 +289,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         " of 4 from 16 while under half the states, and the BAE's width",
     )
     parser.add_argument("--quantizer-iterations", type=int, default=50)
+    parser.add_argument(
+        "--halfspace-margins",
+        default="0.5,0.85,1",
+        help="margins a of the BAEs built from each K's centroids ('' for none)",
+    )
     parser.add_argument("--expansion", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument(
@@ -231,6 +322,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          f"{args.quantizer_sizes}")  # fmt: skip
         if any(k < 1 for k in sizes):
             parser.error(f"--quantizer-sizes must be >= 1, got {args.quantizer_sizes}")
+    try:
+        margins = [float(a) for a in args.halfspace_margins.split(",") if a.strip()]
+    except ValueError:
+        parser.error("--halfspace-margins takes numbers separated by commas, got "
+                     f"{args.halfspace_margins}")  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
 
     model = load_model(args.model, device=args.device)
@@ -256,13 +352,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  "torch": torch.__version__, "threads": torch.get_num_threads(),
                  "machine": platform.processor() or platform.machine()},
         "quantizers": [],
+        "halfspace": [],
         "rows": [],
     }  # fmt: skip
     title = (f"{args.model} {hook}, position {args.position}, {x.shape[0]} states, "
              f"{args.expansion}x")  # fmt: skip
     for k in sizes:
-        row = quantizer_row(x.to(args.device), k, args.quantizer_iterations, args.seed)
+        states = x.to(args.device)
+        row, centroids = quantizer_row(states, k, args.quantizer_iterations, args.seed)
         report["quantizers"].append(row)
+        report["halfspace"] += [halfspace_row(states, centroids, a) for a in margins]
         _write(args.out, report, title)
     for m in multipliers:
         recipe = replace(

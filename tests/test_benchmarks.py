@@ -172,12 +172,18 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
         assert row["ceiling_bits"] == cell.ceiling_bits == report["info"]["ceiling_bits"]
     frontier = _load_benchmark("trace_frontier")
     for row, k in zip(report["quantizers"], (8, 32), strict=True):
-        expected = frontier.quantizer_row(x, k)
+        expected, centroids = frontier.quantizer_row(x, k)
         assert {key: row[key] for key in ("k", "assignment_bits", "used_channels", "iterations")} \
             == {key: expected[key] for key in ("k", "assignment_bits", "used_channels",
                                                "iterations")}  # fmt: skip
         assert row["bits"] == pytest.approx(expected["bits"], rel=1e-9)
         assert row["relative_error"] == pytest.approx(expected["relative_error"], rel=1e-6)
+        halfspace = [row for row in report["halfspace"] if row["k"] == k]
+        assert [row["margin"] for row in halfspace] == [0.5, 0.85, 1.0]
+        for row in halfspace:
+            direct = frontier.halfspace_row(x, centroids, row["margin"])
+            assert row["bits"] == pytest.approx(direct["bits"], rel=1e-6)
+            assert row["l0"] == pytest.approx(direct["l0"], rel=1e-9)
     assert report["info"]["components_for_80pct"] == frontier.components_for(x, 0.8)
     assert "| 32 |" in (out / "trace_frontier.md").read_text()
     bad = subprocess.run([sys.executable, script, *common, "--multipliers", "1,-1"],
@@ -204,18 +210,29 @@ def _load_benchmark(name: str):
 def test_quantizer_reference_codes_a_set_of_distinct_states_exactly():
     """k-means with one centroid per distinct state loses nothing; its one-hot code's
     per-channel sum is sum_k H_b(p_k) and its joint entropy H(p), here for states held 1, 1, 2
-    and 4 times in 8; a coarser K spends at most log2 K + log2 e bits."""
+    and 4 times in 8; a coarser K spends at most log2 K + log2 e bits. A BAE built from the
+    centroids (channel k: (x - mean) . u_k > a |u_k|^2) carries the same one-hot code where
+    each state passes its own channel's threshold and no other: here at a = 0.9, not at 1/2
+    (the state held once at 4 e_1 also passes the channel of the state at 0)."""
     frontier = _load_benchmark("trace_frontier")
-    states = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)) + 50.0
+    states = torch.cat([torch.zeros(1, 6), 4 * torch.eye(6)[:3]]) + 50.0  # far from the origin
     x = states[[0, 1, 2, 2, 3, 3, 3, 3]]
-    row = frontier.quantizer_row(x, 4)
+    row, centroids = frontier.quantizer_row(x, 4)
     assert row["relative_error"] == 0.0 and row["typical_relative_error"] == 0.0
     assert row["assignment_bits"] == pytest.approx(1.75, abs=1e-12)  # 1/8, 1/8, 1/4, 1/2
     h = lambda p: -p * math.log2(p) - (1 - p) * math.log2(1 - p)  # noqa: E731
     assert row["bits"] == pytest.approx(2 * h(1 / 8) + h(1 / 4) + 1.0, abs=1e-9)
     assert row["used_channels"] == 4
+    built = frontier.halfspace_row(x, centroids, 0.9)  # one channel per state, as the quantizer
+    assert built["l0"] == 1.0 and built["silent"] == 0.0
+    assert built["bits"] == pytest.approx(row["bits"], rel=1e-6)
+    assert built["relative_error"] < 1e-6  # the 1e-3 ridge's shrinkage: 4e-7
+    assert row["ceiling_bits"] == built["ceiling_bits"] == 2.0  # 4 distinct states
+    assert not row["reliable"] and not built["reliable"]  # 2.90 bits: over the ceiling
+    assert frontier.halfspace_row(x, centroids, 0.5)["l0"] == 1.125
+    assert frontier.halfspace_row(x, centroids, 1.01)["silent"] == 1.0  # nothing passes |u|^2
     spread = torch.randn(500, 6, generator=torch.Generator().manual_seed(1))
-    coarse = frontier.quantizer_row(spread, 16)
+    coarse, _ = frontier.quantizer_row(spread, 16)
     assert coarse["assignment_bits"] <= coarse["bits"] <= math.log2(16) + math.log2(math.e)
     assert 0 < coarse["relative_error"] < 1
     assert (
