@@ -69,25 +69,25 @@ COLUMNS = [
     *CELL_COLUMNS,
     ("seconds", lambda row: f"{row['seconds']:.0f}"),
 ]
+TRUST_COLUMNS = [
+    ("relative error", lambda row: cell(row["relative_error"], ".4f")),
+    ("typical error", lambda row: cell(row["typical_relative_error"], ".4f")),
+    ("reliable", lambda row: "yes" if row["reliable"] else "NO"),
+]
 QUANTIZER_COLUMNS = [
     ("K (channels, one active)", lambda row: str(row["k"])),
     ("bits (per-channel sum)", lambda row: f"{row['bits']:.2f}"),
     ("assignment bits", lambda row: f"{row['assignment_bits']:.2f}"),
     ("excess", lambda row: cell(row["excess_bits"], ".2f")),
-    ("relative error", lambda row: f"{row['relative_error']:.4f}"),
-    ("typical error", lambda row: cell(row["typical_relative_error"], ".4f")),
-    ("reliable", lambda row: "yes" if row["reliable"] else "NO"),
+    *TRUST_COLUMNS,
     ("iterations", lambda row: str(row["iterations"])),
     ("seconds", lambda row: f"{row['seconds']:.0f}"),
 ]
-
 HALFSPACE_COLUMNS = [
     ("K", lambda row: str(row["k"])),
     ("margin a", lambda row: f"{row['margin']:g}"),
     ("bits", lambda row: f"{row['bits']:.2f}"),
-    ("relative error", lambda row: cell(row["relative_error"], ".4f")),
-    ("typical error", lambda row: cell(row["typical_relative_error"], ".4f")),
-    ("reliable", lambda row: "yes" if row["reliable"] else "NO"),
+    *TRUST_COLUMNS,
     ("l0", lambda row: f"{row['l0']:.2f}"),
     ("silent", lambda row: f"{row['silent']:.3f}"),
 ]
