@@ -57,6 +57,7 @@ from sae_lens_bae.entropy.estimate import (
     excess_bits,
     is_reliable,
     plugin_entropy,
+    typical_relative_error,
 )
 from sae_lens_bae.losses import binary_entropy
 from sae_lens_bae.models import load_model
@@ -149,12 +150,11 @@ def quantizer_row(
     data = x.double()
     errors = (data - centroids.double()[assignment]).pow(2).sum(-1)
     sst = float((data - data.mean(0)).pow(2).sum())
-    spread = float((data - data.median(0).values).pow(2).sum(-1).median())
     counts = torch.bincount(assignment, minlength=k)
     bits = float(binary_entropy(counts.double() / x.shape[0]))
     ceiling = math.log2(torch.unique(x, dim=0).shape[0])
     error = float(errors.sum()) / sst if sst > 0 else None
-    typical = float(errors.median()) / spread if spread > 1e-30 else None
+    typical = typical_relative_error(data, errors)
     excess = excess_bits(bits, counts.tolist())
     row = {
         "k": k,
@@ -174,10 +174,10 @@ def quantizer_row(
 
 def halfspace_bae(
     x: Float[Tensor, "n d"], centroids: Float[Tensor, "k d"], margin: float, ridge: float = 1e-3
-) -> BAE:
+) -> tuple[BAE, Float[Tensor, "n k"]]:
     """A BAE whose channel k fires iff (x - mean) . u_k > margin |u_k|^2, u_k = centroid k - mean
     of ``x``, decoding with the least-squares decoder of its codes on ``x`` (ridge ``ridge``
-    on the codes' Gram matrix)."""
+    on the codes' Gram matrix); returns it and those codes."""
     mean = x.float().mean(0)
     u = centroids.float() - mean
     bae = BAE(BAEConfig(d_in=x.shape[1], d_sae=centroids.shape[0], device=str(x.device)))
@@ -189,18 +189,16 @@ def halfspace_bae(
                                                    device=codes.device)  # fmt: skip
         bae.W_dec.copy_(torch.linalg.solve(gram, codes.T @ (x.double() - mean.double())))
         bae.b_dec.copy_(mean)
-    return bae
+    return bae, codes
 
 
 def halfspace_row(
     x: Float[Tensor, "n d"], centroids: Float[Tensor, "k d"], margin: float
 ) -> dict[str, Any]:
     """``estimate_entropy`` of ``halfspace_bae`` on ``x``, with its channels per state."""
-    bae = halfspace_bae(x, centroids, margin)
+    bae, codes = halfspace_bae(x, centroids, margin)
     estimate = estimate_entropy(bae, x)
-    with torch.no_grad():
-        active = torch.cat([bae.encode_bits(x[s : s + 4096]).sum(-1)
-                            for s in range(0, x.shape[0], 4096)])  # fmt: skip
+    active = codes.sum(-1)
     return {
         "k": centroids.shape[0],
         "margin": margin,
@@ -272,6 +270,17 @@ def _write(out: Path, report: dict[str, Any], title: str) -> None:
     save_figure(fig, out / "trace_frontier.png")
 
 
+def _numbers(
+    parser: argparse.ArgumentParser, flag: str, text: str, kind: type[int] | type[float]
+) -> list[Any]:
+    """A comma-separated list of ``kind`` ('' for none), or one line and exit 2."""
+    try:
+        return [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        noun = "whole numbers" if kind is int else "numbers"
+        parser.error(f"{flag} takes {noun} separated by commas, got {text}")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -307,26 +316,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=Path("runs/trace-frontier"))
     args = parser.parse_args(argv)
-    try:
-        multipliers = [float(m) for m in args.multipliers.split(",") if m.strip()]
-    except ValueError:
-        parser.error(f"--multipliers takes numbers separated by commas, got {args.multipliers}")
+    multipliers = _numbers(parser, "--multipliers", args.multipliers, float)
     if any(m < 0 for m in multipliers):
         parser.error(f"--multipliers must be >= 0, got {args.multipliers}")
     sizes = None
     if args.quantizer_sizes is not None:
-        try:
-            sizes = [int(k) for k in args.quantizer_sizes.split(",") if k.strip()]
-        except ValueError:
-            parser.error("--quantizer-sizes takes whole numbers separated by commas, got "
-                         f"{args.quantizer_sizes}")  # fmt: skip
+        sizes = _numbers(parser, "--quantizer-sizes", args.quantizer_sizes, int)
         if any(k < 1 for k in sizes):
             parser.error(f"--quantizer-sizes must be >= 1, got {args.quantizer_sizes}")
-    try:
-        margins = [float(a) for a in args.halfspace_margins.split(",") if a.strip()]
-    except ValueError:
-        parser.error("--halfspace-margins takes numbers separated by commas, got "
-                     f"{args.halfspace_margins}")  # fmt: skip
+    margins = _numbers(parser, "--halfspace-margins", args.halfspace_margins, float)
     args.out.mkdir(parents=True, exist_ok=True)
 
     model = load_model(args.model, device=args.device)
@@ -357,8 +355,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }  # fmt: skip
     title = (f"{args.model} {hook}, position {args.position}, {x.shape[0]} states, "
              f"{args.expansion}x")  # fmt: skip
+    states = x.to(args.device)
     for k in sizes:
-        states = x.to(args.device)
         row, centroids = quantizer_row(states, k, args.quantizer_iterations, args.seed)
         report["quantizers"].append(row)
         report["halfspace"] += [halfspace_row(states, centroids, a) for a in margins]

@@ -94,12 +94,7 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
     from sae_lens_bae.saes.bae_config import bae_config
     from sae_lens_bae.training import train_sae
 
-    spec = importlib.util.spec_from_file_location(
-        "heldout_entropy", BENCHMARKS / "heldout_entropy.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    fair_bit_set = module.fair_bit_set
+    fair_bit_set = _load_benchmark("heldout_entropy").fair_bit_set
 
     out = tmp_path / "heldout"
     script = str(BENCHMARKS / "heldout_entropy.py")

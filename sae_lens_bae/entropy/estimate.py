@@ -54,6 +54,7 @@ __all__ = [
     "excess_bits",
     "is_reliable",
     "plugin_entropy",
+    "typical_relative_error",
 ]
 
 DEFAULT_MAX_RELATIVE_ERROR = 0.2
@@ -128,6 +129,18 @@ def is_reliable(
     return excess is None or excess <= max(MIN_EXCESS_BITS, EXCESS_FRACTION * (bits - excess))
 
 
+def typical_relative_error(
+    states: Float[Tensor, "n d"], squared_errors: Float[Tensor, " n"]
+) -> float | None:
+    """The typical state's reconstruction error: the median of ``squared_errors`` (one per
+    state) over the median squared distance of ``states`` from their coordinate-wise median
+    (None if the median state sits on it: no typical spread to compare with)."""
+    rows = states.double()
+    distances = (rows - rows.median(0).values).pow(2).sum(-1)
+    typical = float(distances.median())
+    return float(squared_errors.double().median()) / typical if typical > 1e-30 else None
+
+
 class _Reservoir:
     """A uniform sample of at most ``size`` rows of a stream (Algorithm R), with each row's
     squared reconstruction error: what the typical state's error is measured on. The rows are
@@ -154,15 +167,10 @@ class _Reservoir:
         self.seen += rows.shape[0]
 
     def typical_relative_error(self) -> float | None:
-        """Median squared error over median squared distance from the coordinate-wise median
-        (None if the median state sits on it: no typical spread to compare with)."""
+        """``typical_relative_error`` of the sampled states (None before any)."""
         if self.rows is None:
             return None
-        rows = self.rows[: self.filled].double()
-        distances = (rows - rows.median(0).values).pow(2).sum(-1)
-        typical = float(distances.median())
-        errors = self.errors[: self.filled]
-        return float(errors.median()) / typical if typical > 1e-30 else None
+        return typical_relative_error(self.rows[: self.filled], self.errors[: self.filled])
 
 
 def _row_keys(rows: Tensor) -> list[int]:
