@@ -62,19 +62,23 @@ def _trainer(sae: Any, batch: torch.Tensor, steps: int) -> SAETrainer:
 def products_of(name: str) -> Iterator[None]:
     """The covariance products a model's name asks for: ``_int8`` the int8 CPU matmuls alone
     (sparse sums off), ``_fp32`` the CPU products before the int8 matmuls, ``_tiled`` the tiled
-    PyTorch path on CUDA instead of the fused kernels; anything else the defaults."""
+    PyTorch path on CUDA instead of the fused kernels, ``_atomic`` the fused kernels without the
+    kept sign matrix (backward recomputes the tiles and adds with atomics); anything else the
+    defaults."""
     products = covariance_products
-    saved = products.SPARSE_DENSITY, products.CPU_INT8
+    saved = products.SPARSE_DENSITY, products.CPU_INT8, fused_covariance.SIGN_CACHE_LIMIT
     if name.endswith("_int8"):
         products.SPARSE_DENSITY = -1.0
     if name.endswith("_fp32"):
         products.CPU_INT8 = False
+    if name.endswith("_atomic"):
+        fused_covariance.SIGN_CACHE_LIMIT = 0
     kernels = () if name.endswith("_tiled") else tuple(fused_covariance.FUSED_DEVICES)
     try:
         with fused_covariance.fused_on(*kernels):
             yield
     finally:
-        products.SPARSE_DENSITY, products.CPU_INT8 = saved
+        products.SPARSE_DENSITY, products.CPU_INT8, fused_covariance.SIGN_CACHE_LIMIT = saved
 
 
 def time_training_steps(
@@ -120,7 +124,8 @@ def step_timings(
     of ``densities``, without the covariance term; on CPU each BAE also through the products it
     had before the int8 matmuls (``_fp32``: fp32 matmuls, sparse sums below
     ``SPARSE_DENSITY_FP32``) and, at each density, through the int8 matmuls alone (``_int8``:
-    the sparse sums off); on CUDA through the tiled path as well as the fused kernels."""
+    the sparse sums off); on CUDA through the tiled path and the fused kernels without their
+    sign matrix (``_atomic``) as well as the default fused kernels."""
     torch.manual_seed(0)
     batch = torch.randn(batch_size, d_in, device=device)
     models: dict[str, Any] = {
@@ -132,8 +137,9 @@ def step_timings(
         ),
     }
     cpu = not device.startswith("cuda")
-    if not cpu and fused_covariance.HAS_TRITON:  # before/after the kernels
+    if not cpu and fused_covariance.HAS_TRITON:  # before/after the kernels, and the sign cache
         models["bae_tiled"] = models["bae"]
+        models["bae_atomic"] = models["bae"]
     if cpu:
         models["bae_fp32"] = models["bae"]
     for density in densities:

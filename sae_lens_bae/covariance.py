@@ -2,7 +2,8 @@
 of the code channels, exact, in tiles (a 65536-channel code never builds its 16 GiB matrix).
 
 Binary codes make every tile an integer product, exact: on CUDA with triton, fused kernels that
-never write a tile to memory (``fused_covariance``); elsewhere tiles of matmuls (bf16 on CUDA,
+never write a covariance tile to memory, only its sign where the sign matrix fits
+(``fused_covariance``); elsewhere tiles of matmuls (bf16 on CUDA,
 int8 on CPU) or, for very sparse codes on CPU, sums over the entries that are 1
 (``covariance_products``). The tests check every way against ``torch.cov`` and each other.
 """
@@ -25,7 +26,9 @@ from sae_lens_bae.fused_covariance import (
     band_tiles,
     fused_applies,
     fused_backward,
+    fused_backward_from_signs,
     fused_forward,
+    sign_matrix,
 )
 
 __all__ = ["covariance_penalty", "dense_covariance_penalty"]
@@ -110,12 +113,13 @@ class _CovariancePenalty(torch.autograd.Function):
         if binary and batch > _EXACT_FP32_BATCH:  # B * count reaches B^2 > 2^24: fp32 rounds
             work_dtype = torch.float64
         ctx.fused = binary and fused_applies(codes, _EXACT_FP32_BATCH)
-        if ctx.fused:  # one Triton program per tile: nothing but codes and counts in memory
+        if ctx.fused:  # one Triton program per tile: codes, counts and (if it fits) signs in memory
             x = codes.detach().to(torch.float16).contiguous()  # exact for 0/1
             counts = x.sum(1, dtype=torch.float32)
-            ctx.save_for_backward(x, counts)
+            signs = sign_matrix(x, share)  # None: too wide, backward recomputes the tiles
+            ctx.save_for_backward(x, counts, *(() if signs is None else (signs,)))
             ctx.share = share
-            total = fused_forward(x, counts, share)
+            total = fused_forward(x, counts, share, signs=signs)
             return (total / (float(batch) * (batch - 1))).to(work_dtype)
         x = codes.detach()
         flips = None
@@ -156,8 +160,11 @@ class _CovariancePenalty(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
         if ctx.fused:
-            x, counts = ctx.saved_tensors
-            grad = fused_backward(x, counts, ctx.share)
+            x, counts, *signs = ctx.saved_tensors
+            if signs:
+                grad = fused_backward_from_signs(x, signs[0])
+            else:
+                grad = fused_backward(x, counts, ctx.share)
             scale = grad_out.float().view(-1, 1, 1) * (2.0 / (x.shape[1] - 1))
             return grad.mul_(scale), None, None, None
         (counts,) = ctx.saved_tensors

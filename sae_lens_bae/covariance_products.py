@@ -35,6 +35,7 @@ __all__ = [
     "SparseProducts",
     "binary_products",
     "cpu_int8_products",
+    "integer_mm",
 ]
 
 
@@ -43,7 +44,7 @@ def _bf16_products(a: Tensor) -> bool:
     return a.is_cuda
 
 
-def _integer_mm(a: Tensor, b: Tensor) -> Tensor:
+def integer_mm(a: Tensor, b: Tensor) -> Tensor:
     """fp32 (batched) product of matrices with small-integer entries (0/1 codes, -1/0/1 signs).
 
     On CUDA it multiplies bf16 inputs with fp32 accumulation and output: exact for such entries and
@@ -284,4 +285,4 @@ def binary_products(
 
 
 def _matmul(a: Tensor, b: Tensor, integer_entries: bool) -> Tensor:
-    return _integer_mm(a, b) if integer_entries else a @ b.to(a.dtype)
+    return integer_mm(a, b) if integer_entries else a @ b.to(a.dtype)

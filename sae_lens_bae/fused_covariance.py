@@ -8,9 +8,13 @@ two sums). Here one program per upper-triangular tile and stacked BAE does all o
 * forward: the co-occurrence counts ``X_I^T X_J`` (fp16 operands, exact for 0/1, fp32
   accumulation), ``B * count - c_i c_j`` (B(B-1) times the covariance: an exact integer for
   B <= 4096), ``|.|`` summed over the off-diagonal entries, one partial sum per tile;
-* backward: the same tile recomputed, its sign S, and the gradient's integer products
-  ``X_I S`` and ``X_J S^T`` and ``c^T S`` added into fp32 buffers (atomic adds of integers below
-  2^24, so exact and deterministic in any order).
+* backward, for codes of at most ``SIGN_CACHE_LIMIT`` covariance entries (one BAE of
+  d_sae <= 8192): the forward also stores the sign S of every tile (and of its mirror) in a
+  bf16 n x n matrix, and backward is one matmul, H S (bf16 operands, fp32 accumulation: exact);
+* backward of wider codes (no n x n matrix fits: 8 GiB at d_sae 65536): the same tile
+  recomputed, its sign S, and the gradient's integer products ``X_I S`` and ``X_J S^T`` and
+  ``c^T S`` added into fp32 buffers (atomic adds of integers below 2^24, so exact and
+  deterministic in any order).
 
 Triton ships with torch's CUDA wheels; ``TRITON_INTERPRET=1`` runs the same kernels on CPU tensors
 (the test suite checks them that way against the PyTorch path).
@@ -25,6 +29,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from sae_lens_bae.covariance_products import integer_mm
+
 try:
     import triton
     import triton.language as tl
@@ -34,11 +40,14 @@ except ImportError:  # a CPU-only torch without triton: the PyTorch path serves 
 __all__ = [
     "FUSED_DEVICES",
     "HAS_TRITON",
+    "SIGN_CACHE_LIMIT",
     "band_tiles",
     "fused_applies",
     "fused_backward",
+    "fused_backward_from_signs",
     "fused_forward",
     "fused_on",
+    "sign_matrix",
     "tile_pairs",
 ]
 
@@ -56,6 +65,14 @@ BLOCK_B = 32
 NUM_WARPS = 8
 """Warps per program: a 128 x 128 fp32 accumulator is 64 registers a thread at 8 warps. The
 block sizes are first guesses, not tuned on a GPU yet (issue 16)."""
+
+SIGN_CACHE_LIMIT = 1 << 26
+"""Codes [G, B, n] with G n^2 at most this keep the forward's signs for backward (bf16: 128 MiB
+at n = 8192, the size of a few activation batches) and take backward as one matmul; wider codes
+recompute the tiles with atomic adds (``fused_backward``). The atomic adds of a [B, n] gradient
+per tile are the kernels' slowest part: 2 B n^2 / 128 of them per step (0.27 billion at n =
+8192, B = 512), where the matmul reads S once. 0 turns the cache off (the benchmark's
+``bae_atomic`` rows)."""
 
 
 def band_tiles(count: int, share: tuple[int, int] = (0, 1)) -> list[tuple[int, int]]:
@@ -124,8 +141,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _forward_kernel(
-        x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, out_ptr, batch, n, n_tiles,
-        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+        x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, out_ptr, signs_ptr, batch, n, n_tiles,
+        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, STORE_SIGNS: tl.constexpr,
     ):  # fmt: skip
         cov, rows, cols, c_i, c_j, t, g, ti, tj = _program_cov_tile(
             x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, batch, n, BLOCK_N, BLOCK_B
@@ -133,6 +150,15 @@ if HAS_TRITON:
         total = tl.sum(tl.sum(tl.abs(cov), axis=1), axis=0)
         weight = tl.where(ti == tj, 1.0, 2.0)  # an off-diagonal tile stands for its mirror too
         tl.store(out_ptr + g * n_tiles + t, total * weight)
+        if STORE_SIGNS:  # S[rows, cols] and its mirror S[cols, rows], zero on the diagonal
+            sign = tl.where(cov > 0, 1.0, tl.where(cov < 0, -1.0, 0.0))
+            sign = sign.to(signs_ptr.dtype.element_ty)
+            base = signs_ptr + g.to(tl.int64) * n * n
+            inside = (rows[:, None] < n) & (cols[None, :] < n)
+            tl.store(base + rows[:, None].to(tl.int64) * n + cols[None, :], sign, mask=inside)
+            if ti != tj:
+                tl.store(base + cols[:, None].to(tl.int64) * n + rows[None, :], tl.trans(sign),
+                         mask=(cols[:, None] < n) & (rows[None, :] < n))  # fmt: skip
 
     @triton.jit
     def _backward_kernel(
@@ -190,19 +216,45 @@ def fused_forward(
     share: tuple[int, int] = (0, 1),
     block_n: int = BLOCK_N,
     block_b: int = BLOCK_B,
+    signs: Tensor | None = None,
 ) -> Tensor:
     """sum_{i != j} |B(B-1) cov_ij| per stack member (float64 [G]) of 0/1 codes [G, B, n]
-    (fp16, contiguous) with column counts [G, n] (fp32); only the rank's band of tiles."""
+    (fp16, contiguous) with column counts [G, n] (fp32); only the rank's band of tiles.
+
+    ``signs`` (contiguous [G, n, n], bf16 or fp16, from :func:`sign_matrix`): also filled with the
+    sign of the covariance, zero on the diagonal and outside the rank's band."""
     _check(codes)
     groups, batch, n = codes.shape
+    if signs is not None and (signs.shape != (groups, n, n) or not signs.is_contiguous()):
+        raise ValueError(f"signs must be contiguous [{groups}, {n}, {n}], got {signs.shape}")
     tile_i, tile_j = tile_pairs(n, block_n, share, codes.device)
     partial = torch.empty(groups, len(tile_i), dtype=torch.float32, device=codes.device)
     if len(tile_i):
         _forward_kernel[(len(tile_i), groups)](
-            codes, counts, tile_i, tile_j, partial, batch, n, len(tile_i),
-            BLOCK_N=block_n, BLOCK_B=block_b, num_warps=NUM_WARPS,
+            codes, counts, tile_i, tile_j, partial, partial if signs is None else signs,
+            batch, n, len(tile_i), BLOCK_N=block_n, BLOCK_B=block_b,
+            STORE_SIGNS=signs is not None, num_warps=NUM_WARPS,
         )  # fmt: skip
     return partial.sum(1, dtype=torch.float64)
+
+
+def sign_matrix(codes: Tensor, share: tuple[int, int] = (0, 1)) -> Tensor | None:
+    """The buffer :func:`fused_forward` fills with the covariance's signs ([G, n, n] bf16), or
+    None where the codes are too wide to keep one (``SIGN_CACHE_LIMIT``). Zeroed only where the
+    kernel leaves entries unwritten: the other ranks' tiles of a data-parallel band."""
+    groups, _, n = codes.shape
+    if groups * n * n > SIGN_CACHE_LIMIT:
+        return None
+    alloc = torch.empty if share[1] == 1 else torch.zeros
+    return alloc(groups, n, n, dtype=torch.bfloat16, device=codes.device)
+
+
+def fused_backward_from_signs(codes: Tensor, signs: Tensor) -> Tensor:
+    """:func:`fused_backward` from the signs the forward kept: (H S - 1 c^T S / B) [G, B, n]
+    (fp32), H S as one matmul of bf16 0/1 and -1/0/1 entries with fp32 accumulation (exact), and
+    c^T S its column sums."""
+    grad = integer_mm(codes.to(signs.dtype), signs)
+    return grad.sub_(grad.sum(1, keepdim=True) / codes.shape[1])
 
 
 def fused_backward(

@@ -15,13 +15,16 @@ import sys
 import pytest
 import torch
 
+from sae_lens_bae import fused_covariance
 from sae_lens_bae.covariance import covariance_penalty
 from sae_lens_bae.fused_covariance import (
     HAS_TRITON,
     fused_applies,
     fused_backward,
+    fused_backward_from_signs,
     fused_forward,
     fused_on,
+    sign_matrix,
     tile_pairs,
 )
 
@@ -108,6 +111,51 @@ def test_covariance_penalty_takes_the_kernels_and_its_gradient():
     torch.testing.assert_close(fused_x.grad[1], -3 * grad[1], rtol=1e-6, atol=1e-7)
 
 
+@here
+@pytest.mark.parametrize(
+    ("groups", "batch", "n", "share"), [(1, 37, 50, (0, 1)), (2, 29, 45, (1, 3))]
+)
+def test_the_forward_keeps_the_signs_and_backward_multiplies_them(groups, batch, n, share):
+    """The sign matrix the forward fills is sign(cov) with a zero diagonal (only the rank's band
+    of tiles, zero elsewhere), and the one-matmul backward from it equals the atomic one bit for
+    bit."""
+    x = codes(groups, batch, n, 0.3, seed=batch)
+    half, counts = x.half().contiguous(), x.sum(1)
+    signs = sign_matrix(half, share)
+    assert signs is not None and signs.dtype == torch.bfloat16
+    without = fused_forward(half, counts, share, **BLOCKS)
+    assert torch.equal(fused_forward(half, counts, share, **BLOCKS, signs=signs), without)
+    block = BLOCKS["block_n"]
+    owned = torch.zeros(n, n, dtype=torch.bool)
+    for i, j in fused_covariance.band_tiles(-(-n // block), share):
+        owned[i * block : (i + 1) * block, j * block : (j + 1) * block] = True
+    owned |= owned.T.clone()
+    for g in range(groups):
+        expected = torch.cov(x[g].T.cpu().double()).sign().fill_diagonal_(0) * owned
+        assert torch.equal(signs[g].cpu().double(), expected)
+    assert torch.equal(
+        fused_backward_from_signs(half, signs), fused_backward(half, counts, share, **BLOCKS)
+    )
+
+
+@here
+def test_the_penalty_takes_either_backward_with_the_tiled_gradient(monkeypatch):
+    """Through autograd: with the signs kept (the default at this size) and without them
+    (``SIGN_CACHE_LIMIT = 0``: tiles recomputed with atomic adds), one value and one gradient."""
+    x = codes(2, 33, 40, 0.25, seed=3)
+    penalty, grad = tiled(x)
+    assert sign_matrix(x, (0, 1)) is not None
+    for limit in (fused_covariance.SIGN_CACHE_LIMIT, 0):
+        monkeypatch.setattr(fused_covariance, "SIGN_CACHE_LIMIT", limit)
+        fused_x = x.clone().requires_grad_(True)
+        with fused_on(DEVICE):
+            fused = covariance_penalty(fused_x, binary=True)
+            fused.sum().backward()
+        torch.testing.assert_close(fused.detach(), penalty, rtol=1e-6, atol=0)
+        torch.testing.assert_close(fused_x.grad, grad, rtol=1e-6, atol=1e-7)
+    assert sign_matrix(x, (0, 1)) is None
+
+
 @pytest.mark.skipif(
     RUNS_HERE or not HAS_TRITON,
     reason="the kernels ran directly in this run" if HAS_TRITON else "triton is not installed",
@@ -122,4 +170,4 @@ def test_the_kernels_under_the_triton_interpreter():
         check=False,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "6 passed, 1 skipped" in result.stdout, result.stdout[-2000:]
+    assert "9 passed, 1 skipped" in result.stdout, result.stdout[-2000:]

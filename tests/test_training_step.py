@@ -59,6 +59,28 @@ def test_a_training_step_compiles_as_one_graph_with_the_eager_losses_and_gradien
             torch.testing.assert_close(grad, eager_grads[name], rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host syncs are a CUDA matter: no GPU")
+def test_a_cuda_training_step_never_waits_for_the_host():
+    """Forward, backward (the fused covariance kernels on a GPU with triton) and Adam's update
+    under ``set_sync_debug_mode("error")``, which raises on any call that blocks the host on the
+    device (``.item()``, ``bool(tensor)``, a pageable copy to the host, ``nonzero``). One step
+    first: per-shape set-up (the tile list copied to the device, kernel compilation) is not a
+    step's cost."""
+    sae = _bae(d_in=64).cuda()
+    optimizer = torch.optim.Adam(sae.parameters(), lr=1e-3)
+    x = torch.randn(256, 64, device="cuda")
+    for step, check in ((59, False), (60, True), (61, True)):
+        torch.cuda.set_sync_debug_mode("error" if check else "default")
+        try:
+            optimizer.zero_grad(set_to_none=True)
+            sae.training_forward_pass(_step_input(sae, x, step)).loss.backward()
+            optimizer.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert float(sae.code_mean_count) == 3.0  # every step updated the running mean
+
+
 def test_a_compiled_step_still_refuses_nan_activations():
     """Under compile the input check runs on the device (no sync) and still fails the step."""
     sae = _bae()
