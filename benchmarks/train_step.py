@@ -31,6 +31,7 @@ from sae_lens.config import SAETrainerConfig
 from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
 from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, covariance_products, fused_covariance
 from sae_lens_bae.covariance import covariance_penalty, dense_covariance_penalty
@@ -101,6 +102,44 @@ def time_training_steps(
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+_NO_KERNEL = ("view", "_unsafe_view", "t", "transpose", "expand", "unsqueeze", "squeeze",
+              "slice", "select", "as_strided", "permute", "alias", "detach", "empty",
+              "empty_like", "empty_strided", "lift_fresh", "_reshape_alias", "reshape",
+              "promote_types", "result_type")  # fmt: skip
+"""Dispatched ops that move no data (views, allocations, dtype queries): not counted."""
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the ATen ops dispatched inside the block that do work on tensors (not
+    ``_NO_KERNEL``): each is at least one kernel launch on a GPU, where the step of a small SAE
+    costs its launches more than its FLOPs. Kernels launched outside ATen (Triton's) are not
+    seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func.overloadpacket.__name__ not in _NO_KERNEL:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_step(saes: dict[str, Any], batch: torch.Tensor) -> dict[str, int]:
+    """ATen ops (``_OpCounter``) of one SAELens training step of each model, after one step of
+    warm-up: a count that does not depend on the machine, and on a GPU the launches the step
+    pays for whatever its size."""
+    counts = {}
+    for name, sae in saes.items():
+        trainer = _trainer(sae, batch, 2)
+        with products_of(name):
+            trainer.step(batch)
+            with _OpCounter() as counter:
+                trainer.step(batch)
+        counts[name] = counter.count
+    return counts
+
+
 def bae_at_density(
     d_in: int, d_sae: int, batch: torch.Tensor, density: float | None, **config: Any
 ) -> BAETrainingSAE:
@@ -149,14 +188,17 @@ def step_timings(
                 models[f"bae_density_{density:g}_{path}"] = models[f"bae_density_{density:g}"]
     saes = {name: make().to(device) for name, make in models.items()}
     seconds = time_training_steps(saes, batch, steps)
+    ops = ops_per_step({name: make().to(device) for name, make in models.items()}, batch)
     code_density = {}
     for name, sae in saes.items():
         if isinstance(sae, BAETrainingSAE):
             with torch.no_grad():
                 code_density[name] = float(sae.encode_bits(batch).mean())
-        print(f"  {name:28s} {seconds[name] * 1e3:9.2f} ms/step", flush=True)
+        print(f"  {name:28s} {seconds[name] * 1e3:9.2f} ms/step {ops[name]:5d} ops", flush=True)
     return {
         "seconds_per_step": seconds,
+        "ops_per_step": ops,
+        "ops_over_standard": {name: count / ops["standard"] for name, count in ops.items()},
         "code_density_after_timing": code_density,
         "over_standard": {name: sec / seconds["standard"] for name, sec in seconds.items()},
         "bae_over_standard": seconds["bae"] / seconds["standard"],
@@ -293,13 +335,16 @@ def main() -> None:
         sizes, args.batch, args.device, args.dense_budget_gib, args.memory_density
     )
 
-    print("\n| model | code density | ms/step | ratio to standard | ratio to topk |")
-    print("|---|---|---|---|---|")
+    print("\n| model | code density | ms/step | ratio to standard | ratio to topk | ATen ops |")
+    print("|---|---|---|---|---|---|")
     for name, sec in timings["seconds_per_step"].items():
         std, topk = timings["seconds_per_step"]["standard"], timings["seconds_per_step"]["topk"]
         density = timings["code_density_after_timing"].get(name)
         shown = f"{density:.3f}" if density is not None else "-"
-        print(f"| {name} | {shown} | {sec * 1e3:.2f} | {sec / std:.2f} | {sec / topk:.2f} |")
+        ops = timings["ops_per_step"][name]
+        print(
+            f"| {name} | {shown} | {sec * 1e3:.2f} | {sec / std:.2f} | {sec / topk:.2f} | {ops} |"
+        )
     print("\n| d_sae | tiled peak MiB | dense peak MiB | tiled / dense | tiled s | fp32 tiles s |")
     print("|---|---|---|---|---|---|")
     for row in memory:

@@ -119,8 +119,8 @@ class _CovariancePenalty(torch.autograd.Function):
             signs = sign_matrix(x, share)  # None: too wide, backward recomputes the tiles
             ctx.save_for_backward(x, counts, *(() if signs is None else (signs,)))
             ctx.share = share
-            total = fused_forward(x, counts, share, signs=signs)
-            return (total / (float(batch) * (batch - 1))).to(work_dtype)
+            total = fused_forward(x, counts, share, signs=signs, scale=1.0 / (batch * (batch - 1)))
+            return total.to(work_dtype)  # fp32 codes: no kernel
         x = codes.detach()
         flips = None
         if binary:
@@ -165,7 +165,7 @@ class _CovariancePenalty(torch.autograd.Function):
                 grad = fused_backward_from_signs(x, signs[0])
             else:
                 grad = fused_backward(x, counts, ctx.share)
-            scale = grad_out.float().view(-1, 1, 1) * (2.0 / (x.shape[1] - 1))
+            scale = grad_out.to(grad.dtype).view(-1, 1, 1) * (2.0 / (x.shape[1] - 1))
             return grad.mul_(scale), None, None, None
         (counts,) = ctx.saved_tensors
         products, binary, dtype = ctx.products, ctx.binary, ctx.work_dtype

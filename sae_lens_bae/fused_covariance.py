@@ -141,14 +141,14 @@ if HAS_TRITON:
 
     @triton.jit
     def _forward_kernel(
-        x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, out_ptr, signs_ptr, batch, n, n_tiles,
+        x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, out_ptr, signs_ptr, batch, n, n_tiles, scale,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, STORE_SIGNS: tl.constexpr,
     ):  # fmt: skip
         cov, rows, cols, c_i, c_j, t, g, ti, tj = _program_cov_tile(
             x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, batch, n, BLOCK_N, BLOCK_B
         )
         total = tl.sum(tl.sum(tl.abs(cov), axis=1), axis=0)
-        weight = tl.where(ti == tj, 1.0, 2.0)  # an off-diagonal tile stands for its mirror too
+        weight = tl.where(ti == tj, scale, 2.0 * scale)  # an off-diagonal tile: its mirror too
         tl.store(out_ptr + g * n_tiles + t, total * weight)
         if STORE_SIGNS:  # S[rows, cols] and its mirror S[cols, rows], zero on the diagonal
             sign = tl.where(cov > 0, 1.0, tl.where(cov < 0, -1.0, 0.0))
@@ -217,9 +217,12 @@ def fused_forward(
     block_n: int = BLOCK_N,
     block_b: int = BLOCK_B,
     signs: Tensor | None = None,
+    scale: float = 1.0,
 ) -> Tensor:
-    """sum_{i != j} |B(B-1) cov_ij| per stack member (float64 [G]) of 0/1 codes [G, B, n]
-    (fp16, contiguous) with column counts [G, n] (fp32); only the rank's band of tiles.
+    """``scale`` sum_{i != j} |B(B-1) cov_ij| per stack member (fp32 [G]) of 0/1 codes
+    [G, B, n] (fp16, contiguous) with column counts [G, n] (fp32); only the rank's band of tiles.
+    The scale is applied per tile, in the kernel (1 / (B(B-1)): the penalty, with no kernel after
+    the sum).
 
     ``signs`` (contiguous [G, n, n], bf16 or fp16, from :func:`sign_matrix`): also filled with the
     sign of the covariance, zero on the diagonal and outside the rank's band."""
@@ -232,10 +235,10 @@ def fused_forward(
     if len(tile_i):
         _forward_kernel[(len(tile_i), groups)](
             codes, counts, tile_i, tile_j, partial, partial if signs is None else signs,
-            batch, n, len(tile_i), BLOCK_N=block_n, BLOCK_B=block_b,
+            batch, n, len(tile_i), scale, BLOCK_N=block_n, BLOCK_B=block_b,
             STORE_SIGNS=signs is not None, num_warps=NUM_WARPS,
         )  # fmt: skip
-    return partial.sum(1, dtype=torch.float64)
+    return partial.sum(1)
 
 
 def sign_matrix(codes: Tensor, share: tuple[int, int] = (0, 1)) -> Tensor | None:
@@ -254,7 +257,7 @@ def fused_backward_from_signs(codes: Tensor, signs: Tensor) -> Tensor:
     (fp32), H S as one matmul of bf16 0/1 and -1/0/1 entries with fp32 accumulation (exact), and
     c^T S its column sums."""
     grad = integer_mm(codes.to(signs.dtype), signs)
-    return grad.sub_(grad.sum(1, keepdim=True) / codes.shape[1])
+    return torch.sub(grad, grad.sum(1, keepdim=True), alpha=1.0 / codes.shape[1])
 
 
 def fused_backward(
@@ -276,4 +279,4 @@ def fused_backward(
             codes, counts, tile_i, tile_j, grad, sign_sums, batch, n,
             BLOCK_N=block_n, BLOCK_B=block_b, num_warps=NUM_WARPS,
         )  # fmt: skip
-    return grad.sub_(sign_sums[:, None, :] / batch)
+    return torch.sub(grad, sign_sums[:, None, :], alpha=1.0 / batch)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
@@ -52,20 +53,25 @@ class _BinaryEntropy(torch.autograd.Function):
 
     The true derivative log2((1-p)/p) is infinite at p in {0, 1}; the backward clamps p to
     [eps, 1 - eps] so a dead or always-on channel gets a large but finite push.
+
+    Both directions take few kernels (a small BAE's GPU step costs its launches):
+    ``binary_cross_entropy(p, p)`` is -[p ln p + (1-p) ln(1-p)] per channel (0 at p in {0, 1},
+    its logs clamped at -100 where they meet 0 factors), and ``logit(p, eps)`` is
+    ln(p / (1-p)) of p clamped to [eps, 1 - eps], minus the derivative in nats.
     """
 
     @staticmethod
     def forward(ctx, p: Tensor, eps: float) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(p)
         ctx.eps = eps
-        q = 1.0 - p
-        return -(torch.special.xlogy(p, p) + torch.special.xlogy(q, q)).sum(-1) / _LN2
+        with torch.autocast(p.device.type, enabled=False):  # autocast refuses it: p is fp32
+            nats = F.binary_cross_entropy(p, p, reduction="none").sum(-1)
+        return nats * (1.0 / _LN2)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
         (p,) = ctx.saved_tensors
-        pc = p.clamp(ctx.eps, 1.0 - ctx.eps)
-        return grad_out.unsqueeze(-1) * torch.log2((1.0 - pc) / pc), None
+        return torch.logit(p, ctx.eps) * (grad_out * (-1.0 / _LN2)).unsqueeze(-1), None
 
 
 def binary_entropy(p: Float[Tensor, "... n"], eps: float = 1e-6) -> Float[Tensor, "..."]:
@@ -132,14 +138,14 @@ def bae_objective(
         )
     # in fp32 whatever the autocast dtype: a bf16 mean would round the loss to 3 digits
     wide = torch.promote_types(sae_out.dtype, torch.float32)
-    squared = (sae_out.to(wide) - sae_in.to(wide)).pow(2)
     batch = batch or GlobalBatch.local()
     rows = batch.rows(bits.shape[-2])
     if batch.world == 1:
-        reconstruction = squared.mean(dim=(-2, -1))
+        reconstruction = _squared_error(sae_out.to(wide), sae_in.to(wide), "mean")
         mean_code = bits.float().mean(dim=-2)
     else:  # sums over the ranks, divided by the global count
-        reconstruction = batch.sum(squared.sum(dim=(-2, -1))) / (rows * squared.shape[-1])
+        summed = batch.sum(_squared_error(sae_out.to(wide), sae_in.to(wide), "sum"))
+        reconstruction = summed / (rows * sae_in.shape[-1])
         mean_code = batch.sum(bits.float().sum(dim=-2)) / rows
     entropy_bits = binary_entropy(mean_code, eps=min(0.5 / rows, 0.25))  # minibatch_entropy's
     zero = torch.zeros_like(entropy_bits)
@@ -166,6 +172,15 @@ def bae_objective(
         "firing_loss": firing,
         "batch_entropy_bits": entropy_bits.detach(),
     }
+
+
+def _squared_error(out: Tensor, target: Tensor, reduction: str) -> Tensor:
+    """Squared error over the last two dimensions (batch, d_in), per member of a stack: one
+    ``mse_loss`` kernel (and one in backward) for a single BAE."""
+    if out.ndim == 2:
+        return F.mse_loss(out, target, reduction=reduction)
+    error = F.mse_loss(out, target, reduction="none")
+    return error.mean(dim=(-2, -1)) if reduction == "mean" else error.sum(dim=(-2, -1))
 
 
 LOSS_TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss", "firing_loss")

@@ -52,6 +52,7 @@ from sae_lens_bae.saes.bae_config import (
     validate_config_dict,
 )
 from sae_lens_bae.saes.bae_folds import BAEFoldsMixin
+from sae_lens_bae.saes.bae_input import check_activations
 from sae_lens_bae.saes.binary import bits_to_values, step, update_running_mean
 from sae_lens_bae.saes.input_scale import (
     INPUT_SCALE_BUFFER,
@@ -144,33 +145,26 @@ class _BAEMixin(BAEFoldsMixin):
         sae_out = self.hook_sae_recons(unframe_output(self, sae_out))  # type: ignore[arg-type]
         return self.run_time_activation_norm_fn_out(sae_out)
 
-    def _check_input(self, x: Tensor) -> None:
-        if x.shape[-1] != self.cfg.d_in:
-            raise ValueError(
-                f"BAE expects activations with last dimension d_in={self.cfg.d_in}, got shape "
-                f"{tuple(x.shape)}. Check the hook point (and the model) this BAE was trained on: "
-                f"{self.cfg.metadata.hook_name or 'unknown hook'}."
-            )
-        finite = torch.isfinite(x).all()
-        advice = "Check the model's dtype (fp16 overflow) and the activation source."
-        training_step = isinstance(self, TrainingSAE)
-        if torch.compiler.is_compiling() or (x.device.type != "cpu" and training_step):
-            # a training step off the CPU (or compiled) never waits on the host: checked on device
-            torch._assert_async(finite, f"BAE received NaN/Inf activations. {advice}")
-        elif not finite:
-            n_bad = int((~torch.isfinite(x)).sum())
-            raise ValueError(
-                f"BAE received {n_bad} NaN/Inf values in activations of shape {tuple(x.shape)}. "
-                f"{advice}"
-            )
-
     def process_sae_in(self, sae_in: Tensor) -> Tensor:
         """SAELens' input processing, the input frame (if any: k (x + t)) before the centring."""
-        self._check_input(sae_in)
-        if current_input_scale(self) is None:  # type: ignore[arg-type]
+        check_activations(
+            sae_in,
+            self.cfg.d_in,
+            self.cfg.metadata.hook_name,
+            on_device=isinstance(self, TrainingSAE),
+        )
+        scaled = current_input_scale(self) is not None  # type: ignore[arg-type]
+        if not scaled and self.cfg.apply_b_dec_to_input:
             return SAE.process_sae_in(self, sae_in)  # type: ignore[arg-type]
-        sae_in = self.run_time_activation_norm_fn_in(self.hook_sae_input(sae_in.to(self.dtype)))
-        return frame_input(self, sae_in) - self.b_dec * self.cfg.apply_b_dec_to_input  # type: ignore[arg-type]
+        # the dtype SAELens' "x.to(cfg dtype) - b_dec * 0" gives (a BAE cast with .double()
+        # keeps cfg.dtype "float32"), with no kernel where it is the input's already
+        dtype = torch.promote_types(self.dtype, self.b_dec.dtype)  # type: ignore[attr-defined]
+        sae_in = self.reshape_fn_in(sae_in.to(dtype))  # type: ignore[attr-defined]
+        sae_in = self.run_time_activation_norm_fn_in(self.hook_sae_input(sae_in))
+        if scaled:
+            sae_in = frame_input(self, sae_in)  # type: ignore[arg-type]
+        # without centring, no "- b_dec * 0" (SAELens' form): two kernels less each way
+        return sae_in - self.b_dec if self.cfg.apply_b_dec_to_input else sae_in
 
     def hidden_pre(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... n_bits"]:
         """Encoder pre-activations of every code bit (their sign is the code)."""
@@ -371,7 +365,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             sae_in, sae_out = batch.gather(sae_in), batch.gather(sae_out.detach())
             feature_acts = bits_to_values(flat_bits, self.cfg.bits)
         if self.cfg.resample_every > 0:
-            self.window_counts += flat_bits.sum(0).to(torch.int64)
+            self.window_counts += flat_bits.sum(0, dtype=torch.int64)
             self.window_samples += flat_bits.shape[0]
         dead_mask = step_input.dead_neuron_mask
         threshold = self.cfg.dense_threshold
