@@ -45,21 +45,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.activations import gather_states
 from sae_lens_bae.data import default_corpus, document_windows, iter_texts
 from sae_lens_bae.entropy import TRACING_RECIPE, estimate_entropies, estimate_entropy
 from sae_lens_bae.entropy.cells import CELL_COLUMNS
-from sae_lens_bae.entropy.estimate import (
-    DEFAULT_MAX_RELATIVE_ERROR,
-    excess_bits,
-    is_reliable,
-    plugin_entropy,
-    typical_relative_error,
-)
-from sae_lens_bae.losses import binary_entropy
+from sae_lens_bae.entropy.estimate import DEFAULT_MAX_RELATIVE_ERROR
+from sae_lens_bae.entropy.reference import quantizer_reading
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
@@ -94,82 +88,16 @@ HALFSPACE_COLUMNS = [
 ]
 
 
-def kmeans(
-    x: Float[Tensor, "n d"], k: int, iterations: int = 50, seed: int = 0, chunk: int = 4096
-) -> tuple[Float[Tensor, "k d"], Int[Tensor, " n"], int]:
-    """Lloyd's k-means from a k-means++ start: the centroids, each state's cluster and the
-    iterations run (stops early once no assignment changes). A cluster left empty keeps its
-    centroid. Distances are computed in ``chunk`` rows at a time, so memory is chunk x k."""
-    if not 1 <= k <= x.shape[0]:
-        raise ValueError(f"k must be in [1, {x.shape[0]}] (the number of states), got {k}")
-    offset = x.float().mean(0)
-    x = x.float() - offset  # centred: the distances below subtract norms, exact near the origin
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    norms = x.pow(2).sum(-1)
-    first = int(torch.randint(x.shape[0], (1,), generator=generator))
-    chosen = [first]
-    nearest = (norms - 2 * (x @ x[first]) + norms[first]).clamp_min(0)
-    for _ in range(1, k):
-        weights = nearest.double().cpu()
-        index = (int(torch.multinomial(weights, 1, generator=generator)) if weights.sum() > 0
-                 else int(torch.randint(x.shape[0], (1,), generator=generator)))  # fmt: skip
-        chosen.append(index)
-        distances = (norms - 2 * (x @ x[index]) + norms[index]).clamp_min(0)
-        nearest = torch.minimum(nearest, distances)
-    centroids = x[chosen].clone()
-    assignment = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
-    norms = norms[:, None]
-    run = 0
-    while run < iterations:
-        run += 1
-        c_norms = centroids.pow(2).sum(-1)
-        new = torch.cat([(norms[s : s + chunk] - 2 * x[s : s + chunk] @ centroids.T + c_norms)
-                         .argmin(-1) for s in range(0, x.shape[0], chunk)])  # fmt: skip
-        if torch.equal(new, assignment):
-            break
-        assignment = new
-        counts = torch.bincount(assignment, minlength=k)
-        sums = torch.zeros_like(centroids).index_add_(0, assignment, x)
-        filled = counts > 0
-        centroids[filled] = sums[filled] / counts[filled, None].to(x.dtype)
-    return centroids + offset, assignment, run
-
-
 def quantizer_row(
     x: Float[Tensor, "n d"], k: int, iterations: int = 50, seed: int = 0
 ) -> tuple[dict[str, Any], Float[Tensor, "k d"]]:
-    """What a one-active-channel code of ``k`` channels (``kmeans``) spends and loses on ``x``:
-    the errors as the BAE rows measure them (total SSE / SST; the median state's squared error
-    over the median squared distance from the coordinate-wise median, here on every state), the
-    per-channel entropy sum of its one-hot code (what a BAE estimate of that code reads) and
-    the code's joint entropy; ``reliable`` by the estimator's rule (``is_reliable``, with the
-    excess of the per-channel sum over the joint entropy where the sample resolves it). Returns
-    the row and the centroids."""
+    """``entropy.reference.quantizer_reading`` of a one-active-channel code of ``k`` channels
+    (k-means) on ``x`` as a row (its errors as the BAE rows measure them, the per-channel sum of
+    its one-hot code as ``bits``, its joint entropy as ``assignment_bits``), with the seconds it
+    took; and the centroids."""
     start = time.perf_counter()
-    centroids, assignment, run = kmeans(x, k, iterations, seed)
-    data = x.double()
-    errors = (data - centroids.double()[assignment]).pow(2).sum(-1)
-    sst = float((data - data.mean(0)).pow(2).sum())
-    counts = torch.bincount(assignment, minlength=k)
-    bits = float(binary_entropy(counts.double() / x.shape[0]))
-    ceiling = math.log2(torch.unique(x, dim=0).shape[0])
-    error = float(errors.sum()) / sst if sst > 0 else None
-    typical = typical_relative_error(data, errors)
-    excess = excess_bits(bits, counts.tolist())
-    row = {
-        "k": k,
-        "bits": bits,
-        "assignment_bits": plugin_entropy(counts.tolist()),
-        "excess_bits": excess,
-        "ceiling_bits": ceiling,
-        "used_channels": int((counts > 0).sum()),
-        "relative_error": error,
-        "typical_relative_error": typical,
-        "reliable": is_reliable(bits, ceiling, error, excess, typical_error=typical),
-        "iterations": run,
-        "seconds": time.perf_counter() - start,
-    }
-    return row, centroids
+    reading, centroids = quantizer_reading(x, k, iterations, seed)
+    return {**reading.summary(), "seconds": time.perf_counter() - start}, centroids
 
 
 def halfspace_bae(

@@ -186,7 +186,9 @@ def entropy_curves_figure(
     log2(number of states) (``ceiling_bits``, when the rows have it): no set of that many states
     holds more. Every point is coloured by its BAE's relative reconstruction error; reliable
     cells are filled, unreliable ones hollow rings (``reliable`` False: a poor reconstruction or
-    an estimate above its ceiling)."""
+    an estimate above its ceiling). Rows with a k-means reference (``reference_bits``) add it
+    dashed, as squares in the curve's colour: filled where that code passes the rule, hollow
+    where no K tried did."""
     fig, ax = subplots(figsize=(7.5, 4.8))
     errors = [r["relative_error"] for r in rows if r["relative_error"] is not None]
     norm = Normalize(vmin=0.0, vmax=max(errors) if errors else 1.0)
@@ -206,6 +208,15 @@ def entropy_curves_figure(
         if all(r.get("ceiling_bits") is not None for r in group):
             ax.plot(xs, [r["ceiling_bits"] for r in group], ":", color=colour, linewidth=1.2,
                     gid="ceiling")  # fmt: skip
+        referenced = [i for i, r in enumerate(group) if r.get("reference_bits") is not None]
+        if referenced:  # the k-means reference: squares, filled where it passes the rule
+            ax.plot([xs[i] for i in referenced], [group[i]["reference_bits"] for i in referenced],
+                    "--", color=colour, linewidth=1.0, alpha=0.7, gid="reference")  # fmt: skip
+            passes = [bool(group[i]["reference_reliable"]) for i in referenced]
+            ax.scatter([xs[i] for i in referenced],
+                       [group[i]["reference_bits"] for i in referenced], marker="s", s=30,
+                       zorder=3, facecolors=[colour if p else "none" for p in passes],
+                       edgecolors=colour, linewidths=1.2, gid="reference_points")  # fmt: skip
         shades = [
             (0.6, 0.6, 0.6, 1.0) if r["relative_error"] is None else cmap(norm(r["relative_error"]))
             for r in group
@@ -229,6 +240,9 @@ def entropy_curves_figure(
     if any(not r.get("reliable", True) for r in rows):
         ax.scatter([], [], s=44, facecolors="none", edgecolors="k", linewidths=1.8,
                    label="unreliable cell (ring)")  # fmt: skip
+    if any(r.get("reference_bits") is not None for r in rows):
+        label = "k-means reference: smallest K passing the rule (hollow: none did)"
+        ax.plot([], [], "--s", color="k", markerfacecolor="none", linewidth=1.0, label=label)
     ax.legend(fontsize=8)
     if mappable is not None:
         fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax,

@@ -62,3 +62,28 @@ def test_entropy_trace_draws_ceilings_and_keeps_the_error_colour_of_unreliable_c
     labels = ax.get_legend_handles_labels()[1]
     assert "ceiling: log2(states)" in labels
     assert "unreliable cell (ring)" in labels
+    assert not [line for line in ax.lines if line.get_gid() == "reference"]
+
+
+def test_entropy_trace_draws_the_kmeans_reference_filled_where_it_passes():
+    from matplotlib.colors import to_rgba
+
+    from sae_lens_bae.plots import entropy_curves_figure
+
+    rows = [
+        {"position": 1, "layer": 5, "bits": 1.6, "relative_error": 0.0, "reliable": True,
+         "reference_bits": 4.1, "reference_reliable": True},
+        {"position": 2, "layer": 5, "bits": 11.0, "relative_error": 0.5, "reliable": False,
+         "reference_bits": 8.7, "reference_reliable": False},
+        {"position": 4, "layer": 5, "bits": 16.0, "relative_error": 0.25, "reliable": False},
+    ]  # fmt: skip
+    fig = entropy_curves_figure(rows, x="position", curve="layer", xlabel="position",
+                                curve_label="layer")  # fmt: skip
+    ax = fig.axes[0]
+    (line,) = [line for line in ax.lines if line.get_gid() == "reference"]
+    assert list(line.get_xdata()) == [1, 2] and list(line.get_ydata()) == [4.1, 8.7]
+    (squares,) = [c for c in ax.collections if c.get_gid() == "reference_points"]
+    faces = squares.get_facecolors().tolist()
+    assert faces[0] == list(to_rgba("C0")) and faces[1][3] == 0.0  # filled, then hollow
+    labels = ax.get_legend_handles_labels()[1]
+    assert any(label.startswith("k-means reference") for label in labels)

@@ -14,6 +14,7 @@ from sae_lens_bae.entropy.cells import (
     estimate_entropies,
     normalise_scale,
 )
+from sae_lens_bae.entropy.reference import reference_sizes
 from sae_lens_bae.experiments import entropy_icl, entropy_positions, two_token
 from sae_lens_bae.experiments.entropy_icl import ICLTracingConfig, trace_icl
 from sae_lens_bae.experiments.entropy_positions import PositionTracingConfig
@@ -154,7 +155,13 @@ def test_position_tracing_writes_json_table_and_plot(tiny_hf_llama_dir, tiny_cor
         assert r["ceiling_bits"] == pytest.approx(math.log2(r["n_distinct"]), abs=1e-9)
         assert r["bits"] == pytest.approx(sum(r["bits_per_seed"]) / len(r["bits_per_seed"]))
     assert matplotlib.image.imread(tmp_path / "positions.png").shape[0] > 100
-    assert "| layer | position | bits |" in (tmp_path / "positions.md").read_text()
+    report = (tmp_path / "positions.md").read_text()
+    assert "| layer | position | bits |" in report
+    for r in rows:  # the k-means reference of every cell (on by default), from the same states
+        distinct = r["n_distinct"]
+        assert r["reference_k"] in reference_sizes(distinct)
+        assert (r["reference_k"] == reference_sizes(distinct)[-1]) or r["reference_reliable"]
+    assert "| k-means K | k-means bits |" in report and "k-means reference:" in report
     with pytest.raises(ValueError, match="do not exist"):
         entropy_positions.run(PositionTracingConfig(model=str(tiny_hf_llama_dir), layers=(2,)))
 

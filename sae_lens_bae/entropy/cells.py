@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from jaxtyping import Float
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from sae_lens_bae.entropy.estimate import (
     DEFAULT_MAX_RELATIVE_ERROR,
@@ -26,6 +27,7 @@ from sae_lens_bae.entropy.estimate import (
 )
 from sae_lens_bae.entropy.frame import normalise_scale, placement_shift
 from sae_lens_bae.entropy.recipe import TRACING_RECIPE, EntropyRecipe
+from sae_lens_bae.entropy.reference import QuantizerReading, reference_reading
 from sae_lens_bae.evaluation import evaluate_sae, held_out_objective
 from sae_lens_bae.reports import cell
 from sae_lens_bae.saes.bae import BAETrainingSAE
@@ -33,6 +35,8 @@ from sae_lens_bae.training.stacked import train_stacked_baes
 
 __all__ = [
     "CELL_COLUMNS",
+    "REFERENCE_COLUMNS",
+    "cell_columns",
     "reliability_note",
     "TRACING_RECIPE",
     "CellEntropy",
@@ -54,6 +58,23 @@ CELL_COLUMNS = [
     ("steps", lambda row: cell(row.get("steps"))),
 ]
 """The markdown columns of a cell's estimate, for the traces' tables."""
+
+REFERENCE_COLUMNS = [
+    ("k-means K", lambda row: cell(row.get("reference_k"))),
+    ("k-means bits", lambda row: cell(row.get("reference_bits"), ".2f")),
+    ("k-means error (typical)", lambda row: "-" if row.get("reference_k") is None else
+     f"{cell(row['reference_relative_error'], '.3f')} "
+     f"({cell(row['reference_typical_relative_error'], '.3f')})"),
+    ("k-means reliable", lambda row: "-" if row.get("reference_k") is None else
+     "yes" if row["reference_reliable"] else "NO"),
+]  # fmt: skip
+"""The markdown columns of a cell's k-means reference (``entropy.reference``), when it has one."""
+
+
+def cell_columns(rows: Sequence[dict]) -> list:
+    """``CELL_COLUMNS``, and ``REFERENCE_COLUMNS`` when some row has a reference reading."""
+    with_reference = any(row.get("reference_k") is not None for row in rows)
+    return [*CELL_COLUMNS, *(REFERENCE_COLUMNS if with_reference else [])]
 
 
 def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
@@ -87,6 +108,29 @@ def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
                      "code them with dependent bits), so these curves are not the states' "
                      "entropy. Widen the BAEs (--expansion), add bits (--bits) or train longer "
                      "(--steps) until the cells are reliable.")  # fmt: skip
+    referenced = [row for row in rows if row.get("reference_k") is not None]
+    if referenced:
+        readable = [row for row in referenced if row["reference_reliable"]]
+        missed = [row for row in readable if not row.get("reliable", True)]
+        lines.append(
+            f"\nk-means reference: {len(readable)} of {len(referenced)} cells are read reliably "
+            "by a code with one active channel of K (the smallest K tried that passes the same "
+            "rule; entropy.reference)."
+        )
+        if missed:
+            lines.append(
+                f"On {len(missed)} of them the BAE is not: a binary code with a linear decoder "
+                "reads those cells at the rule's error, the BAE's encoder does not find one ("
+                + "; ".join(name(row) for row in missed)
+                + ")."
+            )
+        unread = len(referenced) - len(readable)
+        if unread:
+            lines.append(
+                f"On {unread} cells neither is: at this many states no code of K channels "
+                "tried keeps the rule's error under the ceiling; more states per cell raise the "
+                "ceiling (log2 of their number)."
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -116,8 +160,10 @@ class CellEntropy:
     restart_objectives: list[list[float]] | None = None  # per seed, each restart's held-out
     # objective (the lowest was kept); None without restarts
     restart_bits: list[list[float]] | None = None  # per seed, each restart's estimate
+    reference: QuantizerReading | None = None  # the k-means reference (entropy.reference)
 
     def summary(self) -> dict[str, float | int | bool | list[float] | None]:
+        reference = self.reference
         return {
             "bits": self.bits,
             "bits_std": self.bits_std,
@@ -136,6 +182,13 @@ class CellEntropy:
             "scale": self.scale,
             "restart_objectives": self.restart_objectives,
             "restart_bits": self.restart_bits,
+            "reference_k": None if reference is None else reference.k,
+            "reference_bits": None if reference is None else reference.bits,
+            "reference_relative_error": None if reference is None else reference.relative_error,
+            "reference_typical_relative_error": (
+                None if reference is None else reference.typical_relative_error
+            ),
+            "reference_reliable": None if reference is None else reference.reliable,
         }
 
 
@@ -215,6 +268,7 @@ def estimate_entropies(
     max_relative_error: float = DEFAULT_MAX_RELATIVE_ERROR,
     device: str = "cpu",
     progress: bool = True,
+    reference: bool = False,
 ) -> list[CellEntropy]:
     """Train ``recipe.seeds`` BAEs per set (all stacked, see ``train_stacked_baes``; with
     ``recipe.restarts`` > 1, that many per seed, keeping the one of lowest held-out objective)
@@ -232,7 +286,9 @@ def estimate_entropies(
     (``normalise_scale``); a cell reads ``(states + shift) * scale`` (evaluation sets get their
     training set's shift and factor), so a translated set gives the same estimate. ``seeds``: a
     base seed per set (default its index); seed s of a set is
-    its base + 1000 s.
+    its base + 1000 s. ``reference``: also read each evaluation set with the smallest reliable
+    k-means code (``entropy.reference.reference_reading``, seeded with the set's base seed), to
+    tell a cell no code of that kind reads at this sample size from one the BAE misses.
     """
     recipe = recipe or EntropyRecipe()
     if not sets:
@@ -301,4 +357,9 @@ def estimate_entropies(
         cells.append(_cell(estimates, evaluations, [training.steps[g] for g in members],
                            training.baes[first], training.histories[first], (k, t),
                            max_relative_error, objectives, restart_bits))  # fmt: skip
+    if reference:
+        for index, entry in enumerate(tqdm(cells, desc="k-means references", disable=not progress)):
+            entry.reference, _ = reference_reading(
+                eval_sets[index].to(device), seed=base[index], max_relative_error=max_relative_error
+            )
     return cells

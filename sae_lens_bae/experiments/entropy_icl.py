@@ -20,7 +20,7 @@ from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations import check_layers, gather_states
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
-from sae_lens_bae.entropy.cells import CELL_COLUMNS, reliability_note
+from sae_lens_bae.entropy.cells import cell_columns, reliability_note
 from sae_lens_bae.experiments.common import LabelledSentences, recipe_field
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_entropy_curves
@@ -50,6 +50,7 @@ def trace_icl(
     batch_size: int = 16,
     seed: int = 0,
     progress: bool = True,
+    reference: bool = True,
 ) -> tuple[list[dict[str, Any]], dict[int, float]]:
     """Rows per (layer, k) with estimated bits and reconstruction, and ICL accuracy per k."""
     recipe.check_samples(n_prompts, f"n_prompts={n_prompts}")
@@ -86,6 +87,7 @@ def trace_icl(
         seeds=[seed] * len(cells),
         device=str(model.cfg.device),
         progress=progress,
+        reference=reference,
     )
     rows = [
         {"layer": layer, "shots": k, "accuracy": accuracy[k], **cell.summary()}
@@ -114,6 +116,9 @@ class ICLTracingConfig(LabelledSentences):
     """Prompts per forward pass."""
     device: str = "cpu"
     """Torch device."""
+    reference: bool = True
+    """Also read each cell with the smallest k-means code that passes the trust rule
+    (``entropy.reference``): drawn beside the BAE's curve, listed in the table."""
     seed: int = 0
     """Seed of the prompts and the BAEs."""
     out: Path = Path("runs/entropy_icl")
@@ -140,6 +145,7 @@ def run(cfg: ICLTracingConfig, progress: bool = True) -> dict[str, Any]:
         batch_size=cfg.batch_size,
         seed=cfg.seed,
         progress=progress,
+        reference=cfg.reference,
     )
     summary = {"config": asdict(cfg), "accuracy": accuracy, "cells": rows}
     write_json(out / "icl.json", summary)
@@ -162,7 +168,7 @@ def run(cfg: ICLTracingConfig, progress: bool = True) -> dict[str, Any]:
         [
             ("layer", lambda row: str(row["layer"])),
             ("k", lambda row: str(row["shots"])),
-            *CELL_COLUMNS,
+            *cell_columns(rows),
         ],
     )
     note = reliability_note(rows, lambda r: f"layer {r['layer']}, k = {r['shots']}")

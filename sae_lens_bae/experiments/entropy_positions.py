@@ -20,7 +20,7 @@ from transformer_lens import HookedTransformer
 from sae_lens_bae.activations import check_layers, gather_states
 from sae_lens_bae.data import default_corpus, document_windows, iter_texts
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
-from sae_lens_bae.entropy.cells import CELL_COLUMNS, reliability_note
+from sae_lens_bae.entropy.cells import cell_columns, reliability_note
 from sae_lens_bae.experiments.common import recipe_field
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_entropy_curves
@@ -60,6 +60,9 @@ class PositionTracingConfig:
     """Sequences per forward pass."""
     device: str = "cpu"
     """Torch device."""
+    reference: bool = True
+    """Also read each cell with the smallest k-means code that passes the trust rule
+    (``entropy.reference``): drawn beside the BAE's curve, listed in the table."""
     seed: int = 0
     """Seed of the BAEs."""
     out: Path = Path("runs/entropy_positions")
@@ -77,6 +80,7 @@ def trace_positions(
     batch_size: int = 32,
     seed: int = 0,
     progress: bool = True,
+    reference: bool = True,
 ) -> list[dict[str, Any]]:
     """One row per (layer, position 2^j): estimated bits and reconstruction quality.
 
@@ -95,7 +99,12 @@ def trace_positions(
     cells = [(layer, j) for layer in layers for j in range(len(positions))]
     sets = [states[f"blocks.{layer}.{hook}"][:, j] for layer, j in cells]
     estimates = estimate_entropies(
-        sets, recipe, seeds=[seed] * len(sets), device=str(model.cfg.device), progress=progress
+        sets,
+        recipe,
+        seeds=[seed] * len(sets),
+        device=str(model.cfg.device),
+        progress=progress,
+        reference=reference,
     )
     return [
         {"layer": layer, "position": positions[j], **cell.summary()}
@@ -129,6 +138,7 @@ def run(cfg: PositionTracingConfig, progress: bool = True) -> dict[str, Any]:
         batch_size=cfg.batch_size,
         seed=cfg.seed,
         progress=progress,
+        reference=cfg.reference,
     )
     config = {**asdict(cfg), "dataset": str(source), "n_sequences_used": int(tokens.shape[0])}
     summary = {"config": config, "cells": rows}
@@ -143,7 +153,7 @@ def run(cfg: PositionTracingConfig, progress: bool = True) -> dict[str, Any]:
         title=f"{cfg.model}, {cfg.hook}: hidden-state entropy by position",
         log2_x=True,
     )
-    table = markdown_table(rows, [*_CELL_KEYS, *CELL_COLUMNS])
+    table = markdown_table(rows, [*_CELL_KEYS, *cell_columns(rows)])
     note = reliability_note(rows, lambda r: f"layer {r['layer']}, position {r['position']}")
     write_text(out / "positions.md", table + "\n" + note)
     return summary

@@ -1,0 +1,89 @@
+"""The k-means reference beside a BAE's reading (``entropy.reference``): the smallest K whose
+one-active-channel code passes the trust rule, through ``estimate_entropies``, the traces' notes
+and plots."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
+from sae_lens_bae.entropy.cells import cell_columns, reliability_note
+from sae_lens_bae.entropy.reference import (
+    kmeans,
+    quantizer_reading,
+    reference_reading,
+    reference_sizes,
+)
+
+
+def clusters(n_clusters: int = 64, per_cluster: int = 8, d: int = 16) -> torch.Tensor:
+    """Tight clusters far apart: every state distinct, K = n_clusters reads them almost
+    exactly, fewer centroids merge clusters."""
+    generator = torch.Generator().manual_seed(0)
+    centres = 10 * torch.randn(n_clusters, d, generator=generator)
+    noise = 1e-3 * torch.randn(n_clusters, per_cluster, d, generator=generator)
+    return (centres[:, None, :] + noise).reshape(-1, d)
+
+
+def test_reference_sizes_double_up_to_the_states_over_e():
+    assert reference_sizes(1022) == [16, 32, 64, 128, 256]  # 512 > 1022 / e = 376
+    assert reference_sizes(16384) == [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    assert reference_sizes(8) == [8]  # fewer states than the smallest K: one per state
+
+
+def test_kmeans_with_one_centroid_per_cluster_finds_the_clusters():
+    x = clusters()
+    centroids, assignment, _ = kmeans(x, 64)
+    assert torch.bincount(assignment, minlength=64).tolist() == [8] * 64
+    assert (centroids[assignment] - x).abs().max() < 0.01
+
+
+def test_the_reference_stops_at_the_first_reliable_k():
+    """64 clusters of 8 states: 16 and 32 centroids merge clusters (error far over 20%), 64
+    read them; the one-hot code of 64 equal clusters sums 64 H_b(1/64) bits, under the ceiling
+    log2 512 = 9 (the excess is not resolved: 8 states a code)."""
+    x = clusters()
+    reading, readings = reference_reading(x)
+    assert [r.k for r in readings] == [16, 32, 64]
+    assert [r.reliable for r in readings] == [False, False, True]
+    assert readings[0].relative_error > 0.2 and readings[1].relative_error > 0.2
+    assert reading.k == 64 and reading.relative_error < 1e-6
+    expected = 64 * -(1 / 64 * math.log2(1 / 64) + 63 / 64 * math.log2(63 / 64))
+    assert reading.bits == pytest.approx(expected, abs=1e-9)
+    assert reading.assignment_bits == pytest.approx(6.0, abs=1e-12)
+    assert reading.ceiling_bits == 9.0 and reading.excess_bits is None
+
+
+def test_a_reference_that_passes_nowhere_returns_its_last_reading():
+    """Full-rank Gaussian states: no K up to n / e keeps 80% of the variance under the ceiling."""
+    x = torch.randn(512, 32, generator=torch.Generator().manual_seed(1))
+    reading, readings = reference_reading(x)
+    assert not any(r.reliable for r in readings)
+    assert reading is readings[-1] and reading.k == 128
+    one, _ = quantizer_reading(x, 128)
+    assert one.bits == pytest.approx(reading.bits)  # one seed, one reading
+
+
+def test_estimate_entropies_reports_the_reference_beside_an_undersized_bae():
+    """An undersized, barely trained BAE misses the clustered cell that 64 centroids read: the
+    summary carries both, the table adds the reference's columns and the note says the BAE, not
+    the sample, falls short."""
+    x = clusters()
+    small = EntropyRecipe(expansion=1, steps=20, batch_size=128, converge=False, seeds=1)
+    (cell,) = estimate_entropies([x], small, progress=False, reference=True)
+    summary = cell.summary()
+    assert not summary["reliable"]
+    assert summary["reference_k"] == 64 and summary["reference_reliable"] is True
+    row = {"layer": 15, **summary}
+    names = [name for name, _ in cell_columns([row])]
+    assert names[-4:] == ["k-means K", "k-means bits", "k-means error (typical)",
+                          "k-means reliable"]  # fmt: skip
+    note = reliability_note([row], lambda r: f"layer {r['layer']}")
+    assert "k-means reference: 1 of 1 cells are read reliably" in note
+    assert "On 1 of them the BAE is not" in note and "(layer 15)" in note
+    (plain,) = estimate_entropies([x], small, progress=False)
+    assert plain.summary()["reference_k"] is None
+    assert [name for name, _ in cell_columns([plain.summary()])][-1] == "steps"
