@@ -75,7 +75,8 @@ class _BinaryEntropy(torch.autograd.Function):
 
 
 def binary_entropy(p: Float[Tensor, "... n"], eps: float = 1e-6) -> Float[Tensor, "..."]:
-    """H(p) = -sum_i [p_i log2 p_i + (1-p_i) log2(1-p_i)] in bits, with 0 log 0 = 0.
+    """H(p) = -sum_i [p_i log2 p_i + (1-p_i) log2(1-p_i)] in bits, with 0 log 0 = 0, for p in
+    [0, 1] (firing rates; torch refuses others: a RuntimeError on CPU, a device assert on CUDA).
 
     ``eps`` only bounds the gradient at p in {0, 1}; the value is exact.
     """

