@@ -187,8 +187,8 @@ def entropy_curves_figure(
     holds more. Every point is coloured by its BAE's relative reconstruction error; reliable
     cells are filled, unreliable ones hollow rings (``reliable`` False: a poor reconstruction or
     an estimate above its ceiling). Rows with a k-means reference (``reference_bits``) add it
-    dashed, as squares in the curve's colour: filled where that code passes the rule, hollow
-    where no K tried did."""
+    dashed, as squares in the curve's colour: filled where that code reads the cell (the
+    rule's errors and ceiling), hollow where no K tried did."""
     fig, ax = subplots(figsize=(7.5, 4.8))
     errors = [r["relative_error"] for r in rows if r["relative_error"] is not None]
     norm = Normalize(vmin=0.0, vmax=max(errors) if errors else 1.0)
@@ -209,10 +209,10 @@ def entropy_curves_figure(
             ax.plot(xs, [r["ceiling_bits"] for r in group], ":", color=colour, linewidth=1.2,
                     gid="ceiling")  # fmt: skip
         referenced = [i for i, r in enumerate(group) if r.get("reference_bits") is not None]
-        if referenced:  # the k-means reference: squares, filled where it passes the rule
+        if referenced:  # the k-means reference: squares, filled where it reads the cell
             ax.plot([xs[i] for i in referenced], [group[i]["reference_bits"] for i in referenced],
                     "--", color=colour, linewidth=1.0, alpha=0.7, gid="reference")  # fmt: skip
-            passes = [bool(group[i]["reference_reliable"]) for i in referenced]
+            passes = [bool(group[i]["reference_reads_cell"]) for i in referenced]
             ax.scatter([xs[i] for i in referenced],
                        [group[i]["reference_bits"] for i in referenced], marker="s", s=30,
                        zorder=3, facecolors=[colour if p else "none" for p in passes],
@@ -241,7 +241,7 @@ def entropy_curves_figure(
         ax.scatter([], [], s=44, facecolors="none", edgecolors="k", linewidths=1.8,
                    label="unreliable cell (ring)")  # fmt: skip
     if any(r.get("reference_bits") is not None for r in rows):
-        label = "k-means reference: smallest K passing the rule (hollow: none did)"
+        label = "k-means reference: smallest K reading the cell (hollow: none did)"
         ax.plot([], [], "--s", color="k", markerfacecolor="none", linewidth=1.0, label=label)
     ax.legend(fontsize=8)
     if mappable is not None:

@@ -72,9 +72,9 @@ def test_entropy_trace_draws_the_kmeans_reference_filled_where_it_passes():
 
     rows = [
         {"position": 1, "layer": 5, "bits": 1.6, "relative_error": 0.0, "reliable": True,
-         "reference_bits": 4.1, "reference_reliable": True},
+         "reference_bits": 4.1, "reference_reads_cell": True},
         {"position": 2, "layer": 5, "bits": 11.0, "relative_error": 0.5, "reliable": False,
-         "reference_bits": 8.7, "reference_reliable": False},
+         "reference_bits": 8.7, "reference_reads_cell": False},
         {"position": 4, "layer": 5, "bits": 16.0, "relative_error": 0.25, "reliable": False},
     ]  # fmt: skip
     fig = entropy_curves_figure(rows, x="position", curve="layer", xlabel="position",

@@ -48,7 +48,8 @@ def test_the_reference_stops_at_the_first_reliable_k():
     x = clusters()
     reading, readings = reference_reading(x)
     assert [r.k for r in readings] == [16, 32, 64]
-    assert [r.reliable for r in readings] == [False, False, True]
+    assert [r.reads_cell for r in readings] == [False, False, True]
+    assert [r.reliable for r in readings] == [False, False, True]  # excess unresolved: same
     assert readings[0].relative_error > 0.2 and readings[1].relative_error > 0.2
     assert reading.k == 64 and reading.relative_error < 1e-6
     expected = 64 * -(1 / 64 * math.log2(1 / 64) + 63 / 64 * math.log2(63 / 64))
@@ -61,7 +62,7 @@ def test_a_reference_that_passes_nowhere_returns_its_last_reading():
     """Full-rank Gaussian states: no K up to n / e keeps 80% of the variance under the ceiling."""
     x = torch.randn(512, 32, generator=torch.Generator().manual_seed(1))
     reading, readings = reference_reading(x)
-    assert not any(r.reliable for r in readings)
+    assert not any(r.reads_cell for r in readings)
     assert reading is readings[-1] and reading.k == 128
     one, _ = quantizer_reading(x, 128)
     assert one.bits == pytest.approx(reading.bits)  # one seed, one reading
@@ -76,14 +77,27 @@ def test_estimate_entropies_reports_the_reference_beside_an_undersized_bae():
     (cell,) = estimate_entropies([x], small, progress=False, reference=True)
     summary = cell.summary()
     assert not summary["reliable"]
-    assert summary["reference_k"] == 64 and summary["reference_reliable"] is True
+    assert summary["reference_k"] == 64 and summary["reference_reads_cell"] is True
     row = {"layer": 15, **summary}
     names = [name for name, _ in cell_columns([row])]
-    assert names[-4:] == ["k-means K", "k-means bits", "k-means error (typical)",
-                          "k-means reliable"]  # fmt: skip
+    assert names[-5:] == ["k-means K", "k-means bits", "k-means joint bits",
+                          "k-means error (typical)", "k-means reads it"]  # fmt: skip
     note = reliability_note([row], lambda r: f"layer {r['layer']}")
-    assert "k-means reference: 1 of 1 cells are read reliably" in note
-    assert "On 1 of them the BAE is not" in note and "(layer 15)" in note
+    assert "k-means reference: 1 of 1 cells are read by a code" in note
+    assert "On 1 of them the BAE is not reliable" in note and "(layer 15)" in note
     (plain,) = estimate_entropies([x], small, progress=False)
     assert plain.summary()["reference_k"] is None
     assert [name for name, _ in cell_columns([plain.summary()])][-1] == "steps"
+
+
+def test_a_one_hot_codes_resolved_over_count_does_not_stop_the_ladder():
+    """64 clusters of 32 states: the sample resolves the 64 codes (32 states each), so the
+    rule's excess test sees the one-hot sum over-count its joint entropy (6 bits) by
+    63 log2(64/63) = 1.43 bits and calls it unreliable; it still reads the cell, and the ladder
+    stops there."""
+    x = clusters(per_cluster=32)
+    reading, readings = reference_reading(x)
+    assert [r.k for r in readings] == [16, 32, 64]
+    assert reading.reads_cell and not reading.reliable
+    joint = 6.0 + 63 / (2 * 2048 * math.log(2))  # plug-in and Miller-Madow
+    assert reading.excess_bits == pytest.approx(63 * math.log2(64 / 63) - (joint - 6.0), abs=1e-9)

@@ -160,7 +160,7 @@ def test_position_tracing_writes_json_table_and_plot(tiny_hf_llama_dir, tiny_cor
     for r in rows:  # the k-means reference of every cell (on by default), from the same states
         distinct = r["n_distinct"]
         assert r["reference_k"] in reference_sizes(distinct)
-        assert (r["reference_k"] == reference_sizes(distinct)[-1]) or r["reference_reliable"]
+        assert (r["reference_k"] == reference_sizes(distinct)[-1]) or r["reference_reads_cell"]
     assert "| k-means K | k-means bits |" in report and "k-means reference:" in report
     with pytest.raises(ValueError, match="do not exist"):
         entropy_positions.run(PositionTracingConfig(model=str(tiny_hf_llama_dir), layers=(2,)))

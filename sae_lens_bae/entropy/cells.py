@@ -62,11 +62,12 @@ CELL_COLUMNS = [
 REFERENCE_COLUMNS = [
     ("k-means K", lambda row: cell(row.get("reference_k"))),
     ("k-means bits", lambda row: cell(row.get("reference_bits"), ".2f")),
+    ("k-means joint bits", lambda row: cell(row.get("reference_joint_bits"), ".2f")),
     ("k-means error (typical)", lambda row: "-" if row.get("reference_k") is None else
      f"{cell(row['reference_relative_error'], '.3f')} "
      f"({cell(row['reference_typical_relative_error'], '.3f')})"),
-    ("k-means reliable", lambda row: "-" if row.get("reference_k") is None else
-     "yes" if row["reference_reliable"] else "NO"),
+    ("k-means reads it", lambda row: "-" if row.get("reference_k") is None else
+     "yes" if row["reference_reads_cell"] else "NO"),
 ]  # fmt: skip
 """The markdown columns of a cell's k-means reference (``entropy.reference``), when it has one."""
 
@@ -110,27 +111,33 @@ def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
                      "(--steps) until the cells are reliable.")  # fmt: skip
     referenced = [row for row in rows if row.get("reference_k") is not None]
     if referenced:
-        readable = [row for row in referenced if row["reference_reliable"]]
+        readable = [row for row in referenced if row["reference_reads_cell"]]
         missed = [row for row in readable if not row.get("reliable", True)]
         lines.append(
-            f"\nk-means reference: {len(readable)} of {len(referenced)} cells are read reliably "
-            "by a code with one active channel of K (the smallest K tried that passes the same "
-            "rule; entropy.reference)."
+            f"\nk-means reference: {len(readable)} of {len(referenced)} cells are read by a code "
+            "with one active channel of K (the smallest K tried whose errors, in total and for "
+            "the typical state, are within the rule's and whose per-channel sum is under the "
+            "ceiling; its joint entropy, which that sum over-counts by at most log2 e, is in "
+            "the table; entropy.reference)."
         )
         if missed:
+            cells = "; ".join(name(row) for row in missed)
             lines.append(
-                f"On {len(missed)} of them the BAE is not: a binary code with a linear decoder "
-                "reads those cells at the rule's error, the BAE's encoder does not find one ("
-                + "; ".join(name(row) for row in missed)
-                + ")."
+                f"On {len(missed)} of them the BAE is not reliable: a binary code with a linear "
+                f"decoder reads those cells at the rule's error, the BAE's encoder does not find "
+                f"one ({cells})."
             )
-        unread = len(referenced) - len(readable)
-        if unread:
-            lines.append(
-                f"On {unread} cells neither is: at this many states no code of K channels "
-                "tried keeps the rule's error under the ceiling; more states per cell raise the "
-                "ceiling (log2 of their number)."
-            )
+        for row in referenced:
+            if not row["reference_reads_cell"]:
+                typical = row["reference_typical_relative_error"]
+                lines.append(
+                    f"- not read by k-means either: {name(row)}: K = {row['reference_k']} "
+                    f"(the largest tried) leaves {row['reference_relative_error']:.2f} of the "
+                    f"variance ({'-' if typical is None else f'{typical:.2f}'} for the typical "
+                    f"state) at {row['reference_bits']:.1f} bits (ceiling "
+                    f"{row['ceiling_bits']:.1f}): at this many states no code of this kind "
+                    "reads the cell; more states raise the ceiling (log2 of their number)."
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -184,11 +191,12 @@ class CellEntropy:
             "restart_bits": self.restart_bits,
             "reference_k": None if reference is None else reference.k,
             "reference_bits": None if reference is None else reference.bits,
+            "reference_joint_bits": None if reference is None else reference.assignment_bits,
             "reference_relative_error": None if reference is None else reference.relative_error,
             "reference_typical_relative_error": (
                 None if reference is None else reference.typical_relative_error
             ),
-            "reference_reliable": None if reference is None else reference.reliable,
+            "reference_reads_cell": None if reference is None else reference.reads_cell,
         }
 
 
@@ -286,9 +294,10 @@ def estimate_entropies(
     (``normalise_scale``); a cell reads ``(states + shift) * scale`` (evaluation sets get their
     training set's shift and factor), so a translated set gives the same estimate. ``seeds``: a
     base seed per set (default its index); seed s of a set is
-    its base + 1000 s. ``reference``: also read each evaluation set with the smallest reliable
-    k-means code (``entropy.reference.reference_reading``, seeded with the set's base seed), to
-    tell a cell no code of that kind reads at this sample size from one the BAE misses.
+    its base + 1000 s. ``reference``: also read each evaluation set with the smallest k-means
+    code that reads it (``entropy.reference.reference_reading``, seeded with the set's base
+    seed), to tell a cell no code of that kind reads at this sample size from one the BAE
+    misses.
     """
     recipe = recipe or EntropyRecipe()
     if not sets:

@@ -14,9 +14,14 @@ the variance under the ceiling.
 
 ``reference_reading`` tries K = 16, 32, 64, ... (powers of two up to the number of distinct
 states over e, beyond which log2 K + log2 e passes the ceiling) and stops at the first whose
-code passes ``is_reliable``: its bits are the reference's rate at the rule's error. It is a
-reference, not a bound: a code with several active channels may spend fewer bits, and its
-reading grows with K (it is a rate at a resolution, not an entropy independent of it).
+code *reads the cell*: both errors (total and typical state's) within the rule's and its
+per-channel sum under the ceiling. Its bits are the reference's rate at the rule's error. The
+rule's third test, the excess of the per-channel sum over the code's joint entropy, is reported
+(``reliable`` applies the whole rule) but does not stop the ladder: a one-hot code's sum always
+over-counts its joint entropy, by up to log2 e bits, and that joint entropy is known exactly
+(``assignment_bits``), so the over-count says nothing about whether such a code can read the
+cell. It is a reference, not a bound: a code with several active channels may spend fewer bits,
+and its reading grows with K (it is a rate at a resolution, not an entropy independent of it).
 """
 
 from __future__ import annotations
@@ -93,7 +98,8 @@ class QuantizerReading:
     """What a one-active-channel code of ``k`` channels spends and loses on a set: ``bits``, the
     per-channel entropy sum of its one-hot code (what a BAE estimate of that code reads);
     ``assignment_bits``, the code's joint entropy; the errors as a BAE's are measured (total
-    SSE / SST, and the typical state's); ``reliable`` by ``is_reliable``."""
+    SSE / SST, and the typical state's); ``reads_cell``: both errors within the rule's and
+    ``bits`` under the ceiling; ``reliable``: the whole rule (``is_reliable``, the excess too)."""
 
     k: int
     bits: float
@@ -103,6 +109,7 @@ class QuantizerReading:
     used_channels: int
     relative_error: float | None
     typical_relative_error: float | None
+    reads_cell: bool
     reliable: bool
     iterations: int
 
@@ -138,6 +145,7 @@ def quantizer_reading(
         used_channels=int((counts > 0).sum()),
         relative_error=error,
         typical_relative_error=typical,
+        reads_cell=is_reliable(bits, ceiling, error, None, max_relative_error, typical),
         reliable=is_reliable(bits, ceiling, error, excess, max_relative_error, typical),
         iterations=run,
     )
@@ -160,8 +168,9 @@ def reference_reading(
     seed: int = 0,
     max_relative_error: float = DEFAULT_MAX_RELATIVE_ERROR,
 ) -> tuple[QuantizerReading, list[QuantizerReading]]:
-    """The first K of ``sizes`` (default ``reference_sizes``) whose k-means code of ``x`` is
-    reliable, or the last one tried if none is; and every reading made on the way."""
+    """The first K of ``sizes`` (default ``reference_sizes``) whose k-means code of ``x`` reads
+    the cell (``QuantizerReading.reads_cell``), or the last one tried if none does; and every
+    reading made on the way."""
     if sizes is None:
         sizes = reference_sizes(torch.unique(x, dim=0).shape[0])
     if not sizes:
@@ -170,6 +179,6 @@ def reference_reading(
     for k in sizes:
         reading, _ = quantizer_reading(x, min(k, x.shape[0]), iterations, seed, max_relative_error)
         readings.append(reading)
-        if reading.reliable:
+        if reading.reads_cell:
             break
     return readings[-1], readings
