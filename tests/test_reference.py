@@ -101,3 +101,27 @@ def test_a_one_hot_codes_resolved_over_count_does_not_stop_the_ladder():
     assert reading.reads_cell and not reading.reliable
     joint = 6.0 + 63 / (2 * 2048 * math.log(2))  # plug-in and Miller-Madow
     assert reading.excess_bits == pytest.approx(63 * math.log2(64 / 63) - (joint - 6.0), abs=1e-9)
+
+
+def test_the_note_gives_the_figures_of_a_cell_no_k_reads():
+    rows = [
+        {"layer": 15, "bits": 1.2, "relative_error": 0.01, "typical_relative_error": 0.97,
+         "ceiling_bits": 9.0, "reliable": False, "reference_k": 128, "reference_bits": 7.5,
+         "reference_relative_error": 0.001, "reference_typical_relative_error": 0.16,
+         "reference_reads_cell": True},
+        {"layer": 25, "bits": 9.0, "relative_error": 0.74, "typical_relative_error": 0.75,
+         "ceiling_bits": 9.96, "reliable": False, "reference_k": 256, "reference_bits": 8.79,
+         "reference_relative_error": 0.434, "reference_typical_relative_error": 0.429,
+         "reference_reads_cell": False},
+    ]  # fmt: skip
+    note = reliability_note(rows, lambda row: f"layer {row['layer']}").splitlines()
+    assert (
+        note[-3] == "On 1 of them the BAE is not reliable: a binary code with a linear "
+        "decoder reads those cells at the rule's error, the BAE's encoder does not find one "
+        "(layer 15)."
+    )
+    assert (
+        note[-2] == "- not read by k-means either: layer 25: K = 256 (the largest tried) "
+        "leaves 0.43 of the variance (0.43 for the typical state) at 8.8 bits, ceiling 10.0"
+    )
+    assert note[-1].startswith("On that cell no code of this kind reads the states")

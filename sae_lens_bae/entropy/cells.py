@@ -127,17 +127,21 @@ def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
                 f"decoder reads those cells at the rule's error, the BAE's encoder does not find "
                 f"one ({cells})."
             )
-        for row in referenced:
-            if not row["reference_reads_cell"]:
-                typical = row["reference_typical_relative_error"]
-                lines.append(
-                    f"- not read by k-means either: {name(row)}: K = {row['reference_k']} "
-                    f"(the largest tried) leaves {row['reference_relative_error']:.2f} of the "
-                    f"variance ({'-' if typical is None else f'{typical:.2f}'} for the typical "
-                    f"state) at {row['reference_bits']:.1f} bits (ceiling "
-                    f"{row['ceiling_bits']:.1f}): at this many states no code of this kind "
-                    "reads the cell; more states raise the ceiling (log2 of their number)."
-                )
+        unread = [row for row in referenced if not row["reference_reads_cell"]]
+        for row in unread:
+            typical = row["reference_typical_relative_error"]
+            lines.append(
+                f"- not read by k-means either: {name(row)}: K = {row['reference_k']} (the "
+                f"largest tried) leaves {row['reference_relative_error']:.2f} of the variance "
+                f"({'-' if typical is None else f'{typical:.2f}'} for the typical state) at "
+                f"{row['reference_bits']:.1f} bits, ceiling {row['ceiling_bits']:.1f}"
+            )
+        if unread:
+            lines.append(
+                f"On {'that cell' if len(unread) == 1 else f'those {len(unread)} cells'} no "
+                "code of this kind reads the states at this sample size: more states per cell "
+                "raise the ceiling (log2 of their number)."
+            )
     return "\n".join(lines) + "\n"
 
 
