@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install quickstart test demo lint bench notebooks
+.PHONY: install quickstart test demo lint bench notebooks gpu-checks
 
 install: $(VENV)/.installed
 
@@ -37,3 +37,14 @@ notebooks: install
 
 bench: install
 	$(BIN)/python benchmarks/train_step.py
+
+# On a machine with a CUDA GPU where this project imports (installed, or on PYTHONPATH; no
+# install step here): the tests that only run on a GPU, then the step benchmark at issue 16's
+# two sizes, JSON written under GPU_OUT
+GPU_OUT ?= runs/gpu-checks
+gpu-checks:
+	mkdir -p $(GPU_OUT)
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_fused_covariance.py tests/test_training_step.py
+	$(PYTHON) benchmarks/train_step.py --device cuda --steps 50 --out $(GPU_OUT)/train_step_576.json
+	$(PYTHON) benchmarks/train_step.py --device cuda --steps 50 --d-in 2048 --memory-sizes '' \
+		--out $(GPU_OUT)/train_step_2048.json
