@@ -139,13 +139,14 @@ def bae_objective(
         )
     # in fp32 whatever the autocast dtype: a bf16 mean would round the loss to 3 digits
     wide = torch.promote_types(sae_out.dtype, torch.float32)
+    out, target = sae_out.to(wide), sae_in.to(wide)
     batch = batch or GlobalBatch.local()
     rows = batch.rows(bits.shape[-2])
     if batch.world == 1:
-        reconstruction = _squared_error(sae_out.to(wide), sae_in.to(wide), "mean")
+        reconstruction = _squared_error(out, target, "mean")
         mean_code = bits.float().mean(dim=-2)
     else:  # sums over the ranks, divided by the global count
-        summed = batch.sum(_squared_error(sae_out.to(wide), sae_in.to(wide), "sum"))
+        summed = batch.sum(_squared_error(out, target, "sum"))
         reconstruction = summed / (rows * sae_in.shape[-1])
         mean_code = batch.sum(bits.float().sum(dim=-2)) / rows
     entropy_bits = binary_entropy(mean_code, eps=min(0.5 / rows, 0.25))  # minibatch_entropy's

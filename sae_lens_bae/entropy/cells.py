@@ -145,6 +145,17 @@ def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_REFERENCE_FIELDS = {
+    "k": "k",
+    "bits": "bits",
+    "joint_bits": "assignment_bits",
+    "relative_error": "relative_error",
+    "typical_relative_error": "typical_relative_error",
+    "reads_cell": "reads_cell",
+}
+"""A cell summary's ``reference_*`` keys and the ``QuantizerReading`` fields they hold."""
+
+
 @dataclass
 class CellEntropy:
     """A cell's entropy estimate with what makes it trustworthy: the mean over its seeds' BAEs,
@@ -174,7 +185,10 @@ class CellEntropy:
     reference: QuantizerReading | None = None  # the k-means reference (entropy.reference)
 
     def summary(self) -> dict[str, float | int | bool | list[float] | None]:
-        reference = self.reference
+        reference = {
+            f"reference_{key}": None if self.reference is None else getattr(self.reference, field)
+            for key, field in _REFERENCE_FIELDS.items()
+        }
         return {
             "bits": self.bits,
             "bits_std": self.bits_std,
@@ -193,14 +207,7 @@ class CellEntropy:
             "scale": self.scale,
             "restart_objectives": self.restart_objectives,
             "restart_bits": self.restart_bits,
-            "reference_k": None if reference is None else reference.k,
-            "reference_bits": None if reference is None else reference.bits,
-            "reference_joint_bits": None if reference is None else reference.assignment_bits,
-            "reference_relative_error": None if reference is None else reference.relative_error,
-            "reference_typical_relative_error": (
-                None if reference is None else reference.typical_relative_error
-            ),
-            "reference_reads_cell": None if reference is None else reference.reads_cell,
+            **reference,
         }
 
 

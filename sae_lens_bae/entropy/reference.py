@@ -123,16 +123,19 @@ def quantizer_reading(
     iterations: int = 50,
     seed: int = 0,
     max_relative_error: float = DEFAULT_MAX_RELATIVE_ERROR,
+    n_distinct: int | None = None,
 ) -> tuple[QuantizerReading, Float[Tensor, "k d"]]:
     """The ``QuantizerReading`` of ``kmeans(x, k)`` on ``x`` (all of its states), and the
-    centroids."""
+    centroids. ``n_distinct``: the distinct states of ``x`` if the caller has counted them."""
     centroids, assignment, run = kmeans(x, k, iterations, seed)
     data = x.double()
     errors = (data - centroids.double()[assignment]).pow(2).sum(-1)
     sst = float((data - data.mean(0)).pow(2).sum())
     counts = torch.bincount(assignment, minlength=k)
     bits = float(binary_entropy(counts.double() / x.shape[0]))
-    ceiling = math.log2(torch.unique(x, dim=0).shape[0])
+    if n_distinct is None:
+        n_distinct = torch.unique(x, dim=0).shape[0]
+    ceiling = math.log2(n_distinct)
     error = float(errors.sum()) / sst if sst > 0 else None
     typical = typical_relative_error(data, errors)
     excess = excess_bits(bits, counts.tolist())
@@ -171,13 +174,16 @@ def reference_reading(
     """The first K of ``sizes`` (default ``reference_sizes``) whose k-means code of ``x`` reads
     the cell (``QuantizerReading.reads_cell``), or the last one tried if none does; and every
     reading made on the way."""
+    n_distinct = torch.unique(x, dim=0).shape[0]  # once, for the sizes and every K's ceiling
     if sizes is None:
-        sizes = reference_sizes(torch.unique(x, dim=0).shape[0])
+        sizes = reference_sizes(n_distinct)
     if not sizes:
         raise ValueError("reference_reading needs at least one K")
     readings = []
     for k in sizes:
-        reading, _ = quantizer_reading(x, min(k, x.shape[0]), iterations, seed, max_relative_error)
+        reading, _ = quantizer_reading(
+            x, min(k, x.shape[0]), iterations, seed, max_relative_error, n_distinct
+        )
         readings.append(reading)
         if reading.reads_cell:
             break

@@ -117,8 +117,8 @@ class ICLTracingConfig(LabelledSentences):
     device: str = "cpu"
     """Torch device."""
     reference: bool = True
-    """Also read each cell with the smallest k-means code that passes the trust rule
-    (``entropy.reference``): drawn beside the BAE's curve, listed in the table."""
+    """Also read each cell with the smallest k-means code that reads it (the trust rule's errors
+    under the ceiling; ``entropy.reference``): drawn beside the BAE's curve, in the table."""
     seed: int = 0
     """Seed of the prompts and the BAEs."""
     out: Path = Path("runs/entropy_icl")

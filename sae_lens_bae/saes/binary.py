@@ -20,37 +20,28 @@ __all__ = [
 ]
 
 
-def _sigmoid_surrogate(x: Tensor, temperature: float) -> Tensor:
-    s = torch.sigmoid(x / temperature)
-    return s * (1.0 - s) / temperature
+def _sigmoid_surrogate(grad_out: Tensor, x: Tensor, temperature: float) -> Tensor:
+    # sigmoid_backward fuses grad * s (1 - s): two kernels at T = 1 instead of six (a GPU step
+    # of a small BAE costs its kernel launches)
+    scaled = x if temperature == 1.0 else x * (1.0 / temperature)
+    grad = torch.ops.aten.sigmoid_backward(grad_out, torch.sigmoid(scaled))
+    return grad if temperature == 1.0 else grad * (1.0 / temperature)
 
 
-def _straight_through(x: Tensor, temperature: float) -> Tensor:  # noqa: ARG001
-    return torch.ones_like(x)
+def _straight_through(grad_out: Tensor, x: Tensor, temperature: float) -> Tensor:  # noqa: ARG001
+    return grad_out
 
 
-SURROGATES: dict[str, Callable[[Tensor, float], Tensor]] = {
+SURROGATES: dict[str, Callable[[Tensor, Tensor, float], Tensor]] = {
     "sigmoid": _sigmoid_surrogate,
     "ste": _straight_through,
 }
-"""Surrogate derivatives of the step, by name.
+"""Surrogate gradients through the step, by name: ``(grad_out, x, T)`` -> grad_out times the
+surrogate derivative at x.
 
 ``sigmoid``: d/dx sigmoid(x / T), i.e. ``sigmoid(x/T)(1 - sigmoid(x/T)) / T`` (the paper's
 definition is T = 1). ``ste``: straight-through, derivative 1.
 """
-
-
-def _surrogate_backward(grad_out: Tensor, x: Tensor, surrogate: str, temperature: float) -> Tensor:
-    """grad_out times the surrogate derivative at x, in as few kernels as the math allows (a
-    GPU step of a small BAE costs its kernel launches): ``sigmoid_backward`` fuses
-    grad * s (1 - s), so the sigmoid surrogate at T = 1 is two kernels instead of six."""
-    if surrogate == "sigmoid":
-        scaled = x if temperature == 1.0 else x * (1.0 / temperature)
-        grad = torch.ops.aten.sigmoid_backward(grad_out, torch.sigmoid(scaled))
-        return grad if temperature == 1.0 else grad * (1.0 / temperature)
-    if surrogate == "ste":
-        return grad_out
-    return grad_out * SURROGATES[surrogate](x, temperature)
 
 
 class _Step(torch.autograd.Function):
@@ -63,7 +54,7 @@ class _Step(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
         (x,) = ctx.saved_tensors
-        return _surrogate_backward(grad_out, x, ctx.surrogate, ctx.temperature), None, None
+        return SURROGATES[ctx.surrogate](grad_out, x, ctx.temperature), None, None
 
 
 def step(
