@@ -8,9 +8,10 @@ but a d = 512 cell with the same failure does.
 
 Each variant is a name and a JSON object of ``EntropyRecipe`` fields replacing the base recipe
 (expansion 2, ``--steps``, lr 4e-3, the states at their own scale as the synthetic presets train
-them). Writes ``DIR/synthetic_cell.json`` (every variant's estimate, held-out error, steps used,
-seconds, and its minibatch entropy and reconstruction every ``--every`` steps) and ``.md``, each
-time a variant finishes, so an interrupted run keeps what it measured.
+them). Writes ``DIR/synthetic_cell.json`` (every variant's estimate, held-out error, the
+planted bits some channel copies (``recovered_bits``), steps used, seconds, and its minibatch
+entropy and reconstruction every ``--every`` steps) and ``.md``, each time a variant finishes,
+so an interrupted run keeps what it measured; ``--save-bae`` also keeps each trained BAE.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
-from sae_lens_bae.experiments.synthetic import PRESETS, directional_data, passes_bar
+from sae_lens_bae.experiments.synthetic import PRESETS, passes_bar, planted_cell, recovered_bits
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
 
 RECIPE_FIELDS = {f.name for f in fields(EntropyRecipe)}
@@ -35,6 +36,7 @@ COLUMNS = [
     ("overrides", lambda v: json.dumps(v["overrides"])),
     ("bits", lambda v: cell(v["bits"], ".1f")),
     ("relative error", lambda v: cell(v["relative_error"], ".4f")),
+    ("planted bits recovered", lambda v: str(v["recovered_bits"])),
     ("steps", lambda v: str(v["steps"])),
     ("seconds", lambda v: f"{v['seconds']:.0f}"),
     ("bar (within 0.05 r, <= 2%)", lambda v: "met" if v["within_bar"] else "missed"),
@@ -69,11 +71,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--every", type=int, default=500, help="trajectory stride in steps")
     parser.add_argument("--variant", type=parse_variant, action="append", required=True)
     parser.add_argument("--out", type=Path, default=Path("runs/synthetic-cell"))
+    parser.add_argument(
+        "--save-bae",
+        action="store_true",
+        help="also write each variant's trained BAE to DIR/NAME.pt (for probes)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
     # the synthetic presets' seeding: data seed 1000 r + seed, the BAE's seed
-    train, test = directional_data(
+    train, test, _, test_bits = planted_cell(
         args.r, args.d, args.n_train, args.n_test, 1000 * args.r + args.seed
     )
     base = EntropyRecipe(expansion=args.expansion, steps=args.steps, lr=args.lr)
@@ -90,6 +97,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         [estimate] = estimate_entropies(
             [train], recipe, eval_sets=[test], seeds=[args.seed], normalise=False
         )
+        if args.save_bae:  # its state dict and what rebuilds the cell's data and shift/scale
+            torch.save(
+                {
+                    "state_dict": estimate.bae.state_dict(),
+                    "cfg": estimate.bae.cfg.to_dict(),
+                    "shift": estimate.shift,
+                    "scale": estimate.scale,
+                    "data_seed": 1000 * args.r + args.seed,
+                },
+                args.out / f"{name}.pt",
+            )
         history = {key: values[:: args.every] for key, values in estimate.history.items()
                    if key in ("batch_entropy_bits", "reconstruction_loss")}  # fmt: skip
         row = {"r": args.r, "expansion": recipe.expansion, "objective": True,
@@ -100,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["variants"].append({
             "name": name, "overrides": overrides, "bits": estimate.bits,
             "relative_error": estimate.relative_error, "steps": estimate.steps,
+            "recovered_bits": recovered_bits(
+                estimate.bae.encode_bits((test + estimate.shift) * estimate.scale), test_bits),
             "seconds": time.perf_counter() - start, "within_bar": verdict["objective_ok"],
             "every": args.every, "trajectory": history,
             "restart_objectives": estimate.restart_objectives,

@@ -51,7 +51,7 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
     from dataclasses import replace
 
     from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
-    from sae_lens_bae.experiments.synthetic import directional_data
+    from sae_lens_bae.experiments.synthetic import planted_cell, recovered_bits
 
     out = tmp_path / "cell"
     script = str(BENCHMARKS / "synthetic_cell.py")
@@ -59,7 +59,7 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
               "--every", "100", "--out", str(out)]  # fmt: skip
     subprocess.run(
         [sys.executable, script, *common, "--variant", 'all steps={"converge": false}',
-         "--variant", 'warm-up={"lr_warm_up_steps": 100, "converge": false}'],
+         "--variant", 'warm-up={"lr_warm_up_steps": 100, "converge": false}', "--save-bae"],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     report = json.loads((out / "synthetic_cell.json").read_text())
@@ -68,13 +68,17 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
         assert variant["steps"] == 400
         assert len(variant["trajectory"]["reconstruction_loss"]) == 4
     plain, warm = report["variants"]
-    train, test = directional_data(2, 16, 2048, 512, 2000)  # the synthetic presets' seeding
+    train, test, _, bits = planted_cell(2, 16, 2048, 512, 2000)  # the synthetic presets' seeding
     recipe = replace(EntropyRecipe(expansion=2, steps=400, lr=4e-3), converge=False)
     [direct] = estimate_entropies([train], recipe, eval_sets=[test], seeds=[0], normalise=False,
                                   progress=False)  # fmt: skip
     assert plain["bits"] == pytest.approx(direct.bits, rel=1e-6)
     assert plain["relative_error"] == pytest.approx(direct.relative_error, rel=1e-6)
     assert plain["within_bar"] == (abs(direct.bits - 2) <= 0.1 and direct.relative_error <= 0.02)
+    assert plain["recovered_bits"] == recovered_bits(direct.bae.encode_bits(test), bits)
+    saved = torch.load(out / "all steps.pt", weights_only=False)  # --save-bae: the kept BAE
+    assert torch.equal(saved["state_dict"]["W_enc"], direct.bae.state_dict()["W_enc"])
+    assert saved["data_seed"] == 2000 and saved["scale"] == direct.scale
     # the warm-up changes training: its first steps run at a fraction of the lr
     assert warm["trajectory"]["reconstruction_loss"] != plain["trajectory"]["reconstruction_loss"]
     assert (out / "synthetic_cell.md").read_text().count('| {"converge": false} |') == 1

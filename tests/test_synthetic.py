@@ -5,7 +5,16 @@ import matplotlib.image
 import pytest
 import torch
 
-from sae_lens_bae.experiments.synthetic import PRESETS, directional_data, passes_bar, run_preset
+from sae_lens_bae.experiments.synthetic import (
+    PRESETS,
+    directional_data,
+    passes_bar,
+    planted_cell,
+    recovered_bits,
+    run_preset,
+)
+from sae_lens_bae.saes.bae import BAE
+from sae_lens_bae.saes.bae_config import BAEConfig
 
 
 @pytest.mark.parametrize("r", [0, 1, 3, 5])
@@ -18,6 +27,38 @@ def test_directional_data_has_exactly_r_bits(r):
         assert basis_rank == r
     with pytest.raises(ValueError, match="cannot exceed"):
         directional_data(9, d=8, n_train=10, n_test=10, seed=0)
+
+
+def _planted_code_bae(basis, d_sae):
+    """A BAE whose first r channels are the planted bits (pre-activations (x - centre) . u_k),
+    the rest never firing."""
+    r, d = basis.shape
+    bae = BAE(BAEConfig(d_in=d, d_sae=d_sae, encoder_bias=True, apply_b_dec_to_input=False))
+    with torch.no_grad():
+        bae.W_enc.zero_()
+        bae.W_enc[:, :r] = basis.T
+        bae.b_enc.fill_(-1.0)  # channels past r: always negative
+        bae.b_enc[:r] = -(0.5 * basis.sum(0)) @ basis.T  # the cube's centre on each direction
+    return bae
+
+
+def test_recovered_bits_counts_the_planted_bits_a_code_copies():
+    train, test, _, test_bits = planted_cell(6, d=16, n_train=64, n_test=2000, seed=1)
+    assert torch.equal(directional_data(6, 16, 64, 2000, seed=1)[1], test)
+    basis = torch.linalg.lstsq(test_bits, test).solution  # [r, d]: the planted directions
+    bae = _planted_code_bae(basis, d_sae=10)
+    codes = bae.encode_bits(test)
+    assert torch.equal(codes[:, :6], test_bits) and not codes[:, 6:].any()
+    assert recovered_bits(codes, test_bits) == 6
+    assert recovered_bits(1 - codes, test_bits) == 6  # a negated copy carries the same bit
+    codes[:, 2] = 0  # a channel gone: its bit is in no other channel
+    codes[:30, 4] = 1 - codes[:30, 4]  # 30 of 2000 wrong: 98.5% agreement, under 99%
+    assert recovered_bits(codes, test_bits) == 4
+    assert recovered_bits(codes, test_bits, agreement=0.98) == 5
+    assert (
+        recovered_bits(codes[:, :0], test_bits) == 0
+        and recovered_bits(codes, test_bits[:, :0]) == 0
+    )
 
 
 def test_a_step_budget_inside_the_presets_warm_up_is_refused_with_what_to_do():
@@ -73,6 +114,8 @@ def test_run_writes_json_table_and_plots(tmp_path):
     saved = json.loads((tmp_path / "synthetic.json").read_text())
     assert saved["results"] == rows and "objective_ok" in saved["bar"]
     assert "| r | expansion | objective |" in (tmp_path / "synthetic.md").read_text()
+    assert all(0 <= row["recovered_bits"] <= row["r"] for row in rows)
+    assert {row["recovered_bits"] for row in rows if row["r"] == 0} == {0}
     by_key = {(row["r"], row["objective"]): row for row in rows}
     assert by_key[(0, True)]["estimate_bits"] == pytest.approx(0.0, abs=1e-6)
     # without the penalties the code is far from minimal even in this short run

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.entropy import estimate_entropies
@@ -33,12 +34,16 @@ __all__ = [
     "SyntheticPreset",
     "directional_data",
     "passes_bar",
+    "planted_cell",
+    "recovered_bits",
     "run",
     "run_preset",
     "tolerance",
 ]
 
 REPORT = "synthetic.md"
+RECOVERED = 0.99
+"""A planted bit counts as recovered when a channel agrees with it on this fraction of states."""
 
 
 @dataclass
@@ -100,15 +105,38 @@ class SyntheticConfig:
         return chosen
 
 
-def directional_data(r: int, d: int, n_train: int, n_test: int, seed: int) -> tuple[Tensor, Tensor]:
-    """Train and test instances c M of one basis M (orthonormal rows), c uniform on {0,1}^r."""
+def planted_cell(
+    r: int, d: int, n_train: int, n_test: int, seed: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Train and test instances c M of one basis M (orthonormal rows), c uniform on {0,1}^r, and
+    their bits c (``recovered_bits`` compares a code with them)."""
     if r > d:
         raise ValueError(f"rank r={r} cannot exceed the dimension d={d}")
     generator = torch.Generator().manual_seed(seed)
     basis = torch.linalg.qr(torch.randn(d, max(r, 1), generator=generator))[0].T[:r]
     bits = torch.randint(0, 2, (n_train + n_test, r), generator=generator).float()
     data = bits @ basis if r else torch.zeros(n_train + n_test, d)
-    return data[:n_train], data[n_train:]
+    return data[:n_train], data[n_train:], bits[:n_train], bits[n_train:]
+
+
+def directional_data(r: int, d: int, n_train: int, n_test: int, seed: int) -> tuple[Tensor, Tensor]:
+    """Train and test instances c M of one basis M (orthonormal rows), c uniform on {0,1}^r."""
+    train, test, _, _ = planted_cell(r, d, n_train, n_test, seed)
+    return train, test
+
+
+@torch.no_grad()
+def recovered_bits(
+    codes: Float[Tensor, "n n_bits"], bits: Float[Tensor, "n r"], agreement: float = RECOVERED
+) -> int:
+    """How many planted bits some code channel copies (or negates) on at least ``agreement`` of
+    the states: an estimate near r could come from a code of other bits with the same sum of
+    entropies; this says whether the BAE found the planted ones."""
+    if bits.shape[1] == 0 or codes.shape[1] == 0:
+        return 0
+    codes, bits = codes.double(), bits.to(codes.device).double()
+    same = (bits.T @ codes + (1 - bits).T @ (1 - codes)) / len(bits)  # [r, n_bits]
+    return int((torch.maximum(same, 1 - same).amax(1) >= agreement).sum())
 
 
 def run(cfg: SyntheticConfig, progress: bool = True) -> dict[str, Any]:
@@ -141,7 +169,7 @@ def run_preset(
     if done and progress:
         print(f"resuming from {out}/synthetic.json: {len(done)} of {len(groups)} groups kept")
     data = {
-        (r, seed): directional_data(r, preset.d, preset.n_train, preset.n_test, 1000 * r + seed)
+        (r, seed): planted_cell(r, preset.d, preset.n_train, preset.n_test, 1000 * r + seed)
         for r, seed in cells
     }
     for expansion, objective in groups:
@@ -158,6 +186,8 @@ def run_preset(
             progress=progress,
         )
         for (r, seed), cell in zip(cells, estimates, strict=True):
+            test, test_bits = data[(r, seed)][1], data[(r, seed)][3]
+            codes = cell.bae.encode_bits(((test + cell.shift) * cell.scale).to(device))
             rows.append(
                 {
                     "r": r,
@@ -168,6 +198,8 @@ def run_preset(
                     "reconstruction_mse": cell.reconstruction_mse,
                     # held-out SSE as a fraction of the data variance (None for r = 0)
                     "relative_error": cell.relative_error,
+                    # planted bits some channel copies on >= RECOVERED of the held-out states
+                    "recovered_bits": recovered_bits(codes, test_bits),
                     "steps": cell.steps,  # at most the recipe's; fewer once converged
                     "restart_objectives": cell.restart_objectives,  # None without restarts
                     "restart_bits": cell.restart_bits,  # each restart's estimate, or None
