@@ -49,11 +49,14 @@ gpu-checks:
 	$(PYTHON) benchmarks/train_step.py --device cuda --steps 50 --d-in 2048 --memory-sizes '' \
 		--out $(GPU_OUT)/train_step_2048.json
 
-# The `paper` synthetic preset's open cells (issue 15), one run each (--restarts 1), about
-# 2 minutes a cell on an H200: r = 256 on seeds 1 and 2 and r = 512 on seed 0, 2x, with the
-# planted bits each code recovers (docs/entropy.md, "Running the paper grid on a GPU")
+# The `paper` synthetic preset's open cells (issue 15), one run each (--restarts 1): PAPER_RANKS
+# on seed 0 at 1x and 2x (1x is the width that read r = 256 on a d = 512 cell), with the planted
+# bits each code recovers; about 6 minutes a rank on an H200 (docs/entropy.md, "Running the
+# paper grid on a GPU"). Then PAPER_RANKS=512, and seeds 1,2
+PAPER_RANKS ?= 256
+PAPER_SEEDS ?= 0
+comma := ,
 gpu-paper-cells:
-	$(PYTHON) -m sae_lens_bae bench synthetic --preset paper --ranks 256 --seeds 1,2 \
-		--expansions 2 --no-ablation --restarts 1 --device cuda --out $(GPU_OUT)/paper-r256-s12
-	$(PYTHON) -m sae_lens_bae bench synthetic --preset paper --ranks 512 --seeds 0 \
-		--expansions 2 --no-ablation --restarts 1 --device cuda --out $(GPU_OUT)/paper-r512-s0
+	$(PYTHON) -m sae_lens_bae bench synthetic --preset paper --ranks $(PAPER_RANKS) \
+		--seeds $(PAPER_SEEDS) --expansions 1,2 --no-ablation --restarts 1 --device cuda \
+		--out $(GPU_OUT)/paper-r$(subst $(comma),-,$(PAPER_RANKS))-s$(subst $(comma),-,$(PAPER_SEEDS))

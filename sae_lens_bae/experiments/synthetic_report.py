@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 DYNAMICS = "synthetic_dynamics.json"
-DYNAMICS_POINTS = 2000  # per curve: enough for the plot, small beside a 30000-step history
+DYNAMICS_POINTS = 2000  # per curve: enough for the plot, small beside a 45000-step history
 
 
 def thin_history(history: Mapping[str, list[float]]) -> dict[str, list[float]]:
