@@ -70,8 +70,9 @@ class EntropyRecipe:
     restarts: int = 1
     """BAEs trained per seed from different initialisations, of which the one with the lowest
     held-out objective (``evaluation.held_out_objective``) is kept: the objective is non-convex,
-    and on a d = 512 set of 256 fair bits two runs of four read 256 bits and two stayed near 600
-    at a higher objective (docs/entropy.md). Costs ``restarts`` times the training."""
+    and on a d = 512 set of 256 fair bits at 2x, 3 runs of 11 read 256 bits and the rest stayed
+    near 550-600 at a higher objective (docs/entropy.md). Costs ``restarts`` times the
+    training."""
     converge: bool = True
     """Stop each BAE once its held-out reconstruction and entropy are flat (else: all steps)."""
     check_every: int = 100
