@@ -118,8 +118,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["variants"].append({
             "name": name, "overrides": overrides, "bits": estimate.bits,
             "relative_error": estimate.relative_error, "steps": estimate.steps,
-            "recovered_bits": recovered_bits(
-                estimate.bae.encode_bits((test + estimate.shift) * estimate.scale), test_bits),
+            "recovered_bits": recovered_bits(estimate.codes(test), test_bits),
             "seconds": time.perf_counter() - start, "within_bar": verdict["objective_ok"],
             "every": args.every, "trajectory": history,
             "restart_objectives": estimate.restart_objectives,

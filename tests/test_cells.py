@@ -6,6 +6,7 @@ import torch
 from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.cells import reliability_note
 from sae_lens_bae.experiments.synthetic import directional_data
+from sae_lens_bae.losses import binary_entropy
 from sae_lens_bae.training import Convergence, ConvergenceMonitor
 
 
@@ -82,6 +83,9 @@ def test_a_translated_set_reads_the_same_entropy():
     assert torch.allclose(far.shift, near.shift - shift, atol=1e-5)  # both put where calibrated
     placed = (train + near.shift) * near.scale
     assert placed.mean(0) == pytest.approx(torch.full((12,), 0.5**0.5 / 12**0.5), abs=1e-5)
+    for cell, held_out in ((near, test), (far, test + shift)):
+        # a cell's codes of its own held-out states, framed as in training: its estimate
+        assert binary_entropy(cell.codes(held_out).mean(0)).item() == pytest.approx(cell.bits)
     for cell in (near, far):
         assert cell.bits == pytest.approx(4.0, abs=0.05) and cell.reliable
         assert cell.relative_error < 0.01 and cell.typical_relative_error < 0.01

@@ -116,6 +116,14 @@ def test_run_writes_json_table_and_plots(tmp_path):
     assert "| r | expansion | objective |" in (tmp_path / "synthetic.md").read_text()
     assert all(0 <= row["recovered_bits"] <= row["r"] for row in rows)
     assert {row["recovered_bits"] for row in rows if row["r"] == 0} == {0}
+    table = (tmp_path / "synthetic.md").read_text()
+    for row in rows:  # one seed: the table's last column is that row's count
+        objective = "yes" if row["objective"] else "no"
+        assert f"| {row['r']} | 2 | {objective} |" in table
+        line = next(
+            x for x in table.splitlines() if x.startswith(f"| {row['r']} | 2 | {objective} |")
+        )
+        assert line.endswith(f"| {row['recovered_bits']} |")
     by_key = {(row["r"], row["objective"]): row for row in rows}
     assert by_key[(0, True)]["estimate_bits"] == pytest.approx(0.0, abs=1e-6)
     # without the penalties the code is far from minimal even in this short run

@@ -184,6 +184,14 @@ class CellEntropy:
     restart_bits: list[list[float]] | None = None  # per seed, each restart's estimate
     reference: QuantizerReading | None = None  # the k-means reference (entropy.reference)
 
+    @torch.no_grad()
+    def codes(self, states: Float[Tensor, "n d"]) -> Float[Tensor, "n n_bits"]:
+        """The kept BAE's codes of ``states`` of this cell's set, moved and scaled as its training
+        states were (``(states + shift) * scale``), on the BAE's device."""
+        device = self.bae.W_enc.device
+        framed = (states.float().to(device) + self.shift.to(device)) * self.scale
+        return self.bae.encode_bits(framed)
+
     def summary(self) -> dict[str, float | int | bool | list[float] | None]:
         reference = {
             f"reference_{key}": None if self.reference is None else getattr(self.reference, field)

@@ -186,8 +186,7 @@ def run_preset(
             progress=progress,
         )
         for (r, seed), cell in zip(cells, estimates, strict=True):
-            test, test_bits = data[(r, seed)][1], data[(r, seed)][3]
-            codes = cell.bae.encode_bits(((test + cell.shift) * cell.scale).to(device))
+            _, test, _, test_bits = data[(r, seed)]
             rows.append(
                 {
                     "r": r,
@@ -199,7 +198,7 @@ def run_preset(
                     # held-out SSE as a fraction of the data variance (None for r = 0)
                     "relative_error": cell.relative_error,
                     # planted bits some channel copies on >= RECOVERED of the held-out states
-                    "recovered_bits": recovered_bits(codes, test_bits),
+                    "recovered_bits": recovered_bits(cell.codes(test), test_bits),
                     "steps": cell.steps,  # at most the recipe's; fewer once converged
                     "restart_objectives": cell.restart_objectives,  # None without restarts
                     "restart_bits": cell.restart_bits,  # each restart's estimate, or None
