@@ -221,3 +221,22 @@ def test_restarts_keep_the_restart_of_lowest_held_out_objective():
 def test_a_recipe_without_seeds_or_restarts_says_so():
     with pytest.raises(ValueError, match="restarts must be at least 1"):
         EntropyRecipe(restarts=0)
+
+
+def test_a_recipe_without_encoder_bias_thresholds_every_channel_at_the_origin():
+    """``encoder_bias=False`` trains the paper's encoder h_B = step(h0 W_in): no ``b_enc``, so a
+    channel fires exactly where ``h0 W_enc`` is non-negative, and the cell's codes say so."""
+    x, test = directional_data(3, 8, 1024, 256, seed=0)
+    recipe = EntropyRecipe(expansion=2, steps=60, batch_size=64, converge=False,
+                           encoder_bias=False)  # fmt: skip
+    [cell] = estimate_entropies([x], recipe, eval_sets=[test], normalise=False, progress=False,
+                                bootstrap=0)  # fmt: skip
+    assert cell.bae.b_enc is None and "b_enc" not in cell.bae.state_dict()
+    bae, framed = cell.bae, (test + cell.shift) * cell.scale
+    assert not bae.cfg.apply_b_dec_to_input
+    expected = (framed @ bae.W_enc >= 0).float()
+    assert torch.equal(cell.codes(test), expected)
+    [biased] = estimate_entropies([x], EntropyRecipe(expansion=2, steps=60, batch_size=64,
+                                  converge=False), normalise=False, progress=False,
+                                  bootstrap=0)  # fmt: skip
+    assert biased.bae.b_enc is not None

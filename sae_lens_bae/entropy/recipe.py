@@ -59,6 +59,11 @@ class EntropyRecipe:
     """a_c at d = 2048; each BAE uses a_c * 2048 / d."""
     entropy_off_fraction: float = _PRESET.entropy_off_fraction
     """Fraction of the step budget trained without the entropy term."""
+    encoder_bias: bool = True
+    """Give each channel its own firing threshold ``b_enc``; False trains the paper's encoder
+    ``h_B = step(h0 W_in)``, every hyperplane through the origin of the (framed) states. On the
+    d = 512, r = 256 cell at 2x that made no difference (580 bits on 2 of 2 seeds, the same
+    stuck code: docs/entropy.md)."""
     objective: bool = True
     """Train with the entropy and covariance terms (False: the ablation a_e = a_c = 0)."""
     target_variance: float = 0.5
@@ -111,6 +116,7 @@ class EntropyRecipe:
             d_in=d_in,
             d_sae=self.expansion * d_in,
             bits=self.bits,
+            encoder_bias=self.encoder_bias,
             surrogate_temperature=self.surrogate_temperature,
             entropy_coefficient=self.entropy_coefficient_2048 * scale,
             covariance_coefficient=self.covariance_coefficient_2048 * scale,
