@@ -88,7 +88,9 @@ PRESETS: dict[str, SyntheticPreset] = {
     # cell at 1x (the width that reads r there on 3 of 3 seeds; 2x stayed near 560 bits on 2 of
     # 2 that day) 30000 steps left 2.1-2.4% error, 45000 1.8/1.9/2.1% at 255.8-256.0 bits. At
     # r = d / 4 (d = 512, r = 128, as r = 512 is at d = 2048) the 2x code read r on 2 of 2
-    # seeds at 0.8-0.9% error. Not yet run at d = 2048 with 45000 steps (docs/entropy.md)
+    # seeds at 0.8-0.9% error. A surrogate at T = 0.15 (not 0.3) freed the stuck r = 256 2x
+    # code on 3 of 3 runs (248.9-255.9 bits), one under 2%: not adopted on one cell. Not yet
+    # run at d = 2048 with 45000 steps (docs/entropy.md)
     "paper": SyntheticPreset(
         d=2048,
         ranks=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
