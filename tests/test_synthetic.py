@@ -113,16 +113,13 @@ def test_run_writes_json_table_and_plots(tmp_path):
     assert len(rows) == 2 * len(PRESETS["test"].ranks)
     saved = json.loads((tmp_path / "synthetic.json").read_text())
     assert saved["results"] == rows and "objective_ok" in saved["bar"]
-    assert "| r | expansion | objective |" in (tmp_path / "synthetic.md").read_text()
+    table = (tmp_path / "synthetic.md").read_text()
+    assert "| r | expansion | objective |" in table
     assert all(0 <= row["recovered_bits"] <= row["r"] for row in rows)
     assert {row["recovered_bits"] for row in rows if row["r"] == 0} == {0}
-    table = (tmp_path / "synthetic.md").read_text()
     for row in rows:  # one seed: the table's last column is that row's count
-        objective = "yes" if row["objective"] else "no"
-        assert f"| {row['r']} | 2 | {objective} |" in table
-        line = next(
-            x for x in table.splitlines() if x.startswith(f"| {row['r']} | 2 | {objective} |")
-        )
+        start = f"| {row['r']} | 2 | {'yes' if row['objective'] else 'no'} |"
+        [line] = [x for x in table.splitlines() if x.startswith(start)]
         assert line.endswith(f"| {row['recovered_bits']} |")
     by_key = {(row["r"], row["objective"]): row for row in rows}
     assert by_key[(0, True)]["estimate_bits"] == pytest.approx(0.0, abs=1e-6)
