@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from sae_lens_bae import train_sae
 from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.cells import reliability_note
 from sae_lens_bae.experiments.synthetic import directional_data
@@ -221,6 +222,21 @@ def test_restarts_keep_the_restart_of_lowest_held_out_objective():
 def test_a_recipe_without_seeds_or_restarts_says_so():
     with pytest.raises(ValueError, match="restarts must be at least 1"):
         EntropyRecipe(restarts=0)
+
+
+def test_a_recipes_adam_beta2_reaches_the_optimizer_as_saelens_trainer_takes_it():
+    """``EntropyRecipe.adam_beta2`` trains the cell's BAE as SAELens' ``SAETrainer`` (through
+    ``train_sae``) trains one with that ``adam_beta2``, and not as it does with the default."""
+    x, _ = directional_data(3, 8, 1024, 256, seed=0)
+    recipe = EntropyRecipe(expansion=2, steps=40, batch_size=64, converge=False, adam_beta2=0.9)
+    [cell] = estimate_entropies([x], recipe, normalise=False, progress=False, bootstrap=0)
+    trainer = {"training_samples": 40 * 64, "batch_size": 64, "lr": recipe.lr}
+    alone = train_sae(x.float(), recipe.config(8), seed=0, adam_beta2=0.9, **trainer).sae
+    default = train_sae(x.float(), recipe.config(8), seed=0, **trainer).sae
+    assert torch.allclose(cell.bae.W_enc, alone.W_enc, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(cell.bae.W_enc, default.W_enc, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="adam_beta2 must be in"):
+        EntropyRecipe(adam_beta2=1.0)
 
 
 def test_a_recipe_without_encoder_bias_thresholds_every_channel_at_the_origin():

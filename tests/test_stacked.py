@@ -29,6 +29,7 @@ OPTIONS = {
     "lr warm-up, cosine": ({"resample_every": 0}, {"lr_warm_up_steps": 12,
                                                    "lr_scheduler_name": "cosineannealing",
                                                    "lr_end": 2e-4}),
+    "adam beta2": ({"resample_every": 0}, {"adam_beta2": 0.9}),
 }  # fmt: skip
 
 

@@ -355,6 +355,7 @@ def estimate_entropies(
         lr_warm_up_steps=recipe.lr_warm_up_steps,
         lr_scheduler_name=recipe.lr_scheduler_name,
         lr_end=recipe.lr_end,
+        adam_beta2=recipe.adam_beta2,
     )
     cells = []
     for index, (states, k, t) in enumerate(zip(held_out, scales, shifts, strict=True)):

@@ -51,6 +51,11 @@ class EntropyRecipe:
     """After the warm-up: a constant lr, or a cosine down to ``lr_end`` at the end of ``steps``."""
     lr_end: float | None = None
     """The cosine's final learning rate (None: ``lr``, no decay)."""
+    adam_beta2: float = 0.999
+    """Adam's second-moment decay (SAELens' ``adam_beta2``). Adam divides each step by the root
+    of this running mean of squared gradients, so a weight whose gradient was near zero for a
+    while (a channel whose states sat far from its threshold) steps further than the lr when
+    a steady gradient starts: up to 6.6 lr (12 steps in) at 0.999, 2.1 lr at 0.99, 1.1 at 0.95."""
     surrogate_temperature: float = _PRESET.surrogate_temperature
     """Temperature of the sigmoid surrogate gradient."""
     entropy_coefficient_2048: float = _PRESET.entropy_coefficient
@@ -97,6 +102,8 @@ class EntropyRecipe:
             )
         if self.lr_end is not None and not 0 < self.lr_end <= self.lr:
             raise ValueError(f"lr_end must be in (0, lr={self.lr}], got {self.lr_end}")
+        if not 0 <= self.adam_beta2 < 1:
+            raise ValueError(f"adam_beta2 must be in [0, 1), got {self.adam_beta2}")
         if self.seeds < 1 or self.restarts < 1:
             raise ValueError(
                 f"seeds and restarts must be at least 1, got {self.seeds} and {self.restarts}"

@@ -259,6 +259,7 @@ def train_stacked_baes(
     lr_warm_up_steps: int = 0,
     lr_scheduler_name: str = "constant",
     lr_end: float | None = None,
+    adam_beta2: float = 0.999,
 ) -> StackedTraining:
     """Train one BAE per activation set, all at once; returns the BAEs, per-BAE histories and
     the steps each trained.
@@ -272,7 +273,8 @@ def train_stacked_baes(
     ``lr_warm_up_steps``, ``lr_scheduler_name``, ``lr_end``: the learning-rate schedule, by
     SAELens' scheduler and under its names (``train_sae`` passes them to ``SAETrainerConfig``):
     a linear warm-up over the first steps, then constant or ``"cosineannealing"`` down to
-    ``lr_end`` (default: ``lr``) at the end of the budget.
+    ``lr_end`` (default: ``lr``) at the end of the budget. ``adam_beta2``: Adam's second-moment
+    decay, under SAELens' name (beta1 is its 0.9).
     """
     sets = list(activations)
     seeds = list(range(len(sets))) if seeds is None else list(seeds)
@@ -282,7 +284,7 @@ def train_stacked_baes(
     if cfg.total_training_steps is None:
         cfg = replace(cfg, total_training_steps=n_steps)
     model = StackedBAE(cfg, seeds).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, adam_beta2))
     scheduler = get_lr_scheduler(lr_scheduler_name, optimizer, training_steps=n_steps, lr=lr,
                                  warm_up_steps=lr_warm_up_steps, decay_steps=0,
                                  lr_end=lr if lr_end is None else lr_end, num_cycles=1)  # fmt: skip
