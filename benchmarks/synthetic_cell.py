@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lr", type=float, default=4e-3)
     parser.add_argument("--every", type=int, default=500, help="trajectory stride in steps")
     parser.add_argument("--variant", type=parse_variant, action="append", required=True)
+    parser.add_argument("--device", default="cpu", help="where the BAEs train (cuda on a GPU)")
     parser.add_argument("--out", type=Path, default=Path("runs/synthetic-cell"))
     parser.add_argument(
         "--save-bae",
@@ -88,14 +89,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "info": {"d": args.d, "r": args.r, "seed": args.seed, "n_train": args.n_train,
                  "n_test": args.n_test, "expansion": args.expansion, "steps": args.steps,
                  "lr": args.lr, "torch": torch.__version__, "machine": platform.processor()
-                 or platform.machine(), "threads": torch.get_num_threads()},
+                 or platform.machine(), "threads": torch.get_num_threads(),
+                 "device": args.device},
         "variants": [],
     }  # fmt: skip
     for name, overrides in args.variant:
         recipe = replace(base, **overrides)
         start = time.perf_counter()
         [estimate] = estimate_entropies(
-            [train], recipe, eval_sets=[test], seeds=[args.seed], normalise=False
+            [train],
+            recipe,
+            eval_sets=[test],
+            seeds=[args.seed],
+            normalise=False,
+            device=args.device,
         )
         if args.save_bae:  # its state dict and what rebuilds the cell's data and shift/scale
             torch.save(
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["variants"].append({
             "name": name, "overrides": overrides, "bits": estimate.bits,
             "relative_error": estimate.relative_error, "steps": estimate.steps,
-            "recovered_bits": recovered_bits(estimate.codes(test), test_bits),
+            "recovered_bits": recovered_bits(estimate.codes(test).cpu(), test_bits),
             "seconds": time.perf_counter() - start, "within_bar": verdict["objective_ok"],
             "every": args.every, "trajectory": history,
             "restart_objectives": estimate.restart_objectives,
