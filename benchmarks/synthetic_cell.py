@@ -8,7 +8,8 @@ but a d = 512 cell with the same failure does.
 
 Each variant is a name and a JSON object of ``EntropyRecipe`` fields replacing the base recipe
 (expansion 2, ``--steps``, lr 4e-3, the states at their own scale as the synthetic presets train
-them). Writes ``DIR/synthetic_cell.json`` (every variant's estimate, held-out error, the
+them). Writes ``DIR/synthetic_cell.json`` (every variant's estimate, held-out error (and the error
+with the decoder as trained, before the recipe's least-squares refit), the
 planted bits some channel copies (``recovered_bits``), steps used, seconds, and its minibatch
 entropy and reconstruction every ``--every`` steps) and ``.md``, each time a variant finishes,
 so an interrupted run keeps what it measured; ``--save-bae`` also keeps each trained BAE.
@@ -36,6 +37,7 @@ COLUMNS = [
     ("overrides", lambda v: json.dumps(v["overrides"])),
     ("bits", lambda v: cell(v["bits"], ".1f")),
     ("relative error", lambda v: cell(v["relative_error"], ".4f")),
+    ("error as trained", lambda v: cell(v.get("trained_relative_error"), ".4f")),
     ("planted bits recovered", lambda v: str(v["recovered_bits"])),
     ("steps", lambda v: str(v["steps"])),
     ("seconds", lambda v: f"{v['seconds']:.0f}"),
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["variants"].append({
             "name": name, "overrides": overrides, "bits": estimate.bits,
             "relative_error": estimate.relative_error, "steps": estimate.steps,
+            "trained_relative_error": estimate.trained_relative_error,
             "recovered_bits": recovered_bits(estimate.codes(test).cpu(), test_bits),
             "seconds": time.perf_counter() - start, "within_bar": verdict["objective_ok"],
             "every": args.every, "trajectory": history,

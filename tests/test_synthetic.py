@@ -172,6 +172,12 @@ def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, mon
     (tmp_path / "synthetic.json").write_text(json.dumps(older))  # written before restarts
     assert run_preset(preset, tmp_path, progress=False) == final["results"]
     assert trained == [True, "stop", False]  # the same grid: a new field at its default
+    unrefitted = {**final, "preset": {**final["preset"], "recipe": {
+        k: v for k, v in final["preset"]["recipe"].items() if k != "refit_decoder"}}}  # fmt: skip
+    (tmp_path / "synthetic.json").write_text(json.dumps(unrefitted))
+    with pytest.raises(ValueError, match="another grid or recipe"):  # judged without the refit
+        run_preset(preset, tmp_path, progress=False)
+    (tmp_path / "synthetic.json").write_text(json.dumps(final))
     restarted = replace(preset, recipe=replace(preset.recipe, restarts=2))
     with pytest.raises(ValueError, match="another grid or recipe"):
         run_preset(restarted, tmp_path, progress=False)

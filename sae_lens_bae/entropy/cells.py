@@ -31,6 +31,7 @@ from sae_lens_bae.entropy.reference import QuantizerReading, reference_reading
 from sae_lens_bae.evaluation import evaluate_sae, held_out_objective
 from sae_lens_bae.reports import cell
 from sae_lens_bae.saes.bae import BAETrainingSAE
+from sae_lens_bae.saes.decoder_refit import refit_decoder
 from sae_lens_bae.training.stacked import train_stacked_baes
 
 __all__ = [
@@ -53,6 +54,7 @@ CELL_COLUMNS = [
     ("ceiling", lambda row: cell(row.get("ceiling_bits"), ".2f")),
     ("excess", lambda row: cell(row.get("excess_bits"), ".2f")),
     ("relative error", lambda row: cell(row["relative_error"], ".4f")),
+    ("error as trained", lambda row: cell(row.get("trained_relative_error"), ".4f")),
     ("typical error", lambda row: cell(row.get("typical_relative_error"), ".4f")),
     ("reliable", lambda row: "yes" if row.get("reliable") else "NO"),
     ("steps", lambda row: cell(row.get("steps"))),
@@ -183,6 +185,9 @@ class CellEntropy:
     # objective (the lowest was kept); None without restarts
     restart_bits: list[list[float]] | None = None  # per seed, each restart's estimate
     reference: QuantizerReading | None = None  # the k-means reference (entropy.reference)
+    trained_relative_error: float | None = None  # relative_error with the decoders as trained,
+    # mean over seeds; None without ``recipe.refit_decoder``
+    decoder_refits: list[bool] | None = None  # per seed, whether its decoder was refitted
 
     @torch.no_grad()
     def codes(self, states: Float[Tensor, "n d"]) -> Float[Tensor, "n n_bits"]:
@@ -215,6 +220,8 @@ class CellEntropy:
             "scale": self.scale,
             "restart_objectives": self.restart_objectives,
             "restart_bits": self.restart_bits,
+            "trained_relative_error": self.trained_relative_error,
+            "decoder_refits": self.decoder_refits,
             **reference,
         }
 
@@ -316,7 +323,9 @@ def estimate_entropies(
     its base + 1000 s. ``reference``: also read each evaluation set with the smallest k-means
     code that reads it (``entropy.reference.reference_reading``, seeded with the set's base
     seed), to tell a cell no code of that kind reads at this sample size from one the BAE
-    misses.
+    misses. With ``recipe.refit_decoder`` each BAE's decoder is refitted by least squares on its
+    training set first (``saes.decoder_refit``; ``trained_relative_error`` keeps the error of the
+    decoders as trained).
     """
     recipe = recipe or EntropyRecipe()
     if not sets:
@@ -363,6 +372,13 @@ def estimate_entropies(
         seeds, restarts = recipe.seeds, recipe.restarts
         groups = [range((index * seeds + r) * restarts, (index * seeds + r + 1) * restarts)
                   for r in range(seeds)]  # fmt: skip
+        trained_errors: dict[int, float | None] = {}
+        refits: dict[int, bool] = {}
+        if recipe.refit_decoder:  # before the restarts are compared: each with its best decoder
+            for g in (g for group in groups for g in group):
+                explained = evaluate_sae(training.baes[g], states)["explained_variance"]
+                trained_errors[g] = None if explained is None else 1.0 - explained
+                refits[g] = refit_decoder(training.baes[g], scaled[index], seed=base[index]).applied
         chosen = [_best_restart(training.baes, states, recipe.batch_size, g) for g in groups]
         members = [g for g, _ in chosen]
         objectives = [costs for _, costs in chosen if costs is not None] or None
@@ -383,9 +399,13 @@ def estimate_entropies(
         )
         evaluations = [evaluate_sae(training.baes[g], states) for g in members]
         first = members[0]
-        cells.append(_cell(estimates, evaluations, [training.steps[g] for g in members],
-                           training.baes[first], training.histories[first], (k, t),
-                           max_relative_error, objectives, restart_bits))  # fmt: skip
+        entry = _cell(estimates, evaluations, [training.steps[g] for g in members],
+                      training.baes[first], training.histories[first], (k, t),
+                      max_relative_error, objectives, restart_bits)  # fmt: skip
+        if recipe.refit_decoder:
+            entry.trained_relative_error = _mean([trained_errors[g] for g in members])
+            entry.decoder_refits = [refits[g] for g in members]
+        cells.append(entry)
     if reference:
         for index, entry in enumerate(tqdm(cells, desc="k-means references", disable=not progress)):
             entry.reference, _ = reference_reading(

@@ -197,6 +197,8 @@ def run_preset(
                     "reconstruction_mse": cell.reconstruction_mse,
                     # held-out SSE as a fraction of the data variance (None for r = 0)
                     "relative_error": cell.relative_error,
+                    # the same with the decoder as trained, before its least-squares refit
+                    "trained_relative_error": cell.trained_relative_error,
                     # planted bits some channel copies on >= RECOVERED of the held-out states
                     "recovered_bits": recovered_bits(cell.codes(test), test_bits),
                     "steps": cell.steps,  # at most the recipe's; fewer once converged

@@ -41,12 +41,18 @@ def thin_history(history: Mapping[str, list[float]]) -> dict[str, list[float]]:
     return thinned
 
 
+BEFORE_THE_FIELD = {"refit_decoder": False}
+"""Recipe fields whose default is not what runs recorded before the field existed did: a folder
+without ``refit_decoder`` was trained and judged with the decoders as trained."""
+
+
 def _with_new_recipe_fields(recorded: Any) -> Any:
     """A recorded preset with the recipe fields added since it was written (``restarts``, ...)
-    at their defaults, which is what that run trained with: such a folder is the same grid."""
+    at what that run trained with (their defaults, or ``BEFORE_THE_FIELD``): so a folder is the
+    same grid exactly when it was trained as this run would train it."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("recipe"), dict):
         return recorded
-    defaults = json.loads(json.dumps(asdict(EntropyRecipe())))
+    defaults = {**json.loads(json.dumps(asdict(EntropyRecipe()))), **BEFORE_THE_FIELD}
     return {**recorded, "recipe": {**defaults, **recorded["recipe"]}}
 
 

@@ -1,0 +1,134 @@
+"""The least-squares decoder of a trained code (``saes.decoder_refit``) and the entropy recipe's
+use of it: the code never moves, the decoder becomes the regression's, and only when it is
+better on training states held back."""
+
+import pytest
+import torch
+
+from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, estimate_entropy
+from sae_lens_bae.experiments.synthetic import directional_data
+from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.saes.decoder_refit import least_squares_decoder, refit_decoder
+
+
+def _lstsq(codes: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: LAPACK's SVD least squares on [codes, 1] in fp64 (``gelsd``: the default
+    ``gelsy`` missed the optimum on a rank-deficient code here)."""
+    design = torch.cat([codes.double(), torch.ones(len(codes), 1, dtype=torch.float64)], 1)
+    solution = torch.linalg.lstsq(design, targets.double(), driver="gelsd").solution
+    return solution[:-1], solution[-1]
+
+
+def _bae(d_in: int = 6, d_sae: int = 12, seed: int = 0, **kwargs) -> BAETrainingSAE:
+    torch.manual_seed(seed)
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=d_in, d_sae=d_sae, **kwargs))
+    with torch.no_grad():  # thresholds spread, so every channel fires on some states
+        if bae.b_enc is not None:
+            bae.b_enc.copy_(torch.linspace(-0.3, 0.3, bae.cfg.n_bits))
+        bae.W_dec.mul_(3.0)  # a decoder far from the code's best one
+    return bae
+
+
+def test_the_normal_equations_match_lapack_on_a_full_rank_design():
+    generator = torch.Generator().manual_seed(0)
+    codes = (torch.rand(300, 20, generator=generator) < 0.3).float()
+    targets = torch.randn(300, 7, generator=generator, dtype=torch.float64)
+    w, b = least_squares_decoder(codes, targets, chunk=64)  # chunks that do not divide 300
+    w_ref, b_ref = _lstsq(codes, targets)
+    torch.testing.assert_close(w, w_ref, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(b, b_ref, rtol=1e-6, atol=1e-7)
+
+
+def test_a_dead_and_a_duplicated_channel_get_the_minimum_norm_answer():
+    """A channel that never fires gets a zero row; two equal channels share their row: the
+    ridge's answer where the normal equations are singular."""
+    generator = torch.Generator().manual_seed(1)
+    codes = (torch.rand(400, 5, generator=generator) < 0.5).float()
+    codes[:, 3] = 0.0
+    codes[:, 4] = codes[:, 0]
+    targets = torch.randn(400, 3, generator=generator, dtype=torch.float64)
+    w, b = least_squares_decoder(codes, targets)
+    w_ref, b_ref = _lstsq(codes[:, [0, 1, 2]], targets)
+    assert torch.equal(w[3], torch.zeros(3, dtype=torch.float64))
+    torch.testing.assert_close(w[0], w[4], rtol=0, atol=1e-7)
+    torch.testing.assert_close(w[0] + w[4], w_ref[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(w[1:3], w_ref[1:], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(b, b_ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("frame", [None, 0.5])
+def test_the_refit_is_the_regression_and_leaves_the_code(frame):
+    """With or without an input frame (the encoder reads k (x + t), the decoder's output is
+    unframed): afterwards the reconstruction is the least-squares fit of the states on the code,
+    and the code is the same."""
+    bae = _bae(rescale_inputs_to=frame)
+    states = torch.randn(2000, 6, generator=torch.Generator().manual_seed(2)) * 2 + 1
+    if frame is not None:
+        from sae_lens_bae.saes.input_scale import fix_input_frame
+
+        fix_input_frame(bae, states, frame)
+    codes = bae.encode_bits(states)
+    encoder = bae.W_enc.detach().clone()
+    result = refit_decoder(bae, states)
+    assert result.applied and result.refit_mse < result.trained_mse
+    assert torch.equal(bae.encode_bits(states), codes) and torch.equal(bae.W_enc, encoder)
+    w, b = _lstsq(codes, states)
+    with torch.no_grad():
+        out = bae.decode(bae.encode(states)).double()
+    torch.testing.assert_close(out, codes.double() @ w + b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_centring_decoder_bias_is_kept():
+    """With ``apply_b_dec_to_input`` the encoder reads x - b_dec: moving b_dec would move the
+    code, so only W_dec is fitted (no bias column)."""
+    bae = _bae(apply_b_dec_to_input=True)
+    with torch.no_grad():
+        bae.b_dec.copy_(torch.linspace(-1, 1, 6))
+    states = torch.randn(2000, 6, generator=torch.Generator().manual_seed(3)) + 0.5
+    codes, bias = bae.encode_bits(states), bae.b_dec.detach().clone()
+    assert refit_decoder(bae, states).applied
+    assert torch.equal(bae.b_dec, bias) and torch.equal(bae.encode_bits(states), codes)
+    w, _ = least_squares_decoder(codes, states - bias, with_bias=False)
+    torch.testing.assert_close(bae.W_dec.detach(), w.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_no_refit_where_it_would_only_memorise_the_states():
+    """Fewer states than channels: a regression fitted on 80% of them interpolates and does
+    worse on the rest than a decoder that outputs the mean, which is then kept as it is."""
+    bae = _bae(d_in=6, d_sae=64)
+    states = torch.randn(60, 6, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        bae.W_dec.zero_()
+        bae.b_dec.copy_(states.mean(0))
+    before = {name: p.detach().clone() for name, p in bae.named_parameters()}
+    result = refit_decoder(bae, states)
+    assert not result.applied and result.refit_mse > result.trained_mse
+    assert all(torch.equal(p, before[name]) for name, p in bae.named_parameters())
+
+
+def test_the_recipe_refits_and_reports_the_error_as_trained():
+    """The same training with and without ``refit_decoder``: the same bits, the error as
+    trained kept beside the refitted one, which is the kept BAE's own error."""
+    train, test = directional_data(3, 8, 2048, 512, seed=5)
+    runs = {
+        refit: estimate_entropies(
+            [train],
+            EntropyRecipe(
+                expansion=2, steps=300, batch_size=128, converge=False, refit_decoder=refit
+            ),
+            eval_sets=[test],
+            normalise=False,
+            progress=False,
+            bootstrap=0,
+        )[0]  # fmt: skip
+        for refit in (True, False)
+    }
+    refitted, plain = runs[True], runs[False]
+    assert refitted.bits == plain.bits
+    assert refitted.decoder_refits == [True] and plain.decoder_refits is None
+    assert plain.trained_relative_error is None
+    assert refitted.trained_relative_error == pytest.approx(plain.relative_error, rel=1e-6)
+    assert refitted.relative_error < plain.relative_error
+    assert refitted.relative_error == estimate_entropy(refitted.bae, test).relative_error
+    assert torch.equal(refitted.bae.W_enc, plain.bae.W_enc)
+    assert refitted.summary()["trained_relative_error"] == refitted.trained_relative_error
