@@ -56,26 +56,52 @@ def test_a_dead_and_a_duplicated_channel_get_the_minimum_norm_answer():
     torch.testing.assert_close(b, b_ref, rtol=1e-6, atol=1e-6)
 
 
+def test_a_ridge_pulls_towards_the_prior_as_the_augmented_system_does():
+    """``ridge`` and ``prior``: the least squares of [X; sqrt(ridge) I] against [Y; sqrt(ridge)
+    prior], the textbook form of a ridge around a point, solved by LAPACK."""
+    generator = torch.Generator().manual_seed(6)
+    codes = (torch.rand(200, 9, generator=generator) < 0.1).float()
+    targets = torch.randn(200, 4, generator=generator, dtype=torch.float64)
+    prior = torch.randn(10, 4, generator=generator, dtype=torch.float64)
+    ridge = 7.0
+    w, b = least_squares_decoder(codes, targets, ridge=ridge, prior=prior)
+    design = torch.cat([codes.double(), torch.ones(200, 1, dtype=torch.float64)], 1)
+    stacked = torch.cat([design, ridge**0.5 * torch.eye(10, dtype=torch.float64)])
+    wanted = torch.linalg.lstsq(stacked, torch.cat([targets, ridge**0.5 * prior]),
+                                driver="gelsd").solution  # fmt: skip
+    torch.testing.assert_close(torch.cat([w, b[None]]), wanted, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("frame", [None, 0.5])
 def test_the_refit_is_the_regression_and_leaves_the_code(frame):
     """With or without an input frame (the encoder reads k (x + t), the decoder's output is
-    unframed): afterwards the reconstruction is the least-squares fit of the states on the code,
-    and the code is the same."""
-    bae = _bae(rescale_inputs_to=frame)
-    states = torch.randn(2000, 6, generator=torch.Generator().manual_seed(2)) * 2 + 1
-    if frame is not None:
-        from sae_lens_bae.saes.input_scale import fix_input_frame
+    unframed): afterwards the reconstruction is the least-squares fit of the states on the code
+    (with no ridge to choose from: LAPACK's; with the default ridges: the one chosen, around the
+    trained decoder), and the code is the same."""
+    for ridges in [(0.0,), None]:
+        bae = _bae(rescale_inputs_to=frame)
+        states = torch.randn(2000, 6, generator=torch.Generator().manual_seed(2)) * 2 + 1
+        if frame is not None:
+            from sae_lens_bae.saes.input_scale import fix_input_frame
 
-        fix_input_frame(bae, states, frame)
-    codes = bae.encode_bits(states)
-    encoder = bae.W_enc.detach().clone()
-    result = refit_decoder(bae, states)
-    assert result.applied and result.refit_mse < result.trained_mse
-    assert torch.equal(bae.encode_bits(states), codes) and torch.equal(bae.W_enc, encoder)
-    w, b = _lstsq(codes, states)
-    with torch.no_grad():
-        out = bae.decode(bae.encode(states)).double()
-    torch.testing.assert_close(out, codes.double() @ w + b, rtol=1e-4, atol=1e-4)
+            fix_input_frame(bae, states, frame)
+        codes = bae.encode_bits(states)
+        encoder, prior = bae.W_enc.detach().clone(), torch.cat([bae.W_dec, bae.b_dec[None]])
+        scale = 1.0 if frame is None else float(bae.input_scale)
+        result = refit_decoder(bae, states, **({} if ridges is None else {"ridges": ridges}))
+        assert result.applied and result.refit_mse < result.trained_mse
+        assert torch.equal(bae.encode_bits(states), codes) and torch.equal(bae.W_enc, encoder)
+        with torch.no_grad():
+            out = bae.decode(bae.encode(states)).double()
+        if ridges is not None:
+            assert result.ridge == 0.0
+            w, b = _lstsq(codes, states)
+            torch.testing.assert_close(out, codes.double() @ w + b, rtol=1e-4, atol=1e-4)
+        else:  # in the framed units the decoder works in: k (x + t)
+            framed = bae.process_sae_in(states)
+            w, b = least_squares_decoder(codes, framed, ridge=result.ridge, prior=prior.detach())
+            torch.testing.assert_close(bae.W_dec.detach(), w.float(), rtol=1e-4, atol=1e-5 * scale)
+            torch.testing.assert_close(bae.b_dec.detach(), b.float(), rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_a_centring_decoder_bias_is_kept():
@@ -86,20 +112,21 @@ def test_a_centring_decoder_bias_is_kept():
         bae.b_dec.copy_(torch.linspace(-1, 1, 6))
     states = torch.randn(2000, 6, generator=torch.Generator().manual_seed(3)) + 0.5
     codes, bias = bae.encode_bits(states), bae.b_dec.detach().clone()
-    assert refit_decoder(bae, states).applied
+    assert refit_decoder(bae, states, ridges=(0.0,)).applied
     assert torch.equal(bae.b_dec, bias) and torch.equal(bae.encode_bits(states), codes)
     w, _ = least_squares_decoder(codes, states - bias, with_bias=False)
     torch.testing.assert_close(bae.W_dec.detach(), w.float(), rtol=1e-5, atol=1e-5)
 
 
-def test_no_refit_where_it_would_only_memorise_the_states():
-    """Fewer states than channels: a regression fitted on 80% of them interpolates and does
-    worse on the rest than a decoder that outputs the mean, which is then kept as it is."""
-    bae = _bae(d_in=6, d_sae=64)
-    states = torch.randn(60, 6, generator=torch.Generator().manual_seed(4))
+def test_a_decoder_that_is_already_the_regression_is_kept():
+    """A decoder that is the regression on all the states: no fit on 80% of them, with any
+    ridge, does better on the other 20% (which it did not see), so nothing is installed."""
+    bae = _bae(d_in=6, d_sae=24)
+    states = torch.randn(400, 6, generator=torch.Generator().manual_seed(4))
+    w, b = least_squares_decoder(bae.encode_bits(states), states)
     with torch.no_grad():
-        bae.W_dec.zero_()
-        bae.b_dec.copy_(states.mean(0))
+        bae.W_dec.copy_(w)
+        bae.b_dec.copy_(b)
     before = {name: p.detach().clone() for name, p in bae.named_parameters()}
     result = refit_decoder(bae, states)
     assert not result.applied and result.refit_mse > result.trained_mse

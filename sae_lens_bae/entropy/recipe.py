@@ -71,11 +71,11 @@ class EntropyRecipe:
     stuck code: docs/entropy.md)."""
     refit_decoder: bool = True
     """After training, replace each BAE's decoder by the least-squares decoder of its code on
-    its training states, when that is better on a fifth of them held back
-    (``saes.decoder_refit``): the code and the estimate are unchanged, the reconstruction error
-    that judges them is the code's, not that of a decoder training left short. On the d = 512
-    set of 256 fair bits at 2x it took the held-out error from 1.67-2.08% to 1.38-1.69%
-    (docs/entropy.md)."""
+    its training states (a ridge towards the trained decoder, chosen on a fifth of them held
+    back), when that is better there (``saes.decoder_refit``): the code and the estimate are
+    unchanged, the reconstruction error that judges them is the code's, not that of a decoder
+    training left short. On the d = 512 set of 256 fair bits at 2x it took the held-out error
+    from 1.67-2.08% to 1.38-1.69% (docs/entropy.md)."""
     objective: bool = True
     """Train with the entropy and covariance terms (False: the ablation a_e = a_c = 0)."""
     target_variance: float = 0.5
