@@ -51,9 +51,9 @@ from torch import Tensor
 from sae_lens_bae.activations import gather_states
 from sae_lens_bae.data import default_corpus, document_windows, iter_texts
 from sae_lens_bae.entropy import TRACING_RECIPE, estimate_entropies, estimate_entropy
-from sae_lens_bae.entropy.cells import CELL_COLUMNS
 from sae_lens_bae.entropy.estimate import DEFAULT_MAX_RELATIVE_ERROR
 from sae_lens_bae.entropy.reference import quantizer_reading
+from sae_lens_bae.entropy.tables import CELL_COLUMNS
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text

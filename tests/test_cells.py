@@ -5,7 +5,7 @@ import torch
 
 from sae_lens_bae import train_sae
 from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
-from sae_lens_bae.entropy.cells import reliability_note
+from sae_lens_bae.entropy.tables import reliability_note
 from sae_lens_bae.experiments.synthetic import directional_data
 from sae_lens_bae.losses import binary_entropy
 from sae_lens_bae.training import Convergence, ConvergenceMonitor

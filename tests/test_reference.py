@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
-from sae_lens_bae.entropy.cells import cell_columns, reliability_note
 from sae_lens_bae.entropy.reference import (
     kmeans,
     quantizer_reading,
     reference_reading,
     reference_sizes,
 )
+from sae_lens_bae.entropy.tables import cell_columns, reliability_note
 
 
 def clusters(n_clusters: int = 64, per_cluster: int = 8, d: int = 16) -> torch.Tensor:

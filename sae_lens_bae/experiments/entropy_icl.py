@@ -20,7 +20,7 @@ from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations import check_layers, gather_states
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
-from sae_lens_bae.entropy.cells import cell_columns, reliability_note
+from sae_lens_bae.entropy.tables import cell_columns, reliability_note
 from sae_lens_bae.experiments.common import LabelledSentences, recipe_field
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_entropy_curves
