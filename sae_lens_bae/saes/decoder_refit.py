@@ -155,18 +155,22 @@ def refit_decoder(
         targets = targets - b_trained
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(values.device)
     val, fit = order[:n_val], order[n_val:]
+    val_values, val_targets = values[val].double(), targets[val].double()
 
     def mse(w: Tensor, b: Tensor | None) -> float:
-        out = values[val].double() @ w.double()
-        return float((out + (0 if b is None else b.double()) - targets[val].double()).pow(2).mean())
+        out = val_values @ w.double() + (0 if b is None else b.double())
+        return float((out - val_targets).pow(2).mean())
 
     trained = mse(w_trained, b_trained if fit_bias else None)
     equations = NormalEquations(values[fit], targets[fit], with_bias=fit_bias)
     scores = {ridge: mse(*equations.solve(ridge, prior)) for ridge in ridges}
     ridge = min(scores, key=scores.__getitem__)
     applied = scores[ridge] < trained
-    if applied:
-        w, b = NormalEquations(values, targets, with_bias=fit_bias).solve(ridge, prior)
+    if applied:  # the held-back fifth's sums added: the equations of all the states
+        held_back = NormalEquations(values[val], targets[val], with_bias=fit_bias)
+        equations.gram += held_back.gram
+        equations.rhs += held_back.rhs
+        w, b = equations.solve(ridge, prior)
         bae.W_dec.data.copy_(w.to(bae.W_dec.dtype))  # type: ignore[union-attr]
         if b is not None:
             bae.b_dec.data.copy_(b.to(bae.b_dec.dtype))  # type: ignore[union-attr]
