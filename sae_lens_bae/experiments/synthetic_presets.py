@@ -93,7 +93,8 @@ PRESETS: dict[str, SyntheticPreset] = {
     # read r on 0 of 4 runs since the kernel change, T = 0.15 alone read within the bit bar on
     # 3 of 3 seeds but late loss spikes broke two found codes (4.7-4.8% error); with beta2 =
     # 0.99 as well all 3 seeds read 255.9 bits, no spikes, at 1.67/2.08/2.00% error, and r = 128
-    # still read r (128.0, 1.1%); at 4x (569 bits before) seed 0 read 255.9 at 1.4%. Not yet
+    # still read r (128.0, 1.1%); at 4x (569 bits before) seed 0 read 255.9 at 1.4%. With the
+    # decoder refit every recipe now applies, the three 2x seeds are at 1.38/1.69/1.66%. Not yet
     # run at d = 2048 with this recipe (docs/entropy.md)
     "paper": SyntheticPreset(
         d=2048,
