@@ -167,7 +167,7 @@ def refit_decoder(
     ridge = min(scores, key=scores.__getitem__)
     applied = scores[ridge] < trained
     if applied:  # the held-back fifth's sums added: the equations of all the states
-        held_back = NormalEquations(values[val], targets[val], with_bias=fit_bias)
+        held_back = NormalEquations(val_values, val_targets, with_bias=fit_bias)
         equations.gram += held_back.gram
         equations.rhs += held_back.rhs
         w, b = equations.solve(ridge, prior)
