@@ -156,15 +156,31 @@ def bae_at_density(
     return sae
 
 
+COMPILED = ("standard", "topk", "bae", "bae_no_covariance")
+"""The models timed again with their step compiled (``--compile``)."""
+
+
+def compile_step(sae: Any, backend: str = "inductor") -> Any:
+    """What SAELens' runner does with ``compile_sae=True`` (and ``bae train --compile``):
+    ``torch.compile`` of the instance's ``training_forward_pass``, which ``SAETrainer.step``
+    calls. Where a small SAE's step costs its kernel launches, fusing them is what can bring it
+    down; ``backend="eager"`` traces without compiling (a quick check of the wiring)."""
+    sae.training_forward_pass = torch.compile(sae.training_forward_pass, backend=backend)
+    return sae
+
+
 def step_timings(
-    d_in: int, d_sae: int, batch_size: int, steps: int, device: str, densities: list[float]
-) -> dict:
+    d_in: int, d_sae: int, batch_size: int, steps: int, device: str, densities: list[float],
+    compile_backend: str | None = None,
+) -> dict:  # fmt: skip
     """Seconds per step of SAELens' standard and topk SAEs and of BAEs: as initialised, at each
     of ``densities``, without the covariance term; on CPU each BAE also through the products it
     had before the int8 matmuls (``_fp32``: fp32 matmuls, sparse sums below
     ``SPARSE_DENSITY_FP32``) and, at each density, through the int8 matmuls alone (``_int8``:
     the sparse sums off); on CUDA through the tiled path and the fused kernels without their
-    sign matrix (``_atomic``) as well as the default fused kernels."""
+    sign matrix (``_atomic``) as well as the default fused kernels. With ``compile_backend``,
+    ``COMPILED`` again with their step compiled (``_compiled`` rows, ``compile_step``; their
+    ATen ops are not counted: a compiled graph runs its own kernels)."""
     torch.manual_seed(0)
     batch = torch.randn(batch_size, d_in, device=device)
     models: dict[str, Any] = {
@@ -187,18 +203,27 @@ def step_timings(
             for path in ("int8", "fp32"):
                 models[f"bae_density_{density:g}_{path}"] = models[f"bae_density_{density:g}"]
     saes = {name: make().to(device) for name, make in models.items()}
+    if compile_backend is not None:
+        for name in COMPILED:
+            saes[f"{name}_compiled"] = compile_step(models[name]().to(device), compile_backend)
     seconds = time_training_steps(saes, batch, steps)
-    ops = ops_per_step({name: make().to(device) for name, make in models.items()}, batch)
+    ops: dict[str, int | None] = {
+        **ops_per_step({name: make().to(device) for name, make in models.items()}, batch),
+        **{name: None for name in saes if name.endswith("_compiled")},
+    }
     code_density = {}
     for name, sae in saes.items():
         if isinstance(sae, BAETrainingSAE):
             with torch.no_grad():
                 code_density[name] = float(sae.encode_bits(batch).mean())
-        print(f"  {name:28s} {seconds[name] * 1e3:9.2f} ms/step {ops[name]:5d} ops", flush=True)
+        shown = "-" if ops[name] is None else ops[name]
+        print(f"  {name:28s} {seconds[name] * 1e3:9.2f} ms/step {shown:>5} ops", flush=True)
     return {
         "seconds_per_step": seconds,
         "ops_per_step": ops,
-        "ops_over_standard": {name: count / ops["standard"] for name, count in ops.items()},
+        "ops_over_standard": {
+            name: count / ops["standard"] for name, count in ops.items() if count is not None
+        },
         "code_density_after_timing": code_density,
         "over_standard": {name: sec / seconds["standard"] for name, sec in seconds.items()},
         "bae_over_standard": seconds["bae"] / seconds["standard"],
@@ -308,6 +333,15 @@ def main() -> None:
     parser.add_argument(
         "--memory-density", type=float, default=0.05, help="code density of the memory probes"
     )
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="also time standard, topk and the BAEs with their step compiled, as SAELens' "
+        "compile_sae does (torch.compile backend, default inductor; the first steps compile)",
+    )
     parser.add_argument("--probe", nargs=5, metavar=("N", "BATCH", "KIND", "DEVICE", "DENSITY"))
     args = parser.parse_args()
     if args.probe:
@@ -328,7 +362,9 @@ def main() -> None:
         info["gpu"] = torch.cuda.get_device_name()
     print(f"Training step, d_in={args.d_in} d_sae={d_sae} batch={args.batch} on {info}")
     densities = [float(p) for p in args.densities.split(",") if p]
-    timings = step_timings(args.d_in, d_sae, args.batch, args.steps, args.device, densities)
+    timings = step_timings(
+        args.d_in, d_sae, args.batch, args.steps, args.device, densities, args.compile
+    )
     print("Covariance penalty peak memory (forward + backward), batch", args.batch)
     sizes = [int(s) for s in args.memory_sizes.split(",") if s]
     memory = covariance_memory(
@@ -342,6 +378,7 @@ def main() -> None:
         density = timings["code_density_after_timing"].get(name)
         shown = f"{density:.3f}" if density is not None else "-"
         ops = timings["ops_per_step"][name]
+        ops = "-" if ops is None else ops
         print(
             f"| {name} | {shown} | {sec * 1e3:.2f} | {sec / std:.2f} | {sec / topk:.2f} | {ops} |"
         )

@@ -5,11 +5,12 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+import torch
 import typer
 from sae_lens import SAE
 from typer.testing import CliRunner
 
-from sae_lens_bae import BAE
+from sae_lens_bae import BAE, BAETrainingSAE
 from sae_lens_bae.cli import COMMANDS, app
 from sae_lens_bae.cli.options import config_class, config_command, options_of
 from sae_lens_bae.entropy.estimate import is_reliable
@@ -186,6 +187,33 @@ def test_train_live_from_local_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
     bae = SAE.load_from_disk(out)
     assert isinstance(bae, BAE) and bae.cfg.bits == 2 and bae.cfg.d_in == 32
     assert bae.cfg.metadata.hook_name == "blocks.1.hook_resid_post"
+
+
+def test_train_compile_hands_the_bae_step_to_torch_compile(
+    tiny_hf_llama_dir, tiny_corpus, tmp_path, monkeypatch
+):
+    """--compile is SAELens' compile_sae: its runner compiles the BAE's training_forward_pass
+    (traced here by dynamo's eager backend, so the test does not wait for inductor)."""
+    compiled = []
+    real_compile = torch.compile
+
+    def recording_compile(fn, **kwargs):
+        compiled.append((getattr(fn, "__func__", fn), kwargs.get("backend")))
+        return real_compile(fn, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    out = tmp_path / "bae"
+    args = ["train", "--model", str(tiny_hf_llama_dir), "--dataset", str(tiny_corpus),
+            "--hook", "blocks.1.hook_resid_post", "--out", str(out), "--context-size", "32",
+            "--training-tokens", str(8 * 256), "--batch-size", "256"]  # fmt: skip
+    result = runner.invoke(app, [*args, "--compile"])
+    assert result.exit_code == 0, result.output
+    assert compiled == [(BAETrainingSAE.training_forward_pass, "inductor")]
+    assert isinstance(SAE.load_from_disk(out), BAE)
+    result = runner.invoke(app, [*args, "--compile", "--distributed"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--compile does not combine with --distributed" in result.output
+    assert len(compiled) == 1  # refused before any model ran
 
 
 def test_train_with_unknown_hook_fails_clearly(tiny_hf_llama_dir, tiny_corpus, tmp_path):

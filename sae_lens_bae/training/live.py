@@ -98,6 +98,10 @@ class LiveTrainingConfig:
     """This process is one rank of a torchrun launch: every rank reads its shard of the dataset,
     --batch-size is the global minibatch (split over the ranks), the BAE's loss is the global
     batch's (sae_lens_bae.training.distributed). NCCL on CUDA (a GPU per local rank), else gloo."""
+    compile: bool = False
+    """Compile the BAE's training step with torch.compile (SAELens' compile_sae): a small BAE's
+    step on a GPU costs its kernel launches, which the compiled step fuses; the first steps pay
+    the compilation (seconds to a minute). Not with --distributed."""
 
 
 class BAETrainingRunner(LanguageModelSAETrainingRunner):
@@ -188,6 +192,11 @@ def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa:
             f"torchrun started {launched} processes: add --distributed to train one BAE on all "
             "of them (without it every process would train its own copy into the same folder)"
         )
+    if cfg.compile and cfg.distributed:
+        raise ValueError(
+            "--compile does not combine with --distributed (the data-parallel step replaces the "
+            "compiled one): drop one of them"
+        )
     started_group = cfg.distributed and not is_distributed()
     if started_group and "MASTER_ADDR" not in os.environ:
         raise ValueError(
@@ -249,6 +258,7 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         output_path=str(out) if rank == 0 else None,  # rank 0 saves the BAE
         checkpoint_path=str(out / "checkpoints"),
         n_checkpoints=cfg.checkpoints,
+        compile_sae=cfg.compile,
     )
     if world > 1:  # SAELens appends a random run id: take rank 0's
         shared = [runner_cfg.checkpoint_path]
