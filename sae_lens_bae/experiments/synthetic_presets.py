@@ -94,10 +94,12 @@ PRESETS: dict[str, SyntheticPreset] = {
     # 3 of 3 seeds but late loss spikes broke two found codes (4.7-4.8% error); with beta2 =
     # 0.99 as well all 3 seeds read 255.9 bits, no spikes, at 1.67/2.08/2.00% error, and r = 128
     # still read r (128.0, 1.1%); at 4x (569 bits before) seed 0 read 255.9 at 1.4%. With the
-    # decoder refit every recipe now applies, the three 2x seeds are at 1.38/1.69/1.66%. Not yet
-    # run at d = 2048 with this recipe. At d = 1024 (seed 0, 2x, 2026-11-26) r = 256 read 256.0
-    # bits at 0.02% error, but r = 512 stuck under r at 480 bits and 41% error: r = 512 is not
-    # shown by any run of this recipe (docs/entropy.md)
+    # decoder refit every recipe now applies, the three 2x seeds are at 1.38/1.69/1.66%. At
+    # d = 1024 (seed 0, 2x, 2026-11-26) r = 256 read 256.0 bits at 0.02% error, but r = 512
+    # stuck under r at 480 bits and 41% error; at d = 512, r = 512 stayed a distributed code of
+    # about 1020 bits (23%), also at half the coefficients. At d = 2048 (H200, r = 256, seed 0,
+    # 2x, one run) this recipe read 224 bits at 13% error, its code drained under r: the preset
+    # does NOT meet the bar at its own d, and r = 512 is read at no d (docs/entropy.md)
     "paper": SyntheticPreset(
         d=2048,
         ranks=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
