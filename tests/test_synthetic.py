@@ -202,3 +202,14 @@ def test_the_ablation_can_be_left_out_from_the_command_line(tmp_path):
     report = (tmp_path / "synthetic.md").read_text()
     assert "Bar met with the objective (every cell, >= 1 seeds): True\n" in report
     assert "ablation" not in report  # no verdict on an ablation that was not run
+
+
+def test_the_paper_preset_scales_the_proxys_lr_by_the_root_of_the_dimension():
+    """Sets are scaled to one total variance, so Adam's fixed step grows as sqrt(d) against a
+    bit's margin: at d = 2048 the d = 512 proxy's lr 4e-3 drained the code under r (and lr x 2
+    did the same on the proxy), so the paper preset trains at 4e-3 * sqrt(512 / 2048)."""
+    from sae_lens_bae.experiments.synthetic import PRESETS
+
+    recipe = PRESETS["paper"].recipe
+    assert PRESETS["paper"].d == 2048
+    assert (recipe.lr, recipe.lr_end) == (2e-3, 2e-4)
