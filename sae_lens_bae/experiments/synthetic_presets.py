@@ -37,6 +37,12 @@ class SyntheticPreset:
         return [(expansion, objective) for expansion in self.expansions for objective in objectives]
 
 
+_PAPER_D = 2048
+"""The paper's hidden-state dimension, that of its synthetic preset."""
+_PROXY_LR_SCALE = (512 / _PAPER_D) ** 0.5
+"""Adam's step against a bit's margin grows as sqrt(d) at a fixed total variance: the d = 512
+proxy's learning rates are scaled by sqrt(512 / d) at the paper's d (docs/entropy.md)."""
+
 PRESETS: dict[str, SyntheticPreset] = {
     # 84 BAEs in 16 min on 2 CPU cores. Measured: every cell within 0.01 bits on 3 of 3 seeds at
     # <= 0.5% held-out error. lr 4e-3, not the prototype's 2e-3: at 4000 steps 2e-3 left r = 32 at
@@ -106,7 +112,7 @@ PRESETS: dict[str, SyntheticPreset] = {
     # not yet run at d = 2048 (2026-11-26, sixth session). r = 512 is read at no d
     # (docs/entropy.md)
     "paper": SyntheticPreset(
-        d=2048,
+        d=_PAPER_D,
         ranks=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
         expansions=(2, 4),
         seeds=(0, 1, 2),
@@ -114,11 +120,11 @@ PRESETS: dict[str, SyntheticPreset] = {
         n_test=8192,
         recipe=EntropyRecipe(
             steps=45000,
-            lr=4e-3 * (512 / 2048) ** 0.5,  # the d = 512 proxy's lr, scaled by sqrt(512 / d)
+            lr=4e-3 * _PROXY_LR_SCALE,
             lr_warm_up_steps=1000,
             entropy_off_fraction=0.05,
             lr_scheduler_name="cosineannealing",
-            lr_end=4e-4 * (512 / 2048) ** 0.5,
+            lr_end=4e-4 * _PROXY_LR_SCALE,
             surrogate_temperature=0.15,
             adam_beta2=0.99,
             converge=False,
