@@ -40,14 +40,15 @@ bench: install
 
 # On a machine with a CUDA GPU where this project imports (installed, or on PYTHONPATH; no
 # install step here): the tests that only run on a GPU, then the step benchmark at issue 16's
-# two sizes (at 576 also with the steps compiled, as SAELens' compile_sae and `bae train
-# --compile` do), JSON written under GPU_OUT
+# two sizes (at 576 also with the steps compiled, in torch's default mode and as CUDA graphs, as
+# SAELens' compile_sae and `bae train --compile [--compile-mode reduce-overhead]` do), JSON
+# written under GPU_OUT
 GPU_OUT ?= runs/gpu-checks
 gpu-checks:
 	mkdir -p $(GPU_OUT)
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_fused_covariance.py tests/test_training_step.py
 	$(PYTHON) benchmarks/train_step.py --device cuda --steps 50 --compile \
-		--out $(GPU_OUT)/train_step_576.json
+		--compile-modes default,reduce-overhead --out $(GPU_OUT)/train_step_576.json
 	$(PYTHON) benchmarks/train_step.py --device cuda --steps 50 --d-in 2048 --memory-sizes '' \
 		--out $(GPU_OUT)/train_step_2048.json
 

@@ -160,18 +160,24 @@ COMPILED = ("standard", "topk", "bae", "bae_no_covariance")
 """The models timed again with their step compiled (``--compile``)."""
 
 
-def compile_step(sae: Any, backend: str = "inductor") -> Any:
+def compile_step(sae: Any, backend: str = "inductor", mode: str | None = None) -> Any:
     """What SAELens' runner does with ``compile_sae=True`` (and ``bae train --compile``):
     ``torch.compile`` of the instance's ``training_forward_pass``, which ``SAETrainer.step``
     calls. Where a small SAE's step costs its kernel launches, fusing them is what can bring it
-    down; ``backend="eager"`` traces without compiling (a quick check of the wiring)."""
-    sae.training_forward_pass = torch.compile(sae.training_forward_pass, backend=backend)
+    down (``mode="reduce-overhead"``: replayed as a CUDA graph, ``bae train --compile-mode``);
+    ``backend="eager"`` traces without compiling (a quick check of the wiring)."""
+    sae.training_forward_pass = torch.compile(sae.training_forward_pass, backend=backend, mode=mode)
     return sae
+
+
+def compiled_row(name: str, mode: str | None) -> str:
+    """``name_compiled`` for torch's default mode, ``name_compiled_MODE`` for another."""
+    return f"{name}_compiled" if mode in (None, "default") else f"{name}_compiled_{mode}"
 
 
 def step_timings(
     d_in: int, d_sae: int, batch_size: int, steps: int, device: str, densities: list[float],
-    compile_backend: str | None = None,
+    compile_backend: str | None = None, compile_modes: tuple[str | None, ...] = (None,),
 ) -> dict:  # fmt: skip
     """Seconds per step of SAELens' standard and topk SAEs and of BAEs: as initialised, at each
     of ``densities``, without the covariance term; on CPU each BAE also through the products it
@@ -179,8 +185,9 @@ def step_timings(
     ``SPARSE_DENSITY_FP32``) and, at each density, through the int8 matmuls alone (``_int8``:
     the sparse sums off); on CUDA through the tiled path and the fused kernels without their
     sign matrix (``_atomic``) as well as the default fused kernels. With ``compile_backend``,
-    ``COMPILED`` again with their step compiled (``_compiled`` rows, ``compile_step``; their
-    ATen ops are not counted: a compiled graph runs its own kernels)."""
+    ``COMPILED`` again with their step compiled in each of ``compile_modes`` (``compiled_row``
+    names them, ``compile_step``; their ATen ops are not counted: a compiled graph runs its own
+    kernels)."""
     torch.manual_seed(0)
     batch = torch.randn(batch_size, d_in, device=device)
     models: dict[str, Any] = {
@@ -204,12 +211,15 @@ def step_timings(
                 models[f"bae_density_{density:g}_{path}"] = models[f"bae_density_{density:g}"]
     saes = {name: make().to(device) for name, make in models.items()}
     if compile_backend is not None:
-        for name in COMPILED:
-            saes[f"{name}_compiled"] = compile_step(models[name]().to(device), compile_backend)
+        for mode in compile_modes:
+            for name in COMPILED:
+                saes[compiled_row(name, mode)] = compile_step(
+                    models[name]().to(device), compile_backend, mode
+                )
     seconds = time_training_steps(saes, batch, steps)
     ops: dict[str, int | None] = {
         **ops_per_step({name: make().to(device) for name, make in models.items()}, batch),
-        **{name: None for name in saes if name.endswith("_compiled")},
+        **{name: None for name in saes if name not in models},
     }
     code_density = {}
     for name, sae in saes.items():
@@ -342,6 +352,12 @@ def main() -> None:
         help="also time standard, topk and the BAEs with their step compiled, as SAELens' "
         "compile_sae does (torch.compile backend, default inductor; the first steps compile)",
     )
+    parser.add_argument(
+        "--compile-modes",
+        default="default",
+        help="torch.compile modes of the --compile rows, comma-separated (default, "
+        "reduce-overhead: CUDA graphs, max-autotune, max-autotune-no-cudagraphs)",
+    )
     parser.add_argument("--probe", nargs=5, metavar=("N", "BATCH", "KIND", "DEVICE", "DENSITY"))
     args = parser.parse_args()
     if args.probe:
@@ -363,8 +379,9 @@ def main() -> None:
     print(f"Training step, d_in={args.d_in} d_sae={d_sae} batch={args.batch} on {info}")
     densities = [float(p) for p in args.densities.split(",") if p]
     timings = step_timings(
-        args.d_in, d_sae, args.batch, args.steps, args.device, densities, args.compile
-    )
+        args.d_in, d_sae, args.batch, args.steps, args.device, densities, args.compile,
+        tuple(mode for mode in args.compile_modes.split(",") if mode),
+    )  # fmt: skip
     print("Covariance penalty peak memory (forward + backward), batch", args.batch)
     sizes = [int(s) for s in args.memory_sizes.split(",") if s]
     memory = covariance_memory(

@@ -28,6 +28,8 @@ from sae_lens_bae.fused_covariance import (
     fused_backward,
     fused_backward_from_signs,
     fused_forward,
+    fused_op_applies,
+    fused_penalty_op,
     sign_matrix,
 )
 
@@ -250,7 +252,12 @@ def covariance_penalty(
     block = block_size or _default_block(n, groups, codes.device)
     if not 0 <= share[0] < share[1]:
         raise ValueError(f"share must be (rank, world) with 0 <= rank < world, got {share}")
-    penalty = _CovariancePenalty.apply(codes.reshape(groups, batch, n), block, binary, share)
+    codes = codes.reshape(groups, batch, n)
+    if binary and fused_op_applies(codes, _EXACT_FP32_BATCH):  # a compiled graph: one op
+        with torch.autocast(codes.device.type, enabled=False):
+            total, _ = fused_penalty_op(codes, *share)
+        return total.to(torch.promote_types(codes.dtype, torch.float32)).reshape(stack)
+    penalty = _CovariancePenalty.apply(codes, block, binary, share)
     return penalty.reshape(stack)  # type: ignore[no-any-return]
 
 

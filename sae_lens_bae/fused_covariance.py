@@ -47,6 +47,8 @@ __all__ = [
     "fused_backward_from_signs",
     "fused_forward",
     "fused_on",
+    "fused_op_applies",
+    "fused_penalty_op",
     "sign_matrix",
     "tile_pairs",
 ]
@@ -194,12 +196,23 @@ if HAS_TRITON:
 def fused_applies(codes: Tensor, max_batch: int) -> bool:
     """Whether binary codes [G, B, n] take the kernels: triton, a device of ``FUSED_DEVICES``,
     a batch of at most ``max_batch`` (exact fp32 tiles), and not inside ``torch.compile``, whose
-    graphs keep to the tiled path's ops."""
+    graphs call them as one op instead (``fused_op_applies``)."""
     return (
         HAS_TRITON
         and codes.device.type in FUSED_DEVICES
         and codes.shape[1] <= max_batch
         and not torch.compiler.is_compiling()
+    )
+
+
+def fused_op_applies(codes: Tensor, max_batch: int) -> bool:
+    """Whether binary codes inside a ``torch.compile`` graph take the kernels, through
+    :func:`fused_penalty_op` (where eager steps take them through ``fused_applies``)."""
+    return (
+        HAS_TRITON
+        and codes.device.type in FUSED_DEVICES
+        and codes.shape[1] <= max_batch
+        and torch.compiler.is_compiling()
     )
 
 
@@ -280,3 +293,59 @@ def fused_backward(
             BLOCK_N=block_n, BLOCK_B=block_b, num_warps=NUM_WARPS,
         )  # fmt: skip
     return torch.sub(grad, sign_sums[:, None, :], alpha=1.0 / batch)
+
+
+@torch.library.custom_op("sae_lens_bae::fused_covariance_penalty", mutates_args=())
+def fused_penalty_op(codes: Tensor, rank: int, world: int) -> tuple[Tensor, Tensor]:
+    """The penalty (fp32 [G]) of 0/1 codes [G, B, n] through the kernels, as one op that a
+    ``torch.compile`` graph calls as it is (inductor cannot trace into a Triton launch made from
+    Python, so without the op a compiled step fell back to the tiled path's ops). Also returns the
+    sign matrix backward multiplies (empty where the codes are too wide to keep one).
+    ``covariance_penalty`` takes it inside compiled graphs; eager steps keep the autograd
+    ``Function``, which costs no op dispatch (about 20 us a call, on a host-bound step)."""
+    x = codes.detach().to(torch.float16).contiguous()  # exact for 0/1
+    counts = x.sum(1, dtype=torch.float32)
+    signs = sign_matrix(x, (rank, world))
+    batch = x.shape[1]
+    total = fused_forward(x, counts, (rank, world), signs=signs, scale=1.0 / (batch * (batch - 1)))
+    return total, signs if signs is not None else x.new_empty(0, dtype=torch.bfloat16)
+
+
+@fused_penalty_op.register_fake
+def _penalty_shapes(codes: Tensor, rank: int, world: int) -> tuple[Tensor, Tensor]:  # noqa: ARG001
+    """The op's outputs as compile traces them: shapes and dtypes, no kernel."""
+    groups, _, n = codes.shape
+    kept = groups * n * n <= SIGN_CACHE_LIMIT
+    signs = codes.new_empty((groups, n, n) if kept else (0,), dtype=torch.bfloat16)
+    return codes.new_empty(groups, dtype=torch.float32), signs
+
+
+@torch.library.custom_op("sae_lens_bae::fused_covariance_gradient", mutates_args=())
+def fused_gradient_op(codes: Tensor, signs: Tensor, rank: int, world: int) -> Tensor:
+    """The penalty's gradient (fp32 [G, B, n], for a unit output) from the codes and the forward's
+    signs, or from the tiles recomputed where ``signs`` is empty."""
+    x = codes.detach().to(torch.float16).contiguous()
+    if signs.numel():
+        grad = fused_backward_from_signs(x, signs)
+    else:
+        grad = fused_backward(x, x.sum(1, dtype=torch.float32), (rank, world))
+    return grad.mul_(2.0 / (x.shape[1] - 1))
+
+
+@fused_gradient_op.register_fake
+def _gradient_shape(codes: Tensor, signs: Tensor, rank: int, world: int) -> Tensor:  # noqa: ARG001
+    return codes.new_empty(codes.shape, dtype=torch.float32)
+
+
+def _save_for_gradient(ctx, inputs: tuple, output: tuple) -> None:  # type: ignore[no-untyped-def]
+    codes, ctx.rank, ctx.world = inputs
+    ctx.save_for_backward(codes, output[1])
+
+
+def _penalty_gradient(ctx, grad_total: Tensor, _grad_signs: Tensor) -> tuple:  # type: ignore[no-untyped-def]
+    codes, signs = ctx.saved_tensors
+    grad = fused_gradient_op(codes, signs, ctx.rank, ctx.world)
+    return (grad * grad_total[:, None, None]).to(codes.dtype), None, None
+
+
+fused_penalty_op.register_autograd(_penalty_gradient, setup_context=_save_for_gradient)

@@ -276,11 +276,16 @@ def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does(
 
 def test_the_step_benchmark_times_compiled_steps_beside_the_eager_ones():
     """``--compile``: standard, topk and the BAEs timed again through ``compile_step`` (SAELens'
-    ``compile_sae``), their ATen ops left uncounted (None) and out of the ratios of op counts."""
+    ``compile_sae``) in each mode asked for, their ATen ops left uncounted (None) and out of the
+    ratios of op counts."""
     bench = _load_benchmark("train_step")
-    timings = bench.step_timings(8, 32, 64, 2, "cpu", [], compile_backend="eager")
-    compiled = {name for name in timings["seconds_per_step"] if name.endswith("_compiled")}
-    assert compiled == {f"{name}_compiled" for name in bench.COMPILED}
+    timings = bench.step_timings(
+        8, 32, 64, 2, "cpu", [], compile_backend="eager", compile_modes=("default", "max-autotune")
+    )
+    compiled = {name for name in timings["seconds_per_step"] if "_compiled" in name}
+    assert compiled == {
+        f"{name}_compiled{mode}" for name in bench.COMPILED for mode in ("", "_max-autotune")
+    }
     assert {name: timings["ops_per_step"][name] for name in compiled} == dict.fromkeys(compiled)
     assert compiled.isdisjoint(timings["ops_over_standard"])
     assert timings["ops_per_step"]["standard"] > 0

@@ -198,7 +198,7 @@ def test_train_compile_hands_the_bae_step_to_torch_compile(
     real_compile = torch.compile
 
     def recording_compile(fn, **kwargs):
-        compiled.append((getattr(fn, "__func__", fn), kwargs.get("backend")))
+        compiled.append((getattr(fn, "__func__", fn), kwargs.get("backend"), kwargs.get("mode")))
         return real_compile(fn, backend="eager")
 
     monkeypatch.setattr(torch, "compile", recording_compile)
@@ -208,12 +208,16 @@ def test_train_compile_hands_the_bae_step_to_torch_compile(
             "--training-tokens", str(8 * 256), "--batch-size", "256"]  # fmt: skip
     result = runner.invoke(app, [*args, "--compile"])
     assert result.exit_code == 0, result.output
-    assert compiled == [(BAETrainingSAE.training_forward_pass, "inductor")]
+    assert compiled == [(BAETrainingSAE.training_forward_pass, "inductor", None)]
     assert isinstance(SAE.load_from_disk(out), BAE)
-    result = runner.invoke(app, [*args, "--compile", "--distributed"])
+    args[args.index(str(out))] = str(tmp_path / "bae-cudagraphs")
+    result = runner.invoke(app, [*args, "--compile-mode", "reduce-overhead"])
+    assert result.exit_code == 0, result.output  # a mode implies --compile
+    assert compiled[1] == (BAETrainingSAE.training_forward_pass, "inductor", "reduce-overhead")
+    result = runner.invoke(app, [*args, "--compile-mode", "reduce-overhead", "--distributed"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "--compile does not combine with --distributed" in result.output
-    assert len(compiled) == 1  # refused before any model ran
+    assert len(compiled) == 2  # refused before any model ran
 
 
 def test_train_with_unknown_hook_fails_clearly(tiny_hf_llama_dir, tiny_corpus, tmp_path):

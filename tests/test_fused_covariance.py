@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+from torch._dynamo.testing import AotEagerAndRecordGraphs
 
 from sae_lens_bae import fused_covariance
 from sae_lens_bae.covariance import covariance_penalty
@@ -156,6 +157,40 @@ def test_the_penalty_takes_either_backward_with_the_tiled_gradient(monkeypatch):
     assert sign_matrix(x, (0, 1)) is None
 
 
+@here
+@pytest.mark.parametrize("keep_signs", [True, False])
+@pytest.mark.filterwarnings("ignore:Your compiler for AOTAutograd")  # torch's own recorder
+def test_a_compiled_penalty_calls_the_kernels_as_one_op_with_the_tiled_gradient(
+    monkeypatch, keep_signs
+):
+    """Inside ``torch.compile`` the penalty of binary codes is one custom op (the kernels), not
+    the tiled path's ops: the graph holds it, and the compiled value and gradient (upstream
+    gradient per stack member, signs kept or tiles recomputed) are the tiled path's."""
+    if not keep_signs:
+        monkeypatch.setattr(fused_covariance, "SIGN_CACHE_LIMIT", 0)
+    x = codes(2, 33, 40, 0.25, seed=4)
+    penalty, grad = tiled(x)
+    weights = torch.tensor([1.0, -3.0], device=DEVICE)
+    recorded = AotEagerAndRecordGraphs()  # dynamo's graph, then AOT's forward and backward
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return covariance_penalty(x * 1.0, binary=True)
+
+    compiled = torch.compile(step, fullgraph=True, backend=recorded)
+    fused_x = x.clone().requires_grad_(True)
+    with fused_on(DEVICE):
+        fused = compiled(fused_x)
+        (fused * weights).sum().backward()
+    torch._dynamo.reset()
+    (forward,), (backward,) = recorded.fw_graphs, recorded.bw_graphs
+    graphs = str(forward.graph) + str(backward.graph)  # AOT may run the gradient op in forward
+    assert "sae_lens_bae.fused_covariance_penalty" in str(forward.graph)
+    assert "sae_lens_bae.fused_covariance_gradient" in graphs
+    assert "mm" not in graphs  # no tile of the PyTorch path
+    torch.testing.assert_close(fused.detach(), penalty, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fused_x.grad, grad * weights.view(2, 1, 1), rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.skipif(
     RUNS_HERE or not HAS_TRITON,
     reason="the kernels ran directly in this run" if HAS_TRITON else "triton is not installed",
@@ -170,4 +205,4 @@ def test_the_kernels_under_the_triton_interpreter():
         check=False,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "9 passed, 1 skipped" in result.stdout, result.stdout[-2000:]
+    assert "11 passed, 1 skipped" in result.stdout, result.stdout[-2000:]

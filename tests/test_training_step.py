@@ -81,6 +81,28 @@ def test_a_cuda_training_step_never_waits_for_the_host():
     assert float(sae.code_mean_count) == 3.0  # every step updated the running mean
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's CUDA graphs need a GPU")
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_a_cuda_step_compiled_by_inductor_gives_the_eager_losses_and_gradients(mode):
+    """What ``bae train --compile`` (and ``--compile-mode reduce-overhead``: a CUDA graph) runs on
+    a GPU: inductor's step, the penalty's Triton kernels inside it as one op, against the eager
+    step (the kernels through their autograd Function) on the same weights."""
+    sae = _bae(d_in=64).cuda()
+    x = torch.randn(256, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+
+    def forward(x: torch.Tensor, step: int) -> torch.Tensor:
+        return sae.training_forward_pass(_step_input(sae, x, step)).loss
+
+    compiled = torch.compile(forward, mode=mode)
+    for step in (60, 61, 62):  # CUDA graphs record on the first calls, then replay
+        eager_loss, eager_grads = _loss_and_grads(sae, forward, x, step)
+        loss, grads = _loss_and_grads(sae, compiled, x, step)
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=0)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    torch._dynamo.reset()
+
+
 def test_a_compiled_step_still_refuses_nan_activations():
     """Under compile the input check runs on the device (no sync) and still fails the step."""
     sae = _bae()

@@ -43,6 +43,10 @@ Normalisation = typing.get_type_hints(SAEConfig)["normalize_activations"]
 """SAELens' activation normalisations (``none``, ``expected_average_only_in``, ...)."""
 
 
+CompileMode = Literal["reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+"""torch.compile's modes besides its default."""
+
+
 @dataclass
 class LiveTrainingConfig:
     """What ``bae train`` runs: one BAE on one hook point, trained on live activations."""
@@ -102,6 +106,10 @@ class LiveTrainingConfig:
     """Compile the BAE's training step with torch.compile (SAELens' compile_sae): a small BAE's
     step on a GPU costs its kernel launches, which the compiled step fuses; the first steps pay
     the compilation (seconds to a minute). Not with --distributed."""
+    compile_mode: CompileMode | None = None
+    """torch.compile's mode for the step (SAELens' sae_compilation_mode; implies --compile):
+    reduce-overhead replays the step as a CUDA graph, one launch for a step whose cost on a GPU
+    is the host's launching of its kernels (a BAE of d_sae 2304); None: torch's default."""
 
 
 class BAETrainingRunner(LanguageModelSAETrainingRunner):
@@ -192,7 +200,7 @@ def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa:
             f"torchrun started {launched} processes: add --distributed to train one BAE on all "
             "of them (without it every process would train its own copy into the same folder)"
         )
-    if cfg.compile and cfg.distributed:
+    if (cfg.compile or cfg.compile_mode is not None) and cfg.distributed:
         raise ValueError(
             "--compile does not combine with --distributed (the data-parallel step replaces the "
             "compiled one): drop one of them"
@@ -258,7 +266,8 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         output_path=str(out) if rank == 0 else None,  # rank 0 saves the BAE
         checkpoint_path=str(out / "checkpoints"),
         n_checkpoints=cfg.checkpoints,
-        compile_sae=cfg.compile,
+        compile_sae=cfg.compile or cfg.compile_mode is not None,
+        sae_compilation_mode=cfg.compile_mode,
     )
     if world > 1:  # SAELens appends a random run id: take rank 0's
         shared = [runner_cfg.checkpoint_path]
