@@ -14,9 +14,10 @@ import sys
 
 import pytest
 import torch
+from sae_lens.saes.sae import TrainStepInput
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 
-from sae_lens_bae import fused_covariance
+from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, fused_covariance
 from sae_lens_bae.covariance import covariance_penalty
 from sae_lens_bae.fused_covariance import (
     HAS_TRITON,
@@ -191,6 +192,36 @@ def test_a_compiled_penalty_calls_the_kernels_as_one_op_with_the_tiled_gradient(
     torch.testing.assert_close(fused_x.grad, grad * weights.view(2, 1, 1), rtol=1e-6, atol=1e-7)
 
 
+@here
+@pytest.mark.filterwarnings("ignore:Your compiler for AOTAutograd")
+def test_a_compiled_bae_training_step_takes_the_op_with_the_eager_loss_and_gradients():
+    """The whole training step, as ``bae train --compile`` hands it to torch.compile: its
+    objective's penalty is the op, and its loss and gradients are the eager step's (which runs
+    the kernels through the autograd Function)."""
+    torch.manual_seed(0)
+    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=16, d_sae=64, total_training_steps=100))
+    sae = sae.to(DEVICE)
+    x = torch.randn(128, 16, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+
+    def loss_and_grads(forward):
+        sae.zero_grad(set_to_none=True)
+        step = TrainStepInput(x, {"entropy": 1e-3, "covariance": 1e-3}, None, 60, False)
+        loss = forward(step).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in sae.parameters()]
+
+    recorded = AotEagerAndRecordGraphs()
+    compiled = torch.compile(sae.training_forward_pass, fullgraph=True, backend=recorded)
+    with fused_on(DEVICE):
+        eager_loss, eager_grads = loss_and_grads(sae.training_forward_pass)
+        loss, grads = loss_and_grads(compiled)
+    torch._dynamo.reset()
+    assert "sae_lens_bae.fused_covariance_penalty" in str(recorded.fw_graphs[0].graph)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=0)
+    for grad, eager_grad in zip(grads, eager_grads, strict=True):
+        torch.testing.assert_close(grad, eager_grad, rtol=1e-5, atol=1e-8)
+
+
 @pytest.mark.skipif(
     RUNS_HERE or not HAS_TRITON,
     reason="the kernels ran directly in this run" if HAS_TRITON else "triton is not installed",
@@ -205,4 +236,4 @@ def test_the_kernels_under_the_triton_interpreter():
         check=False,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "11 passed, 1 skipped" in result.stdout, result.stdout[-2000:]
+    assert "12 passed, 1 skipped" in result.stdout, result.stdout[-2000:]
