@@ -355,7 +355,7 @@ def main() -> None:
     parser.add_argument(
         "--compile-modes",
         default="default",
-        help="torch.compile modes of the --compile rows, comma-separated (default, "
+        help="with --compile: the torch.compile modes of its rows, comma-separated (default, "
         "reduce-overhead: CUDA graphs, max-autotune, max-autotune-no-cudagraphs)",
     )
     parser.add_argument("--probe", nargs=5, metavar=("N", "BATCH", "KIND", "DEVICE", "DENSITY"))
