@@ -25,12 +25,9 @@ from sae_lens_bae.covariance_products import (
 from sae_lens_bae.fused_covariance import (
     band_tiles,
     fused_applies,
-    fused_backward,
-    fused_backward_from_signs,
-    fused_forward,
-    fused_op_applies,
+    fused_gradient,
+    fused_penalty,
     fused_penalty_op,
-    sign_matrix,
 )
 
 __all__ = ["covariance_penalty", "dense_covariance_penalty"]
@@ -114,14 +111,14 @@ class _CovariancePenalty(torch.autograd.Function):
         work_dtype = torch.promote_types(codes.dtype, torch.float32)
         if binary and batch > _EXACT_FP32_BATCH:  # B * count reaches B^2 > 2^24: fp32 rounds
             work_dtype = torch.float64
-        ctx.fused = binary and fused_applies(codes, _EXACT_FP32_BATCH)
+        # compiled graphs take the kernels as one op instead (covariance_penalty)
+        ctx.fused = (
+            binary and not torch.compiler.is_compiling() and fused_applies(codes, _EXACT_FP32_BATCH)
+        )
         if ctx.fused:  # one Triton program per tile: codes, counts and (if it fits) signs in memory
-            x = codes.detach().to(torch.float16).contiguous()  # exact for 0/1
-            counts = x.sum(1, dtype=torch.float32)
-            signs = sign_matrix(x, share)  # None: too wide, backward recomputes the tiles
-            ctx.save_for_backward(x, counts, *(() if signs is None else (signs,)))
+            total, x, signs = fused_penalty(codes, share)  # signs None: backward recomputes tiles
+            ctx.save_for_backward(x, *(() if signs is None else (signs,)))
             ctx.share = share
-            total = fused_forward(x, counts, share, signs=signs, scale=1.0 / (batch * (batch - 1)))
             return total.to(work_dtype)  # fp32 codes: no kernel
         x = codes.detach()
         flips = None
@@ -162,13 +159,10 @@ class _CovariancePenalty(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
         if ctx.fused:
-            x, counts, *signs = ctx.saved_tensors
-            if signs:
-                grad = fused_backward_from_signs(x, signs[0])
-            else:
-                grad = fused_backward(x, counts, ctx.share)
-            scale = grad_out.to(grad.dtype).view(-1, 1, 1) * (2.0 / (x.shape[1] - 1))
-            return grad.mul_(scale), None, None, None
+            x, *signs = ctx.saved_tensors
+            scale = grad_out.to(torch.float32).view(-1, 1, 1)
+            grad = fused_gradient(x, signs[0] if signs else None, ctx.share, scale)
+            return grad, None, None, None
         (counts,) = ctx.saved_tensors
         products, binary, dtype = ctx.products, ctx.binary, ctx.work_dtype
         groups, batch, n = products.x.shape
@@ -253,7 +247,7 @@ def covariance_penalty(
     if not 0 <= share[0] < share[1]:
         raise ValueError(f"share must be (rank, world) with 0 <= rank < world, got {share}")
     codes = codes.reshape(groups, batch, n)
-    if binary and fused_op_applies(codes, _EXACT_FP32_BATCH):  # a compiled graph: one op
+    if binary and torch.compiler.is_compiling() and fused_applies(codes, _EXACT_FP32_BATCH):
         with torch.autocast(codes.device.type, enabled=False):
             total, _ = fused_penalty_op(codes, *share)
         return total.to(torch.promote_types(codes.dtype, torch.float32)).reshape(stack)

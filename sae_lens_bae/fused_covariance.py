@@ -47,7 +47,8 @@ __all__ = [
     "fused_backward_from_signs",
     "fused_forward",
     "fused_on",
-    "fused_op_applies",
+    "fused_gradient",
+    "fused_penalty",
     "fused_penalty_op",
     "sign_matrix",
     "tile_pairs",
@@ -195,25 +196,9 @@ if HAS_TRITON:
 
 def fused_applies(codes: Tensor, max_batch: int) -> bool:
     """Whether binary codes [G, B, n] take the kernels: triton, a device of ``FUSED_DEVICES``,
-    a batch of at most ``max_batch`` (exact fp32 tiles), and not inside ``torch.compile``, whose
-    graphs call them as one op instead (``fused_op_applies``)."""
-    return (
-        HAS_TRITON
-        and codes.device.type in FUSED_DEVICES
-        and codes.shape[1] <= max_batch
-        and not torch.compiler.is_compiling()
-    )
-
-
-def fused_op_applies(codes: Tensor, max_batch: int) -> bool:
-    """Whether binary codes inside a ``torch.compile`` graph take the kernels, through
-    :func:`fused_penalty_op` (where eager steps take them through ``fused_applies``)."""
-    return (
-        HAS_TRITON
-        and codes.device.type in FUSED_DEVICES
-        and codes.shape[1] <= max_batch
-        and torch.compiler.is_compiling()
-    )
+    and a batch of at most ``max_batch`` (exact fp32 tiles). Eager steps reach them through
+    ``covariance``'s autograd Function, compiled graphs through :func:`fused_penalty_op`."""
+    return HAS_TRITON and codes.device.type in FUSED_DEVICES and codes.shape[1] <= max_batch
 
 
 def _check(codes: Tensor) -> None:
@@ -295,19 +280,40 @@ def fused_backward(
     return torch.sub(grad, sign_sums[:, None, :], alpha=1.0 / batch)
 
 
+def fused_penalty(
+    codes: Tensor, share: tuple[int, int] = (0, 1)
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The penalty (fp32 [G]) of 0/1 codes [G, B, n] through the kernels, with what its gradient
+    needs: the codes as fp16 (exact for 0/1) and the sign matrix (None where too wide to keep)."""
+    x = codes.detach().to(torch.float16).contiguous()
+    counts = x.sum(1, dtype=torch.float32)
+    signs = sign_matrix(x, share)
+    batch = x.shape[1]
+    total = fused_forward(x, counts, share, signs=signs, scale=1.0 / (batch * (batch - 1)))
+    return total, x, signs
+
+
+def fused_gradient(
+    x: Tensor, signs: Tensor | None, share: tuple[int, int], scale: Tensor | float
+) -> Tensor:
+    """The penalty's gradient (fp32 [G, B, n]) times ``scale`` (a float, or [G, 1, 1] upstream
+    gradients) from :func:`fused_penalty`'s fp16 codes and signs, or from the tiles recomputed
+    where the signs were not kept."""
+    if signs is not None:
+        grad = fused_backward_from_signs(x, signs)
+    else:
+        grad = fused_backward(x, x.sum(1, dtype=torch.float32), share)
+    return grad.mul_(scale * (2.0 / (x.shape[1] - 1)))
+
+
 @torch.library.custom_op("sae_lens_bae::fused_covariance_penalty", mutates_args=())
 def fused_penalty_op(codes: Tensor, rank: int, world: int) -> tuple[Tensor, Tensor]:
-    """The penalty (fp32 [G]) of 0/1 codes [G, B, n] through the kernels, as one op that a
-    ``torch.compile`` graph calls as it is (inductor cannot trace into a Triton launch made from
-    Python, so without the op a compiled step fell back to the tiled path's ops). Also returns the
-    sign matrix backward multiplies (empty where the codes are too wide to keep one).
+    """:func:`fused_penalty` as one op that a ``torch.compile`` graph calls as it is (inductor
+    cannot trace into a Triton launch made from Python, so without the op a compiled step fell
+    back to the tiled path's ops); its second output is the sign matrix (empty where not kept).
     ``covariance_penalty`` takes it inside compiled graphs; eager steps keep the autograd
     ``Function``, which costs no op dispatch (about 20 us a call, on a host-bound step)."""
-    x = codes.detach().to(torch.float16).contiguous()  # exact for 0/1
-    counts = x.sum(1, dtype=torch.float32)
-    signs = sign_matrix(x, (rank, world))
-    batch = x.shape[1]
-    total = fused_forward(x, counts, (rank, world), signs=signs, scale=1.0 / (batch * (batch - 1)))
+    total, x, signs = fused_penalty(codes, (rank, world))
     return total, signs if signs is not None else x.new_empty(0, dtype=torch.bfloat16)
 
 
@@ -322,14 +328,9 @@ def _penalty_shapes(codes: Tensor, rank: int, world: int) -> tuple[Tensor, Tenso
 
 @torch.library.custom_op("sae_lens_bae::fused_covariance_gradient", mutates_args=())
 def fused_gradient_op(codes: Tensor, signs: Tensor, rank: int, world: int) -> Tensor:
-    """The penalty's gradient (fp32 [G, B, n], for a unit output) from the codes and the forward's
-    signs, or from the tiles recomputed where ``signs`` is empty."""
+    """:func:`fused_gradient` for a unit output, as an op (``signs`` empty: tiles recomputed)."""
     x = codes.detach().to(torch.float16).contiguous()
-    if signs.numel():
-        grad = fused_backward_from_signs(x, signs)
-    else:
-        grad = fused_backward(x, x.sum(1, dtype=torch.float32), (rank, world))
-    return grad.mul_(2.0 / (x.shape[1] - 1))
+    return fused_gradient(x, signs if signs.numel() else None, (rank, world), 1.0)
 
 
 @fused_gradient_op.register_fake

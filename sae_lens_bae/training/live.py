@@ -111,6 +111,11 @@ class LiveTrainingConfig:
     reduce-overhead replays the step as a CUDA graph, one launch for a step whose cost on a GPU
     is the host's launching of its kernels (a BAE of d_sae 2304); None: torch's default."""
 
+    @property
+    def compiles(self) -> bool:
+        """Whether the step is compiled: --compile, or a --compile-mode."""
+        return self.compile or self.compile_mode is not None
+
 
 class BAETrainingRunner(LanguageModelSAETrainingRunner):
     """SAELens' runner, resumable exactly: the training stream comes from a
@@ -200,7 +205,7 @@ def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa:
             f"torchrun started {launched} processes: add --distributed to train one BAE on all "
             "of them (without it every process would train its own copy into the same folder)"
         )
-    if (cfg.compile or cfg.compile_mode is not None) and cfg.distributed:
+    if cfg.compiles and cfg.distributed:
         raise ValueError(
             "--compile does not combine with --distributed (the data-parallel step replaces the "
             "compiled one): drop one of them"
@@ -266,7 +271,7 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         output_path=str(out) if rank == 0 else None,  # rank 0 saves the BAE
         checkpoint_path=str(out / "checkpoints"),
         n_checkpoints=cfg.checkpoints,
-        compile_sae=cfg.compile or cfg.compile_mode is not None,
+        compile_sae=cfg.compiles,
         sae_compilation_mode=cfg.compile_mode,
     )
     if world > 1:  # SAELens appends a random run id: take rank 0's
