@@ -289,3 +289,17 @@ def test_the_step_benchmark_times_compiled_steps_beside_the_eager_ones():
     assert {name: timings["ops_per_step"][name] for name in compiled} == dict.fromkeys(compiled)
     assert compiled.isdisjoint(timings["ops_over_standard"])
     assert timings["ops_per_step"]["standard"] > 0
+
+
+def test_planted_bits_ica_finds_bits_from_r_squared_states_and_none_from_fewer(tmp_path):
+    """A start on a planted direction is a fixed point (found at iteration 0); from random
+    starts, 4 r^2 states let every start find a bit and r^2 / 4 let none, as the JSON and the
+    table record (r = 32, 8 starts, 100 iterations)."""
+    ica = _load_benchmark("planted_bits_ica")
+    z, rotation = ica.whitened_bits(8, 512, torch.Generator().manual_seed(0))
+    assert ica.one_unit_fastica(z, rotation[[2, 5]], rotation, 5, 0.95) == [0, 0]
+    report = ica.main(["--ranks", "32", "--per-rank-squared", "0.25", "4", "--starts", "8",
+                       "--iterations", "100", "--out", str(tmp_path)])  # fmt: skip
+    rows = json.loads((tmp_path / "planted_bits_ica.json").read_text())["rows"]
+    assert rows == json.loads(json.dumps(report["rows"]))
+    assert [(row["n"], row["found"]) for row in rows] == [(256, 0), (4096, 8)]
