@@ -172,6 +172,14 @@ def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, mon
     (tmp_path / "synthetic.json").write_text(json.dumps(older))  # written before restarts
     assert run_preset(preset, tmp_path, progress=False) == final["results"]
     assert trained == [True, "stop", False]  # the same grid: a new field at its default
+    unscaled = {**final, "preset": {k: v for k, v in final["preset"].items()
+                                    if k != "states_per_rank_squared"}}  # fmt: skip
+    (tmp_path / "synthetic.json").write_text(json.dumps(unscaled))  # written before the field
+    assert run_preset(preset, tmp_path, progress=False) == final["results"]
+    assert trained == [True, "stop", False]
+    (tmp_path / "synthetic.json").write_text(json.dumps(final))
+    with pytest.raises(ValueError, match="another grid or recipe"):  # more states at r = 4
+        run_preset(replace(preset, states_per_rank_squared=200.0), tmp_path, progress=False)
     unrefitted = {**final, "preset": {**final["preset"], "recipe": {
         k: v for k, v in final["preset"]["recipe"].items() if k != "refit_decoder"}}}  # fmt: skip
     (tmp_path / "synthetic.json").write_text(json.dumps(unrefitted))
@@ -213,3 +221,28 @@ def test_the_paper_preset_scales_the_proxys_lr_by_the_root_of_the_dimension():
     recipe = PRESETS["paper"].recipe
     assert PRESETS["paper"].d == 2048
     assert (recipe.lr, recipe.lr_end) == (2e-3, 2e-4)
+
+
+def test_a_grid_gives_each_rank_at_least_its_share_of_r_squared_states(monkeypatch):
+    """``states_per_rank_squared`` raises a rank's training set to that many times r^2 (never
+    under ``n_train``); the rows record what each cell trained on, and the paper preset asks
+    2 r^2 (524288 states at r = 512, 65536 up to r = 181)."""
+    from sae_lens_bae.experiments import synthetic
+
+    sizes = []
+    real = synthetic.estimate_entropies
+
+    def recording(sets, recipe, **kwargs):
+        sizes.extend(len(x) for x in sets)
+        return real(sets, recipe, **kwargs)
+
+    monkeypatch.setattr(synthetic, "estimate_entropies", recording)
+    preset = replace(PRESETS["test"], states_per_rank_squared=200.0, ablation=False)
+    assert [preset.train_states(r) for r in preset.ranks] == [2048, 2048, 3200]
+    rows = run_preset(preset, None, progress=False)
+    assert sizes == [2048, 2048, 3200]
+    assert [(row["r"], row["n_train"]) for row in rows] == [(0, 2048), (2, 2048), (4, 3200)]
+    paper = PRESETS["paper"]
+    assert [paper.train_states(r) for r in (64, 181, 182, 256, 512)] == [
+        65536, 65536, 66248, 131072, 524288]  # fmt: skip
+    assert PRESETS["mid"].train_states(128) == PRESETS["mid"].n_train == 16384

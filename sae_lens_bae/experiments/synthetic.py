@@ -169,7 +169,7 @@ def run_preset(
     if done and progress:
         print(f"resuming from {out}/synthetic.json: {len(done)} of {len(groups)} groups kept")
     data = {
-        (r, seed): planted_cell(r, preset.d, preset.n_train, preset.n_test, 1000 * r + seed)
+        (r, seed): planted_cell(r, preset.d, preset.train_states(r), preset.n_test, 1000 * r + seed)
         for r, seed in cells
     }
     for expansion, objective in groups:
@@ -191,6 +191,7 @@ def run_preset(
                 {
                     "r": r,
                     "seed": seed,
+                    "n_train": preset.train_states(r),
                     "expansion": expansion,
                     "objective": objective,
                     "estimate_bits": cell.bits,

@@ -3,6 +3,7 @@ seeds and the ``EntropyRecipe`` each grid trains with, with what each was measur
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sae_lens_bae.entropy import EntropyRecipe
@@ -25,6 +26,15 @@ class SyntheticPreset:
     tolerance_fraction: float = 0.1
     tolerance_floor: float = 1.0
     ablation: bool = True  # also train every cell without the objective (a_e = a_c = 0)
+    states_per_rank_squared: float = 0.0
+    """The training set of rank r holds at least this many times r^2 states (0: ``n_train`` at
+    every r). From a random start r planted bits are found only from about r^2 states or more,
+    by a BAE as by FastICA: a d = 512 cell of 256 bits read r from 65536 states and stayed
+    over-coded (610 bits) from 16384 (docs/entropy.md, "How many states r bits need")."""
+
+    def train_states(self, r: int) -> int:
+        """Training states of the cells of rank r."""
+        return max(self.n_train, math.ceil(self.states_per_rank_squared * r * r))
 
     def tolerance(self, r: int) -> float:
         """The accuracy bar: within max(floor, fraction * r) bits of r."""
@@ -132,6 +142,7 @@ PRESETS: dict[str, SyntheticPreset] = {
         ),  # fmt: skip
         tolerance_fraction=0.05,
         tolerance_floor=0.0,
+        states_per_rank_squared=2.0,
     ),
     # seconds, for tests
     "test": SyntheticPreset(

@@ -47,13 +47,15 @@ without ``refit_decoder`` was trained and judged with the decoders as trained.""
 
 
 def _with_new_recipe_fields(recorded: Any) -> Any:
-    """A recorded preset with the recipe fields added since it was written (``restarts``, ...)
-    at what that run trained with (their defaults, or ``BEFORE_THE_FIELD``): so a folder is the
-    same grid exactly when it was trained as this run would train it."""
+    """A recorded preset with the fields added since it was written (the recipe's ``restarts``,
+    ..., the preset's ``states_per_rank_squared``) at what that run trained with (their
+    defaults, or ``BEFORE_THE_FIELD``): so a folder is the same grid exactly when it was
+    trained as this run would train it."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("recipe"), dict):
         return recorded
     defaults = {**json.loads(json.dumps(asdict(EntropyRecipe()))), **BEFORE_THE_FIELD}
-    return {**recorded, "recipe": {**defaults, **recorded["recipe"]}}
+    return {"states_per_rank_squared": 0.0, **recorded,
+            "recipe": {**defaults, **recorded["recipe"]}}  # fmt: skip
 
 
 def earlier_rows(
