@@ -120,7 +120,10 @@ PRESETS: dict[str, SyntheticPreset] = {
     # that failure (217 bits, 15%, drained to 202), lr x 1.41 (d = 1024) read 253 bits at 1.2%.
     # Hence lr and lr_end scaled by sqrt(512 / d) from the d = 512 proxy: 2e-3 and 2e-4 here,
     # not yet run at d = 2048 (2026-11-26, sixth session). r = 512 is read at no d
-    # (docs/entropy.md)
+    # (docs/entropy.md). Its cells had 65536 states, r^2 / 4: from a random start neither
+    # FastICA nor the BAE finds planted bits from fewer than about r^2 states (the d = 512,
+    # r = 256 cell read r from 65536 and stayed at 610 bits from 16384), hence at least 2 r^2
+    # states per rank (2026-11-27; not yet shown sufficient at r = 512)
     "paper": SyntheticPreset(
         d=_PAPER_D,
         ranks=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
