@@ -186,12 +186,12 @@ def run_preset(
             progress=progress,
         )
         for (r, seed), cell in zip(cells, estimates, strict=True):
-            _, test, _, test_bits = data[(r, seed)]
+            train, test, _, test_bits = data[(r, seed)]
             rows.append(
                 {
                     "r": r,
                     "seed": seed,
-                    "n_train": preset.train_states(r),
+                    "n_train": len(train),
                     "expansion": expansion,
                     "objective": objective,
                     "estimate_bits": cell.bits,

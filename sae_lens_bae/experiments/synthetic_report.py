@@ -46,7 +46,7 @@ BEFORE_THE_FIELD = {"refit_decoder": False}
 without ``refit_decoder`` was trained and judged with the decoders as trained."""
 
 
-def _with_new_recipe_fields(recorded: Any) -> Any:
+def _with_new_fields(recorded: Any) -> Any:
     """A recorded preset with the fields added since it was written (the recipe's ``restarts``,
     ..., the preset's ``states_per_rank_squared``) at what that run trained with (their
     defaults, or ``BEFORE_THE_FIELD``): so a folder is the same grid exactly when it was
@@ -73,7 +73,7 @@ def earlier_rows(
         return [], {}
     if not isinstance(saved, dict) or "results" not in saved:
         return [], {}
-    if _with_new_recipe_fields(saved.get("preset")) != json.loads(json.dumps(asdict(preset))):
+    if _with_new_fields(saved.get("preset")) != json.loads(json.dumps(asdict(preset))):
         raise ValueError(f"{path} holds the results of another grid or recipe; use another --out "
                          f"(or --no-resume to overwrite them)")  # fmt: skip
     by_group: dict[tuple[int, bool], list[dict[str, Any]]] = {}
