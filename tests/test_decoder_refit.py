@@ -104,6 +104,24 @@ def test_the_refit_is_the_regression_and_leaves_the_code(frame):
             torch.testing.assert_close(bae.b_dec.detach(), b.float(), rtol=1e-4, atol=1e-5 * scale)
 
 
+@pytest.mark.parametrize("centring", [False, True])
+def test_the_refit_in_chunks_is_the_refit_in_one_piece(centring):
+    """``refit_decoder`` reads the code a chunk at a time (a million states never become one
+    [n, d_sae] code): chunks that do not divide the fit or the held-back part give the decoder,
+    the scores and the ridge of one chunk holding every state."""
+    states = torch.randn(1000, 6, generator=torch.Generator().manual_seed(6)) + 0.5
+    results, decoders = [], []
+    for chunk in [4096, 37]:
+        bae = _bae(apply_b_dec_to_input=centring)
+        results.append(refit_decoder(bae, states, chunk=chunk))
+        decoders.append(torch.cat([bae.W_dec, bae.b_dec[None]]).detach())
+    (whole, pieces), (w_whole, w_pieces) = results, decoders
+    assert whole.applied and pieces.applied and whole.ridge == pieces.ridge
+    assert pieces.trained_mse == pytest.approx(whole.trained_mse, rel=1e-12)
+    assert pieces.refit_mse == pytest.approx(whole.refit_mse, rel=1e-9)
+    torch.testing.assert_close(w_pieces, w_whole, rtol=1e-6, atol=1e-6)
+
+
 def test_a_centring_decoder_bias_is_kept():
     """With ``apply_b_dec_to_input`` the encoder reads x - b_dec: moving b_dec would move the
     code, so only W_dec is fitted (no bias column)."""

@@ -16,6 +16,7 @@ with that ridge on all of them and installed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,9 @@ JITTER = 1e-8
 """Added to the Gram matrix's diagonal, relative to its mean, whatever the ridge: a channel that
 never fires (a zero column) or two that always agree (equal columns) leave the normal equations
 singular without it; it moves nothing else measurably."""
+
+TRAINED = "trained"
+"""The key of the trained decoder among the candidates scored on the held-back states."""
 
 RIDGES = (0.0, 1.0, 10.0, 100.0, 1000.0)
 """The ridges ``refit_decoder`` chooses from on the held-back states, in units of states (a 0/1
@@ -66,18 +70,24 @@ class NormalEquations:
         with_bias: bool = True,
         chunk: int = 8192,
     ) -> None:
-        if codes.shape[0] != targets.shape[0]:
-            raise ValueError(f"{codes.shape[0]} codes but {targets.shape[0]} targets")
-        self.with_bias = with_bias
+        self.with_bias, self.chunk = with_bias, chunk
         k, device = codes.shape[1] + int(with_bias), codes.device
         self.gram = torch.zeros(k, k, dtype=torch.float64, device=device)
         self.rhs = torch.zeros(k, targets.shape[1], dtype=torch.float64, device=device)
-        for start in range(0, codes.shape[0], chunk):
-            block = codes[start : start + chunk].double()
-            if with_bias:
+        self.add(codes, targets)
+
+    def add(self, codes: Float[Tensor, "n d_sae"], targets: Float[Tensor, "n d"]) -> None:
+        """Add more rows' sums: the equations of a set fed in pieces are those of the whole."""
+        if codes.shape[0] != targets.shape[0]:
+            raise ValueError(f"{codes.shape[0]} codes but {targets.shape[0]} targets")
+        for start in range(0, codes.shape[0], self.chunk):
+            block = codes[start : start + self.chunk].to(self.gram.device, torch.float64)
+            if self.with_bias:
                 block = torch.cat([block, torch.ones_like(block[:, :1])], 1)
             self.gram += block.T @ block
-            self.rhs += block.T @ targets[start : start + chunk].to(device, torch.float64)
+            self.rhs += block.T @ targets[start : start + self.chunk].to(
+                self.rhs.device, torch.float64
+            )
 
     def solve(
         self, ridge: float = 0.0, prior: Tensor | None = None
@@ -131,6 +141,7 @@ def refit_decoder(
     validation_fraction: float = 0.2,
     seed: int = 0,
     ridges: tuple[float, ...] = RIDGES,
+    chunk: int = 8192,
 ) -> DecoderRefit:
     """Replace ``bae``'s decoder (``W_dec``, and ``b_dec`` unless the encoder reads it:
     ``apply_b_dec_to_input``) by the least-squares decoder of its code on ``states`` (its training
@@ -142,8 +153,7 @@ def refit_decoder(
         raise ValueError(f"validation_fraction must be in (0, 1), got {validation_fraction}")
     if not ridges or min(ridges) < 0:
         raise ValueError(f"ridges must be one or more values >= 0, got {ridges}")
-    values, targets = _decoder_inputs_and_targets(bae, states)
-    n = values.shape[0]
+    n = states.shape[0]
     n_val = int(round(n * validation_fraction))
     if n_val < 1 or n - n_val < 1:
         raise ValueError(f"refit_decoder needs states for both parts, got {n}")
@@ -151,23 +161,43 @@ def refit_decoder(
     w_trained = bae.W_dec.detach()  # type: ignore[union-attr]
     b_trained = bae.b_dec.detach()  # type: ignore[union-attr]
     prior = torch.cat([w_trained, b_trained[None]]) if fit_bias else w_trained
-    if not fit_bias:  # the bias stays: fit W to what is left once it is taken off
-        targets = targets - b_trained
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(values.device)
-    val, fit = order[:n_val], order[n_val:]
-    val_values, val_targets = values[val].double(), targets[val].double()
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(states.device)
 
-    def mse(w: Tensor, b: Tensor | None) -> float:
-        out = val_values @ w.double() + (0 if b is None else b.double())
-        return float((out - val_targets).pow(2).mean())
+    def blocks(rows: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+        """The code and target of ``rows``, a chunk at a time: never [n, d_sae] at once, so a
+        million states refit in the memory of their own copy."""
+        for start in range(0, len(rows), chunk):
+            values, targets = _decoder_inputs_and_targets(bae, states[rows[start : start + chunk]])
+            if not fit_bias:  # the bias stays: fit W to what is left once it is taken off
+                targets = targets - b_trained
+            yield values, targets
 
-    trained = mse(w_trained, b_trained if fit_bias else None)
-    equations = NormalEquations(values[fit], targets[fit], with_bias=fit_bias)
-    scores = {ridge: mse(*equations.solve(ridge, prior)) for ridge in ridges}
+    equations: NormalEquations | None = None
+    for values, targets in blocks(order[n_val:]):
+        if equations is None:
+            equations = NormalEquations(values, targets, with_bias=fit_bias, chunk=chunk)
+        else:
+            equations.add(values, targets)
+    assert equations is not None
+    candidates = {ridge: equations.solve(ridge, prior) for ridge in ridges}
+    candidates[TRAINED] = (w_trained.double(), b_trained.double() if fit_bias else None)
+    squared = dict.fromkeys(candidates, 0.0)
+    held_back: NormalEquations | None = None
+    for values, targets in blocks(order[:n_val]):
+        x, y = values.double(), targets.double()
+        for key, (w, b) in candidates.items():
+            squared[key] += float((x @ w + (0 if b is None else b) - y).pow(2).sum())
+        if held_back is None:
+            held_back = NormalEquations(values, targets, with_bias=fit_bias, chunk=chunk)
+        else:
+            held_back.add(values, targets)
+    assert held_back is not None
+    scale = n_val * w_trained.shape[1]
+    trained = squared.pop(TRAINED) / scale
+    scores = {ridge: total / scale for ridge, total in squared.items()}
     ridge = min(scores, key=scores.__getitem__)
     applied = scores[ridge] < trained
     if applied:  # the held-back fifth's sums added: the equations of all the states
-        held_back = NormalEquations(val_values, val_targets, with_bias=fit_bias)
         equations.gram += held_back.gram
         equations.rhs += held_back.rhs
         w, b = equations.solve(ridge, prior)
