@@ -116,7 +116,9 @@ def planted_cell(
     basis = torch.linalg.qr(torch.randn(d, max(r, 1), generator=generator))[0].T[:r]
     bits = torch.randint(0, 2, (n_train + n_test, r), generator=generator).float()
     data = bits @ basis if r else torch.zeros(n_train + n_test, d)
-    return data[:n_train], data[n_train:], bits[:n_train], bits[n_train:]
+    train, test = data[:n_train].clone(), data[n_train:].clone()
+    # copies, not views: a caller that drops a part (the train bits, n x r) frees its memory
+    return train, test, bits[:n_train].clone(), bits[n_train:].clone()
 
 
 def directional_data(r: int, d: int, n_train: int, n_test: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -168,10 +170,12 @@ def run_preset(
     done = {(row["expansion"], row["objective"]) for row in rows}
     if done and progress:
         print(f"resuming from {out}/synthetic.json: {len(done)} of {len(groups)} groups kept")
-    data = {
-        (r, seed): planted_cell(r, preset.d, preset.train_states(r), preset.n_test, 1000 * r + seed)
-        for r, seed in cells
-    }
+    data = {}  # train, test, test bits: the train bits (n x r each) are not kept
+    for r, seed in cells:
+        train, test, _, test_bits = planted_cell(
+            r, preset.d, preset.train_states(r), preset.n_test, 1000 * r + seed
+        )
+        data[(r, seed)] = train, test, test_bits
     for expansion, objective in groups:
         if (expansion, objective) in done:
             continue
@@ -186,7 +190,7 @@ def run_preset(
             progress=progress,
         )
         for (r, seed), cell in zip(cells, estimates, strict=True):
-            train, test, _, test_bits = data[(r, seed)]
+            train, test, test_bits = data[(r, seed)]
             rows.append(
                 {
                     "r": r,
