@@ -32,9 +32,6 @@ JITTER = 1e-8
 never fires (a zero column) or two that always agree (equal columns) leave the normal equations
 singular without it; it moves nothing else measurably."""
 
-TRAINED = "trained"
-"""The key of the trained decoder among the candidates scored on the held-back states."""
-
 RIDGES = (0.0, 1.0, 10.0, 100.0, 1000.0)
 """The ridges ``refit_decoder`` chooses from on the held-back states, in units of states (a 0/1
 channel's Gram diagonal is the number of states it fires on). A ridge pulls the weights
@@ -179,22 +176,23 @@ def refit_decoder(
         else:
             equations.add(values, targets)
     assert equations is not None
-    candidates = {ridge: equations.solve(ridge, prior) for ridge in ridges}
-    candidates[TRAINED] = (w_trained.double(), b_trained.double() if fit_bias else None)
-    squared = dict.fromkeys(candidates, 0.0)
+    # every ridge's decoder, then the trained one: all scored in one pass over the held-back part
+    decoders = [equations.solve(ridge, prior) for ridge in ridges]
+    decoders.append((w_trained.double(), b_trained.double() if fit_bias else None))
+    squared = torch.zeros(len(decoders), dtype=torch.float64, device=equations.gram.device)
     held_back: NormalEquations | None = None
     for values, targets in blocks(order[:n_val]):
         x, y = values.double(), targets.double()
-        for key, (w, b) in candidates.items():
-            squared[key] += float((x @ w + (0 if b is None else b) - y).pow(2).sum())
+        for i, (w, b) in enumerate(decoders):  # summed on the device: no sync per chunk
+            squared[i] += (x @ w + (0 if b is None else b) - y).pow(2).sum()
         if held_back is None:
             held_back = NormalEquations(values, targets, with_bias=fit_bias, chunk=chunk)
         else:
             held_back.add(values, targets)
     assert held_back is not None
-    scale = n_val * w_trained.shape[1]
-    trained = squared.pop(TRAINED) / scale
-    scores = {ridge: total / scale for ridge, total in squared.items()}
+    errors = (squared / (n_val * w_trained.shape[1])).tolist()
+    trained = errors.pop()
+    scores = dict(zip(ridges, errors, strict=True))
     ridge = min(scores, key=scores.__getitem__)
     applied = scores[ridge] < trained
     if applied:  # the held-back fifth's sums added: the equations of all the states
