@@ -169,28 +169,25 @@ def refit_decoder(
                 targets = targets - b_trained
             yield values, targets
 
-    equations: NormalEquations | None = None
+    d_out = w_trained.shape[1]
+
+    def no_rows() -> NormalEquations:  # filled by ``add``, a chunk at a time
+        empty = w_trained.new_zeros(0, w_trained.shape[0]), w_trained.new_zeros(0, d_out)
+        return NormalEquations(*empty, with_bias=fit_bias, chunk=chunk)
+
+    equations, held_back = no_rows(), no_rows()
     for values, targets in blocks(order[n_val:]):
-        if equations is None:
-            equations = NormalEquations(values, targets, with_bias=fit_bias, chunk=chunk)
-        else:
-            equations.add(values, targets)
-    assert equations is not None
+        equations.add(values, targets)
     # every ridge's decoder, then the trained one: all scored in one pass over the held-back part
     decoders = [equations.solve(ridge, prior) for ridge in ridges]
     decoders.append((w_trained.double(), b_trained.double() if fit_bias else None))
     squared = torch.zeros(len(decoders), dtype=torch.float64, device=equations.gram.device)
-    held_back: NormalEquations | None = None
     for values, targets in blocks(order[:n_val]):
         x, y = values.double(), targets.double()
         for i, (w, b) in enumerate(decoders):  # summed on the device: no sync per chunk
             squared[i] += (x @ w + (0 if b is None else b) - y).pow(2).sum()
-        if held_back is None:
-            held_back = NormalEquations(values, targets, with_bias=fit_bias, chunk=chunk)
-        else:
-            held_back.add(values, targets)
-    assert held_back is not None
-    errors = (squared / (n_val * w_trained.shape[1])).tolist()
+        held_back.add(values, targets)
+    errors = (squared / (n_val * d_out)).tolist()
     trained = errors.pop()
     scores = dict(zip(ridges, errors, strict=True))
     ridge = min(scores, key=scores.__getitem__)
