@@ -82,6 +82,11 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
     # the warm-up changes training: its first steps run at a fraction of the lr
     assert warm["trajectory"]["reconstruction_loss"] != plain["trajectory"]["reconstruction_loss"]
     assert (out / "synthetic_cell.md").read_text().count('| {"converge": false} |') == 1
+    # the probe reads the saved BAE on the rebuilt held-out states: the run's error and bits
+    [probed] = _load_benchmark("planted_code_probe").main([str(out / "all steps.pt")]).values()
+    assert probed["relative_error"] == pytest.approx(plain["relative_error"], rel=1e-5)
+    assert probed["copied_bits"] == plain["recovered_bits"]
+    assert json.loads((out / "all steps_probe.json").read_text()) == probed
     bad = subprocess.run([sys.executable, script, *common, "--variant", 'x={"lrr": 1}'],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2
@@ -303,3 +308,46 @@ def test_planted_bits_ica_finds_bits_from_r_squared_states_and_none_from_fewer(t
     rows = json.loads((tmp_path / "planted_bits_ica.json").read_text())["rows"]
     assert rows == json.loads(json.dumps(report["rows"]))
     assert [(row["n"], row["found"]) for row in rows] == [(256, 0), (4096, 8)]
+
+
+def test_the_code_probe_splits_the_error_between_copied_and_mixed_bits():
+    """A hand-built BAE on all 16 states of 4 planted bits: channels 0 and 1 copy bits 0 and 1;
+    channels 2 and 3 mix bits 2 and 3 (b2 AND b3, b2 AND NOT b3), so bit 2 is decoded exactly
+    (c2 + c3) and bit 3 only as 1/2 where b2 = 0. The least-squares decoder then loses half of
+    bit 3's variance: relative error 2 / 16, all of it from the uncopied bits, none off the span
+    (to the float32 weights' rounding)."""
+    from sae_lens_bae.saes.bae import BAETrainingSAE
+    from sae_lens_bae.saes.bae_config import bae_config
+
+    probe = _load_benchmark("planted_code_probe")
+    bits = torch.tensor([[(i >> k) & 1 for k in range(4)] for i in range(16)]).float()
+    basis = torch.linalg.qr(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))[0].T
+    m0, m1, m2, m3 = basis
+    bae = BAETrainingSAE(bae_config(8, 4, apply_b_dec_to_input=False))
+    root2 = 2**0.5
+    with torch.no_grad():
+        bae.W_enc.copy_(torch.stack([m0, m1, (m2 + m3) / root2, (m2 - m3) / root2], dim=1))
+        bae.b_enc.copy_(torch.tensor([-0.5, -0.5, -1.5 / root2, -0.5 / root2]))
+        bae.W_dec.copy_(torch.stack([m0, m1, m2 + m3 / 2, m2 - m3 / 2]))
+        bae.b_dec.copy_(m3 / 2)
+    shift, scale = torch.full((8,), 0.25), 3.0  # the probe frames states as the BAE was trained
+    with torch.no_grad():  # the same BAE in that frame: (x + t) k in, out / k - t out
+        bae.b_enc.sub_(shift @ bae.W_enc)
+        bae.W_enc.div_(scale)
+        bae.W_dec.mul_(scale)
+        bae.b_dec.add_(shift).mul_(scale)
+    report = probe.probe_code(bae, bits @ basis, bits, shift, scale)
+    assert report["relative_error"] == pytest.approx(0.125, abs=1e-6)
+    assert report["error_from_uncopied_bits"] == pytest.approx(0.125, abs=1e-6)
+    assert report["error_from_copied_bits"] == pytest.approx(0.0, abs=1e-6)
+    assert report["error_out_of_span"] == pytest.approx(0.0, abs=1e-6)
+    assert report["lost_fraction_per_bit"] == pytest.approx([0, 0, 0, 0.5], abs=1e-6)
+    assert report["best_agreement_per_bit"] == [1.0, 1.0, 0.75, 0.75]
+    assert report["copied_bits"] == 2
+    assert report["best_agreement_histogram"] == {
+        "[0.5, 0.75)": 0, "[0.75, 0.9)": 2, "[0.9, 0.95)": 0, "[0.95, 0.99)": 0, "[0.99, 1)": 2
+    }  # fmt: skip
+    assert (report["firing_channels"], report["copying_channels"]) == (4, 2)
+    assert report["mixing_channels_on_uncopied_bits"] == 2
+    assert report["participation_median_mixing"] == pytest.approx(2.0, abs=1e-6)
+    assert report["top_two_share_median_mixing_on_uncopied"] == pytest.approx(1.0, abs=1e-6)

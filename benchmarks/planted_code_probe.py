@@ -1,0 +1,179 @@
+"""What a BAE trained on a planted cell holds, in the planted bits' own coordinates: which bits
+its code copies, how its held-out error splits between the bits it copies and those it does not,
+and what the channels nearest an uncopied bit mix.
+
+A code can read r bits (the sum of its channels' entropies) without copying the planted ones, and
+a read cell can still miss the 2% error bar; this says where that error sits. It reads a BAE that
+``synthetic_cell.py --save-bae`` wrote, rebuilds the cell's held-out states from the seed saved
+with it and the ``synthetic_cell.json`` beside it, and writes ``NAME_probe.json`` next to the BAE:
+
+    python benchmarks/planted_code_probe.py runs/d1024-r512-n524288-s0/n524288.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from sae_lens_bae.experiments.synthetic import RECOVERED, planted_cell
+from sae_lens_bae.reports import markdown_table, write_json
+from sae_lens_bae.saes.bae import BAETrainingSAE
+from sae_lens_bae.saes.bae_config import BAETrainingSAEConfig
+
+AGREEMENT_BINS = (0.5, 0.75, 0.9, 0.95, RECOVERED, 1.0)
+
+
+@torch.no_grad()
+def probe_code(
+    bae: BAETrainingSAE,
+    states: Float[Tensor, "n d"],
+    bits: Float[Tensor, "n r"],
+    shift: Float[Tensor, " d"] | float = 0.0,
+    scale: float = 1.0,
+) -> dict[str, Any]:
+    """The code of ``states`` (framed as the BAE was trained: ``(x + shift) * scale``) against
+    their planted 0/1 ``bits`` (``states = bits @ M``, M with orthonormal rows).
+
+    Per planted bit: the best agreement of any channel with it (or its negation), and the
+    fraction of its variance that the BAE's reconstruction loses (the residual along its
+    direction of M). Per firing channel (on 1-99% of the states): its encoder in the bits'
+    coordinates, as the participation ratio and the share of its two largest bits."""
+    if bae.cfg.bits != 1:
+        raise ValueError(f"the probe reads one bit per channel; this BAE has bits={bae.cfg.bits}")
+    states, bits = states.double(), bits.double()
+    basis = torch.linalg.lstsq(bits, states).solution  # M [r, d], exact for a planted cell
+    bae = copy.deepcopy(bae).double()  # the caller's BAE keeps its dtype
+    framed = (states + torch.as_tensor(shift).double()) * scale
+    codes = bae.encode_bits(framed)
+    recon = bae.decode(codes) / scale - torch.as_tensor(shift).double()
+    residual = states - recon
+    centred_total = float((states - states.mean(0)).pow(2).sum())
+    along_bits = residual @ basis.T  # [n, r]: the residual in the bits' coordinates
+    out_of_span = max(float(residual.pow(2).sum() - along_bits.pow(2).sum()), 0.0)
+    bit_variance = bits.var(0, correction=0).clamp_min(1e-12)
+    # a bit's squared residual, and as a fraction of its variance (its lost share)
+    lost_sse = along_bits.pow(2).sum(0)
+    lost = lost_sse / (len(bits) * bit_variance)
+    same = (bits.T @ codes + (1 - bits).T @ (1 - codes)) / len(bits)  # [r, n_bits]
+    best = torch.maximum(same, 1 - same).amax(1)
+    copied = best >= RECOVERED
+    rates = codes.mean(0)
+    firing = (rates >= 0.01) & (rates <= 0.99)
+    # a channel's encoder seen through M: which planted bits its pre-activation weighs
+    weights = torch.nn.functional.normalize((basis @ bae.W_enc)[:, firing], dim=0).pow(2)
+    participation = 1 / weights.pow(2).sum(0)
+    top_two = weights.topk(min(2, len(weights)), dim=0).values.sum(0)
+    channel_copies = torch.maximum(same, 1 - same)[:, firing].amax(0) >= RECOVERED
+    # the firing channels whose heaviest planted bit is one the code does not copy
+    on_uncopied = ~copied[weights.argmax(0)] if weights.numel() else torch.zeros(0, dtype=bool)
+    r = bits.shape[1]
+
+    def share(mask: Tensor) -> float:
+        return float(lost_sse[mask].sum() / centred_total)
+
+    def median(values: Tensor) -> float | None:
+        return float(values.median()) if values.numel() else None
+
+    bins = torch.tensor(AGREEMENT_BINS, dtype=torch.float64)
+    histogram = torch.bucketize(best, bins[1:-1], right=True).bincount(minlength=len(bins) - 1)
+    return {
+        "r": r,
+        "states": len(states),
+        "relative_error": float(residual.pow(2).sum()) / centred_total,
+        "error_from_copied_bits": share(copied),
+        "error_from_uncopied_bits": share(~copied),
+        "error_out_of_span": out_of_span / centred_total,
+        "copied_bits": int(copied.sum()),
+        "lost_fraction_copied_median": median(lost[copied]),
+        "lost_fraction_uncopied_median": median(lost[~copied]),
+        "best_agreement_histogram": {
+            f"[{lo:g}, {hi:g})": int(count)
+            for lo, hi, count in zip(
+                AGREEMENT_BINS[:-1], AGREEMENT_BINS[1:], histogram.tolist(), strict=True
+            )
+        },
+        "firing_channels": int(firing.sum()),
+        "copying_channels": int(channel_copies.sum()),
+        "mixing_channels_on_uncopied_bits": int((~channel_copies & on_uncopied).sum()),
+        "participation_median_copying": median(participation[channel_copies]),
+        "participation_median_mixing": median(participation[~channel_copies]),
+        "top_two_share_median_mixing_on_uncopied": median(top_two[~channel_copies & on_uncopied]),
+        "lost_fraction_per_bit": lost.tolist(),
+        "best_agreement_per_bit": best.tolist(),
+    }
+
+
+def load_probe_inputs(path: Path) -> tuple[BAETrainingSAE, Tensor, Tensor, Tensor, float]:
+    """The BAE saved by ``synthetic_cell.py --save-bae``, its cell's held-out states and bits
+    (rebuilt from the saved data seed and the run's ``synthetic_cell.json``), shift and scale."""
+    saved = torch.load(path, weights_only=False)
+    info = json.loads((path.parent / "synthetic_cell.json").read_text())["info"]
+    bae = BAETrainingSAE(BAETrainingSAEConfig.from_dict(saved["cfg"]))
+    bae.load_state_dict(saved["state_dict"])
+    _, test, _, test_bits = planted_cell(
+        info["r"], info["d"], info["n_train"], info["n_test"], saved["data_seed"]
+    )
+    return bae, test, test_bits, saved["shift"], float(saved["scale"])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bae", type=Path, nargs="+", help="NAME.pt files from --save-bae")
+    args = parser.parse_args(argv)
+    reports = {}
+    for path in args.bae:
+        report = probe_code(*load_probe_inputs(path))
+        write_json(path.with_name(f"{path.stem}_probe.json"), report)
+        reports[str(path)] = report
+    columns = [
+        ("BAE", lambda row: row["path"]),
+        ("error", lambda row: f"{row['relative_error']:.4f}"),
+        (
+            "from copied / uncopied / off-span",
+            lambda row: " / ".join(
+                f"{row[key]:.4f}"
+                for key in (
+                    "error_from_copied_bits",
+                    "error_from_uncopied_bits",
+                    "error_out_of_span",
+                )
+            ),
+        ),  # fmt: skip
+        ("bits copied", lambda row: f"{row['copied_bits']} of {row['r']}"),
+        (
+            "lost per bit, copied / uncopied (median)",
+            lambda row: " / ".join(
+                "-" if row[key] is None else f"{row[key]:.3f}"
+                for key in ("lost_fraction_copied_median", "lost_fraction_uncopied_median")
+            ),
+        ),
+        (
+            "channels firing / copying",
+            lambda row: f"{row['firing_channels']} / {row['copying_channels']}",
+        ),  # fmt: skip
+        (
+            "mixing channels on uncopied bits; their top-2 share",
+            lambda row: (
+                f"{row['mixing_channels_on_uncopied_bits']}; "
+                + (
+                    "-"
+                    if row["top_two_share_median_mixing_on_uncopied"] is None
+                    else f"{row['top_two_share_median_mixing_on_uncopied']:.2f}"
+                )
+            ),
+        ),  # fmt: skip
+    ]
+    rows = [{"path": path, **report} for path, report in reports.items()]
+    print(markdown_table(rows, columns))
+    return reports
+
+
+if __name__ == "__main__":
+    main()
