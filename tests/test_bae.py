@@ -598,3 +598,23 @@ def test_more_bit_encoder_starts_at_the_one_bit_scale():
     assert torch.allclose(two.W_enc.norm(dim=0), torch.full((48,), norm))  # every bit, as C = 1
     assert torch.equal(two.W_enc[:, ::3], two.W_dec.T)  # bit 0 of each feature: tied as C = 1
     assert not torch.allclose(two.W_enc[:, 1::3], two.W_enc[:, ::3])  # the others differ
+
+
+def test_the_covariance_term_is_off_for_the_last_fraction_of_training():
+    """``covariance_off_final_fraction``: the term counts before the last tenth of training and
+    not in it, in the step SAELens' trainer runs; a config that does not know how long training
+    is cannot place that tenth, and says so."""
+    cfg = BAETrainingSAEConfig(d_in=8, covariance_off_final_fraction=0.1, total_training_steps=100)
+    assert [cfg.covariance_on(s) for s in (0, 89, 90, 99)] == [True, True, False, False]
+    assert BAETrainingSAEConfig(d_in=8).covariance_on(10**6)
+    with pytest.raises(ValueError, match="does not know how long training is"):
+        BAETrainingSAEConfig(d_in=8, covariance_off_final_fraction=0.1).covariance_on(0)
+    with pytest.raises(ValueError, match="covariance_off_final_fraction=1.5"):
+        BAETrainingSAEConfig(d_in=8, covariance_off_final_fraction=1.5)
+    bae = make_bae(d_in=8, d_sae=32, covariance_off_final_fraction=0.1, total_training_steps=100)
+    x = torch.randn(64, 8)
+    on = bae.training_forward_pass(step_input(x, n_training_steps=89)).losses
+    off = bae.training_forward_pass(step_input(x, n_training_steps=90)).losses
+    assert float(on["covariance_loss"]) > 0
+    assert float(off["covariance_loss"]) == 0.0
+    assert float(off["entropy_loss"]) == float(on["entropy_loss"]) > 0  # the entropy term stays

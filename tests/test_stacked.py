@@ -30,6 +30,9 @@ OPTIONS = {
                                                    "lr_scheduler_name": "cosineannealing",
                                                    "lr_end": 2e-4}),
     "adam beta2": ({"resample_every": 0}, {"adam_beta2": 0.9}),
+    # the codes of these sets decorrelate by step 20: off for the last 30 of 40 steps
+    "covariance off at the end": ({"resample_every": 0, "covariance_off_final_fraction": 0.75},
+                                  {}),
 }  # fmt: skip
 
 
@@ -63,6 +66,24 @@ def test_stacked_training_equals_separate_trainings(bits, dtype, options):
             )
         first = BAETrainingSAEConfig(d_in=8, d_sae=12, bits=bits, dtype=dtype)
         assert not torch.allclose(alone.W_enc, StackedBAE(first, [seed]).W_enc[0])  # it trained
+
+
+def test_the_stacked_trainer_drops_the_covariance_term_for_the_last_fraction():
+    """40 steps with ``covariance_off_final_fraction = 0.25``: the term is paid on the first 30
+    and is exactly zero on the last 10, for every BAE of the stack."""
+    cfg = BAETrainingSAEConfig(
+        d_in=8,
+        d_sae=12,
+        entropy_off_steps=0,
+        resample_every=0,
+        covariance_coefficient=1e-3,
+        covariance_off_final_fraction=0.25,
+    )
+    _, histories, _ = train_stacked_baes(binary_mixtures(2), cfg, training_samples=40 * 64,
+                                         batch_size=64, progress=False)  # fmt: skip
+    for history in histories:
+        assert all(value > 0 for value in history["covariance_loss"][:30])
+        assert history["covariance_loss"][30:] == [0.0] * 10
 
 
 def test_stacked_rejects_bad_shapes_and_normalisation():

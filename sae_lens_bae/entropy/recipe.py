@@ -64,6 +64,9 @@ class EntropyRecipe:
     """a_c at d = 2048; each BAE uses a_c * 2048 / d."""
     entropy_off_fraction: float = _PRESET.entropy_off_fraction
     """Fraction of the step budget trained without the entropy term."""
+    covariance_off_final_fraction: float = 0.0
+    """The last fraction of the step budget trained without the covariance term (only a run that
+    uses its whole budget gets there: ``converge=False``, or a rule that never stops it)."""
     encoder_bias: bool = True
     """Give each channel its own firing threshold ``b_enc``; False trains the paper's encoder
     ``h_B = step(h0 W_in)``, every hyperplane through the origin of the (framed) states. On the
@@ -135,6 +138,7 @@ class EntropyRecipe:
             entropy_coefficient=self.entropy_coefficient_2048 * scale,
             covariance_coefficient=self.covariance_coefficient_2048 * scale,
             entropy_off_fraction=self.entropy_off_fraction,
+            covariance_off_final_fraction=self.covariance_off_final_fraction,
             firing_coefficient=0.0,
             resample_every=0,
             total_training_steps=self.steps,

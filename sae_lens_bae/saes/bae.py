@@ -297,7 +297,8 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             sae_out.reshape(-1, sae_out.shape[-1]),
             bits.reshape(-1, bits.shape[-1]),
             entropy_coefficient=step_input.coefficients["entropy"],
-            covariance_coefficient=step_input.coefficients["covariance"],
+            covariance_coefficient=step_input.coefficients["covariance"]
+            * self.cfg.covariance_on(step_input.n_training_steps),
             firing_coefficient=step_input.coefficients.get("firing", 0.0),
             entropy_on=step_input.n_training_steps >= self.cfg.resolved_entropy_off_steps(),
             covariance_block_size=self.cfg.covariance_block_size,

@@ -133,6 +133,12 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         entropy_off_steps: training steps with the entropy term off. None means
             ``entropy_off_fraction * total_training_steps``.
         entropy_off_fraction: fraction of training with the entropy term off (paper: 25%).
+        covariance_off_final_fraction: the last fraction of training with the covariance term
+            off (default 0: on to the end). On planted bits the term, noisy on a minibatch,
+            holds each channel's threshold at the edge of its firing states, so a code that
+            found every bit still flips a few % of them (docs/entropy.md, "The covariance
+            term's floor"); training the last steps without it lets the reconstruction move the
+            thresholds back, while the entropy term keeps the code from growing.
         total_training_steps: length of training, needed only to resolve the fraction above;
             :func:`sae_lens_bae.training.fill_training_schedule` fills it from a runner config.
         dense_threshold: firing rate above which a code bit counts as dense in the metrics.
@@ -165,6 +171,7 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     covariance_coefficient: float = None  # type: ignore[assignment]
     entropy_off_steps: int | None = None
     entropy_off_fraction: float = 0.25
+    covariance_off_final_fraction: float = 0.0
     total_training_steps: int | None = None
     dense_threshold: float = 0.5
     covariance_block_size: int | None = None
@@ -195,6 +202,7 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             "entropy_coefficient": self.entropy_coefficient >= 0,
             "covariance_coefficient": self.covariance_coefficient >= 0,
             "entropy_off_fraction": 0.0 <= self.entropy_off_fraction <= 1.0,
+            "covariance_off_final_fraction": 0.0 <= self.covariance_off_final_fraction <= 1.0,
             "dense_threshold": 0.0 < self.dense_threshold < 1.0,
             "code_mean_decay": 0.0 <= self.code_mean_decay < 1.0,
             "firing_coefficient": self.firing_coefficient >= 0,
@@ -239,6 +247,20 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
                 "Set BAETrainingSAEConfig(total_training_steps=...) or (entropy_off_steps=...)."
             )
         return round(self.entropy_off_fraction * self.total_training_steps)
+
+    def covariance_on(self, step: int) -> bool:
+        """Whether the covariance term counts at training step ``step`` (0-based): off for the
+        last ``covariance_off_final_fraction`` of training; raises if its length is unknown."""
+        if self.covariance_off_final_fraction == 0.0:
+            return True
+        if self.total_training_steps is None:
+            raise ValueError(
+                "The BAE switches its covariance term off for the last "
+                f"covariance_off_final_fraction={self.covariance_off_final_fraction} of training, "
+                "but does not know how long training is. "
+                "Set BAETrainingSAEConfig(total_training_steps=...)."
+            )
+        return step < round((1 - self.covariance_off_final_fraction) * self.total_training_steps)
 
     def coefficients_at(self, step: int) -> dict[str, float]:
         """a_e, a_c, a_f at training step ``step`` (0-based): SAELens' linear warm-up over

@@ -171,7 +171,7 @@ class StackedBAE(nn.Module):
             out,
             bits,
             entropy_coefficient=coefficients["entropy"],
-            covariance_coefficient=coefficients["covariance"],
+            covariance_coefficient=coefficients["covariance"] * cfg.covariance_on(n_training_steps),
             firing_coefficient=coefficients["firing"],
             entropy_on=n_training_steps >= cfg.resolved_entropy_off_steps(),
             covariance_block_size=cfg.covariance_block_size,
