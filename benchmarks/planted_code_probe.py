@@ -43,15 +43,18 @@ def probe_code(
 
     Per planted bit: the best agreement of any channel with it (or its negation), and the
     fraction of its variance that the BAE's reconstruction loses (the residual along its
-    direction of M). Per firing channel (on 1-99% of the states): its encoder in the bits'
-    coordinates, as the participation ratio and the share of its two largest bits."""
+    direction of M), and where its nearest channel's threshold sits between the pre-activation
+    means of the bit's two classes (0.5 midway, 1 on the mean of the class it fires on). Per
+    firing channel (on 1-99% of the states): its encoder in the bits' coordinates, as the
+    participation ratio and the share of its two largest bits."""
     if bae.cfg.bits != 1:
         raise ValueError(f"the probe reads one bit per channel; this BAE has bits={bae.cfg.bits}")
     states, bits = states.double(), bits.double()
     basis = torch.linalg.lstsq(bits, states).solution  # M [r, d], exact for a planted cell
     bae = copy.deepcopy(bae).double()  # the caller's BAE keeps its dtype
     framed = (states + torch.as_tensor(shift).double()) * scale
-    codes = bae.encode_bits(framed)
+    pre = bae.hidden_pre(framed)
+    codes = (pre >= 0).to(pre.dtype)  # the step, as ``encode_bits``
     recon = bae.decode(codes) / scale - torch.as_tensor(shift).double()
     residual = states - recon
     centred_total = float((states - states.mean(0)).pow(2).sum())
@@ -62,7 +65,14 @@ def probe_code(
     lost_sse = along_bits.pow(2).sum(0)
     lost = lost_sse / (len(bits) * bit_variance)
     same = (bits.T @ codes + (1 - bits).T @ (1 - codes)) / len(bits)  # [r, n_bits]
-    best = torch.maximum(same, 1 - same).amax(1)
+    best, nearest = torch.maximum(same, 1 - same).max(1)
+    # where each bit's nearest channel puts its threshold (pre-activation 0) between the means
+    # of the bit's two classes: 0.5 is midway, 1 the mean of the class the channel fires on
+    along = pre[:, nearest]  # [n, r]
+    means = torch.stack([(along * (1 - bits)).sum(0) / (1 - bits).sum(0).clamp_min(1),
+                         (along * bits).sum(0) / bits.sum(0).clamp_min(1)])  # fmt: skip
+    low, high = means.amin(0), means.amax(0)
+    threshold_position = -low / (high - low).clamp_min(1e-12)
     copied = best >= RECOVERED
     rates = codes.mean(0)
     firing = (rates >= 0.01) & (rates <= 0.99)
@@ -93,6 +103,8 @@ def probe_code(
         "copied_bits": int(copied.sum()),
         "lost_fraction_copied_median": median(lost[copied]),
         "lost_fraction_uncopied_median": median(lost[~copied]),
+        "threshold_position_median_copied": median(threshold_position[copied]),
+        "threshold_position_median_uncopied": median(threshold_position[~copied]),
         "best_agreement_histogram": {
             f"[{lo:g}, {hi:g})": int(count)
             for lo, hi, count in zip(
@@ -152,6 +164,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             lambda row: " / ".join(
                 "-" if row[key] is None else f"{row[key]:.3f}"
                 for key in ("lost_fraction_copied_median", "lost_fraction_uncopied_median")
+            ),
+        ),
+        (
+            "threshold position, copied / uncopied (median)",
+            lambda row: " / ".join(
+                "-" if row[key] is None else f"{row[key]:.2f}"
+                for key in (
+                    "threshold_position_median_copied",
+                    "threshold_position_median_uncopied",
+                )
             ),
         ),
         (

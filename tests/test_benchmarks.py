@@ -344,6 +344,10 @@ def test_the_code_probe_splits_the_error_between_copied_and_mixed_bits():
     assert report["lost_fraction_per_bit"] == pytest.approx([0, 0, 0, 0.5], abs=1e-6)
     assert report["best_agreement_per_bit"] == [1.0, 1.0, 0.75, 0.75]
     assert report["copied_bits"] == 2
+    # bits 0, 1: thresholds midway between -1/2 and 1/2; bits 2, 3 (nearest channel: c2, the
+    # first of two equally near): means -1/sqrt(2) and 0, the threshold on the firing mean
+    assert report["threshold_position_median_copied"] == pytest.approx(0.5, abs=1e-6)
+    assert report["threshold_position_median_uncopied"] == pytest.approx(1.0, abs=1e-6)
     assert report["best_agreement_histogram"] == {
         "[0.5, 0.75)": 0, "[0.75, 0.9)": 2, "[0.9, 0.95)": 0, "[0.95, 0.99)": 0, "[0.99, 1)": 2
     }  # fmt: skip
