@@ -22,10 +22,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sae_lens_bae.experiments.synthetic import RECOVERED, planted_cell
+from sae_lens_bae.experiments.synthetic import RECOVERED, bit_agreement, planted_cell
 from sae_lens_bae.reports import markdown_table, write_json
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.bae_config import BAETrainingSAEConfig
+from sae_lens_bae.saes.binary import step
 
 AGREEMENT_BINS = (0.5, 0.75, 0.9, 0.95, RECOVERED, 1.0)
 
@@ -52,10 +53,10 @@ def probe_code(
     states, bits = states.double(), bits.double()
     basis = torch.linalg.lstsq(bits, states).solution  # M [r, d], exact for a planted cell
     bae = copy.deepcopy(bae).double()  # the caller's BAE keeps its dtype
-    framed = (states + torch.as_tensor(shift).double()) * scale
-    pre = bae.hidden_pre(framed)
-    codes = (pre >= 0).to(pre.dtype)  # the step, as ``encode_bits``
-    recon = bae.decode(codes) / scale - torch.as_tensor(shift).double()
+    shift = torch.as_tensor(shift).double()
+    pre = bae.hidden_pre((states + shift) * scale)
+    codes = step(pre)  # as ``encode_bits``, keeping the pre-activations
+    recon = bae.decode(codes) / scale - shift
     residual = states - recon
     centred_total = float((states - states.mean(0)).pow(2).sum())
     along_bits = residual @ basis.T  # [n, r]: the residual in the bits' coordinates
@@ -64,8 +65,8 @@ def probe_code(
     # a bit's squared residual, and as a fraction of its variance (its lost share)
     lost_sse = along_bits.pow(2).sum(0)
     lost = lost_sse / (len(bits) * bit_variance)
-    same = (bits.T @ codes + (1 - bits).T @ (1 - codes)) / len(bits)  # [r, n_bits]
-    best, nearest = torch.maximum(same, 1 - same).max(1)
+    agreement = bit_agreement(codes, bits)  # [r, n_bits]
+    best, nearest = agreement.max(1)
     # where each bit's nearest channel puts its threshold (pre-activation 0) between the means
     # of the bit's two classes: 0.5 is midway, 1 the mean of the class the channel fires on
     along = pre[:, nearest]  # [n, r]
@@ -80,7 +81,7 @@ def probe_code(
     weights = torch.nn.functional.normalize((basis @ bae.W_enc)[:, firing], dim=0).pow(2)
     participation = 1 / weights.pow(2).sum(0)
     top_two = weights.topk(min(2, len(weights)), dim=0).values.sum(0)
-    channel_copies = torch.maximum(same, 1 - same)[:, firing].amax(0) >= RECOVERED
+    channel_copies = agreement[:, firing].amax(0) >= RECOVERED
     # the firing channels whose heaviest planted bit is one the code does not copy
     on_uncopied = ~copied[weights.argmax(0)] if weights.numel() else torch.zeros(0, dtype=bool)
     r = bits.shape[1]

@@ -32,6 +32,7 @@ __all__ = [
     "REPORT",
     "SyntheticConfig",
     "SyntheticPreset",
+    "bit_agreement",
     "directional_data",
     "passes_bar",
     "planted_cell",
@@ -128,6 +129,17 @@ def directional_data(r: int, d: int, n_train: int, n_test: int, seed: int) -> tu
 
 
 @torch.no_grad()
+def bit_agreement(
+    codes: Float[Tensor, "n n_bits"], bits: Float[Tensor, "n r"]
+) -> Float[Tensor, "r n_bits"]:
+    """The fraction of the states on which each code channel copies or negates each planted bit
+    (whichever is more), in fp64 on the codes' device."""
+    codes, bits = codes.double(), bits.to(codes.device).double()
+    same = (bits.T @ codes + (1 - bits).T @ (1 - codes)) / len(bits)
+    return torch.maximum(same, 1 - same)
+
+
+@torch.no_grad()
 def recovered_bits(
     codes: Float[Tensor, "n n_bits"], bits: Float[Tensor, "n r"], agreement: float = RECOVERED
 ) -> int:
@@ -136,9 +148,7 @@ def recovered_bits(
     entropies; this says whether the BAE found the planted ones."""
     if bits.shape[1] == 0 or codes.shape[1] == 0:
         return 0
-    codes, bits = codes.double(), bits.to(codes.device).double()
-    same = (bits.T @ codes + (1 - bits).T @ (1 - codes)) / len(bits)  # [r, n_bits]
-    return int((torch.maximum(same, 1 - same).amax(1) >= agreement).sum())
+    return int((bit_agreement(codes, bits).amax(1) >= agreement).sum())
 
 
 def run(cfg: SyntheticConfig, progress: bool = True) -> dict[str, Any]:
