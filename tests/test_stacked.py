@@ -100,9 +100,12 @@ def test_stacked_rejects_bad_shapes_and_normalisation():
         )
 
 
-def test_converged_baes_drop_out_and_the_others_train_as_if_alone():
+@pytest.mark.parametrize("final", [0.0, 0.25])
+def test_converged_baes_drop_out_and_the_others_train_as_if_alone(final):
     """Members that converge leave the stacked matmuls; every member, early or late, ends with
-    the weights, code means and step count it gets when trained alone under the same rule."""
+    the weights, code means and step count it gets when trained alone under the same rule. With
+    ``covariance_off_final_fraction``, a member in its final phase (the term off) trains beside
+    members that still pay it, each as it would alone."""
     from sae_lens_bae.training import Convergence
 
     g = torch.Generator().manual_seed(1)
@@ -111,6 +114,7 @@ def test_converged_baes_drop_out_and_the_others_train_as_if_alone():
     cfg = BAETrainingSAEConfig(
         d_in=8, d_sae=12, dtype="float64", entropy_off_steps=10, entropy_coefficient=1e-2,
         covariance_coefficient=1e-3, resample_every=7, resample_rate=0.2,
+        covariance_off_final_fraction=final,
     )  # fmt: skip
     rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2,
                        horizon=0.0)  # fmt: skip
@@ -120,6 +124,11 @@ def test_converged_baes_drop_out_and_the_others_train_as_if_alone():
     stacked = train_stacked_baes(sets, cfg, seeds=seeds, **kwargs)
     assert len(set(stacked.steps)) > 1, stacked.steps  # they stopped at different steps
     assert min(stacked.steps) < 80
+    if final:  # the first to converge trained its last quarter without the term, beside others
+        first = stacked.steps.index(min(stacked.steps))
+        covariance = stacked.histories[first]["covariance_loss"]
+        assert covariance[-(min(stacked.steps) // 4) :] == [0.0] * (min(stacked.steps) // 4)
+        assert all(value > 0 for value in covariance[: -(min(stacked.steps) // 4)])
     for g, (x, seed) in enumerate(zip(sets, seeds, strict=True)):
         alone = train_stacked_baes([x], cfg, seeds=[seed], **kwargs)
         assert alone.steps == [stacked.steps[g]]
@@ -145,3 +154,32 @@ def test_the_convergence_rule_waits_out_the_learning_rate_warm_up():
                   convergence=rule, seeds=[5])  # fmt: skip
     assert train_stacked_baes([x], cfg, **kwargs).steps == [20]  # 2 windows of 2 checks of 5
     assert train_stacked_baes([x], cfg, lr_warm_up_steps=50, **kwargs).steps == [70]
+
+
+def test_a_converged_bae_trains_its_last_fraction_without_the_covariance_term():
+    """Under a rule that stops at step 20, ``covariance_off_final_fraction = 0.2`` adds
+    ceil(0.25 * 20) = 5 steps without the term (the last fifth of 25), after the same first 20
+    steps, and none when the rule stops the BAE where the budget's own last fifth has begun."""
+    from sae_lens_bae.training import Convergence
+
+    x = binary_mixtures(1)[0]
+    rule = Convergence(check_every=5, window=2, rtol=1e6, atol_bits=1e6, atol_error=1e6,
+                       horizon=0.0)  # fmt: skip
+    kwargs = dict(batch_size=64, lr=2e-3, progress=False, convergence=rule, seeds=[5])
+
+    def train(final, steps, **extra):
+        cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_steps=0,
+                                   covariance_coefficient=1e-3,
+                                   covariance_off_final_fraction=final)  # fmt: skip
+        return train_stacked_baes([x], cfg, training_samples=steps * 64, **kwargs, **extra)
+
+    plain, final = train(0.0, 200), train(0.2, 200)
+    assert plain.steps == [20] and final.steps == [25]
+    covariance = final.histories[0]["covariance_loss"]
+    assert covariance[:20] == plain.histories[0]["covariance_loss"]
+    assert all(value > 0 for value in covariance[:20]) and covariance[20:] == [0.0] * 5
+    assert train(0.2, 26).steps == [25]  # the budget's last fifth starts at round(20.8) = 21
+    # with a 50-step warm-up the rule stops at 70 (test above); 70 + ceil(17.5) = 88
+    assert train(0.2, 200, lr_warm_up_steps=50).steps == [88]
+    # converged at 20 of a 24-step budget whose last fifth is off from step round(19.2) = 19
+    assert train(0.2, 24).steps == [20]

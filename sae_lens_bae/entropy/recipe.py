@@ -65,8 +65,9 @@ class EntropyRecipe:
     entropy_off_fraction: float = _PRESET.entropy_off_fraction
     """Fraction of the step budget trained without the entropy term."""
     covariance_off_final_fraction: float = 0.0
-    """The last fraction of the step budget trained without the covariance term (only a run that
-    uses its whole budget gets there: ``converge=False``, or a rule that never stops it)."""
+    """The last fraction of each BAE's training without the covariance term: of the budget with
+    ``converge=False``; with the rule, a BAE that converges at step s with the term on trains
+    f / (1 - f) s more steps without it (within the budget), then stops."""
     encoder_bias: bool = True
     """Give each channel its own firing threshold ``b_enc``; False trains the paper's encoder
     ``h_B = step(h0 W_in)``, every hyperplane through the origin of the (framed) states. On the

@@ -151,11 +151,13 @@ class StackedBAE(nn.Module):
         x: Float[Tensor, "G batch d_in"],
         n_training_steps: int,
         members: Tensor | None = None,
+        covariance_off: Sequence[bool] | None = None,
     ) -> dict[str, Tensor]:
         """Per-BAE loss terms of ``bae_objective`` (each of shape [G]); resamples constant
         channels and updates the running mean codes, as one BAE's training step does.
         ``members``: train only these stack rows (``x`` holds their minibatches): the others
-        cost nothing and get no gradient."""
+        cost nothing and get no gradient. ``covariance_off``: per row of ``x``, whether that
+        BAE trains without the covariance term (its final phase after it converged)."""
         cfg = self.cfg
         if (
             cfg.resample_every > 0
@@ -166,16 +168,22 @@ class StackedBAE(nn.Module):
         bits = step(self.hidden_pre(x, members), cfg.surrogate, cfg.surrogate_temperature)
         out = self.decode(bits, members)
         coefficients = cfg.coefficients_at(n_training_steps)
+        covariance = coefficients["covariance"] * cfg.covariance_on(n_training_steps)
+        if covariance_off is not None and all(covariance_off):
+            covariance = 0.0  # no member pays it: not computed at all
         terms = bae_objective(
             x,
             out,
             bits,
             entropy_coefficient=coefficients["entropy"],
-            covariance_coefficient=coefficients["covariance"] * cfg.covariance_on(n_training_steps),
+            covariance_coefficient=covariance,
             firing_coefficient=coefficients["firing"],
             entropy_on=n_training_steps >= cfg.resolved_entropy_off_steps(),
             covariance_block_size=cfg.covariance_block_size,
         )
+        if covariance > 0 and covariance_off is not None and any(covariance_off):
+            off = torch.tensor(list(covariance_off), device=x.device)
+            terms["covariance_loss"] = terms["covariance_loss"].masked_fill(off, 0.0)
         batch_mean = bits.detach().float().mean(1)
         if members is None:
             update_running_mean(self.code_mean, self.code_mean_count, batch_mean,
@@ -270,6 +278,9 @@ def train_stacked_baes(
     (default: its own set; the first rows, as many for every BAE) and stops updating once it has
     converged; training ends when all have (``sae_lens_bae.training.convergence``). A converged
     BAE drops out of the stacked matmuls, so a stack costs what its unconverged members cost.
+    With ``cfg.covariance_off_final_fraction`` f > 0, a BAE that converges at step s with the
+    covariance term still on trains f / (1 - f) s more steps without it (within the budget),
+    so the last fraction f of its training is without the term, as in a run of the full budget.
     ``lr_warm_up_steps``, ``lr_scheduler_name``, ``lr_end``: the learning-rate schedule, by
     SAELens' scheduler and under its names (``train_sae`` passes them to ``SAETrainerConfig``):
     a linear warm-up over the first steps, then constant or ``"cosineannealing"`` down to
@@ -302,9 +313,11 @@ def train_stacked_baes(
     frozen: dict[int, list[Tensor]] = {}
     active = list(range(len(sets)))  # the BAEs still training: the only ones computed
     members: Tensor | None = None  # None while every BAE trains (no indexing at all)
+    final = cfg.covariance_off_final_fraction
+    ends: dict[int, int] = {}  # converged with the covariance term on: trains to then without it
     for n in trange(n_steps, desc=f"Training {len(sets)} stacked BAEs", disable=not progress):
         batch = torch.stack([next(streams[g]) for g in active]).to(device)
-        losses = model.losses(batch, n, members)
+        losses = model.losses(batch, n, members, [g in ends for g in active] if ends else None)
         total_loss(losses).sum().backward()
         model.clip_grad_norms_(1.0)
         optimizer.step()
@@ -316,20 +329,27 @@ def train_stacked_baes(
         for name, values in losses.items():
             for g, value in zip(active, values.detach().cpu().tolist(), strict=True):
                 histories[g].setdefault(name, []).append(value)
+        stopping = [g for g in active if ends.get(g) == n + 1]
         if monitor is not None and checks is not None and monitor.due(n):
             errors, entropies = [math.nan] * len(sets), [math.nan] * len(sets)
             rows = checks if members is None else checks[members]
             for g, error, bits in zip(active, *_check(model, rows, members), strict=True):
                 errors[g], entropies[g] = error, bits
-            newly = monitor.update(n, errors, entropies)
-            for g in newly:
-                frozen[g] = [p.data[g].clone() for p in model.parameters()]
-            if monitor.done:
-                break
-            if newly:
-                active = [g for g in active if g not in frozen]
-                members = torch.tensor(active, device=device)
+            for g in monitor.update(n, errors, entropies):
+                if final > 0 and n + 1 < n_steps and cfg.covariance_on(n + 1):
+                    # the last fraction of its training without the term, as without the rule
+                    ends[g] = min(n_steps, n + 1 + math.ceil(final / (1 - final) * (n + 1)))
+                else:
+                    stopping.append(g)
+        for g in stopping:
+            frozen[g] = [p.data[g].clone() for p in model.parameters()]
+        if len(frozen) == len(sets):
+            break
+        if stopping:
+            active = [g for g in active if g not in frozen]
+            members = torch.tensor(active, device=device)
     steps = [n_steps] * len(sets)
     if monitor is not None:
-        steps = [n_steps if at is None else at for at in monitor.converged_at]
+        steps = [ends.get(g, n_steps if at is None else at)
+                 for g, at in enumerate(monitor.converged_at)]  # fmt: skip
     return StackedTraining([sae.to(device) for sae in model.unstack()], histories, steps)
