@@ -128,8 +128,10 @@ PRESETS: dict[str, SyntheticPreset] = {
     # cell at 2x, 255.97-255.98 bits at 0.002-0.007% held-out error with all 256 planted bits
     # copied on 3 of 3 seeds (1.38-1.69% and about 222 bits with the term to the end); at
     # d = 1024, r = 512 from 2 r^2 states, 511.96 bits at 0.02% with all 512 copied (513.6 bits
-    # at 3.5%, 333 copied). The term, noisy on a minibatch, holds each threshold at the edge of
-    # its firing class (docs/entropy.md, "The covariance term's floor"). Not yet run at d = 2048
+    # at 3.5%, 333 copied); d = 512, r = 512 (4 r^2, seed 0) and d = 768, r = 384 likewise
+    # (511.96 and 383.97 bits, 0.01% and 0.004%, from 3.3% and 2.5%; twelfth session). The term,
+    # noisy on a minibatch, holds each threshold at the edge of its firing class
+    # (docs/entropy.md, "The covariance term's floor"). Not yet run at d = 2048
     "paper": SyntheticPreset(
         d=_PAPER_D,
         ranks=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
