@@ -68,7 +68,7 @@ class EntropyRecipe:
     """The last fraction of each BAE's training without the covariance term: of the budget with
     ``converge=False``; with the rule, a BAE that converges at step s with the term on trains
     f / (1 - f) s more steps without it (within the budget), then stops. At 0.1 it took the
-    ``paper`` recipe's planted-bit reads from 1.4-3.5% error to under 0.03% on 6 of 6 CPU cells
+    ``paper`` recipe's planted-bit reads from 1.4-3.5% error to under 0.03% on 7 of 7 CPU runs
     (its lr has decayed by then); at the ``mid`` preset's constant lr it moved 3 of 18 estimates
     2-3 bits off r, and on the LLM position trace it moved no cell towards reliable
     (docs/entropy.md, "The knob on three seeds" and the section after it)."""
