@@ -216,8 +216,6 @@ def test_the_paper_preset_scales_the_proxys_lr_by_the_root_of_the_dimension():
     """Sets are scaled to one total variance, so Adam's fixed step grows as sqrt(d) against a
     bit's margin: at d = 2048 the d = 512 proxy's lr 4e-3 drained the code under r (and lr x 2
     did the same on the proxy), so the paper preset trains at 4e-3 * sqrt(512 / 2048)."""
-    from sae_lens_bae.experiments.synthetic import PRESETS
-
     recipe = PRESETS["paper"].recipe
     assert PRESETS["paper"].d == 2048
     assert (recipe.lr, recipe.lr_end) == (2e-3, 2e-4)
@@ -227,8 +225,6 @@ def test_the_paper_preset_trains_its_last_tenth_without_the_covariance_term():
     """With the term to the end the d = 512 and d = 1024 proxies missed the 2% bar (the term
     holds thresholds at the firing class's edge); off for the last 10% they read r at
     0.002-0.02% (docs/entropy.md). The preset's BAEs pay it up to step 40500 of 45000."""
-    from sae_lens_bae.experiments.synthetic import PRESETS
-
     cfg = PRESETS["paper"].recipe.config(2048)
     assert cfg.total_training_steps == 45000
     assert cfg.covariance_on(40499) and not cfg.covariance_on(40500)
