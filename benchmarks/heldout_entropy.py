@@ -8,7 +8,8 @@ on sets no recipe was tuned on, whatever their scale and wherever they sit.
 
 A case ``d:r`` is x = b W + o: b uniform on {0,1}^r, W an r x d Gaussian matrix (its bit
 directions are not orthonormal, unlike ``directional_data``), o a Gaussian offset of scale 0.5;
-``--n-train`` training and ``--n-test`` held-out states. A shift s moves every state by s times the
+``--n-train`` training and ``--n-test`` held-out states; ``--recipe '{"lr": 2e-3}'`` changes
+fields of the recipe path's ``EntropyRecipe``. A shift s moves every state by s times the
 set's root mean squared norm along a random direction (entropy does not change). Writes
 ``DIR/heldout_entropy.json`` and ``.md`` after each row, so an interrupted run keeps its rows.
 """
@@ -16,6 +17,8 @@ set's root mean squared norm along a random direction (entropy does not change).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import platform
 import time
 from pathlib import Path
@@ -25,6 +28,7 @@ import torch
 from torch import Tensor
 
 from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, estimate_entropy
+from sae_lens_bae.experiments.synthetic import recovered_bits
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
 from sae_lens_bae.training import train_sae
@@ -39,6 +43,7 @@ COLUMNS = [
     ("relative error", lambda row: cell(row["relative_error"], ".4f")),
     ("typical error", lambda row: cell(row["typical_relative_error"], ".4f")),
     ("reliable", lambda row: "yes" if row["reliable"] else "no"),
+    ("planted bits copied", lambda row: cell(row.get("recovered_bits"), "d")),
     ("steps", lambda row: str(row["steps"])),
     ("seconds", lambda row: f"{row['seconds']:.0f}"),
 ]
@@ -48,6 +53,14 @@ def fair_bit_set(
     d: int, r: int, n_train: int, n_test: int, seed: int, shift: float
 ) -> tuple[Tensor, Tensor]:
     """Training and held-out states x = b W + o (+ a shift), r fair bits in d dimensions."""
+    train, test, _ = planted_fair_bit_set(d, r, n_train, n_test, seed, shift)
+    return train, test
+
+
+def planted_fair_bit_set(
+    d: int, r: int, n_train: int, n_test: int, seed: int, shift: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``fair_bit_set`` and the held-out states' planted bits b (to count those a code copies)."""
     generator = torch.Generator().manual_seed(seed)
     weights = torch.randn(r, d, generator=generator)
     offset = 0.5 * torch.randn(d, generator=generator)
@@ -56,7 +69,7 @@ def fair_bit_set(
     direction = torch.randn(d, generator=generator)
     rms = states.pow(2).sum(-1).mean().sqrt()
     states = states + shift * rms * direction / direction.norm()
-    return states[:n_train], states[n_train:]
+    return states[:n_train], states[n_train:], bits[n_train:]
 
 
 def parse_cases(text: str) -> list[tuple[int, int]]:
@@ -70,6 +83,21 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
     return cases
 
 
+RECIPE_FIELDS = {field.name for field in dataclasses.fields(EntropyRecipe)}
+
+
+def parse_recipe(text: str) -> dict[str, Any]:
+    """A JSON object of ``EntropyRecipe`` fields (the recipe path's overrides), refusing others."""
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"--recipe: bad JSON ({error})") from None
+    if not isinstance(values, dict) or set(values) - RECIPE_FIELDS:
+        unknown = sorted(set(values) - RECIPE_FIELDS) if isinstance(values, dict) else values
+        raise argparse.ArgumentTypeError(f"--recipe: not EntropyRecipe fields: {unknown}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=parse_cases, default=parse_cases("16:3,32:6,48:12"))
@@ -79,6 +107,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--n-train", type=int, default=8192)
     parser.add_argument("--n-test", type=int, default=4096)
     parser.add_argument("--recipe-steps", type=int, default=EntropyRecipe().steps)
+    parser.add_argument(
+        "--recipe",
+        type=parse_recipe,
+        default={},
+        help="JSON object of EntropyRecipe fields for the recipe path",
+    )
     parser.add_argument("--registry-steps", type=int, default=16000)
     parser.add_argument("--out", type=Path, default=Path("runs/heldout-entropy"))
     args = parser.parse_args(argv)
@@ -88,7 +122,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "info": {"n_train": args.n_train, "n_test": args.n_test,
-                 "recipe_steps": args.recipe_steps, "registry_steps": args.registry_steps,
+                 "recipe_steps": args.recipe_steps, "recipe": args.recipe,
+                 "registry_steps": args.registry_steps,
                  "torch": torch.__version__, "threads": torch.get_num_threads(),
                  "machine": platform.processor() or platform.machine()},
         "rows": [],
@@ -96,25 +131,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for d, r in args.cases:
         for seed in (int(s) for s in args.seeds.split(",")):
             for shift in (float(s) for s in args.shifts.split(",")):
-                train, test = fair_bit_set(d, r, args.n_train, args.n_test, seed, shift)
+                train, test, test_bits = planted_fair_bit_set(d, r, args.n_train, args.n_test,
+                                                              seed, shift)  # fmt: skip
                 for path in paths:
                     start = time.perf_counter()
                     if path == "recipe":
-                        recipe = EntropyRecipe(steps=args.recipe_steps)
+                        recipe = EntropyRecipe(**{"steps": args.recipe_steps, **args.recipe})
                         [estimate] = estimate_entropies([train], recipe, eval_sets=[test],
                                                         seeds=[seed], progress=False)  # fmt: skip
                         steps = estimate.steps
+                        copied = recovered_bits(estimate.codes(test).cpu(), test_bits)
                     else:
                         steps = args.registry_steps
                         cfg = bae_config(d, preset="entropy", total_training_steps=steps)
                         run = train_sae(train, cfg, training_samples=steps * 512, batch_size=512,
                                         lr=BAE_PRESETS["entropy"].lr, seed=seed)  # fmt: skip
                         estimate = estimate_entropy(run.sae.eval(), test)
+                        with torch.no_grad():
+                            codes = run.sae.eval().encode_bits(test).cpu()
+                        copied = recovered_bits(codes, test_bits)
                     report["rows"].append({
                         "path": path, "d": d, "r": r, "seed": seed, "shift": shift,
                         "bits": estimate.bits, "relative_error": estimate.relative_error,
                         "typical_relative_error": estimate.typical_relative_error,
-                        "reliable": estimate.reliable, "steps": steps,
+                        "reliable": estimate.reliable, "steps": steps, "recovered_bits": copied,
                         "seconds": time.perf_counter() - start,
                     })  # fmt: skip
                     write_json(args.out / "heldout_entropy.json", report)

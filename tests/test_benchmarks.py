@@ -95,22 +95,25 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
 
 
 def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
-    """Each (case, seed, shift) is read by ``estimate_entropies`` with the default recipe and by
-    a registry ``entropy`` BAE trained through ``train_sae``: each row is what the library gives
-    on the same set, a shifted set is the same set moved (its variance unchanged), and a bad case
-    is refused with one line (exit 2)."""
+    """Each (case, seed, shift) is read by ``estimate_entropies`` with the recipe (the default's
+    fields changed by ``--recipe``) and by a registry ``entropy`` BAE trained through
+    ``train_sae``: each row is what the library gives on the same set, with the planted bits its
+    code copies; a shifted set is the same set moved (its variance unchanged), and a bad case or
+    recipe field is refused with one line (exit 2)."""
     from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, estimate_entropy
+    from sae_lens_bae.experiments.synthetic import recovered_bits
     from sae_lens_bae.saes.bae_config import bae_config
     from sae_lens_bae.training import train_sae
 
-    fair_bit_set = _load_benchmark("heldout_entropy").fair_bit_set
+    benchmark = _load_benchmark("heldout_entropy")
+    fair_bit_set = benchmark.fair_bit_set
 
     out = tmp_path / "heldout"
     script = str(BENCHMARKS / "heldout_entropy.py")
     subprocess.run(
         [sys.executable, script, "--cases", "8:2", "--shifts", "0,5", "--n-train", "1024",
-         "--n-test", "256", "--recipe-steps", "400", "--registry-steps", "200", "--out",
-         str(out)],
+         "--n-test", "256", "--recipe-steps", "400", "--recipe", '{"lr": 0.003}',
+         "--registry-steps", "200", "--out", str(out)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     rows = json.loads((out / "heldout_entropy.json").read_text())["rows"]
@@ -121,15 +124,24 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
     plain, _ = fair_bit_set(8, 2, 1024, 256, seed=0, shift=0.0)
     moved = train - plain
     assert torch.allclose(moved, moved[0].expand_as(moved), atol=1e-4)  # one vector for all
-    [cell] = estimate_entropies([train], EntropyRecipe(steps=400), eval_sets=[test], seeds=[0],
-                                progress=False)  # fmt: skip
+    [cell] = estimate_entropies([train], EntropyRecipe(steps=400, lr=0.003), eval_sets=[test],
+                                seeds=[0], progress=False)  # fmt: skip
     assert rows[2]["bits"] == pytest.approx(cell.bits, rel=1e-6)
+    _, same_test, test_bits = benchmark.planted_fair_bit_set(8, 2, 1024, 256, seed=0, shift=5.0)
+    assert torch.equal(same_test, test)
+    assert rows[2]["recovered_bits"] == recovered_bits(cell.codes(test), test_bits)
     assert rows[2]["typical_relative_error"] == pytest.approx(cell.typical_relative_error)
     cfg = bae_config(8, preset="entropy", total_training_steps=200)
     run = train_sae(train, cfg, training_samples=200 * 512, batch_size=512, lr=4e-3, seed=0)
     direct = estimate_entropy(run.sae.eval(), test)
     assert rows[3]["bits"] == pytest.approx(direct.bits, rel=1e-6)
     assert rows[3]["relative_error"] == pytest.approx(direct.relative_error, rel=1e-6)
+    assert rows[3]["recovered_bits"] == recovered_bits(run.sae.eval().encode_bits(test), test_bits)
+    assert [row["recovered_bits"] for row in rows] == [2, 2, 2, 2]  # both bits, both paths
+    bad_recipe = subprocess.run([sys.executable, script, "--recipe", '{"rate": 1}'],
+                                capture_output=True, text=True)  # fmt: skip
+    assert bad_recipe.returncode == 2 and "not EntropyRecipe fields: ['rate']" in bad_recipe.stderr
+    assert "Traceback" not in bad_recipe.stderr
     bad = subprocess.run([sys.executable, script, "--cases", "4:6"], capture_output=True,
                          text=True)  # fmt: skip
     assert bad.returncode == 2 and "0 < r <= d, got '4:6'" in bad.stderr
