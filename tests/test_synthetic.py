@@ -221,6 +221,22 @@ def test_the_paper_preset_scales_the_proxys_lr_by_the_root_of_the_dimension():
     assert (recipe.lr, recipe.lr_end) == (2e-3, 2e-4)
 
 
+@pytest.mark.parametrize(("d_in", "lr"), [(512, 4e-3), (2048, 2e-3), (32, 1.6e-2)])
+def test_the_paper_recipe_for_any_dimension_is_the_presets_with_its_lr_rule(d_in, lr):
+    """``EntropyRecipe.paper(d)`` is what the ``paper`` preset trains with (at its d = 2048 and
+    3 restarts), its lr and lr_end scaled by sqrt(512 / d); fields can be changed, not invented."""
+    from sae_lens_bae.entropy import EntropyRecipe
+
+    recipe = EntropyRecipe.paper(d_in)
+    assert (recipe.lr, recipe.lr_end) == pytest.approx((lr, lr / 10), rel=1e-12)
+    shape = (recipe.steps, recipe.expansion, recipe.restarts, recipe.converge)
+    assert shape == (45000, 2, 1, False)
+    assert recipe.covariance_off_final_fraction == 0.1 and recipe.lr_warm_up_steps == 1000
+    assert EntropyRecipe.paper(2048, restarts=3) == PRESETS["paper"].recipe
+    with pytest.raises(TypeError, match="unexpected keyword argument 'rate'"):
+        EntropyRecipe.paper(d_in, rate=1.0)
+
+
 def test_the_paper_preset_trains_its_last_tenth_without_the_covariance_term():
     """With the term to the end the d = 512 and d = 1024 proxies missed the 2% bar (the term
     holds thresholds at the firing class's edge); off for the last 10% they read r at

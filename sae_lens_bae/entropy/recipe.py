@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_presets import BAE_PRESETS
@@ -123,6 +123,26 @@ class EntropyRecipe:
             raise ValueError(
                 f"seeds and restarts must be at least 1, got {self.seeds} and {self.restarts}"
             )
+
+    @classmethod
+    def paper(cls, d_in: int, **changes: Any) -> EntropyRecipe:
+        """The synthetic ``paper`` preset's recipe for states of dimension ``d_in``: 45000 steps
+        (no convergence stop), a 1000-step warm-up, a cosine from lr 4e-3 sqrt(512 / d_in) to a
+        tenth of it, Adam's beta2 at 0.99, T = 0.15, entropy off for the first 5% and the
+        covariance term off for the last 10%, 2x; ``changes`` replace fields (e.g. ``restarts``).
+
+        Why: where the default's short constant-lr run stops at a redundant code, this one finds
+        the planted bits. It read r within 0.05 bit at under 0.03% error on 7 of 7 CPU runs of
+        orthonormal planted bits (d = 512-1024, r = 128-512), and 8 of 12 Gaussian 24-bit sets in
+        24-60 dimensions (the default: 0 of 12, copying at most 13 of the 24 bits); it costs about
+        three times the default's 16000-step budget (docs/entropy.md)."""
+        lr_scale = (512 / d_in) ** 0.5  # Adam's step against a bit's margin grows as sqrt(d)
+        recipe = cls(steps=45000, lr=4e-3 * lr_scale, lr_warm_up_steps=1000,
+                     entropy_off_fraction=0.05, lr_scheduler_name="cosineannealing",
+                     lr_end=4e-4 * lr_scale, surrogate_temperature=0.15, adam_beta2=0.99,
+                     converge=False, covariance_off_final_fraction=0.1,
+                     expansion=2)  # fmt: skip
+        return replace(recipe, **changes)
 
     def check_samples(self, n: int, what: str) -> None:
         """Fail before any model runs if a cell would hold fewer samples than one minibatch."""

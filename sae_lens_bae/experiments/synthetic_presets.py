@@ -49,9 +49,6 @@ class SyntheticPreset:
 
 _PAPER_D = 2048
 """The paper's hidden-state dimension, that of its synthetic preset."""
-_PROXY_LR_SCALE = (512 / _PAPER_D) ** 0.5
-"""Adam's step against a bit's margin grows as sqrt(d) at a fixed total variance: the d = 512
-proxy's learning rates are scaled by sqrt(512 / d) at the paper's d (docs/entropy.md)."""
 
 PRESETS: dict[str, SyntheticPreset] = {
     # 84 BAEs in 16 min on 2 CPU cores. Measured: every cell within 0.01 bits on 3 of 3 seeds at
@@ -139,19 +136,7 @@ PRESETS: dict[str, SyntheticPreset] = {
         seeds=(0, 1, 2),
         n_train=65536,
         n_test=8192,
-        recipe=EntropyRecipe(
-            steps=45000,
-            lr=4e-3 * _PROXY_LR_SCALE,
-            lr_warm_up_steps=1000,
-            entropy_off_fraction=0.05,
-            lr_scheduler_name="cosineannealing",
-            lr_end=4e-4 * _PROXY_LR_SCALE,
-            surrogate_temperature=0.15,
-            adam_beta2=0.99,
-            converge=False,
-            restarts=3,
-            covariance_off_final_fraction=0.1,
-        ),  # fmt: skip
+        recipe=EntropyRecipe.paper(_PAPER_D, restarts=3),  # the grid sets each expansion
         tolerance_fraction=0.05,
         tolerance_floor=0.0,
         states_per_rank_squared=2.0,
