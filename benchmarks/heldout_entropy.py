@@ -8,8 +8,9 @@ on sets no recipe was tuned on, whatever their scale and wherever they sit.
 
 A case ``d:r`` is x = b W + o: b uniform on {0,1}^r, W an r x d Gaussian matrix (its bit
 directions are not orthonormal, unlike ``directional_data``), o a Gaussian offset of scale 0.5;
-``--n-train`` training and ``--n-test`` held-out states; ``--recipe '{"lr": 2e-3}'`` changes
-fields of the recipe path's ``EntropyRecipe``. A shift s moves every state by s times the
+``--n-train`` training and ``--n-test`` held-out states. The recipe path trains with the default
+``EntropyRecipe`` or, with ``--recipe-base paper``, ``EntropyRecipe.paper(d)``; ``--recipe
+'{"lr": 2e-3}'`` changes its fields. A shift s moves every state by s times the
 set's root mean squared norm along a random direction (entropy does not change). Writes
 ``DIR/heldout_entropy.json`` and ``.md`` after each row, so an interrupted run keeps its rows.
 """
@@ -21,6 +22,7 @@ import dataclasses
 import json
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,12 @@ def parse_recipe(text: str) -> dict[str, Any]:
     return values
 
 
+def recipe_for(d: int, base: str, steps: int | None, overrides: dict[str, Any]) -> EntropyRecipe:
+    """The recipe path's ``EntropyRecipe`` for sets of dimension ``d``."""
+    recipe = EntropyRecipe.paper(d) if base == "paper" else EntropyRecipe()
+    return replace(recipe, **{**({} if steps is None else {"steps": steps}), **overrides})
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=parse_cases, default=parse_cases("16:3,32:6,48:12"))
@@ -106,7 +114,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--paths", default="recipe,registry", help="recipe and/or registry")
     parser.add_argument("--n-train", type=int, default=8192)
     parser.add_argument("--n-test", type=int, default=4096)
-    parser.add_argument("--recipe-steps", type=int, default=EntropyRecipe().steps)
+    parser.add_argument(
+        "--recipe-base",
+        choices=("default", "paper"),
+        default="default",
+        help="EntropyRecipe() or EntropyRecipe.paper(d) for the recipe path",
+    )
+    parser.add_argument(
+        "--recipe-steps",
+        type=int,
+        default=None,
+        help="the recipe path's step budget (default: its base recipe's)",
+    )
     parser.add_argument(
         "--recipe",
         type=parse_recipe,
@@ -119,10 +138,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     paths = args.paths.split(",")
     if set(paths) - {"recipe", "registry"}:
         parser.error(f"--paths takes recipe and/or registry, got {args.paths!r}")
+    try:  # every case's recipe before any training: a bad field fails now, in one line
+        recipes = {d: recipe_for(d, args.recipe_base, args.recipe_steps, args.recipe)
+                   for d, _ in args.cases}  # fmt: skip
+    except ValueError as error:
+        parser.error(f"--recipe: {error}")
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "info": {"n_train": args.n_train, "n_test": args.n_test,
-                 "recipe_steps": args.recipe_steps, "recipe": args.recipe,
+                 "recipe_base": args.recipe_base, "recipe_steps": args.recipe_steps,
+                 "recipe": args.recipe,
                  "registry_steps": args.registry_steps,
                  "torch": torch.__version__, "threads": torch.get_num_threads(),
                  "machine": platform.processor() or platform.machine()},
@@ -136,8 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 for path in paths:
                     start = time.perf_counter()
                     if path == "recipe":
-                        recipe = EntropyRecipe(**{"steps": args.recipe_steps, **args.recipe})
-                        [estimate] = estimate_entropies([train], recipe, eval_sets=[test],
+                        [estimate] = estimate_entropies([train], recipes[d], eval_sets=[test],
                                                         seeds=[seed], progress=False)  # fmt: skip
                         steps = estimate.steps
                         copied = recovered_bits(estimate.codes(test).cpu(), test_bits)

@@ -148,6 +148,37 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
     assert "Traceback" not in bad.stderr
 
 
+def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_path):
+    """``--recipe-base paper`` reads each case with ``EntropyRecipe.paper(d)`` (its lr rule for
+    that d), ``--recipe`` changing its fields; a budget its warm-up does not fit is refused
+    before any training, in one line (exit 2)."""
+    from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
+
+    benchmark = _load_benchmark("heldout_entropy")
+    script = str(BENCHMARKS / "heldout_entropy.py")
+    out = tmp_path / "paper"
+    subprocess.run(
+        [sys.executable, script, "--cases", "8:2,12:2", "--paths", "recipe", "--n-train", "1024",
+         "--n-test", "256", "--recipe-base", "paper", "--recipe-steps", "200", "--recipe",
+         '{"lr_warm_up_steps": 20}', "--out", str(out)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    rows = json.loads((out / "heldout_entropy.json").read_text())["rows"]
+    for row, d in zip(rows, (8, 12), strict=True):
+        recipe = EntropyRecipe.paper(d, steps=200, lr_warm_up_steps=20)
+        assert recipe.lr == pytest.approx(4e-3 * (512 / d) ** 0.5)
+        train, test = benchmark.fair_bit_set(d, 2, 1024, 256, seed=0, shift=0.0)
+        [cell] = estimate_entropies([train], recipe, eval_sets=[test], seeds=[0], progress=False)
+        assert row["bits"] == pytest.approx(cell.bits, rel=1e-6)
+        assert row["relative_error"] == pytest.approx(cell.relative_error, rel=1e-6)
+        assert row["steps"] == 200  # no convergence stop in this recipe
+    bad = subprocess.run([sys.executable, script, "--recipe-base", "paper", "--recipe-steps",
+                          "500", "--out", str(tmp_path / "bad")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "lr_warm_up_steps must be in [0, steps=500)" in bad.stderr
+    assert "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()
+
+
 def test_trace_frontier_reads_one_trace_cell_at_each_strength(
     tiny_hf_llama_dir, tiny_corpus, tmp_path
 ):
