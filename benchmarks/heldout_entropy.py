@@ -18,8 +18,6 @@ set's root mean squared norm along a random direction (entropy does not change).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import platform
 import time
 from dataclasses import replace
@@ -85,19 +83,12 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
     return cases
 
 
-RECIPE_FIELDS = {field.name for field in dataclasses.fields(EntropyRecipe)}
-
-
 def parse_recipe(text: str) -> dict[str, Any]:
-    """A JSON object of ``EntropyRecipe`` fields (the recipe path's overrides), refusing others."""
+    """A JSON object of ``EntropyRecipe`` fields (the recipe path's changes), refusing others."""
     try:
-        values = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"--recipe: bad JSON ({error})") from None
-    if not isinstance(values, dict) or set(values) - RECIPE_FIELDS:
-        unknown = sorted(set(values) - RECIPE_FIELDS) if isinstance(values, dict) else values
-        raise argparse.ArgumentTypeError(f"--recipe: not EntropyRecipe fields: {unknown}")
-    return values
+        return EntropyRecipe.changes_from_json(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--recipe: {error}") from None
 
 
 def recipe_for(d: int, base: str, steps: int | None, overrides: dict[str, Any]) -> EntropyRecipe:

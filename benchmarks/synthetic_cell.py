@@ -21,7 +21,7 @@ import argparse
 import json
 import platform
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,6 @@ from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
 from sae_lens_bae.experiments.synthetic import PRESETS, passes_bar, planted_cell, recovered_bits
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
 
-RECIPE_FIELDS = {f.name for f in fields(EntropyRecipe)}
 COLUMNS = [
     ("variant", lambda v: v["name"]),
     ("overrides", lambda v: json.dumps(v["overrides"])),
@@ -51,13 +50,9 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"a variant is NAME=JSON, got {text!r}")
     try:
-        values = json.loads(overrides)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"variant {name!r}: bad JSON ({error})") from None
-    if not isinstance(values, dict) or set(values) - RECIPE_FIELDS:
-        unknown = sorted(set(values) - RECIPE_FIELDS) if isinstance(values, dict) else values
-        raise argparse.ArgumentTypeError(f"variant {name!r}: not EntropyRecipe fields: {unknown}")
-    return name, values
+        return name, EntropyRecipe.changes_from_json(overrides)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"variant {name!r}: {error}") from None
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -237,6 +237,21 @@ def test_the_paper_recipe_for_any_dimension_is_the_presets_with_its_lr_rule(d_in
         EntropyRecipe.paper(d_in, rate=1.0)
 
 
+def test_recipe_changes_from_json_name_fields_or_say_what_is_wrong():
+    """A command line's recipe variant: the fields it names, or one line saying what is wrong."""
+    from sae_lens_bae.entropy import EntropyRecipe
+
+    changes = EntropyRecipe.changes_from_json('{"lr": 0.002, "restarts": 3}')
+    assert changes == {"lr": 0.002, "restarts": 3}
+    assert EntropyRecipe.paper(512, **changes).lr == 0.002
+    with pytest.raises(ValueError, match=r"^not EntropyRecipe fields: \['rate'\]$"):
+        EntropyRecipe.changes_from_json('{"rate": 1, "lr": 0.002}')
+    with pytest.raises(ValueError, match=r"^not EntropyRecipe fields: \[1, 2\]$"):
+        EntropyRecipe.changes_from_json("[1, 2]")
+    with pytest.raises(ValueError, match=r"^bad JSON \(Expecting property name"):
+        EntropyRecipe.changes_from_json("{lr: 1}")
+
+
 def test_the_paper_preset_trains_its_last_tenth_without_the_covariance_term():
     """With the term to the end the d = 512 and d = 1024 proxies missed the 2% bar (the term
     holds thresholds at the firing class's edge); off for the last 10% they read r at

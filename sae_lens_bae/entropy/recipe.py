@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
@@ -144,6 +145,20 @@ class EntropyRecipe:
                      converge=False, covariance_off_final_fraction=0.1,
                      expansion=2)  # fmt: skip
         return replace(recipe, **changes)
+
+    @staticmethod
+    def changes_from_json(text: str) -> dict[str, Any]:
+        """``'{"lr": 2e-3}'`` -> the field changes it names, for ``replace``: what a command line
+        takes to try a variant of a recipe. Raises ValueError on bad JSON or unknown fields."""
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"bad JSON ({error})") from None
+        known = {field.name for field in fields(EntropyRecipe)}
+        if not isinstance(values, dict) or set(values) - known:
+            unknown = sorted(set(values) - known) if isinstance(values, dict) else values
+            raise ValueError(f"not EntropyRecipe fields: {unknown}")
+        return values
 
     def check_samples(self, n: int, what: str) -> None:
         """Fail before any model runs if a cell would hold fewer samples than one minibatch."""
