@@ -161,10 +161,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         cfg = bae_config(d, preset="entropy", total_training_steps=steps)
                         run = train_sae(train, cfg, training_samples=steps * 512, batch_size=512,
                                         lr=BAE_PRESETS["entropy"].lr, seed=seed)  # fmt: skip
-                        estimate = estimate_entropy(run.sae.eval(), test)
+                        bae = run.sae.eval()
+                        estimate = estimate_entropy(bae, test)
                         with torch.no_grad():
-                            codes = run.sae.eval().encode_bits(test).cpu()
-                        copied = recovered_bits(codes, test_bits)
+                            copied = recovered_bits(bae.encode_bits(test).cpu(), test_bits)
                     report["rows"].append({
                         "path": path, "d": d, "r": r, "seed": seed, "shift": shift,
                         "bits": estimate.bits, "relative_error": estimate.relative_error,
