@@ -53,13 +53,18 @@ gpu-checks:
 		--out $(GPU_OUT)/train_step_2048.json
 
 # The `paper` synthetic preset's open cells (issue 15), one run each (--restarts 1): PAPER_RANKS
-# on seed 0 at 1x and 2x (1x is the width that read r = 256 on a d = 512 cell), with the planted
-# bits each code recovers; about 6 minutes a rank on an H200 (docs/entropy.md, "Running the
-# paper grid on a GPU"). Then PAPER_RANKS=512, and seeds 1,2
+# on seed 0 at PAPER_EXPANSIONS, with the planted bits each code recovers. On an H200 a 2x cell
+# of 45000 steps took 174 s at r = 256 and 198 s at r = 512, data and refit included
+# (docs/entropy.md, "The `paper` preset at d = 2048, fourteenth session"): r = 256 was read,
+# r = 512 was still over-coded at 45000 steps. Next: PAPER_RANKS=512 PAPER_STEPS=90000, then
+# seeds 1,2. PAPER_STEPS empty: the preset's 45000
 PAPER_RANKS ?= 256
 PAPER_SEEDS ?= 0
+PAPER_EXPANSIONS ?= 1,2
+PAPER_STEPS ?=
 comma := ,
 gpu-paper-cells:
 	$(PYTHON) -m sae_lens_bae bench synthetic --preset paper --ranks $(PAPER_RANKS) \
-		--seeds $(PAPER_SEEDS) --expansions 1,2 --no-ablation --restarts 1 --device cuda \
-		--out $(GPU_OUT)/paper-r$(subst $(comma),-,$(PAPER_RANKS))-s$(subst $(comma),-,$(PAPER_SEEDS))
+		--seeds $(PAPER_SEEDS) --expansions $(PAPER_EXPANSIONS) --no-ablation --restarts 1 \
+		$(if $(PAPER_STEPS),--steps $(PAPER_STEPS)) --device cuda \
+		--out $(GPU_OUT)/paper-r$(subst $(comma),-,$(PAPER_RANKS))-s$(subst $(comma),-,$(PAPER_SEEDS))$(if $(PAPER_STEPS),-steps$(PAPER_STEPS))
