@@ -243,7 +243,9 @@ def test_recipe_changes_from_json_name_fields_or_say_what_is_wrong():
 
     changes = EntropyRecipe.changes_from_json('{"lr": 0.002, "restarts": 3}')
     assert changes == {"lr": 0.002, "restarts": 3}
-    assert EntropyRecipe.paper(512, **changes).lr == 0.002
+    lowered = EntropyRecipe.paper(512, **changes)  # the cosine still ends at a tenth of the lr
+    assert (lowered.lr, lowered.lr_end, lowered.restarts) == (0.002, 0.0002, 3)
+    assert EntropyRecipe.paper(512, lr=0.002, lr_end=0.001).lr_end == 0.001
     with pytest.raises(ValueError, match=r"^not EntropyRecipe fields: \['rate'\]$"):
         EntropyRecipe.changes_from_json('{"rate": 1, "lr": 0.002}')
     with pytest.raises(ValueError, match=r"^not EntropyRecipe fields: \[1, 2\]$"):
