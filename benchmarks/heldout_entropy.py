@@ -92,9 +92,14 @@ def parse_recipe(text: str) -> dict[str, Any]:
 
 
 def recipe_for(d: int, base: str, steps: int | None, overrides: dict[str, Any]) -> EntropyRecipe:
-    """The recipe path's ``EntropyRecipe`` for sets of dimension ``d``."""
-    recipe = EntropyRecipe.paper(d) if base == "paper" else EntropyRecipe()
-    return replace(recipe, **{**({} if steps is None else {"steps": steps}), **overrides})
+    """The recipe path's ``EntropyRecipe`` for sets of dimension ``d`` (the paper base takes the
+    changes through ``EntropyRecipe.paper``, so an lr alone moves its lr_end with it)."""
+    changes = {**({} if steps is None else {"steps": steps}), **overrides}
+    return (
+        EntropyRecipe.paper(d, **changes)
+        if base == "paper"
+        else replace(EntropyRecipe(), **changes)
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

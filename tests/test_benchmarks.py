@@ -172,6 +172,8 @@ def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_pa
         assert row["bits"] == pytest.approx(cell.bits, rel=1e-6)
         assert row["relative_error"] == pytest.approx(cell.relative_error, rel=1e-6)
         assert row["steps"] == 200  # no convergence stop in this recipe
+    lowered = benchmark.recipe_for(16, "paper", None, {"lr": 1e-3})
+    assert (lowered.lr, lowered.lr_end) == (1e-3, 1e-4)  # as EntropyRecipe.paper(16, lr=1e-3)
     bad = subprocess.run([sys.executable, script, "--recipe-base", "paper", "--recipe-steps",
                           "500", "--out", str(tmp_path / "bad")],
                          capture_output=True, text=True)  # fmt: skip
