@@ -96,9 +96,10 @@ class _CovariancePenalty(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, codes: Tensor, block: int, binary: bool | None, share: tuple[int, int]
+        ctx, codes: Tensor, block: int, binary: bool | None, share: tuple[int, int], scale: float
     ) -> Tensor:
         with torch.autocast(codes.device.type, enabled=False):  # bf16 outputs would round counts
+            ctx.scale = scale
             return _CovariancePenalty._forward(ctx, codes, block, binary, share)
 
     @staticmethod
@@ -116,7 +117,7 @@ class _CovariancePenalty(torch.autograd.Function):
             binary and not torch.compiler.is_compiling() and fused_applies(codes, _EXACT_FP32_BATCH)
         )
         if ctx.fused:  # one Triton program per tile: codes, counts and (if it fits) signs in memory
-            total, x, signs = fused_penalty(codes, share)  # signs None: backward recomputes tiles
+            total, x, signs = fused_penalty(codes, share, ctx.scale)  # signs None: tiles again
             ctx.save_for_backward(x, *(() if signs is None else (signs,)))
             ctx.share = share
             return total.to(work_dtype)  # fp32 codes: no kernel
@@ -149,20 +150,20 @@ class _CovariancePenalty(torch.autograd.Function):
         ctx.save_for_backward(counts if counts is not None else x.new_empty(0))
         ctx.products, ctx.flips, ctx.signs = products, flips, signs
         ctx.block, ctx.binary, ctx.work_dtype, ctx.share = block, binary, work_dtype, share
-        return (total / norm).to(work_dtype)
+        return (total * (ctx.scale / norm)).to(work_dtype)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None, None]:  # type: ignore[override]
         with torch.autocast(grad_out.device.type, enabled=False):
             return _CovariancePenalty._backward(ctx, grad_out)
 
     @staticmethod
-    def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
+    def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None, None]:
         if ctx.fused:
             x, *signs = ctx.saved_tensors
-            scale = grad_out.to(torch.float32).view(-1, 1, 1)
-            grad = fused_gradient(x, signs[0] if signs else None, ctx.share, scale)
-            return grad, None, None, None
+            upstream = grad_out.to(torch.float32).view(-1, 1, 1)
+            grad = fused_gradient(x, signs[0] if signs else None, ctx.share, upstream, ctx.scale)
+            return grad, None, None, None, None
         (counts,) = ctx.saved_tensors
         products, binary, dtype = ctx.products, ctx.binary, ctx.work_dtype
         groups, batch, n = products.x.shape
@@ -185,8 +186,8 @@ class _CovariancePenalty(torch.autograd.Function):
             grad -= grad.sum(1, keepdim=True) / batch
         if ctx.flips is not None:  # back from the flipped channels to the codes
             grad *= ctx.flips[:, None, :]
-        grad *= grad_out.to(dtype).view(groups, 1, 1) * (2.0 / (batch - 1))
-        return grad, None, None, None
+        grad *= grad_out.to(dtype).view(groups, 1, 1) * (2.0 * ctx.scale / (batch - 1))
+        return grad, None, None, None, None
 
 
 def _scaled_cov_tile(
@@ -215,8 +216,10 @@ def covariance_penalty(
     *,
     binary: bool | None = None,
     share: tuple[int, int] = (0, 1),
+    scale: float = 1.0,
 ) -> Float[Tensor, "*stack"]:
-    """Sum of |off-diagonal entries| of the unbiased covariance of the code channels.
+    """Sum of |off-diagonal entries| of the unbiased covariance of the code channels (times
+    ``scale``).
 
     Exact and memory-bounded: the n x n covariance is never built. It is computed in
     ``block_size`` x ``block_size`` tiles, using its symmetry, and recomputed tile by tile in
@@ -230,6 +233,9 @@ def covariance_penalty(
     training step passes True, its codes come from the step function).
     ``share = (rank, world)``: only the rank's band of tiles (every world-th), a partial sum that
     the ranks of a data-parallel group add up (``bae_objective`` with a ``GlobalBatch``).
+    ``scale``: a constant factor (the objective's coefficient), applied inside the penalty's own
+    last step in forward and backward, so that it costs no kernel of its own either way (a small
+    BAE's GPU step costs its launches).
     """
     if codes.ndim < 2:
         raise ValueError(
@@ -249,9 +255,9 @@ def covariance_penalty(
     codes = codes.reshape(groups, batch, n)
     if binary and torch.compiler.is_compiling() and fused_applies(codes, _EXACT_FP32_BATCH):
         with torch.autocast(codes.device.type, enabled=False):
-            total, _ = fused_penalty_op(codes, *share)
+            total, _ = fused_penalty_op(codes, *share, float(scale))
         return total.to(torch.promote_types(codes.dtype, torch.float32)).reshape(stack)
-    penalty = _CovariancePenalty.apply(codes, block, binary, share)
+    penalty = _CovariancePenalty.apply(codes, block, binary, share, float(scale))
     return penalty.reshape(stack)  # type: ignore[no-any-return]
 
 

@@ -281,45 +281,55 @@ def fused_backward(
 
 
 def fused_penalty(
-    codes: Tensor, share: tuple[int, int] = (0, 1)
+    codes: Tensor, share: tuple[int, int] = (0, 1), scale: float = 1.0
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The penalty (fp32 [G]) of 0/1 codes [G, B, n] through the kernels, with what its gradient
-    needs: the codes as fp16 (exact for 0/1) and the sign matrix (None where too wide to keep)."""
+    """The penalty times ``scale`` (fp32 [G]) of 0/1 codes [G, B, n] through the kernels, with what
+    its gradient needs: the codes as fp16 (exact for 0/1) and the sign matrix (None where too wide
+    to keep)."""
     x = codes.detach().to(torch.float16).contiguous()
     counts = x.sum(1, dtype=torch.float32)
     signs = sign_matrix(x, share)
     batch = x.shape[1]
-    total = fused_forward(x, counts, share, signs=signs, scale=1.0 / (batch * (batch - 1)))
+    total = fused_forward(x, counts, share, signs=signs, scale=scale / (batch * (batch - 1)))
     return total, x, signs
 
 
 def fused_gradient(
-    x: Tensor, signs: Tensor | None, share: tuple[int, int], scale: Tensor | float
+    x: Tensor,
+    signs: Tensor | None,
+    share: tuple[int, int],
+    upstream: Tensor | float,
+    scale: float = 1.0,
 ) -> Tensor:
-    """The penalty's gradient (fp32 [G, B, n]) times ``scale`` (a float, or [G, 1, 1] upstream
-    gradients) from :func:`fused_penalty`'s fp16 codes and signs, or from the tiles recomputed
-    where the signs were not kept."""
+    """The gradient (fp32 [G, B, n]) of the penalty times ``scale``, times ``upstream`` (a float,
+    or [G, 1, 1] upstream gradients), from :func:`fused_penalty`'s fp16 codes and signs, or from
+    the tiles recomputed where the signs were not kept."""
     if signs is not None:
         grad = fused_backward_from_signs(x, signs)
     else:
         grad = fused_backward(x, x.sum(1, dtype=torch.float32), share)
-    return grad.mul_(scale * (2.0 / (x.shape[1] - 1)))
+    return grad.mul_(upstream * (2.0 * scale / (x.shape[1] - 1)))
 
 
 @torch.library.custom_op("sae_lens_bae::fused_covariance_penalty", mutates_args=())
-def fused_penalty_op(codes: Tensor, rank: int, world: int) -> tuple[Tensor, Tensor]:
+def fused_penalty_op(
+    codes: Tensor, rank: int, world: int, scale: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """:func:`fused_penalty` as one op that a ``torch.compile`` graph calls as it is (inductor
     cannot trace into a Triton launch made from Python, so without the op a compiled step fell
     back to the tiled path's ops); its second output is the sign matrix (empty where not kept).
     ``covariance_penalty`` takes it inside compiled graphs; eager steps keep the autograd
     ``Function``, which costs no op dispatch (about 20 us a call, on a host-bound step)."""
-    total, x, signs = fused_penalty(codes, (rank, world))
+    total, x, signs = fused_penalty(codes, (rank, world), scale)
     return total, signs if signs is not None else x.new_empty(0, dtype=torch.bfloat16)
 
 
 @fused_penalty_op.register_fake
-def _penalty_shapes(codes: Tensor, rank: int, world: int) -> tuple[Tensor, Tensor]:  # noqa: ARG001
+def _penalty_shapes(
+    codes: Tensor, rank: int, world: int, scale: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """The op's outputs as compile traces them: shapes and dtypes, no kernel."""
+    del rank, world, scale  # the op's signature; the shapes do not depend on them
     groups, _, n = codes.shape
     kept = groups * n * n <= SIGN_CACHE_LIMIT
     signs = codes.new_empty((groups, n, n) if kept else (0,), dtype=torch.bfloat16)
@@ -327,26 +337,31 @@ def _penalty_shapes(codes: Tensor, rank: int, world: int) -> tuple[Tensor, Tenso
 
 
 @torch.library.custom_op("sae_lens_bae::fused_covariance_gradient", mutates_args=())
-def fused_gradient_op(codes: Tensor, signs: Tensor, rank: int, world: int) -> Tensor:
+def fused_gradient_op(
+    codes: Tensor, signs: Tensor, rank: int, world: int, scale: float = 1.0
+) -> Tensor:
     """:func:`fused_gradient` for a unit output, as an op (``signs`` empty: tiles recomputed)."""
     x = codes.detach().to(torch.float16).contiguous()
-    return fused_gradient(x, signs if signs.numel() else None, (rank, world), 1.0)
+    return fused_gradient(x, signs if signs.numel() else None, (rank, world), 1.0, scale)
 
 
 @fused_gradient_op.register_fake
-def _gradient_shape(codes: Tensor, signs: Tensor, rank: int, world: int) -> Tensor:  # noqa: ARG001
+def _gradient_shape(
+    codes: Tensor, signs: Tensor, rank: int, world: int, scale: float = 1.0
+) -> Tensor:
+    del signs, rank, world, scale  # the op's signature; the shape is the codes'
     return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
 def _save_for_gradient(ctx, inputs: tuple, output: tuple) -> None:  # type: ignore[no-untyped-def]
-    codes, ctx.rank, ctx.world = inputs
+    codes, ctx.rank, ctx.world, ctx.scale = inputs
     ctx.save_for_backward(codes, output[1])
 
 
 def _penalty_gradient(ctx, grad_total: Tensor, _grad_signs: Tensor) -> tuple:  # type: ignore[no-untyped-def]
     codes, signs = ctx.saved_tensors
-    grad = fused_gradient_op(codes, signs, ctx.rank, ctx.world)
-    return (grad * grad_total[:, None, None]).to(codes.dtype), None, None
+    grad = fused_gradient_op(codes, signs, ctx.rank, ctx.world, ctx.scale)
+    return (grad * grad_total[:, None, None]).to(codes.dtype), None, None, None
 
 
 fused_penalty_op.register_autograd(_penalty_gradient, setup_context=_save_for_gradient)

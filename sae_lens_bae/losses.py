@@ -61,28 +61,35 @@ class _BinaryEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, p: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx, p: Tensor, eps: float, scale: float) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(p)
-        ctx.eps = eps
+        ctx.eps, ctx.scale = eps, scale
         with torch.autocast(p.device.type, enabled=False):  # autocast refuses it: p is fp32
-            nats = F.binary_cross_entropy(p, p, reduction="none").sum(-1)
-        return nats * (1.0 / _LN2)
+            if p.ndim == 1:  # one BAE: the sum in the same kernel
+                nats = F.binary_cross_entropy(p, p, reduction="sum")
+            else:
+                nats = F.binary_cross_entropy(p, p, reduction="none").sum(-1)
+        return nats * (scale / _LN2)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
         (p,) = ctx.saved_tensors
-        return torch.logit(p, ctx.eps) * (grad_out * (-1.0 / _LN2)).unsqueeze(-1), None
+        return torch.logit(p, ctx.eps) * (grad_out * (-ctx.scale / _LN2)).unsqueeze(-1), None, None
 
 
-def binary_entropy(p: Float[Tensor, "... n"], eps: float = 1e-6) -> Float[Tensor, "..."]:
+def binary_entropy(
+    p: Float[Tensor, "... n"], eps: float = 1e-6, scale: float = 1.0
+) -> Float[Tensor, "..."]:
     """H(p) = -sum_i [p_i log2 p_i + (1-p_i) log2(1-p_i)] in bits, with 0 log 0 = 0, for p in
-    [0, 1] (firing rates; torch refuses others: a RuntimeError on CPU, a device assert on CUDA).
+    [0, 1] (firing rates; torch refuses others: a RuntimeError on CPU, a device assert on CUDA),
+    times ``scale`` (a loss coefficient, applied with the change to bits: no kernel of its own in
+    forward or backward).
 
     ``eps`` only bounds the gradient at p in {0, 1}; the value is exact.
     """
     if not 0.0 < eps < 0.5:
         raise ValueError(f"eps must be in (0, 0.5), got {eps}")
-    return _BinaryEntropy.apply(p, eps)  # type: ignore[no-any-return]
+    return _BinaryEntropy.apply(p, eps, float(scale))  # type: ignore[no-any-return]
 
 
 def minibatch_entropy(codes: Float[Tensor, "... batch n"]) -> Float[Tensor, "..."]:
@@ -123,8 +130,10 @@ def bae_objective(
     entropy is symmetric in p and 1 - p, so without it a channel that is always on costs as
     little as one that never fires), and ``batch_entropy_bits`` (the entropy, detached, for
     logging). Each has the shape of the leading ``stack`` dimensions: () for one BAE, [G] for a
-    ``StackedBAE``. ``total_loss`` sums the terms; every trainer calls this one function, so a
-    change to the objective is made once.
+    ``StackedBAE``. Beside them, ``batch_mean_code`` (detached, [*stack, n_bits]): the mean code
+    the entropy was measured on, which trainers fold into their running mean code (one reduction
+    over the codes, not two). ``total_loss`` sums the terms; every trainer calls this one
+    function, so a change to the objective is made once.
 
     ``batch``: in data-parallel training, the ranks' minibatches as one (``GlobalBatch.of()``):
     every term is then the one of the concatenated global minibatch, on every rank, and its
@@ -149,18 +158,24 @@ def bae_objective(
         summed = batch.sum(_squared_error(out, target, "sum"))
         reconstruction = summed / (rows * sae_in.shape[-1])
         mean_code = batch.sum(bits.float().sum(dim=-2)) / rows
-    entropy_bits = binary_entropy(mean_code, eps=min(0.5 / rows, 0.25))  # minibatch_entropy's
-    zero = torch.zeros_like(entropy_bits)
-    entropy = entropy_coefficient * entropy_bits if entropy_on else zero
+    eps = min(0.5 / rows, 0.25)  # minibatch_entropy's
+    if entropy_on and entropy_coefficient != 0:  # a_e applied inside: no kernel of its own
+        entropy = binary_entropy(mean_code, eps, scale=entropy_coefficient)
+        entropy_bits = entropy.detach() * (1.0 / entropy_coefficient)
+        zero = _zero_term(entropy_bits)
+    else:
+        entropy_bits = binary_entropy(mean_code.detach(), eps)
+        entropy = zero = _zero_term(entropy_bits)
     if covariance_coefficient > 0:
         # every rank computes its band of tiles on the gathered codes; the bands add up
-        penalty = covariance_penalty(
+        penalty = covariance_penalty(  # a_c applied inside: no kernel of its own either way
             batch.gather(bits, codes=True) if global_bits is None else global_bits,
             covariance_block_size,
             binary=True,
             share=(batch.rank, batch.world),
+            scale=covariance_coefficient,
         )
-        covariance = covariance_coefficient * batch.sum(penalty)
+        covariance = batch.sum(penalty)
     else:
         covariance = zero
     if firing_coefficient > 0:
@@ -173,7 +188,28 @@ def bae_objective(
         "covariance_loss": covariance,
         "firing_loss": firing,
         "batch_entropy_bits": entropy_bits.detach(),
+        "batch_mean_code": mean_code.detach(),
     }
+
+
+_ZEROS: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+"""One zero per device and dtype: the terms that are off this step are views of it."""
+
+
+def _zero_term(like: Tensor) -> Tensor:
+    """A term that is off (zero) with ``like``'s shape, device and dtype: outside a compiled graph
+    a view of a zero made once, which costs no kernel and which ``total_loss`` leaves out of its
+    sum (a small BAE's GPU step costs its launches)."""
+    if torch.compiler.is_compiling():  # a compiled graph fuses it anyway
+        return torch.zeros_like(like)
+    key = (like.device, like.dtype)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros((), dtype=like.dtype, device=like.device)
+    return _ZEROS[key].expand(like.shape)
+
+
+def _is_zero_term(term: Tensor) -> bool:
+    return term._base is not None and term._base is _ZEROS.get((term.device, term.dtype))
 
 
 def _squared_error(out: Tensor, target: Tensor, reduction: str) -> Tensor:
@@ -190,8 +226,10 @@ LOSS_TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss", "firing_
 
 
 def total_loss(terms: dict[str, Tensor]) -> Tensor:
-    """The training loss of ``bae_objective``'s terms, summed in one order by every trainer."""
+    """The training loss of ``bae_objective``'s terms, summed in one order by every trainer (the
+    terms that are off this step are left out: they add zero, and a kernel)."""
     total = terms[LOSS_TERMS[0]]
     for name in LOSS_TERMS[1:]:
-        total = total + terms[name]
+        if not _is_zero_term(terms[name]):
+            total = total + terms[name]
     return total

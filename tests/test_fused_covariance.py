@@ -97,20 +97,22 @@ def test_the_dense_reference_and_the_data_parallel_bands():
 
 
 @here
-def test_covariance_penalty_takes_the_kernels_and_its_gradient():
+@pytest.mark.parametrize("scale", [1.0, 2.5e-3])
+def test_covariance_penalty_takes_the_kernels_and_its_gradient(scale):
     """Through ``covariance_penalty`` (autograd): the fused route, chosen for binary codes on a
-    fused device, gives the tiled path's value and gradient times any upstream gradient."""
+    fused device, gives the tiled path's value and gradient times any upstream gradient, and
+    times a ``scale`` applied inside the kernels."""
     x = codes(2, 33, 40, 0.25, seed=2)
     penalty, grad = tiled(x)
     fused_x = x.clone().requires_grad_(True)
     with fused_on(DEVICE):
-        fused = covariance_penalty(fused_x, binary=True)
+        fused = covariance_penalty(fused_x, binary=True, scale=scale)
         (fused * torch.tensor([1.0, -3.0], device=DEVICE)).sum().backward()
         assert fused_applies(x, 4096) and not fused_applies(x, 32)
     assert not fused_applies(x.cpu(), 4096)  # restored: CPU codes take the tiled path again
-    torch.testing.assert_close(fused.detach(), penalty, rtol=1e-6, atol=0)
-    torch.testing.assert_close(fused_x.grad[0], grad[0], rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(fused_x.grad[1], -3 * grad[1], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(fused.detach(), scale * penalty, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fused_x.grad[0], scale * grad[0], rtol=1e-6, atol=1e-7 * scale)
+    torch.testing.assert_close(fused_x.grad[1], -3 * scale * grad[1], rtol=1e-6, atol=1e-7 * scale)
 
 
 @here
@@ -174,8 +176,8 @@ def test_a_compiled_penalty_calls_the_kernels_as_one_op_with_the_tiled_gradient(
     weights = torch.tensor([1.0, -3.0], device=DEVICE)
     recorded = AotEagerAndRecordGraphs()  # dynamo's graph, then AOT's forward and backward
 
-    def step(x: torch.Tensor) -> torch.Tensor:
-        return covariance_penalty(x * 1.0, binary=True)
+    def step(x: torch.Tensor) -> torch.Tensor:  # a scale rides along inside the op
+        return covariance_penalty(x * 1.0, binary=True, scale=0.5) * 2.0
 
     compiled = torch.compile(step, fullgraph=True, backend=recorded)
     fused_x = x.clone().requires_grad_(True)

@@ -57,6 +57,24 @@ def test_binary_entropy_matches_formula_and_rejects_bad_eps():
         binary_entropy(p, eps=0.0)
 
 
+@pytest.mark.parametrize("shape", [(7,), (3, 7)], ids=["one", "stack"])
+def test_binary_entropy_with_a_scale_is_the_entropy_times_it(shape):
+    """``scale`` (the objective's a_e, applied inside) gives a_e H(p) and its gradient, with the
+    derivative clamped at p in {0, 1} as without it."""
+    p = torch.rand(shape, generator=torch.Generator().manual_seed(1))
+    p[..., 0], p[..., 1] = 0.0, 1.0
+    plain, scaled = p.clone().requires_grad_(), p.clone().requires_grad_()
+    weights = torch.arange(1.0, 1.0 + plain[..., 0].numel()).reshape(shape[:-1])
+    ((-0.03 * binary_entropy(plain, 0.01)) * weights).sum().backward()
+    value = binary_entropy(scaled, 0.01, scale=-0.03)
+    (value * weights).sum().backward()
+    torch.testing.assert_close(value, -0.03 * binary_entropy(p, 0.01), rtol=1e-6, atol=0)
+    torch.testing.assert_close(scaled.grad, plain.grad, rtol=1e-6, atol=0)
+    assert scaled.grad[..., 1].neg().reshape(-1).tolist() == pytest.approx(
+        (-0.03 * math.log2(99) * weights).reshape(-1).tolist(), rel=1e-5
+    )
+
+
 def dense_reference(codes: torch.Tensor) -> torch.Tensor:
     """torch.cov in float64. Covariances that are exactly 0 (common for binary codes) come out as
     +-1e-17 rounding noise there, whose sign would be arbitrary; they are snapped to 0 so the
@@ -92,6 +110,27 @@ def test_covariance_penalty_float64_and_scaled_gradient():
     ref_in = codes.detach().clone().requires_grad_()
     (3.0 * dense_reference(ref_in)).backward()
     assert torch.allclose(codes.grad, ref_in.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("path", ["int8", "fp32", "sparse", "real"])
+def test_a_scale_inside_the_penalty_is_the_penalty_times_it(path, monkeypatch):
+    """``scale`` (the objective's coefficient, applied inside so it costs no kernel) gives what
+    multiplying the penalty outside gives, value and gradient, on every CPU path of a stack."""
+    monkeypatch.setattr(covariance_products, "CPU_INT8", path != "fp32")
+    monkeypatch.setattr(covariance_products, "SPARSE_DENSITY", 1.0 if path == "sparse" else -1.0)
+    generator = torch.Generator().manual_seed(5)
+    codes = (torch.rand(2, 45, 37, generator=generator) < 0.3).float()
+    if path == "real":
+        codes = codes + 0.25 * torch.rand(2, 45, 37, generator=generator)
+    weights = torch.tensor([1.0, -2.0])
+    outside, inside = codes.clone().requires_grad_(), codes.clone().requires_grad_()
+    binary = path != "real"
+    expected = 2.5e-3 * covariance_penalty(outside, 16, binary=binary)
+    (expected * weights).sum().backward()
+    scaled = covariance_penalty(inside, 16, binary=binary, scale=2.5e-3)
+    (scaled * weights).sum().backward()
+    torch.testing.assert_close(scaled, expected, rtol=1e-6, atol=0)
+    torch.testing.assert_close(inside.grad, outside.grad, rtol=1e-6, atol=1e-12)
 
 
 def test_covariance_penalty_zero_for_independent_structure():

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float
 from numpy.typing import NDArray
 from sae_lens.saes.sae import (
@@ -141,7 +142,8 @@ class _BAEMixin(BAEFoldsMixin):
         return self
 
     def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
-        sae_out = feature_acts @ self.W_dec + self.b_dec
+        # h W_dec + b_dec as one addmm (a small BAE's GPU step costs its kernel launches)
+        sae_out = F.linear(feature_acts, self.W_dec.t(), self.b_dec)
         sae_out = self.hook_sae_recons(unframe_output(self, sae_out))  # type: ignore[arg-type]
         return self.run_time_activation_norm_fn_out(sae_out)
 
@@ -168,9 +170,7 @@ class _BAEMixin(BAEFoldsMixin):
 
     def hidden_pre(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... n_bits"]:
         """Encoder pre-activations of every code bit (their sign is the code)."""
-        pre = self.process_sae_in(x) @ self.W_enc
-        if self.b_enc is not None:
-            pre = pre + self.b_enc
+        pre = F.linear(self.process_sae_in(x), self.W_enc.t(), self.b_enc)  # one addmm with b_enc
         return self.hook_sae_acts_pre(pre)
 
     @torch.no_grad()
@@ -183,8 +183,7 @@ class _BAEMixin(BAEFoldsMixin):
         """Mean code seen in training (the burstiness prior); a copy, so callers cannot alias it."""
         return self.code_mean.clone()
 
-    def _update_code_mean(self, bits: Tensor) -> None:
-        batch_mean = bits.detach().reshape(-1, bits.shape[-1]).float().mean(0)
+    def _update_code_mean(self, batch_mean: Float[Tensor, " n_bits"]) -> None:
         update_running_mean(
             self.code_mean, self.code_mean_count, batch_mean, self.cfg.code_mean_decay
         )
@@ -360,8 +359,8 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         global_bits = batch.gather(bits.reshape(-1, bits.shape[-1]), codes=True)  # one gather
         losses = self.objective(sae_in, sae_out, bits, step_input, global_bits)
         entropy_bits = losses.pop("batch_entropy_bits")
+        self._update_code_mean(losses.pop("batch_mean_code"))
         flat_bits = global_bits.detach()
-        self._update_code_mean(flat_bits)
         if batch.world > 1:  # the output covers the global minibatch too (firing statistics)
             sae_in, sae_out = batch.gather(sae_in), batch.gather(sae_out.detach())
             feature_acts = bits_to_values(flat_bits, self.cfg.bits)

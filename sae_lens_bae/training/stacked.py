@@ -101,7 +101,7 @@ class StackedBAE(nn.Module):
         """Decode each BAE's bits (``members``: the stack rows they belong to; default all)."""
         values = bits_to_values(bits, self.cfg.bits)
         b_dec = self._weight("b_dec", members)
-        return torch.bmm(values, self._weight("W_dec", members)) + b_dec.unsqueeze(1)
+        return torch.baddbmm(b_dec.unsqueeze(1), values, self._weight("W_dec", members))
 
     @torch.no_grad()
     def resample(
@@ -143,8 +143,10 @@ class StackedBAE(nn.Module):
         x = x.to(self.W_enc.dtype)
         if self.cfg.apply_b_dec_to_input:
             x = x - self._weight("b_dec", members).unsqueeze(1)
-        pre = torch.bmm(x, self._weight("W_enc", members))
-        return pre if self.b_enc is None else pre + self._weight("b_enc", members).unsqueeze(1)
+        w_enc = self._weight("W_enc", members)
+        if self.b_enc is None:
+            return torch.bmm(x, w_enc)
+        return torch.baddbmm(self._weight("b_enc", members).unsqueeze(1), x, w_enc)  # one kernel
 
     def losses(
         self,
@@ -184,7 +186,7 @@ class StackedBAE(nn.Module):
         if covariance > 0 and covariance_off is not None and any(covariance_off):
             off = torch.tensor(list(covariance_off), device=x.device)
             terms["covariance_loss"] = terms["covariance_loss"].masked_fill(off, 0.0)
-        batch_mean = bits.detach().float().mean(1)
+        batch_mean = terms.pop("batch_mean_code")
         if members is None:
             update_running_mean(self.code_mean, self.code_mean_count, batch_mean,
                                 cfg.code_mean_decay)  # fmt: skip
