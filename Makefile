@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install quickstart test demo lint bench notebooks gpu-checks gpu-paper-cells
+.PHONY: install quickstart test demo lint bench notebooks gpu-checks gpu-paper-cells gpu-paper-lr
 
 install: $(VENV)/.installed
 
@@ -57,7 +57,8 @@ gpu-checks:
 # of 45000 steps took 174 s at r = 256 and 198 s at r = 512, data and refit included
 # (docs/entropy.md, "The `paper` preset at d = 2048, fourteenth session"): r = 256 was read,
 # r = 512 was still over-coded at 45000 steps (on the CPU, d = 1024 at that lr was too). Next:
-# lr 2.83e-3 at d = 2048 (docs/entropy.md), PAPER_RANKS=512 PAPER_STEPS=90000, then seeds 1,2.
+# `make gpu-paper-lr PAPER_RANKS=512,256` (lr 2.83e-3 at d = 2048, docs/entropy.md), then this
+# target with PAPER_RANKS=512 PAPER_STEPS=90000 PAPER_EXPANSIONS=2, then seeds 1,2.
 # PAPER_STEPS empty: the preset's 45000
 PAPER_RANKS ?= 256
 PAPER_SEEDS ?= 0
@@ -69,3 +70,16 @@ gpu-paper-cells:
 		--seeds $(PAPER_SEEDS) --expansions $(PAPER_EXPANSIONS) --no-ablation --restarts 1 \
 		$(if $(PAPER_STEPS),--steps $(PAPER_STEPS)) --device cuda \
 		--out $(GPU_OUT)/paper-r$(subst $(comma),-,$(PAPER_RANKS))-s$(subst $(comma),-,$(PAPER_SEEDS))$(if $(PAPER_STEPS),-steps$(PAPER_STEPS))
+
+# The `paper` preset's cell at d = 2048 with another lr (issue 15: r = 512 stayed over-coded at
+# the rule's 2e-3, as d = 1024 did at 2e-3 where 2.83e-3 read r): one benchmarks/synthetic_cell.py
+# run per rank of PAPER_RANKS, seed 0, 2x, 2 r^2 states, the preset's recipe with lr PAPER_LR
+# (lr_end a tenth of it). About 200 s a cell of r = 512 on an H200.
+PAPER_LR ?= 2.83e-3
+gpu-paper-lr:
+	for r in $(subst $(comma), ,$(PAPER_RANKS)); do \
+		$(PYTHON) benchmarks/synthetic_cell.py --d 2048 --r $$r --n-train $$((2 * r * r)) \
+			--steps $(or $(PAPER_STEPS),45000) --seed 0 --expansion 2 --recipe-base paper \
+			--variant "lr$(PAPER_LR)={\"lr\": $(PAPER_LR)}" --device cuda \
+			--out $(GPU_OUT)/d2048-r$$r-lr$(PAPER_LR) || exit 1; \
+	done

@@ -8,7 +8,13 @@ but a d = 512 cell with the same failure does.
 
 Each variant is a name and a JSON object of ``EntropyRecipe`` fields replacing the base recipe
 (expansion 2, ``--steps``, lr 4e-3, the states at their own scale as the synthetic presets train
-them). Writes ``DIR/synthetic_cell.json`` (every variant's estimate, held-out error (and the error
+them); ``--recipe-base paper`` starts from ``EntropyRecipe.paper(d)`` instead (its lr rule for
+d, T, beta2, schedule and final phase; an lr given alone moves its lr_end with it), so that
+
+    python benchmarks/synthetic_cell.py --d 2048 --r 512 --n-train 524288 --steps 45000 \
+        --recipe-base paper --variant 'lr2.83e-3={"lr": 0.00283}' --device cuda --out DIR
+
+is the ``paper`` preset's cell at another lr. Writes ``DIR/synthetic_cell.json`` (every variant's estimate, held-out error (and the error
 with the decoder as trained, before the recipe's least-squares refit), the
 planted bits some channel copies (``recovered_bits``), steps used, seconds, and its minibatch
 entropy and reconstruction every ``--every`` steps) and ``.md``, each time a variant finishes,
@@ -21,7 +27,7 @@ import argparse
 import json
 import platform
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +70,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--n-test", type=int, default=8192)
     parser.add_argument("--expansion", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40000)
-    parser.add_argument("--lr", type=float, default=4e-3)
+    parser.add_argument(
+        "--lr", type=float, default=None, help="base lr (default: 4e-3, or the paper base's rule)"
+    )
+    parser.add_argument(
+        "--recipe-base",
+        choices=("plain", "paper"),
+        default="plain",
+        help="plain: EntropyRecipe(expansion, steps, lr 4e-3); paper: EntropyRecipe.paper(d)",
+    )
     parser.add_argument("--every", type=int, default=500, help="trajectory stride in steps")
     parser.add_argument("--variant", type=parse_variant, action="append", required=True)
     parser.add_argument("--device", default="cpu", help="where the BAEs train (cuda on a GPU)")
@@ -75,23 +89,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="also write each variant's trained BAE to DIR/NAME.pt (for probes)",
     )
     args = parser.parse_args(argv)
+    fixed = {"expansion": args.expansion, "steps": args.steps}
+    if args.lr is not None or args.recipe_base == "plain":
+        fixed["lr"] = 4e-3 if args.lr is None else args.lr
+
+    def recipe_of(overrides: dict[str, Any]) -> EntropyRecipe:
+        if args.recipe_base == "paper":  # through paper(): an lr alone moves lr_end with it
+            return EntropyRecipe.paper(args.d, **{**fixed, **overrides})
+        return replace(EntropyRecipe(**fixed), **overrides)
+
+    recipes = {}
+    for name, overrides in args.variant:  # every recipe checked before any training
+        try:
+            recipes[name] = recipe_of(overrides)
+        except ValueError as error:
+            parser.error(f"variant {name!r}: {error}")
+    if not 0 <= args.r <= args.d:
+        parser.error(f"--r {args.r} must be in [0, --d {args.d}] (r fair bits in d dimensions)")
     args.out.mkdir(parents=True, exist_ok=True)
 
     # the synthetic presets' seeding: data seed 1000 r + seed, the BAE's seed
     train, test, _, test_bits = planted_cell(
         args.r, args.d, args.n_train, args.n_test, 1000 * args.r + args.seed
     )
-    base = EntropyRecipe(expansion=args.expansion, steps=args.steps, lr=args.lr)
+
     report: dict[str, Any] = {
         "info": {"d": args.d, "r": args.r, "seed": args.seed, "n_train": args.n_train,
                  "n_test": args.n_test, "expansion": args.expansion, "steps": args.steps,
-                 "lr": args.lr, "torch": torch.__version__, "machine": platform.processor()
-                 or platform.machine(), "threads": torch.get_num_threads(),
+                 "lr": args.lr, "recipe_base": args.recipe_base, "torch": torch.__version__,
+                 "machine": platform.processor() or platform.machine(),
+                 "threads": torch.get_num_threads(),
                  "device": args.device},
         "variants": [],
     }  # fmt: skip
     for name, overrides in args.variant:
-        recipe = replace(base, **overrides)
+        recipe = recipes[name]
         start = time.perf_counter()
         [estimate] = estimate_entropies(
             [train],
@@ -120,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # the synthetic grids' own bar, at the paper preset's tolerance (0.05 r)
         verdict = passes_bar([row], min_seeds=1, bar=PRESETS["paper"].tolerance)
         report["variants"].append({
-            "name": name, "overrides": overrides, "bits": estimate.bits,
+            "name": name, "overrides": overrides, "recipe": asdict(recipe), "bits": estimate.bits,
             "relative_error": estimate.relative_error, "steps": estimate.steps,
             "trained_relative_error": estimate.trained_relative_error,
             "recovered_bits": recovered_bits(estimate.codes(test).cpu(), test_bits),

@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,41 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
     assert bad.returncode == 2
     assert "not EntropyRecipe fields: ['lrr']" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_synthetic_cell_on_the_paper_base_takes_variants_through_the_preset(tmp_path):
+    """``--recipe-base paper``: a variant's lr alone goes through ``EntropyRecipe.paper(d)``
+    (lr_end a tenth of it, the preset's T and beta2 kept), and the estimate is the library's
+    with that recipe."""
+    from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
+    from sae_lens_bae.experiments.synthetic import planted_cell
+
+    out = tmp_path / "paper"
+    subprocess.run(
+        [sys.executable, str(BENCHMARKS / "synthetic_cell.py"), "--d", "16", "--r", "2",
+         "--n-train", "2048", "--n-test", "512", "--steps", "200", "--recipe-base", "paper",
+         "--variant", 'low={"lr": 0.001, "lr_warm_up_steps": 20}', "--out", str(out)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    [variant] = json.loads((out / "synthetic_cell.json").read_text())["variants"]
+    recipe = EntropyRecipe.paper(16, expansion=2, steps=200, lr=0.001, lr_warm_up_steps=20)
+    assert variant["recipe"]["lr_end"] == pytest.approx(1e-4)
+    assert variant["recipe"]["surrogate_temperature"] == 0.15
+    assert variant["recipe"] == json.loads(json.dumps(asdict(recipe)))
+    train, test, _, _ = planted_cell(2, 16, 2048, 512, 2000)
+    [direct] = estimate_entropies([train], recipe, eval_sets=[test], seeds=[0], normalise=False,
+                                  progress=False)  # fmt: skip
+    assert variant["bits"] == pytest.approx(direct.bits, rel=1e-6)
+    assert variant["relative_error"] == pytest.approx(direct.relative_error, rel=1e-6)
+    # the preset's 1000-step warm-up does not fit 200 steps: one line, exit 2, nothing trained
+    bad = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "synthetic_cell.py"), "--d", "16", "--steps", "200",
+         "--recipe-base", "paper", "--variant", 'x={"lr": 0.001}', "--out", str(tmp_path / "x")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "variant 'x': lr_warm_up_steps must be in [0, steps=200), got 1000" in bad.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
@@ -307,10 +343,12 @@ def test_the_op_counter_counts_work_not_views():
 
 
 def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does():
-    """One SAELens training step of a BAE without its covariance term costs at most 3 ATen ops
-    more than SAELens' ``standard`` SAE (102 against 100 with torch 2.13 and sae-lens 6.54; it was
-    125 before the step's losses, surrogate and input check were written in fewer kernels), so
-    that a GPU step whose launches dominate costs about what ``standard``'s does."""
+    """One SAELens training step of a BAE without its covariance term costs fewer ATen ops than
+    SAELens' ``standard`` SAE (91 against 100 with torch 2.13 and sae-lens 6.54; the bound,
+    4 fewer, leaves room for 5 more; it was 125 before the step's losses, surrogate and input check were
+    written in fewer kernels, and 102 before its encoder and decoder became one addmm each and
+    its off terms and coefficients stopped costing kernels), so that a GPU step whose launches
+    dominate costs no more than ``standard``'s does."""
     bench = _load_benchmark("train_step")
     from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
 
@@ -321,7 +359,7 @@ def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does(
         "bae_no_covariance": bench.bae_at_density(16, 64, batch, None, covariance_coefficient=0.0),
     }
     ops = bench.ops_per_step(saes, batch)
-    assert ops["bae_no_covariance"] <= ops["standard"] + 3, ops
+    assert ops["bae_no_covariance"] <= ops["standard"] - 4, ops
 
 
 def test_the_step_benchmark_times_compiled_steps_beside_the_eager_ones():
