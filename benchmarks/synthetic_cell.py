@@ -11,14 +11,15 @@ Each variant is a name and a JSON object of ``EntropyRecipe`` fields replacing t
 them); ``--recipe-base paper`` starts from ``EntropyRecipe.paper(d)`` instead (its lr rule for
 d, T, beta2, schedule and final phase; an lr given alone moves its lr_end with it), so that
 
-    python benchmarks/synthetic_cell.py --d 2048 --r 512 --n-train 524288 --steps 45000 \
+    python benchmarks/synthetic_cell.py --d 2048 --r 512 --n-train 524288 --steps 45000 \\
         --recipe-base paper --variant 'lr2.83e-3={"lr": 0.00283}' --device cuda --out DIR
 
-is the ``paper`` preset's cell at another lr. Writes ``DIR/synthetic_cell.json`` (every variant's estimate, held-out error (and the error
-with the decoder as trained, before the recipe's least-squares refit), the
-planted bits some channel copies (``recovered_bits``), steps used, seconds, and its minibatch
-entropy and reconstruction every ``--every`` steps) and ``.md``, each time a variant finishes,
-so an interrupted run keeps what it measured; ``--save-bae`` also keeps each trained BAE.
+is the ``paper`` preset's cell at another lr. Writes ``DIR/synthetic_cell.json`` (every
+variant's recipe and estimate, held-out error (and the error with the decoder as trained, before
+the recipe's least-squares refit), the planted bits some channel copies (``recovered_bits``),
+steps used, seconds, and its minibatch entropy and reconstruction every ``--every`` steps) and
+``.md``, each time a variant finishes, so an interrupted run keeps what it measured;
+``--save-bae`` also keeps each trained BAE.
 """
 
 from __future__ import annotations
