@@ -113,15 +113,19 @@ class _OpCounter(TorchDispatchMode):
     """Counts the ATen ops dispatched inside the block that do work on tensors (not
     ``_NO_KERNEL``): each is at least one kernel launch on a GPU, where the step of a small SAE
     costs its launches more than its FLOPs. Kernels launched outside ATen (Triton's) are not
-    seen."""
+    seen. ``ops`` names them in dispatch order."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.ops: list[str] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.ops)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         if func.overloadpacket.__name__ not in _NO_KERNEL:
-            self.count += 1
+            self.ops.append(func.overloadpacket.__name__)
         return func(*args, **(kwargs or {}))
 
 

@@ -342,13 +342,44 @@ def test_the_op_counter_counts_work_not_views():
     assert counter.count == 2
 
 
+def test_terms_that_are_off_cost_no_kernel_and_add_nothing():
+    """With the covariance and firing terms off, the objective and its total are the
+    reconstruction (one kernel), the entropy (its sum in the same kernel, then bits and a_e: two
+    products), the mean code (one reduction, shared with the running mean) and one add: six
+    kernels (ATen ops as the step benchmark counts them), where zero terms made and added cost
+    four more."""
+    from sae_lens_bae.losses import bae_objective, total_loss
+
+    generator = torch.Generator().manual_seed(0)
+    sae_in, sae_out = torch.randn(2, 64, 8, generator=generator).unbind()
+    bits = (torch.rand(64, 24, generator=generator) < 0.3).float()
+    bae_objective(sae_in, sae_out, bits, entropy_coefficient=1e-2, covariance_coefficient=0.0)
+    counter_class = _load_benchmark("train_step")._OpCounter
+    with counter_class() as kernels:  # the second call: the zero the off terms view is made once
+        terms = bae_objective(sae_in, sae_out, bits, entropy_coefficient=1e-2,
+                              covariance_coefficient=0.0)  # fmt: skip
+        total = total_loss(terms)
+    assert kernels.ops == ["mse_loss", "mean", "binary_cross_entropy", "mul", "mul", "add"]
+    assert terms["covariance_loss"].item() == terms["firing_loss"].item() == 0.0
+    assert terms["firing_loss"].shape == terms["covariance_loss"].shape == ()
+    expected = terms["reconstruction_loss"] + terms["entropy_loss"]
+    assert torch.equal(total, expected)
+    assert torch.equal(terms["batch_mean_code"], bits.mean(0))
+    # a stack of 3: the off terms have its shape, and the sum is per member
+    stacked = bae_objective(sae_in.expand(3, -1, -1), sae_out.expand(3, -1, -1),
+                            bits.expand(3, -1, -1), entropy_coefficient=1e-2,
+                            covariance_coefficient=0.0, entropy_on=False)  # fmt: skip
+    assert stacked["entropy_loss"].shape == stacked["firing_loss"].shape == (3,)
+    assert torch.equal(total_loss(stacked), stacked["reconstruction_loss"])
+
+
 def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does():
     """One SAELens training step of a BAE without its covariance term costs fewer ATen ops than
     SAELens' ``standard`` SAE (91 against 100 with torch 2.13 and sae-lens 6.54; the bound,
-    4 fewer, leaves room for 5 more; it was 125 before the step's losses, surrogate and input check were
-    written in fewer kernels, and 102 before its encoder and decoder became one addmm each and
-    its off terms and coefficients stopped costing kernels), so that a GPU step whose launches
-    dominate costs no more than ``standard``'s does."""
+    4 fewer, leaves room for 5 more; it was 125 before the step's losses, surrogate and input
+    check were written in fewer kernels, and 102 before its encoder and decoder became one addmm
+    each and its off terms and coefficients stopped costing kernels), so that a GPU step whose
+    launches dominate costs no more than ``standard``'s does."""
     bench = _load_benchmark("train_step")
     from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
 
