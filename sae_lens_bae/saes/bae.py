@@ -359,7 +359,8 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         global_bits = batch.gather(bits.reshape(-1, bits.shape[-1]), codes=True)  # one gather
         losses = self.objective(sae_in, sae_out, bits, step_input, global_bits)
         entropy_bits = losses.pop("batch_entropy_bits")
-        self._update_code_mean(losses.pop("batch_mean_code"))
+        mean_code = losses.pop("batch_mean_code")  # of the global minibatch
+        self._update_code_mean(mean_code)
         flat_bits = global_bits.detach()
         if batch.world > 1:  # the output covers the global minibatch too (firing statistics)
             sae_in, sae_out = batch.gather(sae_in), batch.gather(sae_out.detach())
@@ -374,7 +375,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             # SAELens' window-based mask when training under SAETrainer, else this batch.
             if dead_mask is not None:
                 return dead_mask.float().mean().item()
-            return (flat_bits.sum(0) == 0).float().mean().item()
+            return (mean_code == 0).float().mean().item()
 
         return TrainStepOutput(
             sae_in=sae_in,
@@ -386,7 +387,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             metrics={
                 "batch_entropy_bits": entropy_bits,
                 "dead_fraction": dead_fraction,
-                "dense_fraction": lambda: (flat_bits.mean(0) > threshold).float().mean().item(),
+                "dense_fraction": lambda: (mean_code > threshold).float().mean().item(),
             },
         )
 
