@@ -222,6 +222,29 @@ def test_restarts_keep_the_restart_of_lowest_held_out_objective():
     assert torch.equal(plain.bae.W_enc, direct.baes[0].W_enc)
 
 
+def test_a_recipes_drain_hold_reaches_the_stacked_trainer():
+    """``EntropyRecipe.drain_hold`` trains the cell's BAE as ``train_stacked_baes`` does with the
+    recipe's ``DrainHold`` (the same weights and steps), and here the hold engages: the code
+    over-codes the 3-bit set and its entropy falls, so the run takes more than its 400 steps."""
+    from sae_lens_bae.training import DrainHold, train_stacked_baes
+
+    x, test = directional_data(3, 8, 1024, 256, seed=0)
+    schedule = {"lr_scheduler_name": "cosineannealing", "lr_end": 4e-4}
+    recipe = EntropyRecipe(expansion=2, steps=400, batch_size=64, converge=False, check_every=5,
+                           drain_hold=1.0, **schedule)  # fmt: skip
+    assert recipe.drain_rule() == DrainHold(extra=1.0, check_every=5)
+    assert EntropyRecipe().drain_rule() is None
+    [cell] = estimate_entropies([x], recipe, eval_sets=[test], normalise=False, progress=False,
+                                bootstrap=0)  # fmt: skip
+    direct = train_stacked_baes([x], recipe.config(8), training_samples=400 * 64, seeds=[0],
+                                batch_size=64, lr=recipe.lr, progress=False, check_sets=[test],
+                                drain_hold=recipe.drain_rule(), **schedule)  # fmt: skip
+    assert cell.steps == direct.steps[0] > 400
+    assert torch.equal(cell.bae.W_enc, direct.baes[0].W_enc)  # the decoder refit leaves it
+    with pytest.raises(ValueError, match="drain_hold must be at least 0"):
+        EntropyRecipe(drain_hold=-0.5)
+
+
 def test_a_recipe_without_seeds_or_restarts_says_so():
     with pytest.raises(ValueError, match="restarts must be at least 1"):
         EntropyRecipe(restarts=0)

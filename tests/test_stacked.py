@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from sae_lens_bae import BAETrainingSAEConfig, train_sae
-from sae_lens_bae.training import StackedBAE, train_stacked_baes
+from sae_lens_bae.training import DrainHold, StackedBAE, train_stacked_baes
 
 
 def binary_mixtures(n_sets, n=1024, d=8, rank=3, dtype=torch.float64):
@@ -183,3 +183,72 @@ def test_a_converged_bae_trains_its_last_fraction_without_the_covariance_term():
     assert train(0.2, 200, lr_warm_up_steps=50).steps == [88]
     # converged at 20 of a 24-step budget whose last fifth is off from step round(19.2) = 19
     assert train(0.2, 24).steps == [20]
+
+
+def test_a_drain_hold_reads_a_fall_of_more_than_its_bits_between_two_windows():
+    rule = DrainHold(extra=0.5, window=2, min_fall_bits=1.0)
+    assert rule.draining([10.0, 10.0, 8.5, 9.4])  # 10 -> 8.95: a fall of 1.05
+    assert not rule.draining([10.0, 10.0, 9.0, 9.0])  # a fall of exactly 1
+    assert not rule.draining([8.0, 8.0, 10.0, 10.0])  # a rise
+    assert not rule.draining([10.0, 10.0, 5.0])  # fewer than two windows
+    assert rule.draining([0.0, 99.0, 80.0, 10.0, 10.0])  # only the last two windows count
+    assert rule.extra_steps(45000) == 22500 and DrainHold(extra=0.0).extra_steps(10) == 0
+    with pytest.raises(ValueError, match="extra >= 0"):
+        DrainHold(extra=-0.1)
+
+
+def _drain_run(drain_hold, **config):
+    x = binary_mixtures(1)[0]
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_steps=0,
+                               covariance_coefficient=1e-3, covariance_off_final_fraction=0.2,
+                               **{"resample_every": 0, **config})  # fmt: skip
+    return train_stacked_baes([x], cfg, training_samples=40 * 64, batch_size=64, lr=2e-3,
+                              lr_scheduler_name="cosineannealing", lr_end=2e-4, seeds=[5],
+                              progress=False, drain_hold=drain_hold)  # fmt: skip
+
+
+def test_a_drain_hold_that_never_holds_changes_nothing():
+    plain = _drain_run(None)
+    unheld = _drain_run(DrainHold(extra=1.0, check_every=5, window=2, min_fall_bits=1e9))
+    assert unheld.steps == plain.steps == [40]
+    assert unheld.histories == plain.histories
+    for name, value in plain.baes[0].state_dict().items():
+        assert torch.equal(unheld.baes[0].state_dict()[name], value), name
+
+
+class _AlwaysDraining(DrainHold):
+    """A drain hold whose code always reads as draining (what a hold does, not when)."""
+
+    def draining(self, entropies):  # noqa: ARG002
+        return True
+
+
+def test_a_held_schedule_stands_still_then_runs_its_full_course(monkeypatch):
+    """40 schedule steps, at most 20 held, a check every 5 steps: held from the check after
+    step 5 while the rest of the schedule (35 steps) still fits in what is left after the next
+    5, i.e. through the check after step 20, so steps 6-25 train at step 5's learning rate and
+    phase, and then the schedule's 35 steps run: 60 steps. The losses match the unheld run up to
+    the first held step's (computed before its update), and differ after it; the covariance-off
+    final fifth is the last 8 steps in both; a resampling window is read once, not once per held
+    step."""
+    calls = []
+    original = StackedBAE.resample
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(StackedBAE, "resample", counting)
+    resampling = {"resample_every": 5, "resample_rate": 0.2}
+    plain = _drain_run(None, **resampling)
+    resamples = len(calls)
+    held = _drain_run(_AlwaysDraining(extra=0.5, check_every=5), **resampling)
+    assert plain.steps == [40] and held.steps == [60]
+    assert resamples > 0 and len(calls) == 2 * resamples
+    reconstruction = held.histories[0]["reconstruction_loss"]
+    assert reconstruction[:7] == plain.histories[0]["reconstruction_loss"][:7]
+    assert reconstruction[7] != plain.histories[0]["reconstruction_loss"][7]
+    for run, steps in ((plain, 40), (held, 60)):
+        covariance = run.histories[0]["covariance_loss"]
+        assert len(covariance) == steps and covariance[-8:] == [0.0] * 8
+        assert all(value > 0 for value in covariance[:-8])

@@ -261,6 +261,7 @@ def estimate_entropies(
         lr_scheduler_name=recipe.lr_scheduler_name,
         lr_end=recipe.lr_end,
         adam_beta2=recipe.adam_beta2,
+        drain_hold=recipe.drain_rule(),
     )
     cells = []
     for index, (states, k, t) in enumerate(zip(held_out, scales, shifts, strict=True)):

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_presets import BAE_PRESETS
-from sae_lens_bae.training.convergence import Convergence
+from sae_lens_bae.training.convergence import Convergence, DrainHold
 
 __all__ = ["TRACING_RECIPE", "EntropyRecipe"]
 
@@ -73,6 +73,13 @@ class EntropyRecipe:
     (its lr has decayed by then); at the ``mid`` preset's constant lr it moved 3 of 18 estimates
     2-3 bits off r, and on the LLM position trace it moved no cell towards reliable
     (docs/entropy.md, "The knob on three seeds" and the section after it)."""
+    drain_hold: float = 0.0
+    """While the code's entropy on the check states still falls (by more than a bit per 500
+    steps), hold the learning-rate schedule and the final phase where they stand and train on,
+    for at most this fraction of ``steps`` more (0: never hold; ``training.DrainHold``). On
+    planted bits the ``paper`` recipe's code over-codes and then drains to r, and the drain ends
+    once the learning rate summed over the steps reaches a budget that grows with the set: a
+    cosine that decays first leaves it undrained (docs/entropy.md)."""
     encoder_bias: bool = True
     """Give each channel its own firing threshold ``b_enc``; False trains the paper's encoder
     ``h_B = step(h0 W_in)``, every hyperplane through the origin of the (framed) states. On the
@@ -120,6 +127,8 @@ class EntropyRecipe:
             raise ValueError(f"lr_end must be in (0, lr={self.lr}], got {self.lr_end}")
         if not 0 <= self.adam_beta2 < 1:
             raise ValueError(f"adam_beta2 must be in [0, 1), got {self.adam_beta2}")
+        if self.drain_hold < 0:
+            raise ValueError(f"drain_hold must be at least 0, got {self.drain_hold}")
         if self.seeds < 1 or self.restarts < 1:
             raise ValueError(
                 f"seeds and restarts must be at least 1, got {self.seeds} and {self.restarts}"
@@ -188,6 +197,12 @@ class EntropyRecipe:
             resample_every=0,
             total_training_steps=self.steps,
         )
+
+    def drain_rule(self) -> DrainHold | None:
+        """The drain hold of this recipe, or None (the schedule never stands still)."""
+        if self.drain_hold == 0:
+            return None
+        return DrainHold(extra=self.drain_hold, check_every=self.check_every)
 
     def convergence(self) -> Convergence | None:
         """The convergence rule of this recipe, or None (train every step)."""

@@ -2,7 +2,7 @@
 small BAEs at once (``stacked``), transcoders, and the baselines a BAE is compared with."""
 
 from sae_lens_bae.training.baselines import BASELINES, TRAINED_BASELINES, baseline_configs
-from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor
+from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
 from sae_lens_bae.training.stacked import StackedBAE, StackedTraining, train_stacked_baes
 from sae_lens_bae.training.trainer import (
     RecordingTrainer,
@@ -18,6 +18,7 @@ __all__ = [
     "BASELINES",
     "Convergence",
     "ConvergenceMonitor",
+    "DrainHold",
     "TRAINED_BASELINES",
     "RecordingTrainer",
     "StackedBAE",

@@ -19,9 +19,11 @@ value by more than the tolerance at the pace of the last two windows.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Convergence", "ConvergenceMonitor"]
+__all__ = ["Convergence", "ConvergenceMonitor", "DrainHold"]
 
 
 @dataclass(frozen=True)
@@ -99,3 +101,43 @@ class ConvergenceMonitor:
             if abs(last - before) * drift_scale > max(atol, rule.rtol * abs(last)):
                 return False
         return True
+
+
+@dataclass(frozen=True)
+class DrainHold:
+    """Hold a learning-rate schedule while a code drains.
+
+    On planted bits the ``paper`` recipe's code first over-codes (600-650 channels' worth of
+    bits for 256 planted ones at d = 512) and then drains to r, and the drain ends once the
+    learning rate integrated over the steps reaches a budget (about 47-67 at d = 512-1024,
+    docs/entropy.md): a cosine that decays before then leaves the code undrained, whatever its
+    step count. So while the code's entropy on the check states still falls by more than
+    ``min_fall_bits`` from one window of ``window`` checks to the next, the schedule (the
+    learning rate, and the phases read from the step: the final covariance-off fraction) stands
+    still and the BAE trains on at that learning rate, for at most ``extra`` times the schedule's
+    steps in all; then the schedule goes on where it stood. A code that never falls costs
+    nothing more."""
+
+    extra: float = 1.0
+    check_every: int = 100
+    window: int = 5
+    min_fall_bits: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.extra < 0 or self.check_every < 1 or self.window < 1 or self.min_fall_bits < 0:
+            raise ValueError(
+                "DrainHold needs extra >= 0, check_every >= 1, window >= 1 and min_fall_bits >= 0"
+            )
+
+    def extra_steps(self, steps: int) -> int:
+        """The most held steps a schedule of ``steps`` steps may take."""
+        return math.floor(self.extra * steps)
+
+    def draining(self, entropies: Sequence[float]) -> bool:
+        """Whether the last ``window`` checks' mean entropy lies more than ``min_fall_bits``
+        below the mean of the ``window`` checks before them."""
+        w = self.window
+        if len(entropies) < 2 * w:
+            return False
+        last, before = sum(entropies[-w:]) / w, sum(entropies[-2 * w : -w]) / w
+        return before - last > self.min_fall_bits

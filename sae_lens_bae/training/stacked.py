@@ -39,12 +39,16 @@ from sae_lens_bae.saes.binary import (
     update_running_mean,
 )
 from sae_lens_bae.saes.resampling import constant_channels, resample_constant_channels
-from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor
+from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
 from sae_lens_bae.training.trainer import activation_batches
 
 __all__ = ["StackedBAE", "StackedTraining", "train_stacked_baes"]
 
 _PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec")
+_DRAIN_CHECK_ROWS = 8192
+"""Check states a drain hold reads (without a convergence rule): a code's entropy on them moves
+by well under a bit between checks, and checking every state of a large set would cost more
+than the steps between checks."""
 
 
 class StackedBAE(nn.Module):
@@ -154,15 +158,19 @@ class StackedBAE(nn.Module):
         n_training_steps: int,
         members: Tensor | None = None,
         covariance_off: Sequence[bool] | None = None,
+        resample: bool = True,
     ) -> dict[str, Tensor]:
         """Per-BAE loss terms of ``bae_objective`` (each of shape [G]); resamples constant
         channels and updates the running mean codes, as one BAE's training step does.
         ``members``: train only these stack rows (``x`` holds their minibatches): the others
         cost nothing and get no gradient. ``covariance_off``: per row of ``x``, whether that
-        BAE trains without the covariance term (its final phase after it converged)."""
+        BAE trains without the covariance term (its final phase after it converged).
+        ``resample``: False on a second step at the same ``n_training_steps`` (a held schedule),
+        which must not resample again."""
         cfg = self.cfg
         if (
-            cfg.resample_every > 0
+            resample
+            and cfg.resample_every > 0
             and n_training_steps > 0
             and cfg.resampling_at(n_training_steps - 1)
         ):
@@ -270,6 +278,7 @@ def train_stacked_baes(
     lr_scheduler_name: str = "constant",
     lr_end: float | None = None,
     adam_beta2: float = 0.999,
+    drain_hold: DrainHold | None = None,
 ) -> StackedTraining:
     """Train one BAE per activation set, all at once; returns the BAEs, per-BAE histories and
     the steps each trained.
@@ -287,7 +296,10 @@ def train_stacked_baes(
     SAELens' scheduler and under its names (``train_sae`` passes them to ``SAETrainerConfig``):
     a linear warm-up over the first steps, then constant or ``"cosineannealing"`` down to
     ``lr_end`` (default: ``lr``) at the end of the budget. ``adam_beta2``: Adam's second-moment
-    decay, under SAELens' name (beta1 is its 0.9).
+    decay, under SAELens' name (beta1 is its 0.9). ``drain_hold``: while the code entropy of
+    any training BAE on its check states still falls (``DrainHold``), the schedule (learning
+    rate and the step its phases read) stands still, for at most ``drain_hold.extra`` times the
+    budget in held steps; ``steps`` then counts the held steps too.
     """
     sets = list(activations)
     seeds = list(range(len(sets))) if seeds is None else list(seeds)
@@ -312,18 +324,34 @@ def train_stacked_baes(
         chosen = list(check_sets) if check_sets is not None else sets
         rows = min(x.shape[0] for x in chosen)
         checks = torch.stack([x[:rows].float() for x in chosen]).to(device)
+    hold_from = max(lr_warm_up_steps, cfg.resolved_entropy_off_steps())
+    if drain_hold is not None and checks is None:  # its own check states: a few rows suffice
+        chosen = list(check_sets) if check_sets is not None else sets
+        rows = min(min(x.shape[0] for x in chosen), _DRAIN_CHECK_ROWS)
+        checks = torch.stack([x[:rows].float() for x in chosen]).to(device)
+    limit = n_steps + (drain_hold.extra_steps(n_steps) if drain_hold is not None else 0)
+    drain_entropies: list[list[float]] = [[] for _ in sets]
+    holding, fresh = False, True
     frozen: dict[int, list[Tensor]] = {}
+    taken: dict[int, int] = {}  # the steps a stopped BAE trained
     active = list(range(len(sets)))  # the BAEs still training: the only ones computed
     members: Tensor | None = None  # None while every BAE trains (no indexing at all)
     final = cfg.covariance_off_final_fraction
     ends: dict[int, int] = {}  # converged with the covariance term on: trains to then without it
-    for n in trange(n_steps, desc=f"Training {len(sets)} stacked BAEs", disable=not progress):
+    clock = 0  # the schedule's step: it stands still while a drain hold holds it
+    n = -1
+    bar = trange(limit, desc=f"Training {len(sets)} stacked BAEs", disable=not progress)
+    for n in bar:
         batch = torch.stack([next(streams[g]) for g in active]).to(device)
-        losses = model.losses(batch, n, members, [g in ends for g in active] if ends else None)
+        off = [g in ends for g in active] if ends else None
+        losses = model.losses(batch, clock, members, off, resample=fresh)
+        fresh = not holding  # a held step leaves the clock where it is
         total_loss(losses).sum().backward()
         model.clip_grad_norms_(1.0)
         optimizer.step()
-        scheduler.step()
+        if not holding:
+            scheduler.step()
+            clock += 1
         optimizer.zero_grad()
         for g, weights in frozen.items():  # Adam's momentum would still move a converged BAE
             for parameter, kept in zip(model.parameters(), weights, strict=True):
@@ -331,27 +359,37 @@ def train_stacked_baes(
         for name, values in losses.items():
             for g, value in zip(active, values.detach().cpu().tolist(), strict=True):
                 histories[g].setdefault(name, []).append(value)
-        stopping = [g for g in active if ends.get(g) == n + 1]
-        if monitor is not None and checks is not None and monitor.due(n):
+        stopping = [g for g in active if ends.get(g) == clock]
+        converging = monitor is not None and monitor.due(n)
+        draining = drain_hold is not None and (n + 1) % drain_hold.check_every == 0
+        if checks is not None and (converging or draining):
             errors, entropies = [math.nan] * len(sets), [math.nan] * len(sets)
             rows = checks if members is None else checks[members]
             for g, error, bits in zip(active, *_check(model, rows, members), strict=True):
                 errors[g], entropies[g] = error, bits
-            for g in monitor.update(n, errors, entropies):
-                if final > 0 and n + 1 < n_steps and cfg.covariance_on(n + 1):
-                    # the last fraction of its training without the term, as without the rule
-                    ends[g] = min(n_steps, n + 1 + math.ceil(final / (1 - final) * (n + 1)))
-                else:
-                    stopping.append(g)
+            if draining and drain_hold is not None:
+                for g in active:
+                    drain_entropies[g].append(entropies[g])
+                # only once the objective is whole, before the final phase, and never so long
+                # that the rest of the schedule would not fit in the steps left
+                room = limit - (n + 1) - drain_hold.check_every >= n_steps - clock
+                falling = any(drain_hold.draining(drain_entropies[g]) for g in active)
+                holding = room and falling and clock >= hold_from and cfg.covariance_on(clock)
+                bar.set_postfix(held=n + 1 - clock, refresh=False)
+            if converging and monitor is not None:
+                for g in monitor.update(clock - 1, errors, entropies):
+                    if final > 0 and clock < n_steps and cfg.covariance_on(clock):
+                        # the last fraction of its training without the term, as without the rule
+                        ends[g] = min(n_steps, clock + math.ceil(final / (1 - final) * clock))
+                    else:
+                        stopping.append(g)
         for g in stopping:
             frozen[g] = [p.data[g].clone() for p in model.parameters()]
-        if len(frozen) == len(sets):
+            taken[g] = n + 1
+        if len(frozen) == len(sets) or clock == n_steps:
             break
         if stopping:
             active = [g for g in active if g not in frozen]
             members = torch.tensor(active, device=device)
-    steps = [n_steps] * len(sets)
-    if monitor is not None:
-        steps = [ends.get(g, n_steps if at is None else at)
-                 for g, at in enumerate(monitor.converged_at)]  # fmt: skip
+    steps = [taken.get(g, n + 1) for g in range(len(sets))]
     return StackedTraining([sae.to(device) for sae in model.unstack()], histories, steps)
