@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import platform
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -92,14 +91,9 @@ def parse_recipe(text: str) -> dict[str, Any]:
 
 
 def recipe_for(d: int, base: str, steps: int | None, overrides: dict[str, Any]) -> EntropyRecipe:
-    """The recipe path's ``EntropyRecipe`` for sets of dimension ``d`` (the paper base takes the
-    changes through ``EntropyRecipe.paper``, so an lr alone moves its lr_end with it)."""
+    """The recipe path's ``EntropyRecipe`` for sets of dimension ``d``."""
     changes = {**({} if steps is None else {"steps": steps}), **overrides}
-    return (
-        EntropyRecipe.paper(d, **changes)
-        if base == "paper"
-        else replace(EntropyRecipe(), **changes)
-    )
+    return EntropyRecipe.based_on(base, d, **changes)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

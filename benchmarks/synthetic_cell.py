@@ -28,7 +28,7 @@ import argparse
 import json
 import platform
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -94,15 +94,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.lr is not None or args.recipe_base == "plain":
         fixed["lr"] = 4e-3 if args.lr is None else args.lr
 
-    def recipe_of(overrides: dict[str, Any]) -> EntropyRecipe:
-        if args.recipe_base == "paper":  # through paper(): an lr alone moves lr_end with it
-            return EntropyRecipe.paper(args.d, **{**fixed, **overrides})
-        return replace(EntropyRecipe(**fixed), **overrides)
-
     recipes = {}
     for name, overrides in args.variant:  # every recipe checked before any training
         try:
-            recipes[name] = recipe_of(overrides)
+            changes = {**fixed, **overrides}
+            base = "paper" if args.recipe_base == "paper" else "default"  # plain: fixed changes
+            recipes[name] = EntropyRecipe.based_on(base, args.d, **changes)
         except ValueError as error:
             parser.error(f"variant {name!r}: {error}")
     if not 0 <= args.r <= args.d:

@@ -286,3 +286,14 @@ def test_a_grid_gives_each_rank_at_least_its_share_of_r_squared_states(monkeypat
     assert [paper.train_states(r) for r in (64, 181, 182, 256, 512)] == [
         65536, 65536, 66248, 131072, 524288]  # fmt: skip
     assert PRESETS["mid"].train_states(128) == PRESETS["mid"].n_train == 16384
+
+
+def test_a_recipe_based_on_a_named_base_is_that_base_with_the_changes():
+    """``EntropyRecipe.based_on``: what a command line's ``--recipe-base`` names."""
+    from sae_lens_bae.entropy import EntropyRecipe
+
+    paper = EntropyRecipe.based_on("paper", 512, lr=0.002, steps=9000)
+    assert paper == EntropyRecipe.paper(512, lr=0.002, steps=9000) and paper.lr_end == 0.0002
+    assert EntropyRecipe.based_on("default", 512, steps=900) == EntropyRecipe(steps=900)
+    with pytest.raises(ValueError, match="^the recipe base is 'default' or 'paper', got 'mid'$"):
+        EntropyRecipe.based_on("mid", 512)

@@ -159,6 +159,17 @@ class EntropyRecipe:
             changes = {**changes, "lr_end": changes["lr"] / 10}
         return replace(recipe, **changes)
 
+    @classmethod
+    def based_on(cls, base: str, d_in: int, **changes: Any) -> EntropyRecipe:
+        """The recipe a command line's ``--recipe-base`` names, with ``changes``: ``"default"``
+        is ``EntropyRecipe`` with them, ``"paper"`` is ``paper(d_in, **changes)`` (an lr alone
+        moves the cosine's end with it). Raises ValueError on another base or a bad change."""
+        if base == "paper":
+            return cls.paper(d_in, **changes)
+        if base == "default":
+            return replace(cls(), **changes)
+        raise ValueError(f"the recipe base is 'default' or 'paper', got {base!r}")
+
     @staticmethod
     def changes_from_json(text: str) -> dict[str, Any]:
         """``'{"lr": 2e-3}'`` -> the field changes it names, for ``replace``: what a command line
