@@ -226,12 +226,14 @@ def test_the_paper_recipe_for_any_dimension_is_the_presets_with_its_lr_rule(d_in
     """``EntropyRecipe.paper(d)`` is what the ``paper`` preset trains with (at its d = 2048 and
     3 restarts), its lr and lr_end scaled by sqrt(512 / d); fields can be changed, not invented."""
     from sae_lens_bae.entropy import EntropyRecipe
+    from sae_lens_bae.training import DrainHold
 
     recipe = EntropyRecipe.paper(d_in)
     assert (recipe.lr, recipe.lr_end) == pytest.approx((lr, lr / 10), rel=1e-12)
     shape = (recipe.steps, recipe.expansion, recipe.restarts, recipe.converge)
     assert shape == (45000, 2, 1, False)
     assert recipe.covariance_off_final_fraction == 0.1 and recipe.lr_warm_up_steps == 1000
+    assert recipe.drain_rule() == DrainHold(extra=1.0, check_every=100)
     assert EntropyRecipe.paper(2048, restarts=3) == PRESETS["paper"].recipe
     with pytest.raises(TypeError, match="unexpected keyword argument 'rate'"):
         EntropyRecipe.paper(d_in, rate=1.0)
