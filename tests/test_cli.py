@@ -278,6 +278,7 @@ def _bad_inputs(model, corpus, tmp):
             "File exists",
         ),  # an output folder that cannot be made
         (["bench", "synthetic", "--ranks", "100"], "ranks go up to d = 64"),
+        (["bench", "synthetic", "--drain-hold", "-1"], "--drain-hold must be at least 0"),
         (["bench", "synthetic", "--preset", "test", "--out", str(tmp / "other_grid")],
          "holds the results of another grid or recipe; use another --out"),
         (["bench", "two-token", "--words", "yes"], "exactly two words"),

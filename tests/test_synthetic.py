@@ -70,6 +70,18 @@ def test_a_step_budget_inside_the_presets_warm_up_is_refused_with_what_to_do():
     assert SyntheticConfig(preset="paper", steps=1001).grid().recipe.steps == 1001
 
 
+def test_the_drain_hold_from_the_command_line_reaches_the_recipe():
+    """The paper preset holds (1), the others do not (0); ``--drain-hold`` replaces either."""
+    from sae_lens_bae.experiments.synthetic import SyntheticConfig
+
+    assert SyntheticConfig(preset="paper").grid().recipe.drain_hold == 1.0
+    assert SyntheticConfig(preset="mid").grid().recipe.drain_hold == 0.0
+    assert SyntheticConfig(preset="paper", drain_hold=0.0).grid().recipe.drain_rule() is None
+    assert SyntheticConfig(preset="cpu", drain_hold=0.5).grid().recipe.drain_hold == 0.5
+    with pytest.raises(ValueError, match="^--drain-hold must be at least 0, got -1$"):
+        SyntheticConfig(preset="paper", drain_hold=-1)
+
+
 def test_restarts_from_the_command_line_reach_the_recipe_and_the_rows(tmp_path):
     from sae_lens_bae.experiments.synthetic import SyntheticConfig, run
 

@@ -66,6 +66,10 @@ class SyntheticConfig:
     """BAEs per cell, of which the one with the lowest held-out objective is kept (default: the
     preset's; ``EntropyRecipe.restarts``): on a 512-dimensional cell of 256 bits half the runs
     stay in a worse minimum (docs/entropy.md). Multiplies the training cost."""
+    drain_hold: float | None = None
+    """Hold the learning-rate schedule while a code still drains, for at most this fraction of
+    the steps more (default: the preset's, 1 for paper, 0 elsewhere; ``EntropyRecipe.drain_hold``):
+    0 gives the fixed-length schedule of the runs before 2026-11-28."""
     ablation: bool | None = None
     """Also train every cell without the objective, to show it is what makes the estimate right
     (default: the preset's; --no-ablation halves the run)."""
@@ -97,6 +101,10 @@ class SyntheticConfig:
             if self.restarts < 1:
                 raise ValueError(f"--restarts must be at least 1, got {self.restarts}")
             chosen = replace(chosen, recipe=replace(chosen.recipe, restarts=self.restarts))
+        if self.drain_hold is not None:
+            if self.drain_hold < 0:
+                raise ValueError(f"--drain-hold must be at least 0, got {self.drain_hold}")
+            chosen = replace(chosen, recipe=replace(chosen.recipe, drain_hold=self.drain_hold))
         for name in ("ranks", "expansions", "seeds"):
             values = getattr(self, name)
             if values is not None:
