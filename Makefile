@@ -56,10 +56,10 @@ gpu-checks:
 # on seed 0 at PAPER_EXPANSIONS, with the planted bits each code recovers. On an H200 a 2x cell
 # of 45000 steps took 174 s at r = 256 and 198 s at r = 512, data and refit included
 # (docs/entropy.md, "The `paper` preset at d = 2048, fourteenth session"): r = 256 was read,
-# r = 512 was still over-coded at 45000 steps (on the CPU, d = 1024 at that lr was too). Next
-# (docs/entropy.md, "The drain needs a budget of lr x steps"): this target with PAPER_RANKS=512
-# PAPER_STEPS=90000 PAPER_EXPANSIONS=2, then `make gpu-paper-lr PAPER_RANKS=512,256` (lr 2.83e-3
-# at d = 2048), then seeds 1,2.
+# r = 512 was still over-coded at 45000 steps. The preset now holds its schedule while the code
+# drains (up to 90000 steps a cell; docs/entropy.md, "The drain hold"). Next: this target with
+# PAPER_RANKS=512 PAPER_EXPANSIONS=2, then PAPER_RANKS=256 (one a call: up to 90000 steps a
+# cell), then `make gpu-paper-lr PAPER_RANKS=512` (lr 2.83e-3 at d = 2048), then PAPER_SEEDS=1,2.
 # PAPER_STEPS empty: the preset's 45000
 PAPER_RANKS ?= 256
 PAPER_SEEDS ?= 0
