@@ -94,12 +94,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.lr is not None or args.recipe_base == "plain":
         fixed["lr"] = 4e-3 if args.lr is None else args.lr
 
+    base = "paper" if args.recipe_base == "paper" else "default"  # plain: the default, fixed
     recipes = {}
     for name, overrides in args.variant:  # every recipe checked before any training
         try:
-            changes = {**fixed, **overrides}
-            base = "paper" if args.recipe_base == "paper" else "default"  # plain: fixed changes
-            recipes[name] = EntropyRecipe.based_on(base, args.d, **changes)
+            recipes[name] = EntropyRecipe.based_on(base, args.d, **{**fixed, **overrides})
         except ValueError as error:
             parser.error(f"variant {name!r}: {error}")
     if not 0 <= args.r <= args.d:

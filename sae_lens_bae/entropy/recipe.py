@@ -174,7 +174,7 @@ class EntropyRecipe:
         if base == "paper":
             return cls.paper(d_in, **changes)
         if base == "default":
-            return replace(cls(), **changes)
+            return cls(**changes)
         raise ValueError(f"the recipe base is 'default' or 'paper', got {base!r}")
 
     @staticmethod

@@ -315,19 +315,17 @@ def train_stacked_baes(
                                  lr_end=lr if lr_end is None else lr_end, num_cycles=1)  # fmt: skip
     streams = [activation_batches(x, batch_size, seed=s) for x, s in zip(sets, seeds, strict=True)]
     histories: list[dict[str, list[float]]] = [{} for _ in sets]
+    # neither the objective's nor the learning rate's ramp is evidence of a plateau or a drain
+    ramp_end = max(lr_warm_up_steps, cfg.resolved_entropy_off_steps())
     monitor = checks = None
     if convergence is not None:
-        # neither the objective's nor the learning rate's ramp is evidence of a plateau
-        rule = replace(convergence, min_steps=max(convergence.min_steps, lr_warm_up_steps,
-                                                  cfg.resolved_entropy_off_steps()))  # fmt: skip
+        rule = replace(convergence, min_steps=max(convergence.min_steps, ramp_end))
         monitor = ConvergenceMonitor(rule, len(sets))
+    if convergence is not None or drain_hold is not None:
         chosen = list(check_sets) if check_sets is not None else sets
         rows = min(x.shape[0] for x in chosen)
-        checks = torch.stack([x[:rows].float() for x in chosen]).to(device)
-    hold_from = max(lr_warm_up_steps, cfg.resolved_entropy_off_steps())
-    if drain_hold is not None and checks is None:  # its own check states: a few rows suffice
-        chosen = list(check_sets) if check_sets is not None else sets
-        rows = min(min(x.shape[0] for x in chosen), _DRAIN_CHECK_ROWS)
+        if convergence is None:  # a drain hold alone: a few rows suffice
+            rows = min(rows, _DRAIN_CHECK_ROWS)
         checks = torch.stack([x[:rows].float() for x in chosen]).to(device)
     limit = n_steps + (drain_hold.extra_steps(n_steps) if drain_hold is not None else 0)
     drain_entropies: list[list[float]] = [[] for _ in sets]
@@ -374,7 +372,7 @@ def train_stacked_baes(
                 # that the rest of the schedule would not fit in the steps left
                 room = limit - (n + 1) - drain_hold.check_every >= n_steps - clock
                 falling = any(drain_hold.draining(drain_entropies[g]) for g in active)
-                holding = room and falling and clock >= hold_from and cfg.covariance_on(clock)
+                holding = room and falling and clock >= ramp_end and cfg.covariance_on(clock)
                 bar.set_postfix(held=n + 1 - clock, refresh=False)
             if converging and monitor is not None:
                 for g in monitor.update(clock - 1, errors, entropies):
