@@ -41,11 +41,15 @@ bench: install
 # On a machine with a CUDA GPU where this project imports (installed, or on PYTHONPATH; no
 # install step here): the tests that only run on a GPU, then the step benchmark at issue 16's
 # two sizes (at 576 also with the steps compiled, in torch's default mode and as CUDA graphs, as
-# SAELens' compile_sae and `bae train --compile [--compile-mode reduce-overhead]` do), JSON
-# written under GPU_OUT
+# SAELens' compile_sae and `bae train --compile [--compile-mode reduce-overhead]` do), and a
+# torch.profiler look at the eager 576 / 2304 steps of standard and the BAE (where the last
+# 1.33x over standard goes: host or device; Chrome traces beside the JSON), JSON written under
+# GPU_OUT. One command at a time: a timing shares the GPU with nothing
 GPU_OUT ?= runs/gpu-checks
 gpu-checks:
 	mkdir -p $(GPU_OUT)
+	$(PYTHON) benchmarks/train_step.py --device cuda --steps 50 --profile 20 \
+		--out $(GPU_OUT)/profile_576/profile.json
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_fused_covariance.py tests/test_training_step.py
 	$(PYTHON) benchmarks/train_step.py --device cuda --steps 50 --compile \
 		--compile-modes default,reduce-overhead --out $(GPU_OUT)/train_step_576.json
@@ -53,13 +57,13 @@ gpu-checks:
 		--out $(GPU_OUT)/train_step_2048.json
 
 # The `paper` synthetic preset's open cells (issue 15), one run each (--restarts 1): PAPER_RANKS
-# on seed 0 at PAPER_EXPANSIONS, with the planted bits each code recovers. On an H200 a 2x cell
-# of 45000 steps took 174 s at r = 256 and 198 s at r = 512, data and refit included
-# (docs/entropy.md, "The `paper` preset at d = 2048, fourteenth session"): r = 256 was read,
-# r = 512 was still over-coded at 45000 steps. The preset now holds its schedule while the code
-# drains (up to 90000 steps a cell; docs/entropy.md, "The drain hold"). Next: this target with
-# PAPER_RANKS=512 PAPER_EXPANSIONS=2, then PAPER_RANKS=256 (one a call: up to 90000 steps a
-# cell), then `make gpu-paper-lr PAPER_RANKS=512` (lr 2.83e-3 at d = 2048), then PAPER_SEEDS=1,2.
+# on seed 0 at PAPER_EXPANSIONS, with the planted bits each code recovers. The preset holds its
+# schedule while the code drains (up to 90000 steps a cell; docs/entropy.md, "The drain hold").
+# On the seventeenth session's H200 the r = 512, 2x cell held 24800 steps and read 511.96 bits
+# in about 270 s, data and refit included (docs/entropy.md, "The drain hold on a GPU"). Next:
+# PAPER_RANKS=256 PAPER_EXPANSIONS=2 (read without the hold; does the hold keep it?), then
+# PAPER_RANKS=512 PAPER_SEEDS=1, then PAPER_SEEDS=2. One cell a call and nothing beside it on the
+# GPU: two cells side by side ran at 45 steps/s each against 300 alone.
 # PAPER_STEPS empty: the preset's 45000
 PAPER_RANKS ?= 256
 PAPER_SEEDS ?= 0

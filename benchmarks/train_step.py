@@ -31,6 +31,7 @@ from sae_lens.config import SAETrainerConfig
 from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
 from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, covariance_products, fused_covariance
@@ -246,6 +247,92 @@ def step_timings(
     }
 
 
+def profile_models(d_in: int, d_sae: int, batch_size: int, device: str) -> dict[str, Any]:
+    """The models ``--profile`` looks inside, on ``device`` as ``step_timings`` builds them: the
+    baseline, the BAE, and the BAE without the one term ``standard`` has no counterpart of; and
+    the batch they step on (key ``batch``)."""
+    torch.manual_seed(0)
+    batch = torch.randn(batch_size, d_in, device=device)
+    return {
+        "standard": StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae)).to(
+            device
+        ),
+        "bae": bae_at_density(d_in, d_sae, batch, None),
+        "bae_no_covariance": bae_at_density(d_in, d_sae, batch, None, covariance_coefficient=0.0),
+        "batch": batch,
+    }
+
+
+def profile_steps(
+    saes: dict[str, Any], batch: torch.Tensor, steps: int, top: int = 12,
+    trace_dir: Path | None = None,
+) -> dict[str, dict]:  # fmt: skip
+    """Where each model's SAELens step spends its time, from ``torch.profiler`` over ``steps``
+    steps after 3 of warm-up: the wall time, the device's busy time (the self time of its
+    kernels, Triton's too; 0 on a CPU), the host's time inside profiled calls (ATen ops, the
+    autograd engine, CUDA launches) and outside them (Python: the trainer, autograd Functions,
+    Triton's launcher), and the ``top`` calls by self host time and by device time, per step.
+    A small SAE's GPU step is host-bound, so its ratio to ``standard`` is set by these rows, not
+    by FLOPs. With ``trace_dir`` each model's Chrome trace is written there as well."""
+    cuda = batch.device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    report = {}
+    for name, sae in saes.items():
+        trainer = _trainer(sae, batch, steps + 3)
+        with products_of(name):
+            for _ in range(3):
+                trainer.step(batch)
+            _sync(str(batch.device))
+            with profile(activities=activities) as prof:
+                start = time.perf_counter()
+                for _ in range(steps):
+                    trainer.step(batch)
+                _sync(str(batch.device))
+                wall = time.perf_counter() - start
+        events = prof.key_averages()
+        host = sum(e.self_cpu_time_total for e in events) / steps / 1e3
+        device = sum(e.self_device_time_total for e in events) / steps / 1e3
+
+        def rows(key: str, events: Any = events) -> list[dict]:
+            ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
+            return [{"call": e.key, "calls_per_step": e.count / steps,
+                     "self_host_us_per_step": e.self_cpu_time_total / steps,
+                     "device_us_per_step": e.self_device_time_total / steps}
+                    for e in ranked if getattr(e, key) > 0]  # fmt: skip
+
+        report[name] = {
+            "wall_ms_per_step": wall / steps * 1e3,
+            "device_busy_ms_per_step": device,
+            "host_in_calls_ms_per_step": host,
+            "host_outside_calls_ms_per_step": wall / steps * 1e3 - host,
+            "by_host_time": rows("self_cpu_time_total"),
+            "by_device_time": rows("self_device_time_total"),
+        }
+        if trace_dir is not None:
+            prof.export_chrome_trace(str(trace_dir / f"trace_{name}.json"))
+    return report
+
+
+def print_profile(report: dict[str, dict]) -> None:
+    """``profile_steps``'s figures as markdown: one summary table, then each model's top calls."""
+    print("\n| model | wall ms/step | device busy | host in calls | host outside calls |")
+    print("|---|---|---|---|---|")
+    for name, row in report.items():
+        print(f"| {name} | {row['wall_ms_per_step']:.3f} | {row['device_busy_ms_per_step']:.3f} "
+              f"| {row['host_in_calls_ms_per_step']:.3f} "
+              f"| {row['host_outside_calls_ms_per_step']:.3f} |")  # fmt: skip
+    for name, row in report.items():
+        for key in ("by_host_time", "by_device_time"):
+            if not row[key]:
+                continue
+            print(f"\n{name}, {key.replace('_', ' ')} (per step)\n")
+            print("| call | calls | self host us | device us |\n|---|---|---|---|")
+            for call in row[key]:
+                host, device = call["self_host_us_per_step"], call["device_us_per_step"]
+                print(f"| {call['call'][:80]} | {call['calls_per_step']:g} "
+                      f"| {host:.1f} | {device:.1f} |")  # fmt: skip
+
+
 def _probe(n: int, batch: int, kind: str, device: str, density: float) -> tuple[float, float]:
     """Extra peak memory (MiB) and seconds of one forward + backward of the penalty, measured in
     this fresh process: peak RSS over the RSS after the inputs exist (CPU) or CUDA's peak
@@ -362,6 +449,14 @@ def main() -> None:
         help="with --compile: the torch.compile modes of its rows, comma-separated (default, "
         "reduce-overhead: CUDA graphs, max-autotune, max-autotune-no-cudagraphs)",
     )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="instead of timing: profile this many steps of standard, the BAE and the BAE without "
+        "its covariance term (torch.profiler; with --out, their Chrome traces beside the JSON)",
+    )
     parser.add_argument("--probe", nargs=5, metavar=("N", "BATCH", "KIND", "DEVICE", "DENSITY"))
     args = parser.parse_args()
     if args.probe:
@@ -370,6 +465,17 @@ def main() -> None:
         return
 
     d_sae = args.expansion * args.d_in
+    if args.profile:
+        profiled = profile_models(args.d_in, d_sae, args.batch, args.device)
+        batch = profiled.pop("batch")
+        trace_dir = args.out.parent if args.out else None
+        if trace_dir is not None:
+            trace_dir.mkdir(parents=True, exist_ok=True)
+        report = profile_steps(profiled, batch, args.profile, trace_dir=trace_dir)
+        print_profile(report)
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=2))
+        return
     info = {
         "device": args.device,
         "cpu": platform.processor() or platform.machine(),

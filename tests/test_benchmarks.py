@@ -410,6 +410,31 @@ def test_the_step_benchmark_times_compiled_steps_beside_the_eager_ones():
     assert timings["ops_per_step"]["standard"] > 0
 
 
+def test_the_step_profile_finds_the_covariance_function_in_the_bae_step_alone(tmp_path):
+    """``--profile``: per model a step's wall time split into host time inside profiled calls
+    and outside them, no device time on a CPU, the BAE step's covariance penalty as one autograd
+    Function call (and one backward) per step that the BAE without the term never makes, and a
+    Chrome trace per model."""
+    bench = _load_benchmark("train_step")
+    models = bench.profile_models(8, 32, 64, "cpu")
+    batch = models.pop("batch")
+    report = bench.profile_steps(models, batch, 2, top=1000, trace_dir=tmp_path)
+    assert list(report) == ["standard", "bae", "bae_no_covariance"]
+    calls = {name: {row["call"]: row["calls_per_step"] for row in model["by_host_time"]}
+             for name, model in report.items()}  # fmt: skip
+    assert calls["bae"]["_CovariancePenalty"] == calls["bae"]["_CovariancePenaltyBackward"] == 1.0
+    assert "_CovariancePenalty" not in calls["bae_no_covariance"]
+    assert "_CovariancePenalty" not in calls["standard"]
+    for model in report.values():
+        assert model["device_busy_ms_per_step"] == 0.0 and model["by_device_time"] == []
+        parts = model["host_in_calls_ms_per_step"] + model["host_outside_calls_ms_per_step"]
+        assert parts == pytest.approx(model["wall_ms_per_step"], rel=1e-9)
+    for name in report:
+        trace = json.loads((tmp_path / f"trace_{name}.json").read_text())
+        names = {event.get("name") for event in trace["traceEvents"]}
+        assert "Optimizer.step#Adam.step" in names, name
+
+
 def test_planted_bits_ica_finds_bits_from_r_squared_states_and_none_from_fewer(tmp_path):
     """A start on a planted direction is a fixed point (found at iteration 0); from random
     starts, 4 r^2 states let every start find a bit and r^2 / 4 let none, as the JSON and the
