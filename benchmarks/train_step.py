@@ -31,6 +31,7 @@ from sae_lens.config import SAETrainerConfig
 from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
 from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -271,7 +272,8 @@ def profile_steps(
     steps after 3 of warm-up: the wall time, the device's busy time (the self time of its
     kernels, Triton's too; 0 on a CPU), the host's time inside profiled calls (ATen ops, the
     autograd engine, CUDA launches) and outside them (Python: the trainer, autograd Functions,
-    Triton's launcher), and the ``top`` calls by self host time and by device time, per step.
+    Triton's launcher), the ``top`` calls by self host time (with the device time of the kernels
+    each launched) and the ``top`` kernels by device time, per step.
     A small SAE's GPU step is host-bound, so its ratio to ``standard`` is set by these rows, not
     by FLOPs. With ``trace_dir`` each model's Chrome trace is written there as well."""
     cuda = batch.device.type == "cuda"
@@ -290,10 +292,12 @@ def profile_steps(
                 _sync(str(batch.device))
                 wall = time.perf_counter() - start
         events = prof.key_averages()
+        # kernels (and copies) are device events; a host op's device time is its kernels' again
+        kernels = [e for e in events if e.device_type != DeviceType.CPU]
         host = sum(e.self_cpu_time_total for e in events) / steps / 1e3
-        device = sum(e.self_device_time_total for e in events) / steps / 1e3
+        device = sum(e.self_device_time_total for e in kernels) / steps / 1e3
 
-        def rows(key: str, events: Any = events) -> list[dict]:
+        def rows(key: str, events: Any) -> list[dict]:
             ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
             return [{"call": e.key, "calls_per_step": e.count / steps,
                      "self_host_us_per_step": e.self_cpu_time_total / steps,
@@ -305,8 +309,8 @@ def profile_steps(
             "device_busy_ms_per_step": device,
             "host_in_calls_ms_per_step": host,
             "host_outside_calls_ms_per_step": wall / steps * 1e3 - host,
-            "by_host_time": rows("self_cpu_time_total"),
-            "by_device_time": rows("self_device_time_total"),
+            "by_host_time": rows("self_cpu_time_total", events),
+            "by_device_time": rows("self_device_time_total", kernels),
         }
         if trace_dir is not None:
             prof.export_chrome_trace(str(trace_dir / f"trace_{name}.json"))
