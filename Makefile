@@ -39,16 +39,16 @@ bench: install
 	$(BIN)/python benchmarks/train_step.py
 
 # On a machine with a CUDA GPU where this project imports (installed, or on PYTHONPATH; no
-# install step here): the tests that only run on a GPU, then the step benchmark at issue 16's
-# two sizes (at 576 also with the steps compiled, in torch's default mode and as CUDA graphs, as
-# SAELens' compile_sae and `bae train --compile [--compile-mode reduce-overhead]` do), and a
-# torch.profiler look at the eager 576 / 2304 steps of standard and the BAE (where the last
-# 1.33x over standard goes: host or device; Chrome traces beside the JSON), JSON written under
-# GPU_OUT. One command at a time: a timing shares the GPU with nothing
+# install step here): a torch.profiler look at the eager 576 / 2304 steps of standard and the
+# BAE (where the last 1.33x over standard goes: host or device; Chrome traces beside the JSON),
+# the tests that only run on a GPU, then the step benchmark at issue 16's two sizes (at 576 also
+# with the steps compiled, in torch's default mode and as CUDA graphs, as SAELens' compile_sae
+# and `bae train --compile [--compile-mode reduce-overhead]` do), JSON written under GPU_OUT.
+# One command at a time: a timing shares the GPU with nothing
 GPU_OUT ?= runs/gpu-checks
 gpu-checks:
 	mkdir -p $(GPU_OUT)
-	$(PYTHON) benchmarks/train_step.py --device cuda --steps 50 --profile 20 \
+	$(PYTHON) benchmarks/train_step.py --device cuda --profile 20 \
 		--out $(GPU_OUT)/profile_576/profile.json
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_fused_covariance.py tests/test_training_step.py
 	$(PYTHON) benchmarks/train_step.py --device cuda --steps 50 --compile \
