@@ -181,6 +181,30 @@ def compiled_row(name: str, mode: str | None) -> str:
     return f"{name}_compiled" if mode in (None, "default") else f"{name}_compiled_{mode}"
 
 
+def step_batch(batch_size: int, d_in: int, device: str) -> torch.Tensor:
+    """The one batch every model steps on (seed 0)."""
+    torch.manual_seed(0)
+    return torch.randn(batch_size, d_in, device=device)
+
+
+def base_models(d_in: int, d_sae: int, batch: torch.Tensor) -> dict[str, Any]:
+    """Builders of the models every run times: SAELens' ``standard`` and ``topk`` (k = 32), the
+    BAE as initialised, and the BAE without its covariance term (the one term ``standard`` has
+    no counterpart of)."""
+    return {
+        "standard": lambda: StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae)),
+        "topk": lambda: TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=32)),
+        "bae": lambda: bae_at_density(d_in, d_sae, batch, None),
+        "bae_no_covariance": lambda: bae_at_density(
+            d_in, d_sae, batch, None, covariance_coefficient=0.0
+        ),
+    }
+
+
+PROFILED = ("standard", "bae", "bae_no_covariance")
+"""The models ``--profile`` looks inside (``base_models``)."""
+
+
 def step_timings(
     d_in: int, d_sae: int, batch_size: int, steps: int, device: str, densities: list[float],
     compile_backend: str | None = None, compile_modes: tuple[str | None, ...] = (None,),
@@ -194,16 +218,8 @@ def step_timings(
     ``COMPILED`` again with their step compiled in each of ``compile_modes`` (``compiled_row``
     names them, ``compile_step``; their ATen ops are not counted: a compiled graph runs its own
     kernels)."""
-    torch.manual_seed(0)
-    batch = torch.randn(batch_size, d_in, device=device)
-    models: dict[str, Any] = {
-        "standard": lambda: StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae)),
-        "topk": lambda: TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=32)),
-        "bae": lambda: bae_at_density(d_in, d_sae, batch, None),
-        "bae_no_covariance": lambda: bae_at_density(
-            d_in, d_sae, batch, None, covariance_coefficient=0.0
-        ),
-    }
+    batch = step_batch(batch_size, d_in, device)
+    models = base_models(d_in, d_sae, batch)
     cpu = not device.startswith("cuda")
     if not cpu and fused_covariance.HAS_TRITON:  # before/after the kernels, and the sign cache
         models["bae_tiled"] = models["bae"]
@@ -245,22 +261,6 @@ def step_timings(
         "bae_over_standard": seconds["bae"] / seconds["standard"],
         "bae_over_topk": seconds["bae"] / seconds["topk"],
         "bae_without_covariance_over_standard": seconds["bae_no_covariance"] / seconds["standard"],
-    }
-
-
-def profile_models(d_in: int, d_sae: int, batch_size: int, device: str) -> dict[str, Any]:
-    """The models ``--profile`` looks inside, on ``device`` as ``step_timings`` builds them: the
-    baseline, the BAE, and the BAE without the one term ``standard`` has no counterpart of; and
-    the batch they step on (key ``batch``)."""
-    torch.manual_seed(0)
-    batch = torch.randn(batch_size, d_in, device=device)
-    return {
-        "standard": StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae)).to(
-            device
-        ),
-        "bae": bae_at_density(d_in, d_sae, batch, None),
-        "bae_no_covariance": bae_at_density(d_in, d_sae, batch, None, covariance_coefficient=0.0),
-        "batch": batch,
     }
 
 
@@ -470,8 +470,9 @@ def main() -> None:
 
     d_sae = args.expansion * args.d_in
     if args.profile:
-        profiled = profile_models(args.d_in, d_sae, args.batch, args.device)
-        batch = profiled.pop("batch")
+        batch = step_batch(args.batch, args.d_in, args.device)
+        models = base_models(args.d_in, d_sae, batch)
+        profiled = {name: models[name]().to(args.device) for name in PROFILED}
         trace_dir = args.out.parent if args.out else None
         if trace_dir is not None:
             trace_dir.mkdir(parents=True, exist_ok=True)

@@ -416,9 +416,10 @@ def test_the_step_profile_finds_the_covariance_function_in_the_bae_step_alone(tm
     Function call (and one backward) per step that the BAE without the term never makes, and a
     Chrome trace per model."""
     bench = _load_benchmark("train_step")
-    models = bench.profile_models(8, 32, 64, "cpu")
-    batch = models.pop("batch")
-    report = bench.profile_steps(models, batch, 2, top=1000, trace_dir=tmp_path)
+    batch = bench.step_batch(64, 8, "cpu")
+    models = bench.base_models(8, 32, batch)
+    saes = {name: models[name]() for name in bench.PROFILED}
+    report = bench.profile_steps(saes, batch, 2, top=1000, trace_dir=tmp_path)
     assert list(report) == ["standard", "bae", "bae_no_covariance"]
     calls = {name: {row["call"]: row["calls_per_step"] for row in model["by_host_time"]}
              for name, model in report.items()}  # fmt: skip
