@@ -10,6 +10,7 @@ int8 on CPU) or, for very sparse codes on CPU, sums over the entries that are 1
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 
@@ -30,7 +31,16 @@ from sae_lens_bae.fused_covariance import (
     fused_penalty_op,
 )
 
-__all__ = ["covariance_penalty", "dense_covariance_penalty"]
+__all__ = ["autocast_off", "covariance_penalty", "dense_covariance_penalty"]
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager[object]:
+    """``torch.autocast(device_type, enabled=False)`` where autocast is on, else a null context:
+    entering and leaving an autocast object costs about 8 us of host time, and a GPU step of a
+    small BAE is host-bound (``benchmarks/train_step.py --profile``)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _tiles(
@@ -98,7 +108,7 @@ class _CovariancePenalty(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx, codes: Tensor, block: int, binary: bool | None, share: tuple[int, int], scale: float
     ) -> Tensor:
-        with torch.autocast(codes.device.type, enabled=False):  # bf16 outputs would round counts
+        with autocast_off(codes.device.type):  # bf16 outputs would round counts
             ctx.scale = scale
             return _CovariancePenalty._forward(ctx, codes, block, binary, share)
 
@@ -154,7 +164,7 @@ class _CovariancePenalty(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None, None]:  # type: ignore[override]
-        with torch.autocast(grad_out.device.type, enabled=False):
+        with autocast_off(grad_out.device.type):
             return _CovariancePenalty._backward(ctx, grad_out)
 
     @staticmethod

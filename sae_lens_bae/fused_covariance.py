@@ -1,13 +1,15 @@
 """The covariance penalty of 0/1 codes as two Triton kernels: each tile is computed once, in
-registers, with nothing but the codes and their column counts read from memory.
+registers, with nothing but the codes read from memory.
 
 The tiled PyTorch path (``covariance.py``) builds every d_sae x d_sae tile in memory and passes
 over it several times (count, scale, subtract, sign, abs, sum; and in backward sign, two products,
 two sums). Here one program per upper-triangular tile and stacked BAE does all of it:
 
 * forward: the co-occurrence counts ``X_I^T X_J`` (fp16 operands, exact for 0/1, fp32
-  accumulation), ``B * count - c_i c_j`` (B(B-1) times the covariance: an exact integer for
-  B <= 4096), ``|.|`` summed over the off-diagonal entries, one partial sum per tile;
+  accumulation; the codes read in their own dtype: no cast kernel) and the column counts c in
+  the same loop (no count kernel), ``B * count - c_i c_j`` (B(B-1) times the covariance: an
+  exact integer for B <= 4096), ``|.|`` summed over the off-diagonal entries, one partial sum
+  per tile; the diagonal tiles also write the codes as bf16, backward's operand;
 * backward, for codes of at most ``SIGN_CACHE_LIMIT`` covariance entries (one BAE of
   d_sae <= 8192): the forward also stores the sign S of every tile (and of its mirror) in a
   bf16 n x n matrix, and backward is one matmul, H S (bf16 operands, fp32 accumulation: exact);
@@ -114,11 +116,15 @@ if HAS_TRITON:
 
     @triton.jit
     def _program_cov_tile(
-        x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, batch, n,
-        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+        x_ptr, copy_ptr, tile_i_ptr, tile_j_ptr, batch, n,
+        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, COPY: tl.constexpr,
     ):  # fmt: skip
         """This program's tile t (row block ti, column block tj) of stack member g: B(B-1) cov,
-        zero off the matrix and on its diagonal, with its channel indices and counts."""
+        zero off the matrix and on its diagonal, with its channel indices and column counts
+        (summed here from the codes the loop reads anyway: no count kernel). The codes come in
+        any float dtype and multiply as fp16 (exact for 0/1; triton's interpreter gets bf16 dots
+        wrong). ``COPY``: the diagonal tiles also write their columns of the codes to
+        ``copy_ptr`` in its dtype (backward's operand, with no cast kernel)."""
         t = tl.program_id(0)
         g = tl.program_id(1)
         ti = tl.load(tile_i_ptr + t)
@@ -128,27 +134,34 @@ if HAS_TRITON:
         samples = tl.arange(0, BLOCK_B)
         base = x_ptr + g.to(tl.int64) * batch * n
         acc = tl.zeros((BLOCK_N, BLOCK_N), dtype=tl.float32)
+        c_i = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        c_j = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for b0 in range(0, batch, BLOCK_B):
             b = b0 + samples
             offsets = b[:, None].to(tl.int64) * n
-            x_i = tl.load(base + offsets + rows[None, :],
-                          mask=(b[:, None] < batch) & (rows[None, :] < n), other=0.0)  # fmt: skip
+            in_rows = (b[:, None] < batch) & (rows[None, :] < n)
+            x_i = tl.load(base + offsets + rows[None, :], mask=in_rows, other=0.0)
             x_j = tl.load(base + offsets + cols[None, :],
                           mask=(b[:, None] < batch) & (cols[None, :] < n), other=0.0)  # fmt: skip
-            acc = tl.dot(tl.trans(x_i), x_j, acc)
-        c_i = tl.load(counts_ptr + g * n + rows, mask=rows < n, other=0.0)
-        c_j = tl.load(counts_ptr + g * n + cols, mask=cols < n, other=0.0)
+            if COPY:  # noqa: SIM102 (a compile-time branch around a run-time one)
+                if ti == tj:
+                    copy = copy_ptr + g.to(tl.int64) * batch * n + offsets + rows[None, :]
+                    tl.store(copy, x_i.to(copy_ptr.dtype.element_ty), mask=in_rows)
+            c_i += tl.sum(x_i.to(tl.float32), axis=0)
+            c_j += tl.sum(x_j.to(tl.float32), axis=0)
+            acc = tl.dot(tl.trans(x_i.to(tl.float16)), x_j.to(tl.float16), acc)
         cov = acc * batch - c_i[:, None] * c_j[None, :]
         inside = (rows[:, None] < n) & (cols[None, :] < n) & (rows[:, None] != cols[None, :])
         return tl.where(inside, cov, 0.0), rows, cols, c_i, c_j, t, g, ti, tj
 
     @triton.jit
     def _forward_kernel(
-        x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, out_ptr, signs_ptr, batch, n, n_tiles, scale,
+        x_ptr, copy_ptr, tile_i_ptr, tile_j_ptr, out_ptr, signs_ptr, batch, n, n_tiles, scale,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, STORE_SIGNS: tl.constexpr,
+        COPY: tl.constexpr,
     ):  # fmt: skip
         cov, rows, cols, c_i, c_j, t, g, ti, tj = _program_cov_tile(
-            x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, batch, n, BLOCK_N, BLOCK_B
+            x_ptr, copy_ptr, tile_i_ptr, tile_j_ptr, batch, n, BLOCK_N, BLOCK_B, COPY
         )
         total = tl.sum(tl.sum(tl.abs(cov), axis=1), axis=0)
         weight = tl.where(ti == tj, scale, 2.0 * scale)  # an off-diagonal tile: its mirror too
@@ -165,11 +178,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _backward_kernel(
-        x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, grad_ptr, sign_sums_ptr, batch, n,
+        x_ptr, tile_i_ptr, tile_j_ptr, grad_ptr, sign_sums_ptr, batch, n,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     ):  # fmt: skip
         cov, rows, cols, c_i, c_j, t, g, ti, tj = _program_cov_tile(
-            x_ptr, counts_ptr, tile_i_ptr, tile_j_ptr, batch, n, BLOCK_N, BLOCK_B
+            x_ptr, x_ptr, tile_i_ptr, tile_j_ptr, batch, n, BLOCK_N, BLOCK_B, False
         )
         sign = tl.where(cov > 0, 1.0, tl.where(cov < 0, -1.0, 0.0))
         sums = sign_sums_ptr + g * n
@@ -177,7 +190,7 @@ if HAS_TRITON:
         mirrored = ti != tj  # an off-diagonal tile also holds its mirror's entries
         if mirrored:
             tl.atomic_add(sums + rows, tl.sum(sign * c_j[None, :], axis=1), mask=rows < n)
-        sign = sign.to(x_ptr.dtype.element_ty)  # -1/0/1: exact in fp16
+        sign = sign.to(tl.float16)  # -1/0/1: exact in fp16
         samples = tl.arange(0, BLOCK_B)
         base = x_ptr + g.to(tl.int64) * batch * n
         grad = grad_ptr + g.to(tl.int64) * batch * n
@@ -187,9 +200,11 @@ if HAS_TRITON:
             in_rows = (b[:, None] < batch) & (rows[None, :] < n)
             in_cols = (b[:, None] < batch) & (cols[None, :] < n)
             x_i = tl.load(base + offsets + rows[None, :], mask=in_rows, other=0.0)
+            x_i = x_i.to(tl.float16)
             tl.atomic_add(grad + offsets + cols[None, :], tl.dot(x_i, sign), mask=in_cols)
             if mirrored:
                 x_j = tl.load(base + offsets + cols[None, :], mask=in_cols, other=0.0)
+                x_j = x_j.to(tl.float16)
                 tl.atomic_add(grad + offsets + rows[None, :], tl.dot(x_j, tl.trans(sign)),
                               mask=in_rows)  # fmt: skip
 
@@ -204,37 +219,43 @@ def fused_applies(codes: Tensor, max_batch: int) -> bool:
 def _check(codes: Tensor) -> None:
     if not HAS_TRITON:
         raise RuntimeError("the fused covariance kernels need triton (pip install triton)")
-    if codes.ndim != 3 or not codes.is_contiguous():
-        raise ValueError(f"fused kernels take contiguous codes [G, B, n], got {codes.shape}")
+    if codes.ndim != 3 or not codes.is_contiguous() or not codes.is_floating_point():
+        raise ValueError(f"fused kernels take contiguous float codes [G, B, n], got {codes.shape}")
 
 
 def fused_forward(
     codes: Tensor,
-    counts: Tensor,
     share: tuple[int, int] = (0, 1),
     block_n: int = BLOCK_N,
     block_b: int = BLOCK_B,
     signs: Tensor | None = None,
     scale: float = 1.0,
+    copy: Tensor | None = None,
 ) -> Tensor:
     """``scale`` sum_{i != j} |B(B-1) cov_ij| per stack member (fp32 [G]) of 0/1 codes
-    [G, B, n] (fp16, contiguous) with column counts [G, n] (fp32); only the rank's band of tiles.
-    The scale is applied per tile, in the kernel (1 / (B(B-1)): the penalty, with no kernel after
-    the sum).
+    [G, B, n] (any float dtype, contiguous); only the rank's band of tiles. The scale is applied
+    per tile, in the kernel (1 / (B(B-1)): the penalty, with no kernel after the sum).
 
-    ``signs`` (contiguous [G, n, n], bf16 or fp16, from :func:`sign_matrix`): also filled with the
-    sign of the covariance, zero on the diagonal and outside the rank's band."""
+    ``signs`` (contiguous [G, n, n], bf16, from :func:`sign_matrix`): also filled with the sign of
+    the covariance, zero on the diagonal and outside the rank's band. ``copy`` (contiguous
+    [G, B, n], bf16; only with the whole band, ``share = (0, 1)``, whose diagonal tiles cover
+    every column): also filled with the codes, backward's operand, with no cast kernel."""
     _check(codes)
     groups, batch, n = codes.shape
     if signs is not None and (signs.shape != (groups, n, n) or not signs.is_contiguous()):
         raise ValueError(f"signs must be contiguous [{groups}, {n}, {n}], got {signs.shape}")
+    if copy is not None and (
+        share[1] != 1 or copy.shape != codes.shape or not copy.is_contiguous()
+    ):
+        raise ValueError(f"copy must be contiguous {list(codes.shape)} and the band whole")
     tile_i, tile_j = tile_pairs(n, block_n, share, codes.device)
     partial = torch.empty(groups, len(tile_i), dtype=torch.float32, device=codes.device)
     if len(tile_i):
         _forward_kernel[(len(tile_i), groups)](
-            codes, counts, tile_i, tile_j, partial, partial if signs is None else signs,
-            batch, n, len(tile_i), scale, BLOCK_N=block_n, BLOCK_B=block_b,
-            STORE_SIGNS=signs is not None, num_warps=NUM_WARPS,
+            codes, codes if copy is None else copy, tile_i, tile_j, partial,
+            partial if signs is None else signs, batch, n, len(tile_i), scale,
+            BLOCK_N=block_n, BLOCK_B=block_b, STORE_SIGNS=signs is not None,
+            COPY=copy is not None, num_warps=NUM_WARPS,
         )  # fmt: skip
     return partial.sum(1)
 
@@ -260,7 +281,6 @@ def fused_backward_from_signs(codes: Tensor, signs: Tensor) -> Tensor:
 
 def fused_backward(
     codes: Tensor,
-    counts: Tensor,
     share: tuple[int, int] = (0, 1),
     block_n: int = BLOCK_N,
     block_b: int = BLOCK_B,
@@ -274,7 +294,7 @@ def fused_backward(
     sign_sums = torch.zeros(groups, n, dtype=torch.float32, device=codes.device)
     if len(tile_i):
         _backward_kernel[(len(tile_i), groups)](
-            codes, counts, tile_i, tile_j, grad, sign_sums, batch, n,
+            codes, tile_i, tile_j, grad, sign_sums, batch, n,
             BLOCK_N=block_n, BLOCK_B=block_b, num_warps=NUM_WARPS,
         )  # fmt: skip
     return torch.sub(grad, sign_sums[:, None, :], alpha=1.0 / batch)
@@ -284,13 +304,19 @@ def fused_penalty(
     codes: Tensor, share: tuple[int, int] = (0, 1), scale: float = 1.0
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """The penalty times ``scale`` (fp32 [G]) of 0/1 codes [G, B, n] through the kernels, with what
-    its gradient needs: the codes as fp16 (exact for 0/1) and the sign matrix (None where too wide
-    to keep)."""
-    x = codes.detach().to(torch.float16).contiguous()
-    counts = x.sum(1, dtype=torch.float32)
-    signs = sign_matrix(x, share)
-    batch = x.shape[1]
-    total = fused_forward(x, counts, share, signs=signs, scale=scale / (batch * (batch - 1)))
+    its gradient needs: the codes as bf16 (exact for 0/1; written by the forward kernel itself
+    for the whole band) and the sign matrix (None where too wide to keep)."""
+    codes = codes.detach()
+    codes = codes if codes.is_contiguous() else codes.contiguous()
+    signs = sign_matrix(codes, share)
+    batch = codes.shape[1]
+    scale = scale / (batch * (batch - 1))
+    if share[1] == 1:
+        x = torch.empty(codes.shape, dtype=torch.bfloat16, device=codes.device)
+        total = fused_forward(codes, share, signs=signs, scale=scale, copy=x)
+    else:  # a band misses some diagonal tiles, so some columns: one cast
+        x = codes.to(torch.bfloat16)
+        total = fused_forward(x, share, signs=signs, scale=scale)
     return total, x, signs
 
 
@@ -302,12 +328,9 @@ def fused_gradient(
     scale: float = 1.0,
 ) -> Tensor:
     """The gradient (fp32 [G, B, n]) of the penalty times ``scale``, times ``upstream`` (a float,
-    or [G, 1, 1] upstream gradients), from :func:`fused_penalty`'s fp16 codes and signs, or from
+    or [G, 1, 1] upstream gradients), from :func:`fused_penalty`'s bf16 codes and signs, or from
     the tiles recomputed where the signs were not kept."""
-    if signs is not None:
-        grad = fused_backward_from_signs(x, signs)
-    else:
-        grad = fused_backward(x, x.sum(1, dtype=torch.float32), share)
+    grad = fused_backward_from_signs(x, signs) if signs is not None else fused_backward(x, share)
     return grad.mul_(upstream * (2.0 * scale / (x.shape[1] - 1)))
 
 
@@ -341,7 +364,7 @@ def fused_gradient_op(
     codes: Tensor, signs: Tensor, rank: int, world: int, scale: float = 1.0
 ) -> Tensor:
     """:func:`fused_gradient` for a unit output, as an op (``signs`` empty: tiles recomputed)."""
-    x = codes.detach().to(torch.float16).contiguous()
+    x = codes.detach().to(torch.bfloat16).contiguous()
     return fused_gradient(x, signs if signs.numel() else None, (rank, world), 1.0, scale)
 
 

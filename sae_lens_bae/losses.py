@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from sae_lens_bae.covariance import covariance_penalty, dense_covariance_penalty
+from sae_lens_bae.covariance import autocast_off, covariance_penalty, dense_covariance_penalty
 from sae_lens_bae.global_batch import GlobalBatch
 
 __all__ = [
@@ -64,7 +64,7 @@ class _BinaryEntropy(torch.autograd.Function):
     def forward(ctx, p: Tensor, eps: float, scale: float) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(p)
         ctx.eps, ctx.scale = eps, scale
-        with torch.autocast(p.device.type, enabled=False):  # autocast refuses it: p is fp32
+        with autocast_off(p.device.type):  # autocast refuses it: p is fp32
             if p.ndim == 1:  # one BAE: the sum in the same kernel
                 nats = F.binary_cross_entropy(p, p, reduction="sum")
             else:

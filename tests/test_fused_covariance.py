@@ -64,32 +64,36 @@ def tiled(x: torch.Tensor, share=(0, 1)) -> tuple[torch.Tensor, torch.Tensor]:
 def test_fused_kernels_equal_the_tiled_path(groups, batch, n, density):
     """Odd batches and widths, tiles that do not divide n, stacks of G > 1, one channel."""
     x = codes(groups, batch, n, density, seed=n)
-    half, counts = x.half().contiguous(), x.sum(1)
     penalty, grad = tiled(x)
     norm = batch * (batch - 1)
-    assert (fused_forward(half, counts, **BLOCKS) / norm).float().tolist() == pytest.approx(
-        penalty.tolist(), rel=1e-6
-    )
-    fused_grad = fused_backward(half, counts, **BLOCKS) * (2 / (batch - 1))
+    for dtype in (torch.float32, torch.bfloat16):  # read in their own dtype, any float one
+        assert (fused_forward(x.to(dtype), **BLOCKS) / norm).tolist() == pytest.approx(
+            penalty.tolist(), rel=1e-6
+        )
+    half = x.bfloat16()
+    fused_grad = fused_backward(half, **BLOCKS) * (2 / (batch - 1))
     torch.testing.assert_close(fused_grad, grad, rtol=1e-6, atol=1e-7)
     # the atomic adds sum integers below 2^24: any order gives the same bits
-    assert torch.equal(
-        fused_backward(half, counts, **BLOCKS), fused_backward(half, counts, **BLOCKS)
-    )
+    assert torch.equal(fused_backward(half, **BLOCKS), fused_backward(x, **BLOCKS))
+    # the diagonal tiles write the codes as bf16 for backward: every entry, exactly
+    copy = torch.full_like(half, 7.0)
+    fused_forward(x, **BLOCKS, copy=copy)
+    assert torch.equal(copy, half)
+    with pytest.raises(ValueError, match="the band whole"):
+        fused_forward(x, (0, 2), **BLOCKS, copy=copy)
 
 
 @here
 def test_the_dense_reference_and_the_data_parallel_bands():
     x = codes(2, 29, 45, 0.4, seed=1)
-    half, counts = x.half().contiguous(), x.sum(1)
     norm = 29 * 28
-    full = fused_forward(half, counts, **BLOCKS) / norm
+    full = fused_forward(x, **BLOCKS) / norm
     for g in range(2):
         cov = torch.cov(x[g].T.cpu().double())
         dense = cov.abs().sum() - cov.diagonal().abs().sum()
         assert float(full[g]) == pytest.approx(float(dense), rel=1e-6)
     # three ranks' bands of tiles add up to the whole, and each equals the tiled path's band
-    bands = [fused_forward(half, counts, (rank, 3), **BLOCKS) / norm for rank in range(3)]
+    bands = [fused_forward(x, (rank, 3), **BLOCKS) / norm for rank in range(3)]
     torch.testing.assert_close(sum(bands), full)
     for rank, band in enumerate(bands):
         assert band.float().tolist() == pytest.approx(tiled(x, (rank, 3))[0].tolist(), rel=1e-6)
@@ -124,11 +128,11 @@ def test_the_forward_keeps_the_signs_and_backward_multiplies_them(groups, batch,
     of tiles, zero elsewhere), and the one-matmul backward from it equals the atomic one bit for
     bit."""
     x = codes(groups, batch, n, 0.3, seed=batch)
-    half, counts = x.half().contiguous(), x.sum(1)
+    half = x.bfloat16()
     signs = sign_matrix(half, share)
     assert signs is not None and signs.dtype == torch.bfloat16
-    without = fused_forward(half, counts, share, **BLOCKS)
-    assert torch.equal(fused_forward(half, counts, share, **BLOCKS, signs=signs), without)
+    without = fused_forward(half, share, **BLOCKS)
+    assert torch.equal(fused_forward(half, share, **BLOCKS, signs=signs), without)
     block = BLOCKS["block_n"]
     owned = torch.zeros(n, n, dtype=torch.bool)
     for i, j in fused_covariance.band_tiles(-(-n // block), share):
@@ -138,7 +142,7 @@ def test_the_forward_keeps_the_signs_and_backward_multiplies_them(groups, batch,
         expected = torch.cov(x[g].T.cpu().double()).sign().fill_diagonal_(0) * owned
         assert torch.equal(signs[g].cpu().double(), expected)
     assert torch.equal(
-        fused_backward_from_signs(half, signs), fused_backward(half, counts, share, **BLOCKS)
+        fused_backward_from_signs(half, signs), fused_backward(half, share, **BLOCKS)
     )
 
 
