@@ -106,7 +106,12 @@ class _CovariancePenalty(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, codes: Tensor, block: int, binary: bool | None, share: tuple[int, int], scale: float
+        ctx,
+        codes: Tensor,
+        block: int | None,
+        binary: bool | None,
+        share: tuple[int, int],
+        scale: float,
     ) -> Tensor:
         with autocast_off(codes.device.type):  # bf16 outputs would round counts
             ctx.scale = scale
@@ -114,7 +119,7 @@ class _CovariancePenalty(torch.autograd.Function):
 
     @staticmethod
     def _forward(
-        ctx, codes: Tensor, block: int, binary: bool | None, share: tuple[int, int]
+        ctx, codes: Tensor, block: int | None, binary: bool | None, share: tuple[int, int]
     ) -> Tensor:
         groups, batch, n = codes.shape
         if binary is None:  # a host sync: callers that know (training) say so
@@ -131,6 +136,7 @@ class _CovariancePenalty(torch.autograd.Function):
             ctx.save_for_backward(x, *(() if signs is None else (signs,)))
             ctx.share = share
             return total.to(work_dtype)  # fp32 codes: no kernel
+        block = block or _default_block(n, groups, codes.device)  # the tiled path's tiles
         x = codes.detach()
         flips = None
         if binary:
@@ -259,15 +265,14 @@ def covariance_penalty(
         codes = codes.float()
     stack, (batch, n) = codes.shape[:-2], codes.shape[-2:]
     groups = math.prod(stack)
-    block = block_size or _default_block(n, groups, codes.device)
     if not 0 <= share[0] < share[1]:
         raise ValueError(f"share must be (rank, world) with 0 <= rank < world, got {share}")
-    codes = codes.reshape(groups, batch, n)
+    codes = codes if codes.ndim == 3 else codes.reshape(groups, batch, n)
     if binary and torch.compiler.is_compiling() and fused_applies(codes, _EXACT_FP32_BATCH):
         with torch.autocast(codes.device.type, enabled=False):
             total, _ = fused_penalty_op(codes, *share, float(scale))
         return total.to(torch.promote_types(codes.dtype, torch.float32)).reshape(stack)
-    penalty = _CovariancePenalty.apply(codes, block, binary, share, float(scale))
+    penalty = _CovariancePenalty.apply(codes, block_size, binary, share, float(scale))
     return penalty.reshape(stack)  # type: ignore[no-any-return]
 
 

@@ -91,11 +91,12 @@ def band_tiles(count: int, share: tuple[int, int] = (0, 1)) -> list[tuple[int, i
 @functools.lru_cache(maxsize=64)
 def tile_pairs(
     n: int, block: int, share: tuple[int, int], device: torch.device
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, int]:
     """``band_tiles`` of n channels in tiles of ``block``, as two int32 index tensors (I, J) on
-    ``device``, made once per shape."""
+    ``device`` and their length (a Python int: ``len`` of a tensor costs a few us of host time,
+    and a GPU step of a small BAE is host-bound), made once per shape."""
     tiles = torch.tensor(band_tiles(-(-n // block), share), dtype=torch.int32).reshape(-1, 2)
-    return tiles[:, 0].contiguous().to(device), tiles[:, 1].contiguous().to(device)
+    return tiles[:, 0].contiguous().to(device), tiles[:, 1].contiguous().to(device), len(tiles)
 
 
 @contextlib.contextmanager
@@ -248,12 +249,12 @@ def fused_forward(
         share[1] != 1 or copy.shape != codes.shape or not copy.is_contiguous()
     ):
         raise ValueError(f"copy must be contiguous {list(codes.shape)} and the band whole")
-    tile_i, tile_j = tile_pairs(n, block_n, share, codes.device)
-    partial = torch.empty(groups, len(tile_i), dtype=torch.float32, device=codes.device)
-    if len(tile_i):
-        _forward_kernel[(len(tile_i), groups)](
+    tile_i, tile_j, n_tiles = tile_pairs(n, block_n, share, codes.device)
+    partial = torch.empty(groups, n_tiles, dtype=torch.float32, device=codes.device)
+    if n_tiles:
+        _forward_kernel[(n_tiles, groups)](
             codes, codes if copy is None else copy, tile_i, tile_j, partial,
-            partial if signs is None else signs, batch, n, len(tile_i), scale,
+            partial if signs is None else signs, batch, n, n_tiles, scale,
             BLOCK_N=block_n, BLOCK_B=block_b, STORE_SIGNS=signs is not None,
             COPY=copy is not None, num_warps=NUM_WARPS,
         )  # fmt: skip
@@ -289,11 +290,11 @@ def fused_backward(
     the gradient of the penalty times (B - 1) / 2, over the rank's band of tiles."""
     _check(codes)
     groups, batch, n = codes.shape
-    tile_i, tile_j = tile_pairs(n, block_n, share, codes.device)
+    tile_i, tile_j, n_tiles = tile_pairs(n, block_n, share, codes.device)
     grad = torch.zeros(groups, batch, n, dtype=torch.float32, device=codes.device)
     sign_sums = torch.zeros(groups, n, dtype=torch.float32, device=codes.device)
-    if len(tile_i):
-        _backward_kernel[(len(tile_i), groups)](
+    if n_tiles:
+        _backward_kernel[(n_tiles, groups)](
             codes, tile_i, tile_j, grad, sign_sums, batch, n,
             BLOCK_N=block_n, BLOCK_B=block_b, num_warps=NUM_WARPS,
         )  # fmt: skip

@@ -97,7 +97,8 @@ def test_the_dense_reference_and_the_data_parallel_bands():
     torch.testing.assert_close(sum(bands), full)
     for rank, band in enumerate(bands):
         assert band.float().tolist() == pytest.approx(tiled(x, (rank, 3))[0].tolist(), rel=1e-6)
-    assert tile_pairs(45, 16, (0, 1), torch.device("cpu"))[0].tolist() == [0, 0, 0, 1, 1, 2]
+    tile_i, tile_j, count = tile_pairs(45, 16, (0, 1), torch.device("cpu"))
+    assert (tile_i.tolist(), tile_j.tolist(), count) == ([0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2], 6)
 
 
 @here
