@@ -135,8 +135,10 @@ if HAS_TRITON:
         samples = tl.arange(0, BLOCK_B)
         base = x_ptr + g.to(tl.int64) * batch * n
         acc = tl.zeros((BLOCK_N, BLOCK_N), dtype=tl.float32)
-        c_i = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        c_j = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        # column counts: summed elementwise in the loop, across its rows once after it (a
+        # reduction across threads each iteration would cost a pass through shared memory)
+        sum_i = tl.zeros((BLOCK_B, BLOCK_N), dtype=tl.float32)
+        sum_j = tl.zeros((BLOCK_B, BLOCK_N), dtype=tl.float32)
         for b0 in range(0, batch, BLOCK_B):
             b = b0 + samples
             offsets = b[:, None].to(tl.int64) * n
@@ -148,9 +150,11 @@ if HAS_TRITON:
                 if ti == tj:
                     copy = copy_ptr + g.to(tl.int64) * batch * n + offsets + rows[None, :]
                     tl.store(copy, x_i.to(copy_ptr.dtype.element_ty), mask=in_rows)
-            c_i += tl.sum(x_i.to(tl.float32), axis=0)
-            c_j += tl.sum(x_j.to(tl.float32), axis=0)
+            sum_i += x_i.to(tl.float32)
+            sum_j += x_j.to(tl.float32)
             acc = tl.dot(tl.trans(x_i.to(tl.float16)), x_j.to(tl.float16), acc)
+        c_i = tl.sum(sum_i, axis=0)
+        c_j = tl.sum(sum_j, axis=0)
         cov = acc * batch - c_i[:, None] * c_j[None, :]
         inside = (rows[:, None] < n) & (cols[None, :] < n) & (rows[:, None] != cols[None, :])
         return tl.where(inside, cov, 0.0), rows, cols, c_i, c_j, t, g, ti, tj
