@@ -66,22 +66,27 @@ def products_of(name: str) -> Iterator[None]:
     """The covariance products a model's name asks for: ``_int8`` the int8 CPU matmuls alone
     (sparse sums off), ``_fp32`` the CPU products before the int8 matmuls, ``_tiled`` the tiled
     PyTorch path on CUDA instead of the fused kernels, ``_atomic`` the fused kernels without the
-    kept sign matrix (backward recomputes the tiles and adds with atomics); anything else the
+    kept sign matrix (backward recomputes the tiles and adds with atomics), ``_cast`` the codes
+    cast to bf16 before the forward kernel (``CODES_IN_KERNEL`` off); anything else the
     defaults."""
     products = covariance_products
     saved = products.SPARSE_DENSITY, products.CPU_INT8, fused_covariance.SIGN_CACHE_LIMIT
+    in_kernel = fused_covariance.CODES_IN_KERNEL
     if name.endswith("_int8"):
         products.SPARSE_DENSITY = -1.0
     if name.endswith("_fp32"):
         products.CPU_INT8 = False
     if name.endswith("_atomic"):
         fused_covariance.SIGN_CACHE_LIMIT = 0
+    if name.endswith("_cast"):
+        fused_covariance.CODES_IN_KERNEL = False
     kernels = () if name.endswith("_tiled") else tuple(fused_covariance.FUSED_DEVICES)
     try:
         with fused_covariance.fused_on(*kernels):
             yield
     finally:
         products.SPARSE_DENSITY, products.CPU_INT8, fused_covariance.SIGN_CACHE_LIMIT = saved
+        fused_covariance.CODES_IN_KERNEL = in_kernel
 
 
 def time_training_steps(
@@ -214,7 +219,8 @@ def step_timings(
     had before the int8 matmuls (``_fp32``: fp32 matmuls, sparse sums below
     ``SPARSE_DENSITY_FP32``) and, at each density, through the int8 matmuls alone (``_int8``:
     the sparse sums off); on CUDA through the tiled path and the fused kernels without their
-    sign matrix (``_atomic``) as well as the default fused kernels. With ``compile_backend``,
+    sign matrix (``_atomic``) and with the codes cast before the forward kernel (``_cast``) as
+    well as the default fused kernels. With ``compile_backend``,
     ``COMPILED`` again with their step compiled in each of ``compile_modes`` (``compiled_row``
     names them, ``compile_step``; their ATen ops are not counted: a compiled graph runs its own
     kernels)."""
@@ -224,6 +230,7 @@ def step_timings(
     if not cpu and fused_covariance.HAS_TRITON:  # before/after the kernels, and the sign cache
         models["bae_tiled"] = models["bae"]
         models["bae_atomic"] = models["bae"]
+        models["bae_cast"] = models["bae"]
     if cpu:
         models["bae_fp32"] = models["bae"]
     for density in densities:

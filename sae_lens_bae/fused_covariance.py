@@ -80,6 +80,13 @@ per tile are the kernels' slowest part: 2 B n^2 / 128 of them per step (0.27 bil
 ``bae_atomic`` rows)."""
 
 
+CODES_IN_KERNEL = True
+"""The forward kernel reads the codes in their own dtype and writes backward's bf16 copy itself
+(no cast launch: a GPU step of a small BAE is host-bound); False: one cast to bf16 before it,
+so the kernel reads half the bytes (fp32 codes), which may matter where the step is
+device-bound (the benchmark's ``bae_cast`` rows time both)."""
+
+
 def band_tiles(count: int, share: tuple[int, int] = (0, 1)) -> list[tuple[int, int]]:
     """(I, J) block indices of the upper triangle I <= J of ``count`` x ``count`` blocks, row by
     row, keeping every world-th from the rank-th (``share = (rank, world)``): the band of tiles
@@ -316,7 +323,7 @@ def fused_penalty(
     signs = sign_matrix(codes, share)
     batch = codes.shape[1]
     scale = scale / (batch * (batch - 1))
-    if share[1] == 1:
+    if share[1] == 1 and CODES_IN_KERNEL:
         x = torch.empty(codes.shape, dtype=torch.bfloat16, device=codes.device)
         total = fused_forward(codes, share, signs=signs, scale=scale, copy=x)
     else:  # a band misses some diagonal tiles, so some columns: one cast

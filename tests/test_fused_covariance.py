@@ -150,12 +150,15 @@ def test_the_forward_keeps_the_signs_and_backward_multiplies_them(groups, batch,
 @here
 def test_the_penalty_takes_either_backward_with_the_tiled_gradient(monkeypatch):
     """Through autograd: with the signs kept (the default at this size) and without them
-    (``SIGN_CACHE_LIMIT = 0``: tiles recomputed with atomic adds), one value and one gradient."""
+    (``SIGN_CACHE_LIMIT = 0``: tiles recomputed with atomic adds), the codes read by the kernel
+    or cast before it (``CODES_IN_KERNEL``), one value and one gradient."""
     x = codes(2, 33, 40, 0.25, seed=3)
     penalty, grad = tiled(x)
     assert sign_matrix(x, (0, 1)) is not None
-    for limit in (fused_covariance.SIGN_CACHE_LIMIT, 0):
+    kept = fused_covariance.SIGN_CACHE_LIMIT
+    for limit, in_kernel in ((kept, True), (kept, False), (0, True)):
         monkeypatch.setattr(fused_covariance, "SIGN_CACHE_LIMIT", limit)
+        monkeypatch.setattr(fused_covariance, "CODES_IN_KERNEL", in_kernel)
         fused_x = x.clone().requires_grad_(True)
         with fused_on(DEVICE):
             fused = covariance_penalty(fused_x, binary=True)
