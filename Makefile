@@ -59,11 +59,12 @@ gpu-checks:
 # The `paper` synthetic preset's open cells (issue 15), one run each (--restarts 1): PAPER_RANKS
 # on seed 0 at PAPER_EXPANSIONS, with the planted bits each code recovers. The preset holds its
 # schedule while the code drains (up to 90000 steps a cell; docs/entropy.md, "The drain hold").
-# On the seventeenth session's H200 the r = 512, 2x cell held 24800 steps and read 511.96 bits
-# in about 270 s, data and refit included (docs/entropy.md, "The drain hold on a GPU"). Next:
-# PAPER_RANKS=256 PAPER_EXPANSIONS=2 (read without the hold; does the hold keep it?), then
-# PAPER_RANKS=512 PAPER_SEEDS=1, then PAPER_SEEDS=2. One cell a call and nothing beside it on the
-# GPU: two cells side by side ran at 45 steps/s each against 300 alone.
+# On the H200s of 2026-11-28 the 2x cells read r = 512 on seeds 0 and 1 (24800 and 17600 held
+# steps, about 270 and 234 s, data and refit included) and r = 256 on seed 0 (12200 held, 224
+# s; docs/entropy.md, "The drain hold on a GPU"). Next: PAPER_RANKS=512 PAPER_SEEDS=2, then
+# PAPER_RANKS=128 PAPER_EXPANSIONS=2 (about 49600 steps at 220 steps/s: 4 minutes), then lower
+# ranks. One cell a call and nothing beside it on the GPU: two cells side by side ran at 45
+# steps/s each against 300 alone.
 # PAPER_STEPS empty: the preset's 45000
 PAPER_RANKS ?= 256
 PAPER_SEEDS ?= 0

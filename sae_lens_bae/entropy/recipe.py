@@ -153,10 +153,12 @@ class EntropyRecipe:
         copied, under 0.5% error (the default: 7 of 8 and 0 of 12). It costs 45000 steps whatever
         the set (and the held steps): 2-10 times the default's convergence-stopped runs. At
         d = 2048 (an H200, one run each, before the hold) it read r = 256 exactly and stayed
-        over-coded at r = 512; with the hold it read r = 512 (511.96 bits, 24800 steps held;
-        docs/entropy.md, "The drain hold on a GPU"). At d = 512, r = 256 a run at 0.35 times the
-        lr rule stayed at 639 bits without the hold and read 256.0 with it (26400 steps held); at
-        the rule's lr it held 4700 steps and read 256.0 (docs/entropy.md, "The drain hold")."""
+        over-coded at r = 512; with the hold it read r = 512 on seeds 0 and 1 (511.96 and
+        511.95 bits, 24800 and 17600 steps held) and r = 256 (255.98 bits, 12200 held; the
+        code stayed at r after its drain; docs/entropy.md, "The drain hold on a GPU"). At
+        d = 512, r = 256 a run at 0.35 times the lr rule stayed at 639 bits without the hold
+        and read 256.0 with it (26400 steps held); at the rule's lr it held 4700 steps and read
+        256.0 (docs/entropy.md, "The drain hold")."""
         lr_scale = (512 / d_in) ** 0.5  # Adam's step against a bit's margin grows as sqrt(d)
         recipe = cls(steps=45000, lr=4e-3 * lr_scale, lr_warm_up_steps=1000,
                      entropy_off_fraction=0.05, lr_scheduler_name="cosineannealing",
