@@ -56,10 +56,18 @@ def rank_world(group: Any = None) -> tuple[int, int]:
 
 
 def batch_indices(
-    n: int, batch_size: int, *, shuffle: bool = True, seed: int = 0, start: int = 0
+    n: int,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    start: int = 0,
+    device: torch.device | str = "cpu",
 ) -> Iterator[Tensor]:
     """Row indices of endless minibatches over n rows, reshuffled every epoch from ``seed``, the
-    last partial batch of an epoch dropped; ``start`` skips that many batches."""
+    last partial batch of an epoch dropped; ``start`` skips that many batches. The same indices
+    on any ``device``: an epoch's order is drawn on the CPU and copied there once, not a batch
+    at a time."""
     if n < batch_size:
         raise ValueError(
             f"Need at least batch_size={batch_size} activations to form a minibatch, got {n}"
@@ -69,6 +77,7 @@ def batch_indices(
     skip = start
     while True:
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        order = order.to(device)
         first, skip = min(skip, per_epoch), skip - min(skip, per_epoch)
         for batch in range(first, per_epoch):
             yield order[batch * batch_size : (batch + 1) * batch_size]

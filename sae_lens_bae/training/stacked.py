@@ -40,6 +40,7 @@ from sae_lens_bae.saes.binary import (
 )
 from sae_lens_bae.saes.resampling import constant_channels, resample_constant_channels
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
+from sae_lens_bae.training.deferred import LossHistory, sets_on_device
 from sae_lens_bae.training.trainer import activation_batches
 
 __all__ = ["StackedBAE", "StackedTraining", "train_stacked_baes"]
@@ -313,8 +314,12 @@ def train_stacked_baes(
     scheduler = get_lr_scheduler(lr_scheduler_name, optimizer, training_steps=n_steps, lr=lr,
                                  warm_up_steps=lr_warm_up_steps, decay_steps=0,
                                  lr_end=lr if lr_end is None else lr_end, num_cycles=1)  # fmt: skip
-    streams = [activation_batches(x, batch_size, seed=s) for x, s in zip(sets, seeds, strict=True)]
-    histories: list[dict[str, list[float]]] = [{} for _ in sets]
+    # no wait for the device a step: minibatches gathered on it, losses read in blocks
+    on_device = sets_on_device(sets, device)
+    streams = [
+        activation_batches(x, batch_size, seed=s) for x, s in zip(on_device, seeds, strict=True)
+    ]
+    history = LossHistory(len(sets))
     # neither the objective's nor the learning rate's ramp is evidence of a plateau or a drain
     ramp_end = max(lr_warm_up_steps, cfg.resolved_entropy_off_steps())
     monitor = checks = None
@@ -354,9 +359,7 @@ def train_stacked_baes(
         for g, weights in frozen.items():  # Adam's momentum would still move a converged BAE
             for parameter, kept in zip(model.parameters(), weights, strict=True):
                 parameter.data[g] = kept
-        for name, values in losses.items():
-            for g, value in zip(active, values.detach().cpu().tolist(), strict=True):
-                histories[g].setdefault(name, []).append(value)
+        history.record(active, losses)
         stopping = [g for g in active if ends.get(g) == clock]
         converging = monitor is not None and monitor.due(n)
         draining = drain_hold is not None and (n + 1) % drain_hold.check_every == 0
@@ -389,5 +392,6 @@ def train_stacked_baes(
         if stopping:
             active = [g for g in active if g not in frozen]
             members = torch.tensor(active, device=device)
+    history.flush()
     steps = [taken.get(g, n + 1) for g in range(len(sets))]
-    return StackedTraining([sae.to(device) for sae in model.unstack()], histories, steps)
+    return StackedTraining([sae.to(device) for sae in model.unstack()], history.histories, steps)

@@ -103,7 +103,7 @@ def activation_batches(
     skips that many batches of the same stream (a resumed run) without gathering them.
     """
     for index in batch_indices(activations.shape[0], batch_size, shuffle=shuffle, seed=seed,
-                               start=start):  # fmt: skip
+                               start=start, device=activations.device):  # fmt: skip
         yield activations[index]
 
 
