@@ -28,8 +28,8 @@ from sae_lens_bae.fused_covariance import (
     fused_applies,
     fused_gradient,
     fused_penalty,
-    fused_penalty_op,
 )
+from sae_lens_bae.fused_covariance_ops import fused_penalty_op
 
 __all__ = ["autocast_off", "covariance_penalty", "dense_covariance_penalty"]
 

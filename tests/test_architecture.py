@@ -20,6 +20,7 @@ FLOORS = {
     "sae_lens_bae.covariance": 0,
     "sae_lens_bae.covariance_products": 0,
     "sae_lens_bae.fused_covariance": 0,
+    "sae_lens_bae.fused_covariance_ops": 0,
     "sae_lens_bae.losses": 0,
     "sae_lens_bae.global_batch": 0,
     "sae_lens_bae.reports": 0,
