@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 
 from sae_lens_bae.training import deferred
-from sae_lens_bae.training.deferred import LossHistory, fits_on_device, sets_on_device
+from sae_lens_bae.training.deferred import (
+    LossHistory,
+    fits_on_device,
+    progress_bits,
+    sets_on_device,
+)
 
 
 def test_the_history_in_blocks_equals_the_history_a_step_at_a_time():
@@ -43,3 +48,8 @@ def test_sets_move_to_a_cuda_device_only_within_its_share_of_free_memory(monkeyp
     assert fits_on_device([a, b], "cpu") and not fits_on_device([a], "meta")
     on_cpu = sets_on_device([a, a], "cpu")
     assert on_cpu[0] is on_cpu[1] and torch.equal(on_cpu[0], a)
+
+
+def test_the_progress_bar_shows_one_members_bits_or_the_range_of_several():
+    assert progress_bits([511.96]) == "512.0"
+    assert progress_bits([3.04, 8.26, 5.0]) == "3.0-8.3"

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -252,3 +254,16 @@ def test_a_held_schedule_stands_still_then_runs_its_full_course(monkeypatch):
         covariance = run.histories[0]["covariance_loss"]
         assert len(covariance) == steps and covariance[-8:] == [0.0] * 8
         assert all(value > 0 for value in covariance[:-8])
+
+
+def test_a_drain_hold_shows_the_held_steps_and_the_code_bits_as_it_trains(capsys):
+    """What a run stopped by a time limit leaves in its log: the held steps and the check
+    states' bits at the last check."""
+    x = binary_mixtures(1)[0]
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, entropy_off_steps=0, resample_every=0)
+    hold = _AlwaysDraining(extra=0.5, check_every=5)
+    train_stacked_baes(
+        [x], cfg, training_samples=20 * 64, batch_size=64, seeds=[5], progress=True, drain_hold=hold
+    )
+    bar = capsys.readouterr().err.splitlines()[-1]
+    assert "held=10" in bar and re.search(r"bits=\d+\.\d\b", bar), bar

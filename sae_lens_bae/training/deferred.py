@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["LossHistory", "fits_on_device", "sets_on_device"]
+__all__ = ["LossHistory", "fits_on_device", "progress_bits", "sets_on_device"]
 
 DEVICE_SHARE = 0.25
 """Training sets move to a CUDA device when together they take at most this share of its free
@@ -41,6 +41,14 @@ def sets_on_device(sets: Sequence[Tensor], device: str | torch.device) -> list[T
         return list(sets)
     moved = {id(x): x.to(device) for x in sets}
     return [moved[id(x)] for x in sets]
+
+
+def progress_bits(values: Sequence[float]) -> str:
+    """Code entropies for a progress bar: one member's, or the range of several. Shown at the
+    checks that read them anyway, so that a run stopped before its end (a device's time limit)
+    has left its course in the log."""
+    low, high = min(values), max(values)
+    return f"{low:.1f}" if low == high else f"{low:.1f}-{high:.1f}"
 
 
 class LossHistory:

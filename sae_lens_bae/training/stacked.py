@@ -40,7 +40,7 @@ from sae_lens_bae.saes.binary import (
 )
 from sae_lens_bae.saes.resampling import constant_channels, resample_constant_channels
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
-from sae_lens_bae.training.deferred import LossHistory, sets_on_device
+from sae_lens_bae.training.deferred import LossHistory, progress_bits, sets_on_device
 from sae_lens_bae.training.trainer import activation_batches
 
 __all__ = ["StackedBAE", "StackedTraining", "train_stacked_baes"]
@@ -376,7 +376,8 @@ def train_stacked_baes(
                 room = limit - (n + 1) - drain_hold.check_every >= n_steps - clock
                 falling = any(drain_hold.draining(drain_entropies[g]) for g in active)
                 holding = room and falling and clock >= ramp_end and cfg.covariance_on(clock)
-                bar.set_postfix(held=n + 1 - clock, refresh=False)
+                shown = progress_bits([entropies[g] for g in active])  # read at the check
+                bar.set_postfix(held=n + 1 - clock, bits=shown, refresh=False)
             if converging and monitor is not None:
                 for g in monitor.update(clock - 1, errors, entropies):
                     if final > 0 and clock < n_steps and cfg.covariance_on(clock):
