@@ -46,8 +46,15 @@ def test_sets_move_to_a_cuda_device_only_within_its_share_of_free_memory(monkeyp
     kept = sets_on_device([a, b], "cuda")
     assert kept[0] is a and kept[1] is b
     assert fits_on_device([a, b], "cpu") and not fits_on_device([a], "meta")
-    on_cpu = sets_on_device([a, a], "cpu")
-    assert on_cpu[0] is on_cpu[1] and torch.equal(on_cpu[0], a)
+    copies = []
+    original = torch.Tensor.to
+    monkeypatch.setattr(
+        torch.Tensor, "to", lambda x, *args, **kw: copies.append(x) or original(x, *args, **kw)
+    )
+    on_cpu = sets_on_device([a, b, a], "cpu")
+    monkeypatch.setattr(torch.Tensor, "to", original)
+    assert len(copies) == 2  # a once, b once
+    assert on_cpu[0] is on_cpu[2] and torch.equal(on_cpu[0], a) and torch.equal(on_cpu[1], b)
 
 
 def test_the_progress_bar_shows_one_members_bits_or_the_range_of_several():

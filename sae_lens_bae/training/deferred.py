@@ -22,6 +22,11 @@ DEVICE_SHARE = 0.25
 memory (the BAEs, their Adam states and the activations of a step need the rest)."""
 
 
+def _distinct(sets: Sequence[Tensor]) -> dict[int, Tensor]:
+    """The sets by identity: a tensor given twice (a stack's seeds or restarts of one set) once."""
+    return {id(x): x for x in sets}
+
+
 def fits_on_device(sets: Sequence[Tensor], device: str | torch.device) -> bool:
     """Whether ``sets`` (a tensor given twice counted once) take at most ``DEVICE_SHARE`` of a
     CUDA device's free memory; always on a CPU, never on other devices."""
@@ -29,8 +34,8 @@ def fits_on_device(sets: Sequence[Tensor], device: str | torch.device) -> bool:
     if device.type != "cuda":
         return device.type == "cpu"
     free, _ = torch.cuda.mem_get_info(device)
-    distinct = {id(x): x for x in sets}.values()
-    return sum(x.numel() * x.element_size() for x in distinct) <= DEVICE_SHARE * free
+    total = sum(x.numel() * x.element_size() for x in _distinct(sets).values())
+    return total <= DEVICE_SHARE * free
 
 
 def sets_on_device(sets: Sequence[Tensor], device: str | torch.device) -> list[Tensor]:
@@ -39,7 +44,7 @@ def sets_on_device(sets: Sequence[Tensor], device: str | torch.device) -> list[T
     host-to-device copy each step."""
     if not fits_on_device(sets, device):
         return list(sets)
-    moved = {id(x): x.to(device) for x in sets}
+    moved = {key: x.to(device) for key, x in _distinct(sets).items()}
     return [moved[id(x)] for x in sets]
 
 
