@@ -70,23 +70,24 @@ def products_of(name: str) -> Iterator[None]:
     cast to bf16 before the forward kernel (``CODES_IN_KERNEL`` off); anything else the
     defaults."""
     products = covariance_products
-    saved = products.SPARSE_DENSITY, products.CPU_INT8, fused_covariance.SIGN_CACHE_LIMIT
-    in_kernel = fused_covariance.CODES_IN_KERNEL
+    fused = fused_covariance
+    saved = (products.SPARSE_DENSITY, products.CPU_INT8, fused.SIGN_CACHE_LIMIT,
+             fused.CODES_IN_KERNEL)  # fmt: skip
     if name.endswith("_int8"):
         products.SPARSE_DENSITY = -1.0
     if name.endswith("_fp32"):
         products.CPU_INT8 = False
     if name.endswith("_atomic"):
-        fused_covariance.SIGN_CACHE_LIMIT = 0
+        fused.SIGN_CACHE_LIMIT = 0
     if name.endswith("_cast"):
-        fused_covariance.CODES_IN_KERNEL = False
-    kernels = () if name.endswith("_tiled") else tuple(fused_covariance.FUSED_DEVICES)
+        fused.CODES_IN_KERNEL = False
+    kernels = () if name.endswith("_tiled") else tuple(fused.FUSED_DEVICES)
     try:
-        with fused_covariance.fused_on(*kernels):
+        with fused.fused_on(*kernels):
             yield
     finally:
-        products.SPARSE_DENSITY, products.CPU_INT8, fused_covariance.SIGN_CACHE_LIMIT = saved
-        fused_covariance.CODES_IN_KERNEL = in_kernel
+        (products.SPARSE_DENSITY, products.CPU_INT8, fused.SIGN_CACHE_LIMIT,
+         fused.CODES_IN_KERNEL) = saved  # fmt: skip
 
 
 def time_training_steps(

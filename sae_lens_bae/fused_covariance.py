@@ -316,8 +316,7 @@ def fused_penalty(
     """The penalty times ``scale`` (fp32 [G]) of 0/1 codes [G, B, n] through the kernels, with what
     its gradient needs: the codes as bf16 (exact for 0/1; written by the forward kernel itself
     for the whole band) and the sign matrix (None where too wide to keep)."""
-    codes = codes.detach()
-    codes = codes if codes.is_contiguous() else codes.contiguous()
+    codes = codes.detach().contiguous()  # itself where it already is
     signs = sign_matrix(codes, share)
     batch = codes.shape[1]
     scale = scale / (batch * (batch - 1))
