@@ -535,6 +535,22 @@ def test_resampling_stops_after_its_fraction_of_training():
     assert not BAETrainingSAEConfig(d_in=8).resampling_at(9)
 
 
+def test_codes_are_counted_only_in_windows_that_end_in_a_resampling():
+    cfg = BAETrainingSAEConfig(d_in=8, resample_every=10, resample_until_fraction=0.45,
+                               total_training_steps=100)  # fmt: skip
+    assert [n for n in range(100) if cfg.window_counted(n)] == list(range(40))  # last: step 39
+    assert BAETrainingSAEConfig(d_in=8, resample_every=10).window_counted(10**6)  # length unknown
+    assert not BAETrainingSAEConfig(d_in=8, resample_every=0).window_counted(0)
+    # a training BAE: its one resampling ends step 2; the steps after it count nothing
+    bae = make_bae(d_sae=6, resample_every=3, resample_until_fraction=0.5, total_training_steps=10)
+    x = torch.randn(64, 8)
+    samples = []
+    for n in range(7):
+        bae.training_forward_pass(step_input(x, n_training_steps=n))
+        samples.append(int(bae.window_samples))
+    assert samples == [64, 128, 192, 0, 0, 0, 0]
+
+
 @pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
 def test_canonicalise_keeps_every_output_and_makes_the_rare_state_one(apply_b_dec_to_input):
     torch.manual_seed(0)

@@ -365,7 +365,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         if batch.world > 1:  # the output covers the global minibatch too (firing statistics)
             sae_in, sae_out = batch.gather(sae_in), batch.gather(sae_out.detach())
             feature_acts = bits_to_values(flat_bits, self.cfg.bits)
-        if self.cfg.resample_every > 0:
+        if self.cfg.window_counted(n):
             self.window_counts += flat_bits.sum(0, dtype=torch.int64)
             self.window_samples += flat_bits.shape[0]
         dead_mask = step_input.dead_neuron_mask

@@ -286,6 +286,14 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             return True
         return step < self.resample_until_fraction * self.total_training_steps
 
+    def window_counted(self, step: int) -> bool:
+        """Whether step ``step`` (0-based) counts its codes for resampling: its window ends in
+        one (``resampling_at``). After the last resampling nothing reads the counts, and the
+        count costs 3-4 kernel launches a step for the rest of training."""
+        if self.resample_every <= 0:
+            return False
+        return self.resampling_at(step + (-(step + 1)) % self.resample_every)
+
 
 def read_cfg_json(folder: str | Path) -> dict[str, Any]:
     """The ``cfg.json`` of a saved SAE folder, with an error that says what is wrong with it

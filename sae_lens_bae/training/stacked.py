@@ -203,8 +203,8 @@ class StackedBAE(nn.Module):
             rows = self.code_mean[members]
             update_running_mean(rows, self.code_mean_count, batch_mean, cfg.code_mean_decay)
             self.code_mean[members] = rows
-        if cfg.resample_every > 0:
-            counts = bits.detach().sum(1).to(torch.int64)
+        if cfg.window_counted(n_training_steps):  # none once the last resampling is past
+            counts = bits.detach().sum(1, dtype=torch.int64)
             if members is None:
                 self.window_counts += counts
             else:
