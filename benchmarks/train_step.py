@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from sae_lens.config import SAETrainerConfig
 from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
@@ -44,13 +45,19 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _trainer(sae: Any, batch: torch.Tensor, steps: int) -> SAETrainer:
-    """SAELens' trainer for ``steps`` steps on ``batch`` at learning rate 0: Adam does the same
-    arithmetic, and the weights (so a BAE's code density, on which the covariance penalty's cost
-    depends) stay where they were set."""
+NOMINAL_STEPS = 1_000_000
+"""The length of training every timed trainer is told: a step's schedule (a BAE's resampling
+counts, which stop with its last resampling at 95% of training) is then where most steps of a
+long run are, whatever ``--steps`` times."""
+
+
+def _trainer(sae: Any, batch: torch.Tensor) -> SAETrainer:
+    """SAELens' trainer of a long run (``NOMINAL_STEPS``) on ``batch`` at learning rate 0: Adam
+    does the same arithmetic, and the weights (so a BAE's code density, on which the covariance
+    penalty's cost depends) stay where they were set."""
     return SAETrainer(
         cfg=SAETrainerConfig(
-            total_training_samples=batch.shape[0] * steps,
+            total_training_samples=batch.shape[0] * NOMINAL_STEPS,
             train_batch_size_samples=batch.shape[0],
             lr=0.0,
             lr_end=0.0,
@@ -90,13 +97,30 @@ def products_of(name: str) -> Iterator[None]:
          fused.CODES_IN_KERNEL) = saved  # fmt: skip
 
 
-def time_training_steps(
+def median_ratio_interval(
+    times: list[float], base: list[float], level: float = 0.95, draws: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """A bootstrap interval of median(times) / median(base) over rounds (``timed_rounds``): the
+    rounds are drawn with replacement, each keeping its two steps, which ran back to back. It
+    says how far a ratio near a target (1.3x) is from it within one run; the spread between
+    machines of one kind (``standard`` 6% apart on two H200s) is not in it."""
+    if len(times) != len(base) or not times:
+        raise ValueError(f"paired rounds needed, got {len(times)} and {len(base)} times")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(times), size=(draws, len(times)))
+    ratios = np.median(np.asarray(times)[picks], 1) / np.median(np.asarray(base)[picks], 1)
+    low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def timed_rounds(
     saes: dict[str, Any], batch: torch.Tensor, steps: int, warmup: int = 3
-) -> dict[str, float]:
-    """Median seconds per SAELens training step (``SAETrainer.step``) of each model on one fixed
-    batch. The models take turns, one step each per round, so that a machine whose speed drifts
-    (a shared or throttled CPU) slows every model alike and the ratios stay fair."""
-    trainers = {name: _trainer(sae, batch, steps + warmup) for name, sae in saes.items()}
+) -> dict[str, list[float]]:
+    """Seconds of each SAELens training step (``SAETrainer.step``) of each model on one fixed
+    batch, ``steps`` rounds after ``warmup``. The models take turns, one step each per round, so
+    that a machine whose speed drifts (a shared or throttled CPU) slows every model alike and
+    the ratios stay fair."""
+    trainers = {name: _trainer(sae, batch) for name, sae in saes.items()}
     times: dict[str, list[float]] = {name: [] for name in saes}
     for i in range(warmup + steps):
         for name, trainer in trainers.items():
@@ -107,7 +131,7 @@ def time_training_steps(
                 _sync(str(batch.device))
             if i >= warmup:
                 times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
 
 
 _NO_KERNEL = ("view", "_unsafe_view", "t", "transpose", "expand", "unsqueeze", "squeeze",
@@ -143,7 +167,7 @@ def ops_per_step(saes: dict[str, Any], batch: torch.Tensor) -> dict[str, int]:
     pays for whatever its size."""
     counts = {}
     for name, sae in saes.items():
-        trainer = _trainer(sae, batch, 2)
+        trainer = _trainer(sae, batch)
         with products_of(name):
             trainer.step(batch)
             with _OpCounter() as counter:
@@ -246,7 +270,8 @@ def step_timings(
                 saes[compiled_row(name, mode)] = compile_step(
                     models[name]().to(device), compile_backend, mode
                 )
-    seconds = time_training_steps(saes, batch, steps)
+    rounds = timed_rounds(saes, batch, steps)
+    seconds = {name: statistics.median(values) for name, values in rounds.items()}
     ops: dict[str, int | None] = {
         **ops_per_step({name: make().to(device) for name, make in models.items()}, batch),
         **{name: None for name in saes if name not in models},
@@ -266,6 +291,10 @@ def step_timings(
         },
         "code_density_after_timing": code_density,
         "over_standard": {name: sec / seconds["standard"] for name, sec in seconds.items()},
+        "over_standard_interval_95": {
+            name: median_ratio_interval(values, rounds["standard"])
+            for name, values in rounds.items()
+        },
         "bae_over_standard": seconds["bae"] / seconds["standard"],
         "bae_over_topk": seconds["bae"] / seconds["topk"],
         "bae_without_covariance_over_standard": seconds["bae_no_covariance"] / seconds["standard"],
@@ -288,7 +317,7 @@ def profile_steps(
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     report = {}
     for name, sae in saes.items():
-        trainer = _trainer(sae, batch, steps + 3)
+        trainer = _trainer(sae, batch)
         with products_of(name):
             for _ in range(3):
                 trainer.step(batch)
@@ -511,16 +540,18 @@ def main() -> None:
         sizes, args.batch, args.device, args.dense_budget_gib, args.memory_density
     )
 
-    print("\n| model | code density | ms/step | ratio to standard | ratio to topk | ATen ops |")
-    print("|---|---|---|---|---|---|")
+    print("\n| model | code density | ms/step | ratio to standard (95% interval) | ratio to topk "
+          "| ATen ops |\n|---|---|---|---|---|---|")  # fmt: skip
     for name, sec in timings["seconds_per_step"].items():
         std, topk = timings["seconds_per_step"]["standard"], timings["seconds_per_step"]["topk"]
         density = timings["code_density_after_timing"].get(name)
         shown = f"{density:.3f}" if density is not None else "-"
         ops = timings["ops_per_step"][name]
         ops = "-" if ops is None else ops
+        low, high = timings["over_standard_interval_95"][name]
         print(
-            f"| {name} | {shown} | {sec * 1e3:.2f} | {sec / std:.2f} | {sec / topk:.2f} | {ops} |"
+            f"| {name} | {shown} | {sec * 1e3:.2f} | {sec / std:.3f} ({low:.3f}-{high:.3f}) "
+            f"| {sec / topk:.2f} | {ops} |"
         )
     print("\n| d_sae | tiled peak MiB | dense peak MiB | tiled / dense | tiled s | fp32 tiles s |")
     print("|---|---|---|---|---|---|")

@@ -410,6 +410,26 @@ def test_the_step_benchmark_times_compiled_steps_beside_the_eager_ones():
     assert timings["ops_per_step"]["standard"] > 0
 
 
+def test_the_ratio_interval_is_exact_for_scaled_rounds_and_widens_with_their_spread():
+    """``median_ratio_interval``: rounds twice as slow give 2 at both ends; a ratio that varies
+    round to round gives an interval around the ratio of medians, and a wider one for more
+    spread."""
+    bench = _load_benchmark("train_step")
+    base = [1.0, 1.1, 0.9, 1.2, 1.0, 0.95]
+    assert bench.median_ratio_interval([2 * t for t in base], base) == (2.0, 2.0)
+    torch.manual_seed(0)
+    rounds = 1 + 0.1 * torch.rand(200)
+    base = rounds.tolist()
+    narrow = (1.3 * rounds * (1 + 0.01 * torch.randn(200))).tolist()
+    wide = (1.3 * rounds * (1 + 0.1 * torch.randn(200))).tolist()
+    low, high = bench.median_ratio_interval(narrow, base)
+    assert 1.28 < low < 1.3 < high < 1.32
+    wide_low, wide_high = bench.median_ratio_interval(wide, base)
+    assert wide_high - wide_low > 3 * (high - low)
+    with pytest.raises(ValueError, match="paired rounds"):
+        bench.median_ratio_interval([1.0], [1.0, 2.0])
+
+
 def test_the_step_profile_finds_the_covariance_function_in_the_bae_step_alone(tmp_path):
     """``--profile``: per model a step's wall time split into host time inside profiled calls
     and outside them, no device time on a CPU, the BAE step's covariance penalty as one autograd
