@@ -90,6 +90,44 @@ def test_dependent_channels_below_the_ceiling_are_flagged_by_their_excess():
     assert unresolved.n_codes > 300 / 16 and unresolved.excess_bits is None
 
 
+def _halfspace_bae(normals: torch.Tensor, states: torch.Tensor) -> BAE:
+    """A BAE on the cube {0,1}^3 whose channel k fires where normals[k] . (2x - 1) > 0, with the
+    least-squares decoder of its code on ``states``."""
+    bae = BAE(BAEConfig(d_in=3, d_sae=normals.shape[0], apply_b_dec_to_input=False))
+    with torch.no_grad():
+        bae.W_enc.copy_(2 * normals.T)
+        bae.b_enc.copy_(-normals.sum(1))
+        codes = torch.cat([bae.encode_bits(states), torch.ones(len(states), 1)], 1)
+        solution = torch.linalg.lstsq(codes.double(), states.double()).solution.float()
+        bae.W_dec.copy_(solution[:-1])
+        bae.b_dec.copy_(solution[-1])
+    return bae
+
+
+def test_a_three_in_four_code_reconstructs_exactly_and_only_its_excess_flags_it():
+    """The code ``EntropyRecipe`` settles in on a third to a half of sets of 8 planted bits at
+    d = 64 (docs/entropy.md): 3 bits written as 4 fair threshold channels, the tetrahedron's
+    normals. They are pairwise uncorrelated (the covariance term does not see them) and decode
+    to the bits linearly, so the reconstruction is exact, and the sum of their entropies is 4
+    bits for 3. Each state here is distinct (ceiling log2 4000), so only the excess over the
+    code words' joint entropy says the 4 bits are not the set's."""
+    generator = torch.Generator().manual_seed(0)
+    corners = ((torch.arange(4000)[:, None] >> torch.arange(3)) & 1).float()
+    states = corners + 0.01 * torch.randn(4000, 3, generator=generator)
+    tetrahedron = torch.tensor([[1, 1, 1], [1, -1, -1], [-1, 1, -1], [-1, -1, 1]]).float()
+    codes = _halfspace_bae(tetrahedron, states).encode_bits(states)
+    assert torch.cov(codes.T).tolist() == torch.diag(torch.full((4,), 0.25 * 4000 / 3999)).tolist()
+    correction = 7 / (2 * 4000 * math.log(2))  # Miller-Madow: 8 code words
+    four = estimate_entropy(_halfspace_bae(tetrahedron, states), states)
+    assert four.bits == pytest.approx(4.0) and four.code_bits == pytest.approx(3.0)
+    assert four.bits < four.ceiling_bits and four.relative_error < 5e-4  # the noise: 4e-4
+    assert four.excess_bits == pytest.approx(1.0 - correction) and not four.reliable
+    three = estimate_entropy(_halfspace_bae(torch.eye(3), states), states)  # the bits themselves
+    assert three.bits == pytest.approx(3.0)
+    assert three.relative_error == pytest.approx(four.relative_error, rel=1e-3)  # as exact
+    assert three.excess_bits == pytest.approx(-correction) and three.reliable
+
+
 class OutlierCodes:
     """Stands in for a BAE that codes only the far states: two bits (x0 > 5, x0 < -5), decoded
     to their first coordinate exactly; the second coordinate is lost."""
