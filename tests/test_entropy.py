@@ -5,6 +5,7 @@ import torch
 
 from sae_lens_bae import BAE, BAEConfig, estimate_entropy
 from sae_lens_bae.evaluation import evaluate_sae
+from sae_lens_bae.saes.decoder_refit import least_squares_decoder
 
 
 class FixedCodes:
@@ -97,10 +98,9 @@ def _halfspace_bae(normals: torch.Tensor, states: torch.Tensor) -> BAE:
     with torch.no_grad():
         bae.W_enc.copy_(2 * normals.T)
         bae.b_enc.copy_(-normals.sum(1))
-        codes = torch.cat([bae.encode_bits(states), torch.ones(len(states), 1)], 1)
-        solution = torch.linalg.lstsq(codes.double(), states.double()).solution.float()
-        bae.W_dec.copy_(solution[:-1])
-        bae.b_dec.copy_(solution[-1])
+        weights, bias = least_squares_decoder(bae.encode_bits(states), states)
+        bae.W_dec.copy_(weights)
+        bae.b_dec.copy_(bias)
     return bae
 
 
