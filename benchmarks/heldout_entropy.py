@@ -43,7 +43,9 @@ COLUMNS = [
     ("typical error", lambda row: cell(row["typical_relative_error"], ".4f")),
     ("reliable", lambda row: "yes" if row["reliable"] else "no"),
     ("planted bits copied", lambda row: cell(row.get("recovered_bits"), "d")),
+    ("repaired", lambda row: cell(row.get("repaired_channels"), "")),
     ("steps", lambda row: str(row["steps"])),
+    ("repair steps", lambda row: str(row.get("repair_steps", 0))),
     ("seconds", lambda row: f"{row['seconds']:.0f}"),
 ]
 
@@ -153,10 +155,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     if path == "recipe":
                         [estimate] = estimate_entropies([train], recipes[d], eval_sets=[test],
                                                         seeds=[seed], progress=False)  # fmt: skip
-                        steps = estimate.steps
+                        steps, repaired = estimate.steps, estimate.repaired_channels
+                        repair_steps = estimate.repair_steps
                         copied = recovered_bits(estimate.codes(test).cpu(), test_bits)
                     else:
-                        steps = args.registry_steps
+                        steps, repaired, repair_steps = args.registry_steps, None, 0
                         cfg = bae_config(d, preset="entropy", total_training_steps=steps)
                         run = train_sae(train, cfg, training_samples=steps * 512, batch_size=512,
                                         lr=BAE_PRESETS["entropy"].lr, seed=seed)  # fmt: skip
@@ -169,6 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "bits": estimate.bits, "relative_error": estimate.relative_error,
                         "typical_relative_error": estimate.typical_relative_error,
                         "reliable": estimate.reliable, "steps": steps, "recovered_bits": copied,
+                        "repaired_channels": repaired, "repair_steps": repair_steps,
                         "seconds": time.perf_counter() - start,
                     })  # fmt: skip
                     write_json(args.out / "heldout_entropy.json", report)

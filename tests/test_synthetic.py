@@ -92,8 +92,8 @@ def test_restarts_from_the_command_line_reach_the_recipe_and_the_rows(tmp_path):
     summary = run(SyntheticConfig(preset="test", ranks=[2], ablation=False, restarts=2,
                                   out=tmp_path), False)  # fmt: skip
     [row] = summary["results"]
-    [objectives] = row["restart_objectives"]  # one seed, two restarts
-    assert len(objectives) == 2 and objectives[0] != objectives[1]
+    [objectives] = row["restart_objectives"]  # one seed, two restarts (each repaired here to
+    assert len(objectives) == 2  # the same 2-bit code, so they may tie; test_cells has the choice)
     [bits] = row["restart_bits"]
     assert len(bits) == 2 and row["estimate_bits"] == bits[objectives.index(min(objectives))]
 
@@ -196,6 +196,11 @@ def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, mon
         k: v for k, v in final["preset"]["recipe"].items() if k != "refit_decoder"}}}  # fmt: skip
     (tmp_path / "synthetic.json").write_text(json.dumps(unrefitted))
     with pytest.raises(ValueError, match="another grid or recipe"):  # judged without the refit
+        run_preset(preset, tmp_path, progress=False)
+    unrepaired = {**final, "preset": {**final["preset"], "recipe": {
+        k: v for k, v in final["preset"]["recipe"].items() if k != "repair_rounds"}}}  # fmt: skip
+    (tmp_path / "synthetic.json").write_text(json.dumps(unrepaired))
+    with pytest.raises(ValueError, match="another grid or recipe"):  # codes never repaired
         run_preset(preset, tmp_path, progress=False)
     (tmp_path / "synthetic.json").write_text(json.dumps(final))
     restarted = replace(preset, recipe=replace(preset.recipe, restarts=2))

@@ -28,6 +28,7 @@ from sae_lens_bae.entropy.estimate import (
 from sae_lens_bae.entropy.frame import normalise_scale, placement_shift
 from sae_lens_bae.entropy.recipe import TRACING_RECIPE, EntropyRecipe
 from sae_lens_bae.entropy.reference import QuantizerReading, reference_reading
+from sae_lens_bae.entropy.repair import repair_baes
 from sae_lens_bae.evaluation import evaluate_sae, held_out_objective
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.decoder_refit import refit_decoder
@@ -84,6 +85,9 @@ class CellEntropy:
     trained_relative_error: float | None = None  # relative_error with the decoders as trained,
     # mean over seeds; None without ``recipe.refit_decoder``
     decoder_refits: list[bool] | None = None  # per seed, whether its decoder was refitted
+    repaired_channels: list[list[int]] | None = None  # per seed, the channels knocked out of its
+    # kept BAE by a repair (entropy.repair; [] for none); None where the recipe never repairs
+    repair_steps: int = 0  # the most steps the repairs of a kept BAE trained (beside ``steps``)
 
     @torch.no_grad()
     def codes(self, states: Float[Tensor, "n d"]) -> Float[Tensor, "n n_bits"]:
@@ -118,6 +122,8 @@ class CellEntropy:
             "restart_bits": self.restart_bits,
             "trained_relative_error": self.trained_relative_error,
             "decoder_refits": self.decoder_refits,
+            "repaired_channels": self.repaired_channels,
+            "repair_steps": self.repair_steps,
             **reference,
         }
 
@@ -221,7 +227,9 @@ def estimate_entropies(
     seed), to tell a cell no code of that kind reads at this sample size from one the BAE
     misses. With ``recipe.refit_decoder`` each BAE's decoder is refitted by least squares on its
     training set first (``saes.decoder_refit``; ``trained_relative_error`` keeps the error of the
-    decoders as trained).
+    decoders as trained). With ``recipe.repair_rounds``, a BAE with channels the rest of its code
+    fixes is then retrained without them, and kept if that lowers its held-out objective
+    (``entropy.repair``; ``repaired_channels``), before the restarts are compared.
     """
     recipe = recipe or EntropyRecipe()
     if not sets:
@@ -263,19 +271,25 @@ def estimate_entropies(
         adam_beta2=recipe.adam_beta2,
         drain_hold=recipe.drain_rule(),
     )
+    owner = [index for index in range(len(sets)) for _ in replicas]  # each BAE's set
+    trained_errors: dict[int, float | None] = {}
+    refits: dict[int, bool] = {}
+    if recipe.refit_decoder:  # before repairs and restarts are compared: each its best decoder
+        for g, index in enumerate(owner):
+            report = evaluate_sae(training.baes[g], held_out[index].to(device))
+            explained = report["explained_variance"]
+            trained_errors[g] = None if explained is None else 1.0 - explained
+            refits[g] = refit_decoder(training.baes[g], scaled[index], seed=base[index]).applied
+    repairs = repair_baes(training.baes, [scaled[i] for i in owner], [held_out[i] for i in owner],
+                          recipe, [base[i] for i in owner], device, progress)  # fmt: skip
+    for g, repair in repairs.items():
+        trained_errors[g], refits[g] = repair.trained_relative_error, repair.refitted
     cells = []
     for index, (states, k, t) in enumerate(zip(held_out, scales, shifts, strict=True)):
         states = states.to(device)
         seeds, restarts = recipe.seeds, recipe.restarts
         groups = [range((index * seeds + r) * restarts, (index * seeds + r + 1) * restarts)
                   for r in range(seeds)]  # fmt: skip
-        trained_errors: dict[int, float | None] = {}
-        refits: dict[int, bool] = {}
-        if recipe.refit_decoder:  # before the restarts are compared: each with its best decoder
-            for g in (g for group in groups for g in group):
-                explained = evaluate_sae(training.baes[g], states)["explained_variance"]
-                trained_errors[g] = None if explained is None else 1.0 - explained
-                refits[g] = refit_decoder(training.baes[g], scaled[index], seed=base[index]).applied
         chosen = [_best_restart(training.baes, states, recipe.batch_size, g) for g in groups]
         members = [g for g, _ in chosen]
         objectives = [costs for _, costs in chosen if costs is not None] or None
@@ -302,6 +316,9 @@ def estimate_entropies(
         if recipe.refit_decoder:
             entry.trained_relative_error = _mean([trained_errors[g] for g in members])
             entry.decoder_refits = [refits[g] for g in members]
+        if recipe.repair_rounds > 0 and recipe.objective:
+            entry.repaired_channels = [repairs[g].channels if g in repairs else [] for g in members]
+            entry.repair_steps = max(repairs[g].steps if g in repairs else 0 for g in members)
         cells.append(entry)
     if reference:
         for index, entry in enumerate(tqdm(cells, desc="k-means references", disable=not progress)):

@@ -227,6 +227,8 @@ def run_preset(
                     "steps": cell.steps,  # at most the recipe's; fewer once converged
                     "restart_objectives": cell.restart_objectives,  # None without restarts
                     "restart_bits": cell.restart_bits,  # each restart's estimate, or None
+                    "repaired_channels": cell.repaired_channels,  # per seed (entropy.repair)
+                    "repair_steps": cell.repair_steps,  # trained by the repairs, beyond steps
                 }
             )
             if seed == preset.seeds[0] and r == max(preset.ranks):

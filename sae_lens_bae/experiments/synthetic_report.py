@@ -41,9 +41,10 @@ def thin_history(history: Mapping[str, list[float]]) -> dict[str, list[float]]:
     return thinned
 
 
-BEFORE_THE_FIELD = {"refit_decoder": False}
+BEFORE_THE_FIELD = {"refit_decoder": False, "repair_rounds": 0}
 """Recipe fields whose default is not what runs recorded before the field existed did: a folder
-without ``refit_decoder`` was trained and judged with the decoders as trained."""
+without ``refit_decoder`` was trained and judged with the decoders as trained, one without
+``repair_rounds`` never repaired a code."""
 
 
 def _with_new_fields(recorded: Any) -> Any:

@@ -1,10 +1,8 @@
 """Many small BAEs trained as one stacked module.
 
 Entropy tracing needs one BAE per (layer, position) or (layer, number of demonstrations): dozens
-to hundreds of small BAEs on hidden states from the same forward passes. Trained one by one, each
-pays Python and kernel-launch overhead for tiny matmuls; stacked, G BAEs are one set of
-``[G, ...]`` weights, batched matmuls and one Adam optimiser.
-
+to hundreds of small BAEs on hidden states of the same forward passes. One by one, each pays
+Python and launch overhead for tiny matmuls; stacked, they are one set of ``[G, ...]`` weights.
 The result equals G separate ``train_sae`` runs with the same seeds and data order: each BAE is
 initialised exactly as ``train_sae`` initialises it, sees its own minibatches and minibatch
 statistics, and has its gradient clipped to norm 1 on its own, as SAELens' ``SAETrainer`` does
@@ -48,14 +46,15 @@ __all__ = ["StackedBAE", "StackedTraining", "train_stacked_baes"]
 _PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec")
 _DRAIN_CHECK_ROWS = 8192
 """Check states a drain hold reads (without a convergence rule): a code's entropy on them moves
-by well under a bit between checks, and checking every state of a large set would cost more
-than the steps between checks."""
+by well under a bit between checks; checking a large set whole costs more than the steps."""
 
 
 class StackedBAE(nn.Module):
-    """G BAEs with one config, stacked along a leading dimension of every weight."""
+    """G BAEs with one config, stacked along a leading dimension of every weight, each
+    initialised as its seed's, or from ``init`` (BAEs of ``cfg``'s shape, one per seed)."""
 
-    def __init__(self, cfg: BAETrainingSAEConfig, seeds: Sequence[int]) -> None:
+    def __init__(self, cfg: BAETrainingSAEConfig, seeds: Sequence[int],
+                 init: Sequence[BAETrainingSAE] | None = None) -> None:  # fmt: skip
         super().__init__()
         if cfg.normalize_activations != "none":
             raise ValueError(
@@ -69,8 +68,10 @@ class StackedBAE(nn.Module):
                 f"(got {cfg.rescale_inputs_to!r})"
             )
         self.cfg = cfg
-        members = []
-        for seed in seeds:  # the same initialisation as train_sae(..., seed=seed)
+        members = [] if init is None else list(init)
+        if init is not None and len(members) != len(seeds):
+            raise ValueError(f"{len(seeds)} seeds but {len(members)} BAEs to start from")
+        for seed in seeds if init is None else ():  # as train_sae(..., seed=seed) initialises
             with torch.random.fork_rng():
                 torch.manual_seed(seed)
                 members.append(BAETrainingSAE(cfg))
@@ -280,6 +281,7 @@ def train_stacked_baes(
     lr_end: float | None = None,
     adam_beta2: float = 0.999,
     drain_hold: DrainHold | None = None,
+    init: Sequence[BAETrainingSAE] | None = None,
 ) -> StackedTraining:
     """Train one BAE per activation set, all at once; returns the BAEs, per-BAE histories and
     the steps each trained.
@@ -293,14 +295,14 @@ def train_stacked_baes(
     With ``cfg.covariance_off_final_fraction`` f > 0, a BAE that converges at step s with the
     covariance term still on trains f / (1 - f) s more steps without it (within the budget),
     so the last fraction f of its training is without the term, as in a run of the full budget.
-    ``lr_warm_up_steps``, ``lr_scheduler_name``, ``lr_end``: the learning-rate schedule, by
-    SAELens' scheduler and under its names (``train_sae`` passes them to ``SAETrainerConfig``):
-    a linear warm-up over the first steps, then constant or ``"cosineannealing"`` down to
-    ``lr_end`` (default: ``lr``) at the end of the budget. ``adam_beta2``: Adam's second-moment
-    decay, under SAELens' name (beta1 is its 0.9). ``drain_hold``: while the code entropy of
-    any training BAE on its check states still falls (``DrainHold``), the schedule (learning
-    rate and the step its phases read) stands still, for at most ``drain_hold.extra`` times the
-    budget in held steps; ``steps`` then counts the held steps too.
+    ``lr_warm_up_steps``, ``lr_scheduler_name``, ``lr_end``: SAELens' learning-rate schedule
+    (as ``train_sae`` passes them): a linear warm-up, then constant or ``"cosineannealing"``
+    down to ``lr_end`` (default: ``lr``) at the end of the budget. ``adam_beta2``: Adam's
+    second-moment decay, under SAELens' name (beta1 is its 0.9). ``drain_hold``: while the
+    code entropy of any training BAE on its check states still falls (``DrainHold``), the
+    schedule (learning rate and the step its phases read) stands still, for at most
+    ``drain_hold.extra`` times the budget in held steps; ``steps`` then counts them too.
+    ``init``: BAEs to train on from, one per set; ``seeds`` then only order the minibatches.
     """
     sets = list(activations)
     seeds = list(range(len(sets))) if seeds is None else list(seeds)
@@ -309,7 +311,7 @@ def train_stacked_baes(
     n_steps = training_samples // batch_size
     if cfg.total_training_steps is None:
         cfg = replace(cfg, total_training_steps=n_steps)
-    model = StackedBAE(cfg, seeds).to(device)
+    model = StackedBAE(cfg, seeds, init).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, adam_beta2))
     scheduler = get_lr_scheduler(lr_scheduler_name, optimizer, training_steps=n_steps, lr=lr,
                                  warm_up_steps=lr_warm_up_steps, decay_steps=0,

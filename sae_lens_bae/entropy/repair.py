@@ -1,0 +1,218 @@
+"""Codes that count bits twice: find the channels that the rest of a code determines, and
+retrain a BAE without them.
+
+The estimate sums the channels' entropies, so a channel whose value the other channels fix on
+the states adds bits the code does not hold. The covariance term sees pairs only, and a BAE can
+settle in a code whose channels have no pairwise dependence yet hold fewer bits than their sum:
+three planted bits written as four fair threshold channels on a tetrahedron's normals (a 3-in-4
+code, docs/entropy.md) decode exactly and sit one bit over the axis code, a local minimum of
+the objective. ``redundant_channels`` finds such channels from the code words of a set;
+``knock_out_`` switches them off, so that a BAE trained on from there must carry its states
+with the rest of its code (``estimate_entropies`` keeps the retrained BAE only if its held-out
+objective is lower: the objective is the judge, as between restarts).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from sae_lens_bae.entropy.recipe import EntropyRecipe
+from sae_lens_bae.evaluation import evaluate_sae, held_out_objective
+from sae_lens_bae.losses import binary_entropy
+from sae_lens_bae.saes.bae import BAETrainingSAE
+from sae_lens_bae.saes.decoder_refit import refit_decoder
+from sae_lens_bae.training.stacked import train_stacked_baes
+
+__all__ = [
+    "KNOCKED_OUT_BIAS",
+    "MIN_STATES_PER_CODE",
+    "REDUNDANT_FRACTION",
+    "Repair",
+    "conditional_entropies",
+    "knock_out_",
+    "redundant_channels",
+    "repair_baes",
+]
+
+REDUNDANT_FRACTION = 0.1
+"""A channel is redundant when its entropy given the rest of the code is at most this fraction
+of its own entropy (a fair bit the rest does not fix keeps about 1 bit of its 1, less only by
+the plug-in's bias at a few states per code word; a channel the rest fixes keeps 0)."""
+MIN_CHANNEL_BITS = 0.05
+"""... and its own entropy is at least this (a channel that hardly fires saves little)."""
+MIN_STATES_PER_CODE = 2
+"""Channels are looked for only in a set of at least this many states per distinct code word:
+with fewer, most words lack the word that differs from them in one channel, and every channel
+would look fixed by the rest."""
+KNOCKED_OUT_BIAS = -1e4
+"""A knocked-out channel's encoder bias (its encoder column is zero): its pre-activation is this
+on every state, where the sigmoid surrogate's gradient is nil (on CPU held at 4e-13 of its peak,
+``saes.binary.SURROGATE_CPU_CUTOFF``: Adam moves the weights by about 1e-8), so it stays off. A
+straight-through surrogate passes the gradient and can revive it: the objective still judges."""
+_HASH_BLOCK = 1 << 24
+"""Word x channel entries hashed at once (bounds the memory of ``conditional_entropies``)."""
+
+
+def _words(codes: Float[Tensor, "n n_bits"]) -> tuple[Tensor, Tensor]:
+    """The distinct rows of a 0/1 code matrix (int64) and how many states hold each."""
+    words, counts = torch.unique(codes.to(torch.int64), dim=0, return_counts=True)
+    return words, counts
+
+
+def conditional_entropies(
+    words: Float[Tensor, "K L"], counts: Float[Tensor, " K"]
+) -> Float[Tensor, " L"]:
+    """H(c_i | the other channels) in bits for each channel i of a code whose distinct words
+    (0/1) are held by ``counts`` states each: the plug-in over the pairs of words that differ in
+    channel i alone (a word with no such partner: the rest fixes channel i there, 0 bits).
+
+    Words are hashed to integers (random weights of at most 62 - log2 L bits, so no sum
+    overflows; a collision could only find a partner that is not there, never hide one), and a
+    word's partner in channel i is its hash plus or minus channel i's weight."""
+    n_words, n_channels = words.shape
+    if n_channels == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(0)
+    high = 2 ** (62 - math.ceil(math.log2(n_channels + 1)))
+    weights = torch.randint(1, high, (n_channels,), generator=generator).to(words.device)
+    hashes = (words * weights).sum(1)
+    ordered, order = hashes.sort()
+    counts = counts.double()
+    total = counts.sum()
+    ordered_counts = counts[order]
+    result = torch.zeros(n_channels, dtype=torch.float64, device=words.device)
+    block = max(1, _HASH_BLOCK // max(n_words, 1))
+    for start in range(0, n_channels, block):
+        part = slice(start, start + block)
+        partners = hashes[:, None] + (1 - 2 * words[:, part]) * weights[part]  # flip channel i
+        position = torch.searchsorted(ordered, partners).clamp(max=n_words - 1)
+        found = ordered[position] == partners
+        partner_counts = torch.where(found, ordered_counts[position], 0.0)
+        same = counts[:, None] / (counts[:, None] + partner_counts)  # P(c_i as here | rest)
+        result[part] = (counts[:, None] / total * -torch.log2(same)).sum(0)
+    return result
+
+
+@torch.no_grad()
+def redundant_channels(codes: Float[Tensor, "n n_bits"]) -> list[int]:
+    """The channels of a code (0/1, one row per state) that the rest of it determines, chosen
+    greedily: the one that saves the most bits first, then again on the code without it, until
+    none is left (of the four channels of a 3-in-4 code any one is redundant, and once it is
+    gone the other three are not). Empty when the set holds fewer than
+    ``MIN_STATES_PER_CODE`` states per distinct word: the sample cannot tell."""
+    words, counts = _words(codes)
+    if codes.shape[0] < MIN_STATES_PER_CODE * words.shape[0]:
+        return []
+    rates = (words.double() * counts.double()[:, None]).sum(0) / counts.sum()
+    marginal = binary_entropy(rates.unsqueeze(-1))  # per channel
+    kept = [i for i in range(codes.shape[1]) if marginal[i] >= MIN_CHANNEL_BITS]
+    removed: list[int] = []
+    while kept:
+        words, counts = _words(codes[:, kept])
+        given = conditional_entropies(words, counts)
+        saving = marginal[kept] - given
+        candidates = given <= REDUNDANT_FRACTION * marginal[kept]
+        if not bool(candidates.any()):
+            break
+        best = int(torch.where(candidates, saving, -math.inf).argmax())
+        removed.append(kept.pop(best))
+    return sorted(removed)
+
+
+@torch.no_grad()
+def knock_out_(bae: BAETrainingSAE, channels: list[int]) -> None:
+    """Switch these code channels off for good: zero encoder columns and a bias of
+    ``KNOCKED_OUT_BIAS`` (needs an encoder bias: without one, a zero column sits on the
+    threshold, where the surrogate's gradient is largest)."""
+    if not channels:
+        return
+    if bae.b_enc is None:
+        raise ValueError("knock_out_ needs a BAE with an encoder bias (encoder_bias=True)")
+    bae.W_enc[:, channels] = 0.0
+    bae.b_enc[channels] = KNOCKED_OUT_BIAS
+
+
+@dataclass
+class Repair:
+    """A BAE replaced by its repair: the channels knocked out of it (over all rounds), the steps
+    its repairs trained, and, of the last, the relative error as trained and whether its
+    decoder was refitted."""
+
+    channels: list[int]
+    steps: int
+    trained_relative_error: float | None
+    refitted: bool
+
+
+def repair_baes(
+    baes: list[BAETrainingSAE],
+    sets: Sequence[Float[Tensor, "n d_in"]],
+    check_sets: Sequence[Float[Tensor, "m d_in"]],
+    recipe: EntropyRecipe,
+    seeds: Sequence[int],
+    device: str = "cpu",
+    progress: bool = True,
+) -> dict[int, Repair]:
+    """Up to ``recipe.repair_rounds`` rounds: every BAE whose code on its training states
+    (``sets[g]``) has ``redundant_channels`` is copied, they are knocked out of the copy, and the
+    copies train on together (``train_stacked_baes`` from them: at most a quarter of
+    ``recipe.steps``, at the recipe's final lr, the entropy term on from the start, its
+    convergence rule), their decoders refitted as the recipe says; a copy whose held-out
+    objective on ``check_sets[g]`` is lower replaces ``baes[g]`` (in place) and may be repaired
+    again in the next round, the others keep their BAE. Returns the replaced BAEs' repairs
+    (none for ``recipe.objective`` False: the ablation has no entropy term to judge one by)."""
+    repairs: dict[int, Repair] = {}
+    if not recipe.objective:
+        return repairs
+    candidates = list(range(len(baes)))
+    for _ in range(recipe.repair_rounds):
+        flagged = {}
+        for g in candidates:
+            codes = baes[g].encode_bits(sets[g].to(device))
+            channels = redundant_channels(codes)
+            if channels and baes[g].b_enc is not None:
+                flagged[g] = channels
+        if not flagged:
+            break
+        starts = [copy.deepcopy(baes[g]) for g in flagged]
+        for start, channels in zip(starts, flagged.values(), strict=True):
+            knock_out_(start, channels)
+        budget = max(recipe.steps // 4, 1)
+        cfg = replace(recipe.config(sets[0].shape[-1]), entropy_off_fraction=0.0,
+                      total_training_steps=budget)  # fmt: skip
+        lr = recipe.lr if recipe.lr_end is None else recipe.lr_end
+        training = train_stacked_baes(
+            [sets[g] for g in flagged], cfg, training_samples=budget * recipe.batch_size,
+            seeds=[seeds[g] for g in flagged], batch_size=recipe.batch_size, lr=lr,
+            device=device, progress=progress, convergence=recipe.convergence(),
+            check_sets=[check_sets[g] for g in flagged], adam_beta2=recipe.adam_beta2,
+            init=starts,
+        )  # fmt: skip
+        candidates = []
+        for i, (g, channels) in enumerate(flagged.items()):
+            candidate = starts[i]  # the recipe's config, the repair's weights
+            candidate.load_state_dict(training.baes[i].state_dict())
+            check = check_sets[g].to(device)
+            explained = evaluate_sae(candidate, check)["explained_variance"]
+            refitted = (
+                recipe.refit_decoder and refit_decoder(candidate, sets[g], seed=seeds[g]).applied
+            )
+            ours = held_out_objective(candidate, check, recipe.batch_size)
+            if ours < held_out_objective(baes[g], check, recipe.batch_size):
+                before = repairs.get(g, Repair([], 0, None, False))
+                repairs[g] = Repair(
+                    sorted(before.channels + channels),
+                    before.steps + training.steps[i],
+                    None if explained is None else 1.0 - explained,
+                    refitted,
+                )
+                baes[g] = candidate
+                candidates.append(g)
+    return repairs
