@@ -37,14 +37,15 @@ torch.manual_seed(0)
 # A set of r fair bits holds exactly r bits, and a BAE (linear decoder) can reproduce it exactly
 # with r channels. `EntropyRecipe()` trains to convergence (at most 16000 steps).
 #
-# It does not always find those r channels. On about a third to a half of such sets of 8 bits it
-# settles in a code that writes 3 of the bits as 4 fair channels: threshold functions on the
-# normals of a tetrahedron. They are pairwise uncorrelated, so the covariance term cannot see
-# them, and they decode to the 3 bits exactly; the sum of the channels' entropies then reads one
-# bit over (9 for 8). The 8-bit set below is one of those sets. The cell says so: its code words
-# hold less than the sum of their channels (`excess_bits`, about 1), and 9 bits exceed the
-# ceiling log2(256 distinct states) = 8, so `reliable` is False (docs/entropy.md, "A 3-in-4
-# code").
+# Training alone does not always find those r channels. On about a third to a half of such sets
+# of 8 bits it settles in a code that writes 3 of the bits as 4 fair channels: threshold
+# functions on the normals of a tetrahedron. They are pairwise uncorrelated, so the covariance
+# term cannot see them, and they decode to the 3 bits exactly; the sum of the channels'
+# entropies would read one bit over (9 for 8). The 8-bit set below is one of those sets. The
+# recipe then repairs the code (`repair_rounds`, `entropy.repair`): any one of the 4 channels is
+# fixed by the rest of the code on the set's states, so it is switched off and the BAE trains on
+# without it, and the retrained BAE is kept because its objective is lower. `repaired_channels`
+# lists the channel switched off (docs/entropy.md, "A 3-in-4 code").
 
 # %%
 ranks = (3, 8)
@@ -55,8 +56,9 @@ for r, cell in zip(ranks, cells, strict=True):
     print(
         f"r = {r}: estimate {cell.bits:.2f} bits (truth {r}), ceiling {cell.ceiling_bits:.2f}, "
         f"relative error {cell.relative_error:.4f}, excess over the code words "
-        f"{'-' if cell.excess_bits is None else f'{cell.excess_bits:.2f}'}, {cell.steps} steps, "
-        f"reliable: {cell.reliable}"
+        f"{'-' if cell.excess_bits is None else f'{cell.excess_bits:.2f}'}, {cell.steps} steps "
+        f"(+{cell.repair_steps} repairing), "
+        f"repaired channels {cell.repaired_channels}, reliable: {cell.reliable}"
     )
 
 # %% [markdown]
