@@ -16,6 +16,7 @@ from sae_lens_bae.entropy.repair import (
     knock_out_,
     redundant_channels,
     repair_baes,
+    resolved_code_words,
 )
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.decoder_refit import least_squares_decoder
@@ -70,6 +71,23 @@ def test_redundant_channels_look_for_nothing_where_the_set_cannot_tell():
     fair = torch.randint(0, 2, (4000, 16), generator=torch.Generator().manual_seed(0)).float()
     assert redundant_channels(fair) == []
     assert redundant_channels(fair[:, :10]) == []  # 1024 words, about 4 states each: resolved
+
+
+def test_code_words_are_read_in_chunks_and_only_where_the_set_resolves_them(monkeypatch):
+    import sae_lens_bae.entropy.repair as repair
+
+    states = _cube()
+    bae = _three_in_four_bae(states, EntropyRecipe())
+    words, counts = resolved_code_words(bae, states)
+    expected, held = torch.unique(bae.encode_bits(states).long(), dim=0, return_counts=True)
+    order = torch.argsort((words * 2 ** torch.arange(11, -1, -1)).sum(1))  # as unique sorts
+    assert torch.equal(words[order], expected) and torch.equal(counts[order], held)  # 8 x 500
+    monkeypatch.setattr(repair, "_HASH_BLOCK", 12 * 7)  # 7 states a chunk: the same words
+    chunked, chunk_counts = resolved_code_words(bae, states)
+    assert torch.equal(chunked, words) and torch.equal(chunk_counts, counts)
+    assert redundant_channels(words, counts) == redundant_channels(bae.encode_bits(states))
+    assert resolved_code_words(bae, states[:15]) is None  # 8 words in 15 states: under 2 each
+    assert resolved_code_words(bae, states[:16]) is not None
 
 
 def _three_in_four_bae(states: torch.Tensor, recipe: EntropyRecipe) -> BAETrainingSAE:

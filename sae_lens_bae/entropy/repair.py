@@ -39,6 +39,7 @@ __all__ = [
     "knock_out_",
     "redundant_channels",
     "repair_baes",
+    "resolved_code_words",
 ]
 
 REDUNDANT_FRACTION = 0.1
@@ -57,13 +58,48 @@ on every state, where the sigmoid surrogate's gradient is nil (on CPU held at 4e
 ``saes.binary.SURROGATE_CPU_CUTOFF``: Adam moves the weights by about 1e-8), so it stays off. A
 straight-through surrogate passes the gradient and can revive it: the objective still judges."""
 _HASH_BLOCK = 1 << 24
-"""Word x channel entries hashed at once (bounds the memory of ``conditional_entropies``)."""
+"""Entries (rows x channels) hashed at once: bounds the memory of reading a code."""
 
 
-def _words(codes: Float[Tensor, "n n_bits"]) -> tuple[Tensor, Tensor]:
-    """The distinct rows of a 0/1 code matrix (int64) and how many states hold each."""
-    words, counts = torch.unique(codes.to(torch.int64), dim=0, return_counts=True)
-    return words, counts
+def _hash_weights(n_channels: int, device: torch.device | str) -> Tensor:
+    """Random int64 weights of at most 62 - log2(n_channels + 1) bits: a 0/1 word's weighted sum
+    never overflows, and distinct words of a set collide with probability about K^2 / 2^(62 -
+    log2 L) (a collision merges two words, or finds a partner that is not there: either way a
+    channel looks less redundant, never more)."""
+    generator = torch.Generator().manual_seed(0)
+    high = 2 ** (62 - math.ceil(math.log2(n_channels + 1)))
+    return torch.randint(1, high, (max(n_channels, 1),), generator=generator).to(device)
+
+
+def _merged(words: Tensor, counts: Tensor, channels: list[int]) -> tuple[Tensor, Tensor]:
+    """The distinct words of the code restricted to ``channels``, with their states' counts."""
+    merged, inverse = torch.unique(words[:, channels], dim=0, return_inverse=True)
+    total = torch.zeros(len(merged), dtype=counts.dtype, device=counts.device)
+    return merged, total.scatter_add_(0, inverse, counts)
+
+
+@torch.no_grad()
+def resolved_code_words(
+    bae: BAETrainingSAE, states: Float[Tensor, "n d_in"]
+) -> tuple[Tensor, Tensor] | None:
+    """The distinct code words of ``states`` under ``bae`` ([K, n_bits], 0/1 int64) and how many
+    states hold each, or None when the set holds fewer than ``MIN_STATES_PER_CODE`` states per
+    word (nothing to look for). Read in chunks and hashed: beyond n hashes, only the K words are
+    ever held, never the [n, n_bits] code."""
+    device = bae.W_enc.device
+
+    def words_of(rows: Tensor) -> Tensor:
+        return bae.encode_bits(rows.to(device)).to(torch.int64)
+
+    weights = _hash_weights(bae.cfg.n_bits, device)
+    chunk = max(1, _HASH_BLOCK // bae.cfg.n_bits)
+    hashes = torch.cat([(words_of(x) * weights).sum(1) for x in states.split(chunk)])
+    unique, inverse, counts = torch.unique(hashes, return_inverse=True, return_counts=True)
+    if len(hashes) < MIN_STATES_PER_CODE * len(unique):
+        return None
+    order = torch.arange(len(hashes), device=device)
+    first = torch.full_like(unique, len(hashes)).scatter_reduce_(0, inverse, order, "amin")
+    return words_of(states[first.to(states.device)]), counts
 
 
 def conditional_entropies(
@@ -72,16 +108,12 @@ def conditional_entropies(
     """H(c_i | the other channels) in bits for each channel i of a code whose distinct words
     (0/1) are held by ``counts`` states each: the plug-in over the pairs of words that differ in
     channel i alone (a word with no such partner: the rest fixes channel i there, 0 bits).
-
-    Words are hashed to integers (random weights of at most 62 - log2 L bits, so no sum
-    overflows; a collision could only find a partner that is not there, never hide one), and a
-    word's partner in channel i is its hash plus or minus channel i's weight."""
+    Words are hashed (``_hash_weights``); a word's partner in channel i is its hash plus or
+    minus channel i's weight: one sort, then one search per word and channel."""
     n_words, n_channels = words.shape
     if n_channels == 0:
         return torch.zeros(0, dtype=torch.float64)
-    generator = torch.Generator().manual_seed(0)
-    high = 2 ** (62 - math.ceil(math.log2(n_channels + 1)))
-    weights = torch.randint(1, high, (n_channels,), generator=generator).to(words.device)
+    weights = _hash_weights(n_channels, words.device)
     hashes = (words * weights).sum(1)
     ordered, order = hashes.sort()
     counts = counts.double()
@@ -101,22 +133,27 @@ def conditional_entropies(
 
 
 @torch.no_grad()
-def redundant_channels(codes: Float[Tensor, "n n_bits"]) -> list[int]:
-    """The channels of a code (0/1, one row per state) that the rest of it determines, chosen
-    greedily: the one that saves the most bits first, then again on the code without it, until
-    none is left (of the four channels of a 3-in-4 code any one is redundant, and once it is
-    gone the other three are not). Empty when the set holds fewer than
+def redundant_channels(
+    codes: Float[Tensor, "n n_bits"], counts: Float[Tensor, " n"] | None = None
+) -> list[int]:
+    """The channels of a code that the rest of it determines, chosen greedily: the one that
+    saves the most bits first, then again on the code without it, until none is left (of the
+    four channels of a 3-in-4 code any one is redundant, and once it is gone the other three
+    are not). ``codes``: one 0/1 row per state, or distinct words held by ``counts`` states
+    each (``resolved_code_words``). Empty when the set holds fewer than
     ``MIN_STATES_PER_CODE`` states per distinct word: the sample cannot tell."""
-    words, counts = _words(codes)
-    if codes.shape[0] < MIN_STATES_PER_CODE * words.shape[0]:
+    if counts is None:
+        words, counts = torch.unique(codes.to(torch.int64), dim=0, return_counts=True)
+    else:
+        words = codes.to(torch.int64)
+    if int(counts.sum()) < MIN_STATES_PER_CODE * words.shape[0]:
         return []
     rates = (words.double() * counts.double()[:, None]).sum(0) / counts.sum()
     marginal = binary_entropy(rates.unsqueeze(-1))  # per channel
-    kept = [i for i in range(codes.shape[1]) if marginal[i] >= MIN_CHANNEL_BITS]
+    kept = [i for i in range(words.shape[1]) if marginal[i] >= MIN_CHANNEL_BITS]
     removed: list[int] = []
     while kept:
-        words, counts = _words(codes[:, kept])
-        given = conditional_entropies(words, counts)
+        given = conditional_entropies(*_merged(words, counts, kept))
         saving = marginal[kept] - given
         candidates = given <= REDUNDANT_FRACTION * marginal[kept]
         if not bool(candidates.any()):
@@ -175,9 +212,9 @@ def repair_baes(
     for _ in range(recipe.repair_rounds):
         flagged = {}
         for g in candidates:
-            codes = baes[g].encode_bits(sets[g].to(device))
-            channels = redundant_channels(codes)
-            if channels and baes[g].b_enc is not None:
+            words = resolved_code_words(baes[g], sets[g]) if baes[g].b_enc is not None else None
+            channels = [] if words is None else redundant_channels(*words)
+            if channels:
                 flagged[g] = channels
         if not flagged:
             break
