@@ -198,17 +198,34 @@ def repair_baes(
     progress: bool = True,
 ) -> dict[int, Repair]:
     """Up to ``recipe.repair_rounds`` rounds: every BAE whose code on its training states
-    (``sets[g]``) has ``redundant_channels`` is copied, they are knocked out of the copy, and the
-    copies train on together (``train_stacked_baes`` from them: at most a quarter of
-    ``recipe.steps``, at the recipe's final lr, the entropy term on from the start, its
-    convergence rule), their decoders refitted as the recipe says; a copy whose held-out
-    objective on ``check_sets[g]`` is lower replaces ``baes[g]`` (in place) and may be repaired
-    again in the next round, the others keep their BAE. Returns the replaced BAEs' repairs
+    (``sets[g]``) has ``redundant_channels`` is copied and they are knocked out of the copy.
+    With its decoder refitted to the code that is left (if the recipe refits decoders), the
+    copy may already be better; if not, the copies train on together (``train_stacked_baes``
+    from them, their trained decoders: at most a quarter of ``recipe.steps``, at the recipe's
+    final lr, the entropy term on from the start, its convergence rule), their decoders
+    refitted as the recipe says. A copy whose
+    held-out objective on ``check_sets[g]`` is lower replaces ``baes[g]`` (in place) and may be
+    repaired again in the next round; the others keep their BAE. Returns the replaced BAEs' repairs
     (none for ``recipe.objective`` False: the ablation has no entropy term to judge one by)."""
     repairs: dict[int, Repair] = {}
     if not recipe.objective:
         return repairs
     candidates = list(range(len(baes)))
+
+    def judge(g: int, candidate: BAETrainingSAE, channels: list[int], steps: int,
+              explained: float | None, refitted: bool) -> bool:  # fmt: skip
+        """Replace BAE g by ``candidate`` if its held-out objective is lower."""
+        check = check_sets[g].to(device)
+        ours = held_out_objective(candidate, check, recipe.batch_size)
+        if ours >= held_out_objective(baes[g], check, recipe.batch_size):
+            return False
+        before = repairs.get(g, Repair([], 0, None, False))
+        error = None if explained is None else 1.0 - explained
+        repairs[g] = Repair(sorted(before.channels + channels), before.steps + steps, error,
+                            refitted)  # fmt: skip
+        baes[g] = candidate
+        return True
+
     for _ in range(recipe.repair_rounds):
         flagged = {}
         for g in candidates:
@@ -218,38 +235,41 @@ def repair_baes(
                 flagged[g] = channels
         if not flagged:
             break
-        starts = [copy.deepcopy(baes[g]) for g in flagged]
-        for start, channels in zip(starts, flagged.values(), strict=True):
+        candidates = []
+        starts = {}
+        for g, channels in flagged.items():
+            start = copy.deepcopy(baes[g])
             knock_out_(start, channels)
+            # the code that is left may still read the states with its own least-squares
+            # decoder (a channel the rest fixes, not needed to decode): kept without training
+            explained = evaluate_sae(start, check_sets[g].to(device))["explained_variance"]
+            refitted = copy.deepcopy(start)
+            if recipe.refit_decoder and judge(
+                g, refitted, channels, 0, explained,
+                refit_decoder(refitted, sets[g], seed=seeds[g]).applied,
+            ):  # fmt: skip
+                candidates.append(g)
+            else:  # it must re-encode: trained with its decoder as it was
+                starts[g] = start
+        if not starts:
+            continue
         budget = max(recipe.steps // 4, 1)
         cfg = replace(recipe.config(sets[0].shape[-1]), entropy_off_fraction=0.0,
                       total_training_steps=budget)  # fmt: skip
         lr = recipe.lr if recipe.lr_end is None else recipe.lr_end
         training = train_stacked_baes(
-            [sets[g] for g in flagged], cfg, training_samples=budget * recipe.batch_size,
-            seeds=[seeds[g] for g in flagged], batch_size=recipe.batch_size, lr=lr,
+            [sets[g] for g in starts], cfg, training_samples=budget * recipe.batch_size,
+            seeds=[seeds[g] for g in starts], batch_size=recipe.batch_size, lr=lr,
             device=device, progress=progress, convergence=recipe.convergence(),
-            check_sets=[check_sets[g] for g in flagged], adam_beta2=recipe.adam_beta2,
-            init=starts,
+            check_sets=[check_sets[g] for g in starts], adam_beta2=recipe.adam_beta2,
+            init=list(starts.values()),
         )  # fmt: skip
-        candidates = []
-        for i, (g, channels) in enumerate(flagged.items()):
-            candidate = starts[i]  # the recipe's config, the repair's weights
-            candidate.load_state_dict(training.baes[i].state_dict())
-            check = check_sets[g].to(device)
-            explained = evaluate_sae(candidate, check)["explained_variance"]
+        for i, (g, candidate) in enumerate(starts.items()):
+            candidate.load_state_dict(training.baes[i].state_dict())  # the recipe's config kept
+            explained = evaluate_sae(candidate, check_sets[g].to(device))["explained_variance"]
             refitted = (
                 recipe.refit_decoder and refit_decoder(candidate, sets[g], seed=seeds[g]).applied
             )
-            ours = held_out_objective(candidate, check, recipe.batch_size)
-            if ours < held_out_objective(baes[g], check, recipe.batch_size):
-                before = repairs.get(g, Repair([], 0, None, False))
-                repairs[g] = Repair(
-                    sorted(before.channels + channels),
-                    before.steps + training.steps[i],
-                    None if explained is None else 1.0 - explained,
-                    refitted,
-                )
-                baes[g] = candidate
+            if judge(g, candidate, flagged[g], training.steps[i], explained, refitted):
                 candidates.append(g)
     return repairs
