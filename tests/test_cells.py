@@ -138,7 +138,8 @@ def test_the_recipes_learning_rate_schedule_reaches_the_stacked_trainer():
 
     x, _ = directional_data(2, 8, 1024, 16, seed=0)
     schedule = {"lr_warm_up_steps": 5, "lr_scheduler_name": "cosineannealing", "lr_end": 1e-3}
-    recipe = EntropyRecipe(steps=20, batch_size=64, converge=False, **schedule)
+    recipe = EntropyRecipe(steps=20, batch_size=64, converge=False, repair_rounds=0,
+                           **schedule)  # fmt: skip  # no repair: the trained BAE itself
     [cell] = estimate_entropies([x], recipe, normalise=False, progress=False, bootstrap=0)
     run = {"training_samples": 20 * 64, "seeds": [0], "batch_size": 64, "lr": recipe.lr}
     direct = train_stacked_baes([x], recipe.config(8), progress=False, **run, **schedule)
@@ -193,7 +194,7 @@ def test_restarts_keep_the_restart_of_lowest_held_out_objective():
 
     x, test = directional_data(3, 8, 1024, 256, seed=0)
     recipe = EntropyRecipe(expansion=2, steps=60, batch_size=64, converge=False, seeds=2,
-                           restarts=3)  # fmt: skip
+                           restarts=3, repair_rounds=0)  # fmt: skip  # the restarts as trained
     [cell] = estimate_entropies([x], recipe, eval_sets=[test], normalise=False, progress=False,
                                 bootstrap=0)  # fmt: skip
     seeds = [1000 * s + 100_000 * q for s in range(2) for q in range(3)]
@@ -254,7 +255,8 @@ def test_a_recipes_adam_beta2_reaches_the_optimizer_as_saelens_trainer_takes_it(
     """``EntropyRecipe.adam_beta2`` trains the cell's BAE as SAELens' ``SAETrainer`` (through
     ``train_sae``) trains one with that ``adam_beta2``, and not as it does with the default."""
     x, _ = directional_data(3, 8, 1024, 256, seed=0)
-    recipe = EntropyRecipe(expansion=2, steps=40, batch_size=64, converge=False, adam_beta2=0.9)
+    recipe = EntropyRecipe(expansion=2, steps=40, batch_size=64, converge=False, adam_beta2=0.9,
+                           repair_rounds=0)  # fmt: skip  # no repair: the trained BAE itself
     [cell] = estimate_entropies([x], recipe, normalise=False, progress=False, bootstrap=0)
     trainer = {"training_samples": 40 * 64, "batch_size": 64, "lr": recipe.lr}
     alone = train_sae(x.float(), recipe.config(8), seed=0, adam_beta2=0.9, **trainer).sae

@@ -7,9 +7,9 @@ settle in a code whose channels have no pairwise dependence yet hold fewer bits 
 three planted bits written as four fair threshold channels on a tetrahedron's normals (a 3-in-4
 code, docs/entropy.md) decode exactly and sit one bit over the axis code, a local minimum of
 the objective. ``redundant_channels`` finds such channels from the code words of a set;
-``knock_out_`` switches them off, so that a BAE trained on from there must carry its states
-with the rest of its code (``estimate_entropies`` keeps the retrained BAE only if its held-out
-objective is lower: the objective is the judge, as between restarts).
+``knock_out_`` switches them off, so that the rest of the code must carry the states, with its
+refitted decoder or trained on (``repair_baes``, which ``estimate_entropies`` runs: a repaired
+BAE is kept only if its held-out objective is lower, the judge between restarts too).
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ _HASH_BLOCK = 1 << 24
 
 def _hash_weights(n_channels: int, device: torch.device | str) -> Tensor:
     """Random int64 weights of at most 62 - log2(n_channels + 1) bits: a 0/1 word's weighted sum
-    never overflows, and distinct words of a set collide with probability about K^2 / 2^(62 -
-    log2 L) (a collision merges two words, or finds a partner that is not there: either way a
-    channel looks less redundant, never more)."""
+    never overflows, and two of a set's K distinct words collide with probability about
+    K^2 / 2^(62 - log2 L) (2e-7 for K = 10^4 words of 4096 channels); a collision could
+    merge two words or find a partner that is not there."""
     generator = torch.Generator().manual_seed(0)
     high = 2 ** (62 - math.ceil(math.log2(n_channels + 1)))
     return torch.randint(1, high, (max(n_channels, 1),), generator=generator).to(device)
