@@ -17,7 +17,7 @@ from sae_lens_bae.losses import binary_entropy, total_loss
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.binary import bits_to_values
 
-__all__ = ["evaluate_sae", "held_out_objective", "spliced_losses"]
+__all__ = ["evaluate_sae", "held_out_objective", "spliced_losses", "unexplained_variance"]
 
 
 @torch.no_grad()
@@ -71,6 +71,13 @@ def evaluate_sae(
         "d_sae": int(sae.cfg.d_sae),
         "firing_rates": rates,
     }
+
+
+def unexplained_variance(sae: Any, activations: Float[Tensor, "n d_in"]) -> float | None:
+    """1 - explained variance (SSE / SST) of ``sae`` on ``activations`` (``evaluate_sae``):
+    the relative error an entropy cell reports; None for a set without variance."""
+    explained = evaluate_sae(sae, activations)["explained_variance"]
+    return None if explained is None else 1.0 - explained
 
 
 @torch.no_grad()

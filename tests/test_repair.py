@@ -185,3 +185,4 @@ def test_estimate_entropies_reads_a_three_in_four_code_after_its_repair(monkeypa
                                  normalise=False, progress=False)  # fmt: skip
     assert kept.bits == pytest.approx(4.0, abs=1e-3) and not kept.reliable
     assert kept.repaired_channels is None and kept.repair_steps == 0
+    assert recipe.repairs and not replace(recipe, objective=False).repairs  # the ablation never

@@ -29,7 +29,7 @@ from sae_lens_bae.entropy.frame import normalise_scale, placement_shift
 from sae_lens_bae.entropy.recipe import TRACING_RECIPE, EntropyRecipe
 from sae_lens_bae.entropy.reference import QuantizerReading, reference_reading
 from sae_lens_bae.entropy.repair import repair_baes
-from sae_lens_bae.evaluation import evaluate_sae, held_out_objective
+from sae_lens_bae.evaluation import evaluate_sae, held_out_objective, unexplained_variance
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.decoder_refit import refit_decoder
 from sae_lens_bae.training.stacked import train_stacked_baes
@@ -276,9 +276,7 @@ def estimate_entropies(
     refits: dict[int, bool] = {}
     if recipe.refit_decoder:  # before repairs and restarts are compared: each its best decoder
         for g, index in enumerate(owner):
-            report = evaluate_sae(training.baes[g], held_out[index].to(device))
-            explained = report["explained_variance"]
-            trained_errors[g] = None if explained is None else 1.0 - explained
+            trained_errors[g] = unexplained_variance(training.baes[g], held_out[index].to(device))
             refits[g] = refit_decoder(training.baes[g], scaled[index], seed=base[index]).applied
     repairs = repair_baes(training.baes, [scaled[i] for i in owner], [held_out[i] for i in owner],
                           recipe, [base[i] for i in owner], device, progress)  # fmt: skip
@@ -316,7 +314,7 @@ def estimate_entropies(
         if recipe.refit_decoder:
             entry.trained_relative_error = _mean([trained_errors[g] for g in members])
             entry.decoder_refits = [refits[g] for g in members]
-        if recipe.repair_rounds > 0 and recipe.objective:
+        if recipe.repairs:
             entry.repaired_channels = [repairs[g].channels if g in repairs else [] for g in members]
             entry.repair_steps = max(repairs[g].steps if g in repairs else 0 for g in members)
         cells.append(entry)

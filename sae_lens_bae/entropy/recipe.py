@@ -97,10 +97,11 @@ class EntropyRecipe:
     repair_rounds: int = 2
     """Rounds of repair after training (``entropy.repair``; 0: none): a BAE whose code has
     channels that the rest of it determines on its training states (bits the sum counts twice,
-    which the covariance term cannot see: a 3-in-4 code) trains on without them for at most a
-    quarter of ``steps``, at the final lr, and is replaced if its held-out objective is lower.
-    On 8 orthonormal bits in d = 64 the default read 9.00 bits on 3 of 6 sets without it
-    (docs/entropy.md, "A 3-in-4 code")."""
+    which the covariance term cannot see: a 3-in-4 code) loses them, keeps its least-squares
+    decoder of the code that is left or else trains on for at most a quarter of ``steps`` at
+    the final lr, and is replaced if its held-out objective is lower. On 8 orthonormal bits in
+    d = 64 the default read 9.00 bits on 3 of 6 sets without it (docs/entropy.md, "A 3-in-4
+    code"); never for ``objective=False`` (``repairs``)."""
     objective: bool = True
     """Train with the entropy and covariance terms (False: the ablation a_e = a_c = 0)."""
     target_variance: float = 0.5
@@ -227,6 +228,12 @@ class EntropyRecipe:
             resample_every=0,
             total_training_steps=self.steps,
         )
+
+    @property
+    def repairs(self) -> bool:
+        """Whether BAEs trained by this recipe are repaired: the ablation without the objective
+        never is (no entropy term to judge a repair by)."""
+        return self.repair_rounds > 0 and self.objective
 
     def drain_rule(self) -> DrainHold | None:
         """The drain hold of this recipe, or None (the schedule never stands still)."""

@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.entropy.recipe import EntropyRecipe
-from sae_lens_bae.evaluation import evaluate_sae, held_out_objective
+from sae_lens_bae.evaluation import held_out_objective, unexplained_variance
 from sae_lens_bae.losses import binary_entropy
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.decoder_refit import refit_decoder
@@ -203,24 +203,19 @@ def repair_baes(
     copy may already be better; if not, the copies train on together (``train_stacked_baes``
     from them, their trained decoders: at most a quarter of ``recipe.steps``, at the recipe's
     final lr, the entropy term on from the start, its convergence rule), their decoders
-    refitted as the recipe says. A copy whose
-    held-out objective on ``check_sets[g]`` is lower replaces ``baes[g]`` (in place) and may be
-    repaired again in the next round; the others keep their BAE. Returns the replaced BAEs' repairs
-    (none for ``recipe.objective`` False: the ablation has no entropy term to judge one by)."""
+    refitted as the recipe says. A copy whose held-out objective on ``check_sets[g]`` is lower
+    replaces ``baes[g]`` (in place) and may be repaired again in the next round; the others
+    keep their BAE. Returns the replaced BAEs' repairs (none unless ``recipe.repairs``)."""
     repairs: dict[int, Repair] = {}
-    if not recipe.objective:
-        return repairs
-    candidates = list(range(len(baes)))
+    candidates = list(range(len(baes))) if recipe.repairs else []
 
-    def judge(g: int, candidate: BAETrainingSAE, channels: list[int], steps: int,
-              explained: float | None, refitted: bool) -> bool:  # fmt: skip
-        """Replace BAE g by ``candidate`` if its held-out objective is lower."""
-        check = check_sets[g].to(device)
+    def judge(g: int, candidate: BAETrainingSAE, check: Tensor, channels: list[int], steps: int,
+              error: float | None, refitted: bool) -> bool:  # fmt: skip
+        """Replace BAE g by ``candidate`` if its held-out objective on ``check`` is lower."""
         ours = held_out_objective(candidate, check, recipe.batch_size)
         if ours >= held_out_objective(baes[g], check, recipe.batch_size):
             return False
         before = repairs.get(g, Repair([], 0, None, False))
-        error = None if explained is None else 1.0 - explained
         repairs[g] = Repair(sorted(before.channels + channels), before.steps + steps, error,
                             refitted)  # fmt: skip
         baes[g] = candidate
@@ -236,16 +231,17 @@ def repair_baes(
         if not flagged:
             break
         candidates = []
+        checks = {g: check_sets[g].to(device) for g in flagged}
         starts = {}
         for g, channels in flagged.items():
             start = copy.deepcopy(baes[g])
             knock_out_(start, channels)
             # the code that is left may still read the states with its own least-squares
             # decoder (a channel the rest fixes, not needed to decode): kept without training
-            explained = evaluate_sae(start, check_sets[g].to(device))["explained_variance"]
+            error = unexplained_variance(start, checks[g])
             refitted = copy.deepcopy(start)
             if recipe.refit_decoder and judge(
-                g, refitted, channels, 0, explained,
+                g, refitted, checks[g], channels, 0, error,
                 refit_decoder(refitted, sets[g], seed=seeds[g]).applied,
             ):  # fmt: skip
                 candidates.append(g)
@@ -261,15 +257,15 @@ def repair_baes(
             [sets[g] for g in starts], cfg, training_samples=budget * recipe.batch_size,
             seeds=[seeds[g] for g in starts], batch_size=recipe.batch_size, lr=lr,
             device=device, progress=progress, convergence=recipe.convergence(),
-            check_sets=[check_sets[g] for g in starts], adam_beta2=recipe.adam_beta2,
+            check_sets=[checks[g] for g in starts], adam_beta2=recipe.adam_beta2,
             init=list(starts.values()),
         )  # fmt: skip
         for i, (g, candidate) in enumerate(starts.items()):
             candidate.load_state_dict(training.baes[i].state_dict())  # the recipe's config kept
-            explained = evaluate_sae(candidate, check_sets[g].to(device))["explained_variance"]
+            error = unexplained_variance(candidate, checks[g])
             refitted = (
                 recipe.refit_decoder and refit_decoder(candidate, sets[g], seed=seeds[g]).applied
             )
-            if judge(g, candidate, flagged[g], training.steps[i], explained, refitted):
+            if judge(g, candidate, checks[g], flagged[g], training.steps[i], error, refitted):
                 candidates.append(g)
     return repairs
