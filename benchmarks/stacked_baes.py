@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     cfg = BAETrainingSAEConfig(
-        d_in=args.d_in, d_sae=args.expansion * args.d_in, entropy_off_steps=args.steps // 4
+        d_in=args.d_in, d_sae=args.expansion * args.d_in, entropy_off_fraction=0.25
     )
     samples = args.steps * args.batch
     rows = []

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
-from sae_lens.saes.sae import TrainStepInput
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
@@ -98,16 +97,12 @@ def held_out_objective(
     if n == 0:
         raise ValueError("held_out_objective needs at least one activation")
     size = min(batch_size, n)
-    entropy_on = bae.cfg.resolved_entropy_off_steps()  # the first step with the entropy term
     totals = []
     for start in range(0, n - size + 1, size):
         x = activations[start : start + size].to(bae.device, bae.dtype)
         bits = bae.encode_bits(x)
         out = bae.decode(bits_to_values(bits, bae.cfg.bits))
-        step = TrainStepInput(sae_in=x, coefficients=bae.cfg.coefficients(),
-                              dead_neuron_mask=None, n_training_steps=entropy_on,
-                              is_logging_step=False)  # fmt: skip
-        terms = bae.objective(x, out, bits, step)
+        terms = bae.objective(x, out, bits, bae.cfg.coefficients())
         terms.pop("batch_entropy_bits")
         totals.append(float(total_loss(terms)))
     return sum(totals) / len(totals)

@@ -8,7 +8,6 @@ import torch
 from sae_lens import SAE, TrainingSAE
 from sae_lens.registry import SAE_CLASS_REGISTRY, SAE_TRAINING_CLASS_REGISTRY
 from sae_lens.saes.sae import TrainStepInput
-from sae_lens.training.optim import CoefficientScheduler
 
 import sae_lens_bae
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig, bits_to_values
@@ -18,12 +17,13 @@ from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
 from sae_lens_bae.saes.bae_presets import PresetName
 from sae_lens_bae.saes.binary import step
 from sae_lens_bae.saes.canonical import canonicalise
+from sae_lens_bae.saes.resampling import RESAMPLE_RATE
 
 
 def make_bae(**kwargs) -> BAETrainingSAE:
     torch.manual_seed(0)
     kwargs.setdefault("d_in", 8)
-    kwargs.setdefault("entropy_off_steps", 0)
+    kwargs.setdefault("entropy_off_fraction", 0.0)
     return BAETrainingSAE(BAETrainingSAEConfig(**kwargs))
 
 
@@ -209,7 +209,7 @@ def test_saelens_parameter_names():
 
 
 def test_training_forward_pass_losses_and_metrics():
-    bae = make_bae(d_in=8, d_sae=16, entropy_off_steps=5)
+    bae = make_bae(d_in=8, d_sae=16, entropy_off_fraction=0.05, total_training_steps=100)
     x = torch.randn(64, 8)
     out = bae.training_forward_pass(
         step_input(x, n_training_steps=0, entropy=0.1, covariance=0.2, firing=0.3)
@@ -254,20 +254,28 @@ def test_entropy_schedule_needs_length_of_training():
     bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8))
     with pytest.raises(ValueError, match="total_training_steps"):
         bae.training_forward_pass(step_input(torch.randn(16, 8)))
+    with pytest.raises(ValueError, match="fill_training_schedule"):
+        bae.get_coefficients()  # what SAELens' trainer calls when it is built
+    assert bae.resolve_schedule(100).entropy_on_from == 25  # the seam a trainer calls
+    assert bae.schedule == bae.cfg.schedule(100)
     cfg = BAETrainingSAEConfig(d_in=8, total_training_steps=100)
-    assert cfg.resolved_entropy_off_steps() == 25
-    assert BAETrainingSAEConfig(d_in=8, entropy_off_fraction=0).resolved_entropy_off_steps() == 0
+    assert cfg.schedule().entropy_on_from == 25
+    assert cfg.schedule(7).total_steps == 100  # a length in the config wins
+    assert BAETrainingSAEConfig(d_in=8, entropy_off_fraction=0).schedule().entropy_on_from == 0
 
 
 def test_code_mean_is_running_mean_then_ema():
-    bae = make_bae(d_in=8, d_sae=16, code_mean_decay=0.5)
+    from sae_lens_bae.saes import binary
+
+    bae = make_bae(d_in=8, d_sae=16)
     xs = [torch.randn(32, 8) for _ in range(3)]
     means = [bae.encode_bits(x).mean(0) for x in xs]
     for x in xs[:2]:
         bae.training_forward_pass(step_input(x))
-    assert torch.allclose(bae.code_mean, (means[0] + means[1]) / 2)
-    bae.training_forward_pass(step_input(xs[2]))  # rate max(0.5, 1/3) = 0.5
-    assert torch.allclose(bae.code_mean, 0.5 * (means[0] + means[1]) / 2 + 0.5 * means[2])
+    assert torch.allclose(bae.code_mean, (means[0] + means[1]) / 2)  # exact mean at first
+    mean, count = bae.code_mean.clone(), bae.code_mean_count.clone()
+    binary.update_running_mean(mean, count, means[2], decay=0.5)  # rate max(0.5, 1/3) = 0.5
+    assert torch.allclose(mean, 0.5 * (means[0] + means[1]) / 2 + 0.5 * means[2])
     prior = bae.prior
     prior += 1
     assert not torch.equal(prior, bae.code_mean)  # a copy, never an alias
@@ -349,12 +357,9 @@ def test_bad_bits(bits):
         ("surrogate_temperature", 0.0, "surrogate_temperature"),
         ("entropy_coefficient", -1.0, "entropy_coefficient"),
         ("entropy_off_fraction", 1.5, "entropy_off_fraction"),
-        ("entropy_off_steps", -3, "entropy_off_steps"),
-        ("dense_threshold", 1.0, "dense_threshold"),
         ("firing_coefficient", -0.1, "firing_coefficient"),
-        ("resample_rate", 0.5, "resample_rate"),
         ("resample_every", -1, "resample_every"),
-        ("coefficient_warm_up_steps", 1.5, "coefficient_warm_up_steps"),
+        ("total_training_steps", -1, "total_training_steps"),
     ],
 )
 def test_bad_training_config_values(field, value, match):
@@ -421,7 +426,7 @@ def test_training_checkpoint_reloads_as_training_sae(tmp_path):
     bae.save_model(tmp_path)
     loaded = TrainingSAE.load_from_disk(tmp_path)
     assert isinstance(loaded, BAETrainingSAE)
-    assert loaded.cfg.entropy_off_steps == 0
+    assert loaded.cfg.entropy_off_fraction == 0.0
     x = torch.randn(5, 8)
     assert torch.equal(loaded(x), bae(x))
 
@@ -451,10 +456,9 @@ def test_activation_norm_scaling_fold_keeps_outputs(apply_b_dec_to_input):
 
 TRAINING_OPTIONS = dict(
     firing_coefficient=0.02,
-    coefficient_warm_up_steps=7,
+    covariance_off_final_fraction=0.1,
     resample_every=5,
     resample_until_fraction=0.3,
-    resample_rate=0.1,
     total_training_steps=50,
 )
 
@@ -478,44 +482,35 @@ def test_new_training_options_round_trip_through_save_and_load(tmp_path):
         assert torch.equal(inference(x), bae(x))
 
 
-def test_coefficients_warm_up_as_saelens_schedules_them():
+def test_saelens_hands_the_bae_its_configured_coefficients():
     cfg = BAETrainingSAEConfig(d_in=8, entropy_coefficient=0.4, covariance_coefficient=0.2,
-                               firing_coefficient=0.1, coefficient_warm_up_steps=4)  # fmt: skip
-    schedulers = {
-        name: CoefficientScheduler(c.warm_up_steps, c.value)
-        for name, c in BAETrainingSAE(cfg).get_coefficients().items()
-    }
-    for n in range(7):  # the value SAETrainer hands the BAE at step n, then its step()
-        for name, scheduler in schedulers.items():
-            assert cfg.coefficients_at(n)[name] == pytest.approx(scheduler.current_value)
-            scheduler.step()
-    assert cfg.coefficients_at(2) == pytest.approx({"entropy": 0.2, "covariance": 0.1,
-                                                    "firing": 0.05})  # fmt: skip
+                               firing_coefficient=0.1, total_training_steps=10)  # fmt: skip
+    coefficients = BAETrainingSAE(cfg).get_coefficients()
+    assert coefficients == {"entropy": 0.4, "covariance": 0.2, "firing": 0.1}
 
 
 def test_resampling_revives_constant_channels_on_the_worst_samples():
     torch.manual_seed(0)
-    bae = make_bae(d_in=8, d_sae=6, resample_every=3, resample_rate=0.25, entropy_off_steps=0,
-                   total_training_steps=100)  # fmt: skip
+    bae = make_bae(d_in=8, d_sae=6, resample_every=3, total_training_steps=100)
     with torch.no_grad():
         bae.b_enc[:2] = torch.tensor([-100.0, 100.0])  # channel 0 never fires, channel 1 always
-    x = torch.randn(64, 8)
+    x = torch.randn(100, 8)  # 5% of it: 5 samples
     for n in range(3):
         bae.training_forward_pass(step_input(x, n_training_steps=n))
-    assert bae.window_counts[:2].tolist() == [0, 192] and int(bae.window_samples) == 192
+    assert bae.window_counts[:2].tolist() == [0, 300] and int(bae.window_samples) == 300
     before = bae.encode_bits(x)
     residual = x - bae.decode(bae.encode(x))
     worst = torch.argsort(residual.pow(2).sum(-1), descending=True)[:2]
     bae.training_forward_pass(step_input(x, n_training_steps=3))  # the window ended at step 2
     after = bae.encode_bits(x)
     assert torch.equal(after[:, 2:], before[:, 2:])  # the others are untouched
-    assert after[:, :2].mean(0).tolist() == [0.25, 0.25]  # each fires on a quarter of the batch
+    assert after[:, :2].sum(0).tolist() == [RESAMPLE_RATE * 100] * 2  # on 5 of the 100 samples
     for channel, sample in enumerate(worst.tolist()):
         assert after[sample, channel] == 1  # ... including its worst-reconstructed sample
         fired = after[:, channel].bool()
         assert torch.allclose(bae.W_dec[channel], residual[fired].mean(0), atol=1e-5)
-    assert bae.code_mean[:2].tolist() == [0.25, 0.25]
-    assert int(bae.window_samples) == 64  # a new window, counting this step
+    assert bae.code_mean[:2].tolist() == pytest.approx([RESAMPLE_RATE] * 2)
+    assert int(bae.window_samples) == 100  # a new window, counting this step
 
 
 def test_constant_channels_are_those_whose_rare_state_is_below_the_rarity():
@@ -531,16 +526,20 @@ def test_constant_channels_are_those_whose_rare_state_is_below_the_rarity():
 def test_resampling_stops_after_its_fraction_of_training():
     cfg = BAETrainingSAEConfig(d_in=8, resample_every=10, resample_until_fraction=0.5,
                                total_training_steps=100)  # fmt: skip
-    assert [n for n in range(100) if cfg.resampling_at(n)] == [9, 19, 29, 39, 49]
-    assert not BAETrainingSAEConfig(d_in=8).resampling_at(9)
+    assert [n for n in range(100) if cfg.schedule().resampling_at(n)] == [9, 19, 29, 39, 49]
+    assert not BAETrainingSAEConfig(d_in=8, resample_every=0).schedule(100).resampling_at(9)
+    unknown = BAETrainingSAEConfig(d_in=8, resample_every=10, entropy_off_fraction=0.0)
+    assert unknown.schedule().resampling_at(10**6 - 1)  # no length: resampling never stops
 
 
 def test_codes_are_counted_only_in_windows_that_end_in_a_resampling():
     cfg = BAETrainingSAEConfig(d_in=8, resample_every=10, resample_until_fraction=0.45,
                                total_training_steps=100)  # fmt: skip
-    assert [n for n in range(100) if cfg.window_counted(n)] == list(range(40))  # last: step 39
-    assert BAETrainingSAEConfig(d_in=8, resample_every=10).window_counted(10**6)  # length unknown
-    assert not BAETrainingSAEConfig(d_in=8, resample_every=0).window_counted(0)
+    counted = [n for n in range(100) if cfg.schedule().window_counted(n)]
+    assert counted == list(range(40))  # the last resampling ends step 39
+    unknown = BAETrainingSAEConfig(d_in=8, resample_every=10, entropy_off_fraction=0.0)
+    assert unknown.schedule().window_counted(10**6)  # length unknown
+    assert not BAETrainingSAEConfig(d_in=8, resample_every=0).schedule(100).window_counted(0)
     # a training BAE: its one resampling ends step 2; the steps after it count nothing
     bae = make_bae(d_sae=6, resample_every=3, resample_until_fraction=0.5, total_training_steps=10)
     x = torch.randn(64, 8)
@@ -621,10 +620,13 @@ def test_the_covariance_term_is_off_for_the_last_fraction_of_training():
     not in it, in the step SAELens' trainer runs; a config that does not know how long training
     is cannot place that tenth, and says so."""
     cfg = BAETrainingSAEConfig(d_in=8, covariance_off_final_fraction=0.1, total_training_steps=100)
-    assert [cfg.covariance_on(s) for s in (0, 89, 90, 99)] == [True, True, False, False]
-    assert BAETrainingSAEConfig(d_in=8).covariance_on(10**6)
-    with pytest.raises(ValueError, match="does not know how long training is"):
-        BAETrainingSAEConfig(d_in=8, covariance_off_final_fraction=0.1).covariance_on(0)
+    on = cfg.schedule().covariance_on
+    assert [on(s) for s in (0, 89, 90, 99)] == [True, True, False, False]
+    assert BAETrainingSAEConfig(d_in=8, entropy_off_fraction=0.0).schedule().covariance_on(10**6)
+    no_length = BAETrainingSAEConfig(d_in=8, covariance_off_final_fraction=0.1,
+                                     entropy_off_fraction=0.0)  # fmt: skip
+    with pytest.raises(ValueError, match="covariance_off_final_fraction=0.1 needs the length"):
+        no_length.schedule()
     with pytest.raises(ValueError, match="covariance_off_final_fraction=1.5"):
         BAETrainingSAEConfig(d_in=8, covariance_off_final_fraction=1.5)
     bae = make_bae(d_in=8, d_sae=32, covariance_off_final_fraction=0.1, total_training_steps=100)

@@ -95,7 +95,6 @@ def test_recipe_study_on_the_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path
         variants=(
             "default",
             "paper",
-            "warm_up",
             "cosine_lr",
             "canonical",
             "long_x2",
@@ -120,7 +119,7 @@ def test_recipe_study_on_the_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path
     for key in ("activated", "constant", "dead", "frequent"):
         assert canonical[key] == default[key], key
     table = (tmp_path / "recipes.md").read_text()
-    assert "| warm_up |" in table and "| activated |" in table.replace("activated (firing)", "")
+    assert "| cosine_lr |" in table and "| activated |" in table.replace("activated (firing)", "")
     saved = json.loads((tmp_path / "recipes.json").read_text())
     assert saved["models"] == rows and saved["variants"]["paper"]["preset"] == "paper"
     for png in ("active_frequency.png", "ev_vs_activated.png", "training_curves.png"):

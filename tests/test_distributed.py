@@ -46,7 +46,7 @@ def _config() -> BAETrainingSAEConfig:
     # entropy on after 3 steps, resampling every 5, the input scale set from the first global
     # batch: every part of the step runs in 20 steps
     return BAETrainingSAEConfig(
-        d_in=D_IN, d_sae=D_SAE, entropy_off_steps=3, firing_coefficient=1e-3,
+        d_in=D_IN, d_sae=D_SAE, entropy_off_fraction=0.15, firing_coefficient=1e-3,
         resample_every=5, resample_until_fraction=0.9, rescale_inputs_to=1.0,
     )  # fmt: skip
 

@@ -34,7 +34,7 @@ def trained(x: torch.Tensor, **overrides) -> BAETrainingSAE:
 def test_first_batch_sets_the_scale_and_later_batches_keep_it():
     torch.manual_seed(0)
     bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, rescale_inputs_to=2.0,
-                                              entropy_off_steps=0))  # fmt: skip
+                                              entropy_off_fraction=0.0))  # fmt: skip
     assert bae.input_scale.item() == 0.0  # unset: reads inputs as given
     x = fair_bits()
     bae.training_forward_pass(_step(x[:64], 0))
@@ -46,7 +46,7 @@ def test_first_batch_sets_the_scale_and_later_batches_keep_it():
 
 def test_a_first_batch_without_variance_leaves_the_scale_unset():
     bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, rescale_inputs_to=1.0,
-                                              entropy_off_steps=0))  # fmt: skip
+                                              entropy_off_fraction=0.0))  # fmt: skip
     bae.training_forward_pass(_step(torch.zeros(64, 12), 0))
     assert bae.input_scale.item() == 0.0
     bae.training_forward_pass(_step(torch.full((64, 12), 0.5), 1))  # far from 0, no spread

@@ -21,7 +21,7 @@ from sae_lens.training.sae_trainer import SAETrainer
 from sae_lens_bae import load_model
 from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.saes.bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
-from sae_lens_bae.training import activation_batches
+from sae_lens_bae.training import activation_batches, fill_training_schedule
 
 HOOK = "blocks.1.hook_resid_post"
 
@@ -94,33 +94,39 @@ def test_saelens_run_evals_reads_a_bae(model, tiny_corpus):
     assert len(per_feature["feature_density"]) == 48
 
 
-def test_saelens_runner_trains_a_registry_bae_without_extra_calls(
+def test_saelens_runner_trains_a_registry_bae_told_its_length(
     tiny_llama, token_dataset, runner_kwargs
 ):
-    cfg = LanguageModelSAERunnerConfig(
-        sae=BAETrainingSAEConfig(d_in=32), hook_name="blocks.0.hook_resid_post",
-        is_dataset_tokenized=True, **runner_kwargs(batch=256, steps=12),
-    )  # fmt: skip
-    assert cfg.sae.total_training_steps is None  # no fill_training_schedule
-    sae = LanguageModelSAETrainingRunner(
-        cfg, override_dataset=token_dataset, override_model=tiny_llama
-    ).run()
+    """SAELens' own runner never tells an SAE how long it trains: without
+    ``fill_training_schedule`` the BAE refuses when the trainer is built, before any step, with
+    one line saying what to call; with it, the schedule is resolved from the runner's length."""
+
+    def runner(cfg):
+        return LanguageModelSAETrainingRunner(
+            cfg, override_dataset=token_dataset, override_model=tiny_llama
+        )
+
+    def config():
+        return LanguageModelSAERunnerConfig(
+            sae=BAETrainingSAEConfig(d_in=32), hook_name="blocks.0.hook_resid_post",
+            is_dataset_tokenized=True, **runner_kwargs(batch=256, steps=12),
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match="fill_training_schedule"):
+        runner(config()).run()
+    sae = runner(fill_training_schedule(config())).run()
     assert isinstance(sae, BAETrainingSAE)
-    assert sae.cfg.total_training_steps == 12 and sae.cfg.resolved_entropy_off_steps() == 3
+    assert sae.cfg.total_training_steps == 12 and sae.schedule.entropy_on_from == 3
 
 
-def test_saelens_trainer_tells_a_bae_its_length():
+def test_saelens_trainer_trains_a_bae_whose_config_knows_its_length():
     x = torch.randn(1024, 8, generator=torch.Generator().manual_seed(0))
-    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16))
     trainer_cfg = SAETrainerConfig(total_training_samples=20 * 64, train_batch_size_samples=64,
                                    lr=1e-3, lr_end=1e-3, device="cpu", n_checkpoints=0,
                                    checkpoint_path=None)  # fmt: skip
-    SAETrainer(cfg=trainer_cfg, sae=sae, data_provider=activation_batches(x, 64)).fit()
-    assert sae.cfg.total_training_steps == 20 and sae.cfg.resolved_entropy_off_steps() == 5
-    # another caller of get_coefficients learns nothing, and a set length is never replaced
-    other = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, total_training_steps=7))
-    other.get_coefficients()
-    assert other.cfg.total_training_steps == 7
     bare = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16))
-    bare.get_coefficients()
-    assert bare.cfg.total_training_steps is None
+    with pytest.raises(ValueError, match="total_training_steps"):
+        SAETrainer(cfg=trainer_cfg, sae=bare, data_provider=activation_batches(x, 64))
+    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, total_training_steps=20))
+    SAETrainer(cfg=trainer_cfg, sae=sae, data_provider=activation_batches(x, 64)).fit()
+    assert sae.schedule is not None and sae.schedule.entropy_on_from == 5

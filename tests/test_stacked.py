@@ -21,13 +21,11 @@ def binary_mixtures(n_sets, n=1024, d=8, rank=3, dtype=torch.float64):
 TOLERANCES = {"float32": (1e-5, 1e-7), "float64": (1e-9, 1e-12)}
 
 
-# the firing term and the coefficients' warm-up (SAETrainer schedules it for a single BAE, the
-# stacked trainer with BAETrainingSAEConfig.coefficients_at) must match as well, and so must the
-# learning rate's warm-up (SAELens' scheduler in both): (config fields, trainer arguments)
+# the firing term and resampling must match as well, and so must the learning rate's warm-up
+# (SAELens' scheduler in both): (config fields, trainer arguments)
 OPTIONS = {
     "paper terms": ({"resample_every": 0, "firing_coefficient": 0.0}, {}),
-    "firing, warm-up, resampling": ({"firing_coefficient": 3e-3, "coefficient_warm_up_steps": 15,
-                                     "resample_every": 7, "resample_rate": 0.2}, {}),
+    "firing, resampling": ({"firing_coefficient": 3e-3, "resample_every": 7}, {}),
     "lr warm-up, cosine": ({"resample_every": 0}, {"lr_warm_up_steps": 12,
                                                    "lr_scheduler_name": "cosineannealing",
                                                    "lr_end": 2e-4}),
@@ -49,7 +47,7 @@ def test_stacked_training_equals_separate_trainings(bits, dtype, options):
         d_sae=12,
         bits=bits,
         dtype=dtype,
-        entropy_off_steps=10,
+        entropy_off_fraction=0.25,  # 10 of the 40 steps
         entropy_coefficient=1e-2,
         covariance_coefficient=1e-3,
         **OPTIONS[options][0],
@@ -76,7 +74,7 @@ def test_the_stacked_trainer_drops_the_covariance_term_for_the_last_fraction():
     cfg = BAETrainingSAEConfig(
         d_in=8,
         d_sae=12,
-        entropy_off_steps=0,
+        entropy_off_fraction=0.0,
         resample_every=0,
         covariance_coefficient=1e-3,
         covariance_off_final_fraction=0.25,
@@ -89,7 +87,7 @@ def test_the_stacked_trainer_drops_the_covariance_term_for_the_last_fraction():
 
 
 def test_stacked_rejects_bad_shapes_and_normalisation():
-    model = StackedBAE(BAETrainingSAEConfig(d_in=8, entropy_off_steps=0), [0, 1])
+    model = StackedBAE(BAETrainingSAEConfig(d_in=8, entropy_off_fraction=0.0), [0, 1])
     with pytest.raises(ValueError, match=r"\[2, batch, 8\]"):
         model.losses(torch.randn(3, 16, 8), 0)
     with pytest.raises(ValueError, match="normalise them beforehand"):
@@ -114,8 +112,8 @@ def test_converged_baes_drop_out_and_the_others_train_as_if_alone(final):
     sets = [binary_mixtures(1, rank=rank)[0] for rank in (1, 3)]
     sets.append(torch.randn(1024, 8, generator=g, dtype=torch.float64))  # never flat early
     cfg = BAETrainingSAEConfig(
-        d_in=8, d_sae=12, dtype="float64", entropy_off_steps=10, entropy_coefficient=1e-2,
-        covariance_coefficient=1e-3, resample_every=7, resample_rate=0.2,
+        d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.125, entropy_coefficient=1e-2,
+        covariance_coefficient=1e-3, resample_every=7,
         covariance_off_final_fraction=final,
     )  # fmt: skip
     rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2,
@@ -149,7 +147,7 @@ def test_the_convergence_rule_waits_out_the_learning_rate_warm_up():
     from sae_lens_bae.training import Convergence
 
     x = binary_mixtures(1, rank=1)[0]
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_steps=0)
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.0)
     rule = Convergence(check_every=5, window=2, rtol=1e6, atol_bits=1e6, atol_error=1e6,
                        horizon=0.0)  # fmt: skip
     kwargs = dict(training_samples=200 * 64, batch_size=64, lr=2e-3, progress=False,
@@ -170,7 +168,7 @@ def test_a_converged_bae_trains_its_last_fraction_without_the_covariance_term():
     kwargs = dict(batch_size=64, lr=2e-3, progress=False, convergence=rule, seeds=[5])
 
     def train(final, steps, **extra):
-        cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_steps=0,
+        cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.0,
                                    covariance_coefficient=1e-3,
                                    covariance_off_final_fraction=final)  # fmt: skip
         return train_stacked_baes([x], cfg, training_samples=steps * 64, **kwargs, **extra)
@@ -201,7 +199,7 @@ def test_a_drain_hold_reads_a_fall_of_more_than_its_bits_between_two_windows():
 
 def _drain_run(drain_hold, **config):
     x = binary_mixtures(1)[0]
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_steps=0,
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.0,
                                covariance_coefficient=1e-3, covariance_off_final_fraction=0.2,
                                **{"resample_every": 0, **config})  # fmt: skip
     return train_stacked_baes([x], cfg, training_samples=40 * 64, batch_size=64, lr=2e-3,
@@ -241,7 +239,7 @@ def test_a_held_schedule_stands_still_then_runs_its_full_course(monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(StackedBAE, "resample", counting)
-    resampling = {"resample_every": 5, "resample_rate": 0.2}
+    resampling = {"resample_every": 5}
     plain = _drain_run(None, **resampling)
     resamples = len(calls)
     held = _drain_run(_AlwaysDraining(extra=0.5, check_every=5), **resampling)
@@ -260,7 +258,7 @@ def test_a_drain_hold_shows_the_held_steps_and_the_code_bits_as_it_trains(capsys
     """What a run stopped by a time limit leaves in its log: the held steps and the check
     states' bits at the last check."""
     x = binary_mixtures(1)[0]
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, entropy_off_steps=0, resample_every=0)
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, entropy_off_fraction=0.0, resample_every=0)
     hold = _AlwaysDraining(extra=0.5, check_every=5)
     train_stacked_baes(
         [x], cfg, training_samples=20 * 64, batch_size=64, seeds=[5], progress=True, drain_hold=hold

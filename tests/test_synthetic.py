@@ -279,7 +279,7 @@ def test_the_paper_preset_trains_its_last_tenth_without_the_covariance_term():
     0.002-0.02% (docs/entropy.md). The preset's BAEs pay it up to step 40500 of 45000."""
     cfg = PRESETS["paper"].recipe.config(2048)
     assert cfg.total_training_steps == 45000
-    assert cfg.covariance_on(40499) and not cfg.covariance_on(40500)
+    assert cfg.schedule().covariance_on(40499) and not cfg.schedule().covariance_on(40500)
 
 
 def test_a_grid_gives_each_rank_at_least_its_share_of_r_squared_states(monkeypatch):

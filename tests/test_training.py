@@ -47,7 +47,7 @@ def test_activation_batches_cover_every_sample_each_epoch():
 
 def test_sae_trainer_over_plain_iterator_learns():
     x = low_rank_data()
-    cfg = BAETrainingSAEConfig(d_in=16, d_sae=32, entropy_off_steps=50)
+    cfg = BAETrainingSAEConfig(d_in=16, d_sae=32, total_training_steps=200)
     torch.manual_seed(0)
     sae = BAETrainingSAE(cfg)
     before = held_out_loss(sae, x[:512])
@@ -68,7 +68,7 @@ def test_train_bae_helper_fills_schedule_and_learns():
     x = low_rank_data(seed=1)
     sae = train_bae(x, BAETrainingSAEConfig(d_in=16, d_sae=32), epochs=25, batch_size=256, lr=2e-3)
     assert sae.cfg.total_training_steps == 25 * 4096 // 256
-    assert sae.cfg.resolved_entropy_off_steps() == 100
+    assert sae.schedule is not None and sae.schedule.entropy_on_from == 100
     assert held_out_loss(sae, x[:512]) < 0.25 * x[:512].pow(2).mean().item()
     assert sae.code_mean_count.item() == 400
 
@@ -171,7 +171,7 @@ def _trainer(sae, total_steps, checkpoint_path=None, data=None):
 
 def test_checkpoint_resume_equals_uninterrupted_training(tmp_path):
     x = low_rank_data(n=2048, seed=2)
-    cfg = BAETrainingSAEConfig(d_in=16, d_sae=32, entropy_off_steps=10)
+    cfg = BAETrainingSAEConfig(d_in=16, d_sae=32, total_training_steps=40)
 
     def fresh():
         torch.manual_seed(0)

@@ -84,7 +84,7 @@ print(
     "->",
     bae.cfg.d_sae,
     "bits; entropy on after step",
-    live.cfg.resolved_entropy_off_steps(),
+    live.cfg.schedule().entropy_on_from,
 )
 
 # %% [markdown]

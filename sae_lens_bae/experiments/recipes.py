@@ -65,10 +65,6 @@ VARIANTS: dict[str, Variant] = {
     "sharp_surrogate": Variant(
         "sigmoid surrogate at T = 0.3 instead of 1", overrides={"surrogate_temperature": 0.3}
     ),
-    "warm_up": Variant(
-        "coefficients warmed up over the first half, entropy on from the start",
-        overrides={"coefficient_warm_up_fraction": 0.5, "entropy_off_fraction": 0.0},
-    ),
     "cosine_lr": Variant(
         "cosine learning-rate decay to 1/10 after 5% warm-up",
         trainer={

@@ -48,7 +48,6 @@ from sae_lens_bae.saes.bae_config import (
     BAEConfig,
     BAETrainingSAEConfig,
     bae_config,
-    length_of_calling_trainer,
     read_cfg_json,
     validate_config_dict,
 )
@@ -64,7 +63,12 @@ from sae_lens_bae.saes.input_scale import (
     register_input_scale,
     unframe_output,
 )
-from sae_lens_bae.saes.resampling import constant_channels, resample_constant_channels
+from sae_lens_bae.saes.resampling import (
+    RESAMPLE_RATE,
+    constant_channels,
+    resample_constant_channels,
+)
+from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = [
     "ARCHITECTURE",
@@ -81,6 +85,10 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- shared pieces
+
+DENSE_FIRING_RATE = 0.5
+"""A code bit firing on more than this fraction of a minibatch counts as dense in the step's
+metrics (its rare state is then 0)."""
 
 _RESAMPLING_BUFFERS = ("window_counts", "window_samples")
 """Training-only buffers of a resampling BAE: dropped from the inference model, and from a
@@ -184,9 +192,7 @@ class _BAEMixin(BAEFoldsMixin):
         return self.code_mean.clone()
 
     def _update_code_mean(self, batch_mean: Float[Tensor, " n_bits"]) -> None:
-        update_running_mean(
-            self.code_mean, self.code_mean_count, batch_mean, self.cfg.code_mean_decay
-        )
+        update_running_mean(self.code_mean, self.code_mean_count, batch_mean)
 
     def _bae_histograms(self) -> dict[str, NDArray[Any]]:
         out = {"weights/code_mean": self.code_mean.detach().cpu().numpy()}
@@ -231,13 +237,15 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
 
 
 class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
-    """Training BAE: the step passes gradients through the configured surrogate.
+    """Training BAE: the step passes gradients through the configured surrogate and follows a
+    :class:`Schedule` resolved once (:meth:`resolve_schedule`) from the length of training.
 
     ``global_batch`` (set by ``sae_lens_bae.training.distributed``) makes every step's loss the
     one of the ranks' concatenated minibatch, and its output (but ``hidden_pre``) that batch's."""
 
     b_enc: nn.Parameter | None
     global_batch: GlobalBatch | None = None
+    schedule: Schedule | None = None
 
     @override
     def initialize_weights(self) -> None:
@@ -248,22 +256,21 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
                 zeros = torch.zeros(shape, dtype=torch.int64, device=self.device)
                 self.register_buffer(name, zeros)
 
+    def resolve_schedule(self, total_steps: int | None = None) -> Schedule:
+        """Fix the phases of training in steps, for a run of ``total_steps`` (the config's
+        ``total_training_steps`` wins when set): the seam through which a trainer tells the BAE
+        how long it trains, called once before the first step."""
+        self.schedule = self.cfg.schedule(total_steps)
+        return self.schedule
+
     @override
     def get_coefficients(self) -> dict[str, float | TrainCoefficientConfig]:
-        """The coefficients SAELens schedules. SAELens tells an SAE nothing of how long training
-        is, but its ``SAETrainer`` asks for these once, when it is built, knowing the length:
-        a BAE without ``total_training_steps`` takes it from that trainer, so its schedule (entropy
-        off for the first fraction, resampling until a fraction) works with SAELens' own trainer
-        and runners without extra calls."""
-        if self.cfg.total_training_steps is None:
-            steps = length_of_calling_trainer()
-            if steps is not None:
-                self.cfg.total_training_steps = steps
-        warm = self.cfg.coefficient_warm_up_steps
-        return {
-            name: TrainCoefficientConfig(value=value, warm_up_steps=warm) if warm else value
-            for name, value in self.cfg.coefficients().items()
-        }
+        """The coefficients SAELens schedules. SAELens' ``SAETrainer`` asks for them once, when
+        it is built: the schedule is resolved then, so a length that is needed and unknown is
+        refused before any data is read."""
+        if self.schedule is None:
+            self.resolve_schedule()
+        return dict(self.cfg.coefficients())
 
     @override
     def process_state_dict_for_saving_inference(self, state_dict: dict[str, Any]) -> None:
@@ -282,12 +289,18 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         return self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits)), pre
 
     def objective(
-        self, sae_in: Tensor, sae_out: Tensor, bits: Tensor, step_input: TrainStepInput,
+        self,
+        sae_in: Tensor,
+        sae_out: Tensor,
+        bits: Tensor,
+        coefficients: dict[str, float],
+        *,
+        entropy_on: bool = True,
+        covariance_on: bool = True,
         global_bits: Tensor | None = None,
-    ) -> dict[str, Tensor]:  # fmt: skip
-        """The loss terms of this step (``sae_lens_bae.losses.bae_objective``), with SAELens'
-        scheduled coefficients and the entropy term off for the configured first steps; the
-        reconstruction is measured in the units of the input scale, if any."""
+    ) -> dict[str, Tensor]:
+        """The loss terms (``sae_lens_bae.losses.bae_objective``) with these coefficients and
+        phases; the reconstruction is measured in the units of the input scale, if any."""
         scale = current_input_scale(self)
         if scale is not None:
             sae_in, sae_out = sae_in * scale, sae_out * scale
@@ -295,15 +308,27 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             sae_in.reshape(-1, sae_in.shape[-1]),
             sae_out.reshape(-1, sae_out.shape[-1]),
             bits.reshape(-1, bits.shape[-1]),
-            entropy_coefficient=step_input.coefficients["entropy"],
-            covariance_coefficient=step_input.coefficients["covariance"]
-            * self.cfg.covariance_on(step_input.n_training_steps),
-            firing_coefficient=step_input.coefficients.get("firing", 0.0),
-            entropy_on=step_input.n_training_steps >= self.cfg.resolved_entropy_off_steps(),
-            covariance_block_size=self.cfg.covariance_block_size,
+            entropy_coefficient=coefficients["entropy"],
+            covariance_coefficient=coefficients["covariance"] * covariance_on,
+            firing_coefficient=coefficients.get("firing", 0.0),
+            entropy_on=entropy_on,
             batch=self.global_batch,
             global_bits=global_bits,
         )
+
+    def _step_objective(
+        self, step_input: TrainStepInput, sae_out: Tensor, bits: Tensor,
+        global_bits: Tensor | None = None,
+    ) -> dict[str, Tensor]:  # fmt: skip
+        n, schedule = step_input.n_training_steps, self._schedule()
+        return self.objective(
+            step_input.sae_in, sae_out, bits, step_input.coefficients,
+            entropy_on=schedule.entropy_on(n), covariance_on=schedule.covariance_on(n),
+            global_bits=global_bits,
+        )  # fmt: skip
+
+    def _schedule(self) -> Schedule:
+        return self.schedule if self.schedule is not None else self.resolve_schedule()
 
     @override
     def calculate_aux_loss(
@@ -314,7 +339,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         sae_out: Tensor,
     ) -> dict[str, Tensor]:
         bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
-        terms = self.objective(step_input.sae_in, sae_out, bits, step_input)
+        terms = self._step_objective(step_input, sae_out, bits)
         return {name: terms[name] for name in LOSS_TERMS if name != "reconstruction_loss"}
 
     @torch.no_grad()
@@ -334,9 +359,8 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             residuals,
             channels,
             bits_per_feature=self.cfg.bits,
-            rate=self.cfg.resample_rate,
         )
-        self.code_mean[channels] = self.cfg.resample_rate
+        self.code_mean[channels] = RESAMPLE_RATE
         self.window_counts.zero_()
         self.window_samples.zero_()
         return count
@@ -347,17 +371,18 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         logged; first, at the end of a resampling window, the constant channels are resampled."""
         sae_in = step_input.sae_in
         n = step_input.n_training_steps
+        schedule = self._schedule()
         batch = self.global_batch or GlobalBatch.local()
         if self.cfg.rescale_inputs_to is not None and (n == 0 or batch.world == 1):
             # every rank sets it from the first global batch; later only if that had no variance
             fix_input_frame(self, batch.gather(sae_in), self.cfg.rescale_inputs_to)
-        if self.cfg.resample_every > 0 and n > 0 and self.cfg.resampling_at(n - 1):
+        if schedule.resamples_before(n):
             self.resample(batch.gather(sae_in))
         bits, hidden_pre = self.encode_bits_with_grad(sae_in)
         feature_acts = self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits))
         sae_out = self.decode(feature_acts)
         global_bits = batch.gather(bits.reshape(-1, bits.shape[-1]), codes=True)  # one gather
-        losses = self.objective(sae_in, sae_out, bits, step_input, global_bits)
+        losses = self._step_objective(step_input, sae_out, bits, global_bits)
         entropy_bits = losses.pop("batch_entropy_bits")
         mean_code = losses.pop("batch_mean_code")  # of the global minibatch
         self._update_code_mean(mean_code)
@@ -365,11 +390,10 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         if batch.world > 1:  # the output covers the global minibatch too (firing statistics)
             sae_in, sae_out = batch.gather(sae_in), batch.gather(sae_out.detach())
             feature_acts = bits_to_values(flat_bits, self.cfg.bits)
-        if self.cfg.window_counted(n):
+        if schedule.window_counted(n):
             self.window_counts += flat_bits.sum(0, dtype=torch.int64)
             self.window_samples += flat_bits.shape[0]
         dead_mask = step_input.dead_neuron_mask
-        threshold = self.cfg.dense_threshold
 
         def dead_fraction() -> float:
             # SAELens' window-based mask when training under SAETrainer, else this batch.
@@ -387,7 +411,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             metrics={
                 "batch_entropy_bits": entropy_bits,
                 "dead_fraction": dead_fraction,
-                "dense_fraction": lambda: (mean_code > threshold).float().mean().item(),
+                "dense_fraction": lambda: (mean_code > DENSE_FIRING_RATE).float().mean().item(),
             },
         )
 

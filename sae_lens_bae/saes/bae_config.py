@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -11,11 +10,11 @@ from typing import Any, Literal
 
 from sae_lens.constants import SAE_CFG_FILENAME
 from sae_lens.saes.sae import SAEConfig, SAEMetadata, TrainingSAEConfig
-from sae_lens.training.sae_trainer import SAETrainer
 from typing_extensions import override
 
 from sae_lens_bae.saes.bae_presets import BAE_PRESETS, BAEPreset
 from sae_lens_bae.saes.binary import SURROGATES
+from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = [
     "ARCHITECTURE",
@@ -25,8 +24,8 @@ __all__ = [
     "BAEConfig",
     "BAEPreset",
     "BAETrainingSAEConfig",
+    "Schedule",
     "bae_config",
-    "length_of_calling_trainer",
     "read_cfg_json",
     "validate_config_dict",
 ]
@@ -115,49 +114,27 @@ class BAEConfig(SAEConfig):
 
 @dataclass
 class BAETrainingSAEConfig(TrainingSAEConfig):
-    """Training configuration of a BAE (inference fields as in :class:`BAEConfig`).
+    """Training configuration of a BAE: the objective, and its phases as fractions of training
+    (inference fields as in :class:`BAEConfig`). Whoever trains resolves the phases into steps
+    once (:meth:`schedule`).
 
     Args:
-        surrogate: surrogate derivative of the step, a key of :data:`SURROGATES`. Default
-            ``"sigmoid"``: in the synthetic-entropy prototype (d=64, d_sae=256) the sigmoid
-            surrogate recovered every r in {0..32} within 0.0004 bits while straight-through was
-            30-47% off in every setting tried.
+        surrogate: surrogate derivative of the step, a key of :data:`SURROGATES`
+            (docs/research/synthetic-entropy.md compares them).
         surrogate_temperature: T of the sigmoid surrogate (1.0 is the paper's definition).
         entropy_coefficient: a_e, weight of the minibatch entropy in bits.
         covariance_coefficient: a_c, weight of the off-diagonal covariance penalty.
+        firing_coefficient: a_f, weight of the summed minibatch firing rates: the entropy is
+            symmetric in p and 1 - p, and this makes every channel's rare state its 1.
+        entropy_off_fraction: first fraction of training with the entropy term off.
+        covariance_off_final_fraction: last fraction of training with the covariance term off.
+        resample_every: steps between resamplings of constant channels (0: never).
+        resample_until_fraction: resampling stops after this fraction of training.
+        total_training_steps: length of training, which resolves the fractions; set by
+            ``train_sae`` and ``fill_training_schedule`` (SAELens never tells an SAE).
 
-        These, ``firing_coefficient``, ``resample_every`` and ``resample_until_fraction``
-        default to None: the ``default``
-        recipe of ``saes.bae_presets``, with the coefficients scaled by 2048 / d_in, so the
-        default config suits any width (``bae_config(d_in, preset="paper")`` for the paper's).
-        entropy_off_steps: training steps with the entropy term off. None means
-            ``entropy_off_fraction * total_training_steps``.
-        entropy_off_fraction: fraction of training with the entropy term off (paper: 25%).
-        covariance_off_final_fraction: the last fraction of training with the covariance term
-            off (default 0: on to the end). On planted bits the term, noisy on a minibatch,
-            holds each channel's threshold at the edge of its firing states, so a code that
-            found every bit still flips a few % of them (docs/entropy.md, "The covariance
-            term's floor"); training the last steps without it lets the reconstruction move the
-            thresholds back, while the entropy term keeps the code from growing.
-        total_training_steps: length of training, needed only to resolve the fraction above;
-            :func:`sae_lens_bae.training.fill_training_schedule` fills it from a runner config.
-        dense_threshold: firing rate above which a code bit counts as dense in the metrics.
-        covariance_block_size: tile size of the covariance penalty (None: by device, at most
-            2048 on CUDA and 724 elsewhere, evened out over n_bits).
-        code_mean_decay: the ``code_mean`` buffer (mean code, the prior used for burstiness) is a
-            running mean over the first 1 / (1 - decay) steps, then an exponential average.
-        firing_coefficient: a_f, weight of the summed minibatch firing rates (the mean number of
-            active bits per sample). The entropy is symmetric in p and 1 - p, so without it a
-            channel parked always on costs as little as one that never fires; with it the rare
-            state of every channel is its 1.
-        coefficient_warm_up_steps: a_e, a_c and a_f rise linearly from 0 over these first steps
-            (SAELens' coefficient warm-up), on top of ``entropy_off_steps``.
-        resample_every: every this many steps, channels that were constant over those steps
-            (never or always on) are re-initialised on the minibatch's worst-reconstructed samples
-            (0: never). Only while ``resample_until_fraction`` of training has not passed.
-        resample_until_fraction: resampling stops after this fraction of training (so the last
-            resampled channels still train), or never when the length of training is unknown.
-        resample_rate: a re-initialised channel fires on this fraction of the minibatch.
+    The coefficients, ``surrogate_temperature`` and the resampling fields default to None: the
+    ``default`` recipe of ``saes.bae_presets`` at this ``d_in``.
     """
 
     d_sae: int = None  # type: ignore[assignment]
@@ -166,21 +143,15 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     apply_b_dec_to_input: bool = False
     rescale_inputs_to: float | None = None
     surrogate: Literal["sigmoid", "ste"] = "sigmoid"
-    surrogate_temperature: float = None  # type: ignore[assignment]  # None: the default recipe
+    surrogate_temperature: float = None  # type: ignore[assignment]
     entropy_coefficient: float = None  # type: ignore[assignment]
     covariance_coefficient: float = None  # type: ignore[assignment]
-    entropy_off_steps: int | None = None
+    firing_coefficient: float = None  # type: ignore[assignment]
     entropy_off_fraction: float = 0.25
     covariance_off_final_fraction: float = 0.0
-    total_training_steps: int | None = None
-    dense_threshold: float = 0.5
-    covariance_block_size: int | None = None
-    code_mean_decay: float = 0.999
-    firing_coefficient: float = None  # type: ignore[assignment]
-    coefficient_warm_up_steps: int = 0
     resample_every: int = None  # type: ignore[assignment]
     resample_until_fraction: float = None  # type: ignore[assignment]
-    resample_rate: float = 0.05
+    total_training_steps: int | None = None
 
     @override
     @classmethod
@@ -201,29 +172,19 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             "surrogate_temperature": self.surrogate_temperature > 0,
             "entropy_coefficient": self.entropy_coefficient >= 0,
             "covariance_coefficient": self.covariance_coefficient >= 0,
+            "firing_coefficient": self.firing_coefficient >= 0,
             "entropy_off_fraction": 0.0 <= self.entropy_off_fraction <= 1.0,
             "covariance_off_final_fraction": 0.0 <= self.covariance_off_final_fraction <= 1.0,
-            "dense_threshold": 0.0 < self.dense_threshold < 1.0,
-            "code_mean_decay": 0.0 <= self.code_mean_decay < 1.0,
-            "firing_coefficient": self.firing_coefficient >= 0,
             "resample_until_fraction": 0.0 <= self.resample_until_fraction <= 1.0,
-            "resample_rate": 0.0 < self.resample_rate < 0.5,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(
                 "Invalid BAE training config: "
                 + ", ".join(f"{name}={getattr(self, name)!r}" for name in bad)
-                + " (temperature > 0, coefficients >= 0, fractions in [0, 1], "
-                "0 < dense_threshold < 1, 0 <= code_mean_decay < 1, 0 < resample_rate < 0.5)"
+                + " (temperature > 0, coefficients >= 0, fractions in [0, 1])"
             )
-        for name in (
-            "entropy_off_steps",
-            "total_training_steps",
-            "covariance_block_size",
-            "coefficient_warm_up_steps",
-            "resample_every",
-        ):
+        for name in ("total_training_steps", "resample_every"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"{name} must be a non-negative integer or None, got {value!r}")
@@ -233,66 +194,43 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     def n_bits(self) -> int:
         return self.bits * self.d_sae
 
-    def resolved_entropy_off_steps(self) -> int:
-        """Number of initial steps without the entropy term; raises if it cannot be known."""
-        if self.entropy_off_steps is not None:
-            return self.entropy_off_steps
-        if self.entropy_off_fraction == 0.0:
-            return 0
-        if self.total_training_steps is None:
+    def schedule(self, total_steps: int | None = None) -> Schedule:
+        """The phases in steps for a run of ``total_steps`` (default: ``total_training_steps``,
+        which wins when both are set); raises where a phase needs a length that is unknown."""
+        total = self.total_training_steps if self.total_training_steps is not None else total_steps
+        needs = {
+            "entropy_off_fraction": self.entropy_off_fraction > 0,
+            "covariance_off_final_fraction": self.covariance_off_final_fraction > 0,
+        }
+        unknown = [name for name, needed in needs.items() if needed and total is None]
+        if unknown:
             raise ValueError(
-                "The BAE switches its entropy term on after "
-                f"entropy_off_fraction={self.entropy_off_fraction} of training, but does not know "
-                "how long training is (SAELens' SAETrainer tells it; this trainer did not). "
-                "Set BAETrainingSAEConfig(total_training_steps=...) or (entropy_off_steps=...)."
+                f"The BAE's {unknown[0]}={getattr(self, unknown[0])} needs the length of "
+                "training, which SAELens never tells an SAE: set BAETrainingSAEConfig("
+                "total_training_steps=...), or call fill_training_schedule(runner_config) "
+                "before SAELens' runner"
             )
-        return round(self.entropy_off_fraction * self.total_training_steps)
-
-    def covariance_on(self, step: int) -> bool:
-        """Whether the covariance term counts at training step ``step`` (0-based): off for the
-        last ``covariance_off_final_fraction`` of training; raises if its length is unknown."""
-        if self.covariance_off_final_fraction == 0.0:
-            return True
-        if self.total_training_steps is None:
-            raise ValueError(
-                "The BAE switches its covariance term off for the last "
-                f"covariance_off_final_fraction={self.covariance_off_final_fraction} of training, "
-                "but does not know how long training is. "
-                "Set BAETrainingSAEConfig(total_training_steps=...)."
-            )
-        return step < round((1 - self.covariance_off_final_fraction) * self.total_training_steps)
-
-    def coefficients_at(self, step: int) -> dict[str, float]:
-        """a_e, a_c, a_f at training step ``step`` (0-based): SAELens' linear warm-up over
-        ``coefficient_warm_up_steps`` (what ``SAETrainer`` hands the BAE), for trainers that
-        schedule the coefficients themselves."""
-        warm = self.coefficient_warm_up_steps
-        factor = min(step / warm, 1.0) if warm > 0 else 1.0
-        return {name: factor * value for name, value in self.coefficients().items()}
+        covariance_off = (
+            None
+            if total is None or self.covariance_off_final_fraction == 0.0
+            else round((1 - self.covariance_off_final_fraction) * total)
+        )
+        return Schedule(
+            total_steps=total,
+            entropy_on_from=0 if total is None else round(self.entropy_off_fraction * total),
+            covariance_off_from=covariance_off,
+            resample_every=self.resample_every,
+            # without a length, resampling never stops (nothing says when training ends)
+            resample_until=None if total is None else self.resample_until_fraction * total,
+        )
 
     def coefficients(self) -> dict[str, float]:
-        """The coefficients' final values, by the names SAELens schedules them under."""
+        """The coefficients' values, by the names SAELens schedules them under."""
         return {
             "entropy": self.entropy_coefficient,
             "covariance": self.covariance_coefficient,
             "firing": self.firing_coefficient,
         }
-
-    def resampling_at(self, step: int) -> bool:
-        """Whether step ``step`` (0-based) ends a resampling window."""
-        if self.resample_every <= 0 or (step + 1) % self.resample_every:
-            return False
-        if self.total_training_steps is None:
-            return True
-        return step < self.resample_until_fraction * self.total_training_steps
-
-    def window_counted(self, step: int) -> bool:
-        """Whether step ``step`` (0-based) counts its codes for resampling: its window ends in
-        one (``resampling_at``). After the last resampling nothing reads the counts, and the
-        count costs 3-4 kernel launches a step for the rest of training."""
-        if self.resample_every <= 0:
-            return False
-        return self.resampling_at(step + (-(step + 1)) % self.resample_every)
 
 
 def read_cfg_json(folder: str | Path) -> dict[str, Any]:
@@ -350,14 +288,12 @@ def bae_config(
     *,
     preset: str | BAEPreset = "default",
     coefficient_scale: float = 1.0,
-    coefficient_warm_up_fraction: float = 0.0,
     total_training_steps: int | None = None,
     **overrides: Any,
 ) -> BAETrainingSAEConfig:
     """A training config from a named recipe of ``BAE_PRESETS``, or a ``BAEPreset`` of one's own
     (train it with the recipe's ``lr``). ``coefficient_scale`` multiplies a_e and a_c;
-    ``coefficient_warm_up_fraction`` warms all coefficients up over that fraction of
-    ``total_training_steps``; ``overrides`` replace any config field."""
+    ``overrides`` replace any config field."""
     if isinstance(preset, BAEPreset):
         recipe = preset
     elif preset in BAE_PRESETS:
@@ -371,21 +307,4 @@ def bae_config(
     }
     settings["entropy_coefficient"] *= coefficient_scale
     settings["covariance_coefficient"] *= coefficient_scale
-    if coefficient_warm_up_fraction:
-        if total_training_steps is None:
-            raise ValueError("coefficient_warm_up_fraction needs total_training_steps")
-        settings["coefficient_warm_up_steps"] = round(
-            coefficient_warm_up_fraction * total_training_steps
-        )
     return BAETrainingSAEConfig(d_in=d_in, d_sae=d_sae, **{**settings, **overrides})
-
-
-def length_of_calling_trainer() -> int | None:
-    """``total_training_steps`` of the ``SAETrainer`` whose constructor called
-    ``get_coefficients`` (two frames up), if that is what called it: how a BAE learns the
-    length of training, which SAELens never tells an SAE."""
-    frame = inspect.currentframe()
-    caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
-    trainer = caller.f_locals.get("self") if caller is not None else None
-    steps = getattr(getattr(trainer, "cfg", None), "total_training_steps", None)
-    return steps if isinstance(trainer, SAETrainer) and isinstance(steps, int) else None

@@ -108,8 +108,15 @@ def bits_to_values(
     return (grouped @ weights) / (2**n_bits_per_value - 1)
 
 
+CODE_MEAN_DECAY = 0.999
+"""The mean code (the burstiness prior) is the exact mean of the first 1 / (1 - decay) training
+minibatches, then an exponential average over about that many."""
+
+
 @torch.no_grad()
-def update_running_mean(mean: Tensor, count: Tensor, batch_mean: Tensor, decay: float) -> None:
+def update_running_mean(
+    mean: Tensor, count: Tensor, batch_mean: Tensor, decay: float = CODE_MEAN_DECAY
+) -> None:
     """In place: the exact running mean for the first 1/(1-decay) updates, then an exponential
     average with weight 1 - decay. Tensor arithmetic only: a GPU step never waits for the host."""
     count += 1

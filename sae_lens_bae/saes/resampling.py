@@ -16,11 +16,20 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-__all__ = ["CONSTANT_RARITY", "constant_channels", "resample_constant_channels"]
+__all__ = [
+    "CONSTANT_RARITY",
+    "RESAMPLE_RATE",
+    "constant_channels",
+    "resample_constant_channels",
+]
 
 CONSTANT_RARITY = 1e-4
 """A channel whose rare state occurs on fewer than this fraction of tokens is constant: it carries
 (almost) no information. The feature statistics' ``constant`` column uses the same threshold."""
+
+RESAMPLE_RATE = 0.05
+"""A resampled channel fires on this fraction of the minibatch it is resampled on: rare, so its
+rare state is its 1, and frequent enough that its gradient is not zero on the next minibatches."""
 
 
 def constant_channels(
@@ -43,7 +52,7 @@ def resample_constant_channels(
     channels: Bool[Tensor, " n_bits"],
     *,
     bits_per_feature: int = 1,
-    rate: float = 0.05,
+    rate: float = RESAMPLE_RATE,
 ) -> int:
     """Re-initialise ``channels`` in place; returns how many were.
 

@@ -129,6 +129,7 @@ class BAETrainingRunner(LanguageModelSAETrainingRunner):
         if cfg.prefetch_llm_batches:
             raise ValueError("prefetch_llm_batches reads ahead of the checkpoints: turn it off "
                              "to train with BAETrainingRunner")  # fmt: skip
+        fill_training_schedule(cfg)  # the BAE's phases need the length SAELens keeps to itself
         super().__init__(cfg, **overrides)
         self.rank, self.world = rank_world() if distributed else (0, 1)
         self.activations_store = ResumableActivationsStore.for_runner(
@@ -284,7 +285,6 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         runner_cfg.resume_from_checkpoint = str(checkpoint)
         if rank == 0:
             print(f"Resuming from {checkpoint}")
-    fill_training_schedule(runner_cfg)
     with torch.random.fork_rng():  # the BAE's initial weights follow the seed
         torch.manual_seed(cfg.seed)
         runner = BAETrainingRunner(runner_cfg, distributed=cfg.distributed,

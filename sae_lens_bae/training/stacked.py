@@ -36,7 +36,12 @@ from sae_lens_bae.saes.binary import (
     step,
     update_running_mean,
 )
-from sae_lens_bae.saes.resampling import constant_channels, resample_constant_channels
+from sae_lens_bae.saes.resampling import (
+    RESAMPLE_RATE,
+    constant_channels,
+    resample_constant_channels,
+)
+from sae_lens_bae.saes.schedule import Schedule
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
 from sae_lens_bae.training.deferred import LossHistory, progress_bits, sets_on_device
 from sae_lens_bae.training.trainer import activation_batches
@@ -68,6 +73,7 @@ class StackedBAE(nn.Module):
                 f"(got {cfg.rescale_inputs_to!r})"
             )
         self.cfg = cfg
+        self.schedule: Schedule | None = None  # resolved by the trainer, else on the first step
         members = [] if init is None else list(init)
         if init is not None and len(members) != len(seeds):
             raise ValueError(f"{len(seeds)} seeds but {len(members)} BAEs to start from")
@@ -127,9 +133,9 @@ class StackedBAE(nn.Module):
             counts.append(resample_constant_channels(
                 self.W_enc.data[g], None if self.b_enc is None else self.b_enc.data[g],
                 self.W_dec.data[g], inputs[i], residuals[i], channels,
-                bits_per_feature=self.cfg.bits, rate=self.cfg.resample_rate,
+                bits_per_feature=self.cfg.bits,
             ))  # fmt: skip
-            self.code_mean[g][channels] = self.cfg.resample_rate
+            self.code_mean[g][channels] = RESAMPLE_RATE
         if members is None:
             self.window_counts.zero_()
         else:  # a converged BAE keeps the counts it stopped with
@@ -170,17 +176,15 @@ class StackedBAE(nn.Module):
         ``resample``: False on a second step at the same ``n_training_steps`` (a held schedule),
         which must not resample again."""
         cfg = self.cfg
-        if (
-            resample
-            and cfg.resample_every > 0
-            and n_training_steps > 0
-            and cfg.resampling_at(n_training_steps - 1)
-        ):
+        if self.schedule is None:
+            self.schedule = cfg.schedule()
+        schedule = self.schedule
+        if resample and schedule.resamples_before(n_training_steps):
             self.resample(x, members)
         bits = step(self.hidden_pre(x, members), cfg.surrogate, cfg.surrogate_temperature)
         out = self.decode(bits, members)
-        coefficients = cfg.coefficients_at(n_training_steps)
-        covariance = coefficients["covariance"] * cfg.covariance_on(n_training_steps)
+        coefficients = cfg.coefficients()
+        covariance = coefficients["covariance"] * schedule.covariance_on(n_training_steps)
         if covariance_off is not None and all(covariance_off):
             covariance = 0.0  # no member pays it: not computed at all
         terms = bae_objective(
@@ -190,21 +194,19 @@ class StackedBAE(nn.Module):
             entropy_coefficient=coefficients["entropy"],
             covariance_coefficient=covariance,
             firing_coefficient=coefficients["firing"],
-            entropy_on=n_training_steps >= cfg.resolved_entropy_off_steps(),
-            covariance_block_size=cfg.covariance_block_size,
+            entropy_on=schedule.entropy_on(n_training_steps),
         )
         if covariance > 0 and covariance_off is not None and any(covariance_off):
             off = torch.tensor(list(covariance_off), device=x.device)
             terms["covariance_loss"] = terms["covariance_loss"].masked_fill(off, 0.0)
         batch_mean = terms.pop("batch_mean_code")
         if members is None:
-            update_running_mean(self.code_mean, self.code_mean_count, batch_mean,
-                                cfg.code_mean_decay)  # fmt: skip
+            update_running_mean(self.code_mean, self.code_mean_count, batch_mean)
         else:  # only the members' rows move (the shared count still advances once)
             rows = self.code_mean[members]
-            update_running_mean(rows, self.code_mean_count, batch_mean, cfg.code_mean_decay)
+            update_running_mean(rows, self.code_mean_count, batch_mean)
             self.code_mean[members] = rows
-        if cfg.window_counted(n_training_steps):  # none once the last resampling is past
+        if schedule.window_counted(n_training_steps):  # none once the last resampling is past
             counts = bits.detach().sum(1, dtype=torch.int64)
             if members is None:
                 self.window_counts += counts
@@ -323,7 +325,8 @@ def train_stacked_baes(
     ]
     history = LossHistory(len(sets))
     # neither the objective's nor the learning rate's ramp is evidence of a plateau or a drain
-    ramp_end = max(lr_warm_up_steps, cfg.resolved_entropy_off_steps())
+    schedule = model.schedule = cfg.schedule()
+    ramp_end = max(lr_warm_up_steps, schedule.entropy_on_from)
     monitor = checks = None
     if convergence is not None:
         rule = replace(convergence, min_steps=max(convergence.min_steps, ramp_end))
@@ -377,12 +380,12 @@ def train_stacked_baes(
                 # that the rest of the schedule would not fit in the steps left
                 room = limit - (n + 1) - drain_hold.check_every >= n_steps - clock
                 falling = any(drain_hold.draining(drain_entropies[g]) for g in active)
-                holding = room and falling and clock >= ramp_end and cfg.covariance_on(clock)
+                holding = room and falling and clock >= ramp_end and schedule.covariance_on(clock)
                 shown = progress_bits([entropies[g] for g in active])  # read at the check
                 bar.set_postfix(held=n + 1 - clock, bits=shown, refresh=False)
             if converging and monitor is not None:
                 for g in monitor.update(clock - 1, errors, entropies):
-                    if final > 0 and clock < n_steps and cfg.covariance_on(clock):
+                    if final > 0 and clock < n_steps and schedule.covariance_on(clock):
                         # the last fraction of its training without the term, as without the rule
                         ends[g] = min(n_steps, clock + math.ceil(final / (1 - final) * clock))
                     else:

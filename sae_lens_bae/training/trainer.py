@@ -70,7 +70,7 @@ def fill_training_schedule(
 
     A BAE keeps its entropy term off for ``entropy_off_fraction`` of training, but SAELens does not
     tell an SAE how long training is. Call this once on the runner config; BAE configs with an
-    explicit ``total_training_steps`` or ``entropy_off_steps`` are left as they are.
+    explicit ``total_training_steps`` are left as they are.
     """
     if isinstance(config, MultiSAETrainingRunnerConfig):
         sae_cfgs = list(config.saes.values())
