@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install quickstart test demo lint bench notebooks gpu-checks gpu-paper-cells gpu-paper-lr
+.PHONY: install quickstart test test-fast demo lint bench notebooks gpu-checks gpu-paper-cells gpu-paper-lr
 
 install: $(VENV)/.installed
 
@@ -23,6 +23,10 @@ quickstart: install
 
 test: install
 	$(BIN)/python -m pytest
+
+# the inner loop: every test but those marked slow (subprocesses, notebooks, long training)
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"
 
 demo: install
 	$(BIN)/python tutorials/01_train_bae.py

@@ -72,8 +72,8 @@ _EXACT_INT32_BATCH = 46340
 
 _TILE_ELEMENTS = {"cuda": 1 << 22, "cpu": 1 << 19}
 """Default tile: at most this many entries over the whole stack, per device type (2048 x 2048 for
-one BAE on CUDA; 724 x 724 elsewhere, where a tile that stays in cache makes the penalty of
-d_sae = 2304 two times faster on 2 CPU cores than 2048-wide tiles: ``benchmarks/train_step.py``)."""
+one BAE on CUDA; 724 x 724 elsewhere, where a tile that stays in the cache is faster:
+``benchmarks/train_step.py`` times both)."""
 
 
 def _default_block(n: int, groups: int, device: torch.device) -> int:

@@ -45,8 +45,11 @@ def token_rows(dataset: Dataset | torch.Tensor) -> torch.Tensor:
     (SAELens' runner sets a tokenized dataset to torch format in place: rows become tensors)."""
     if isinstance(dataset, torch.Tensor):
         return dataset
-    rows = dataset.with_format("torch")["input_ids"] if isinstance(dataset, Dataset) else (
-        dataset["input_ids"])  # fmt: skip
+    rows = (
+        dataset.with_format("torch")["input_ids"]
+        if isinstance(dataset, Dataset)
+        else (dataset["input_ids"])
+    )
     if isinstance(rows, torch.Tensor):
         return rows
     return torch.stack([torch.as_tensor(row) for row in rows])

@@ -110,8 +110,9 @@ def held_out_objective(
 
 def _kl(clean: Tensor, other: Tensor) -> Tensor:
     """KL(clean || other) per position, from logits."""
-    return F.kl_div(F.log_softmax(other, -1), F.log_softmax(clean, -1), log_target=True,
-                    reduction="none").sum(-1)  # fmt: skip
+    return F.kl_div(
+        F.log_softmax(other, -1), F.log_softmax(clean, -1), log_target=True, reduction="none"
+    ).sum(-1)
 
 
 @torch.no_grad()
@@ -161,18 +162,25 @@ def spliced_losses(
 
     for start in range(0, tokens.shape[0], batch_size):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
-        clean_logits, clean_loss = model(batch, return_type="both", loss_per_token=True,
-                                         prepend_bos=False)  # fmt: skip
+        clean_logits, clean_loss = model(
+            batch, return_type="both", loss_per_token=True, prepend_bos=False
+        )
         ablated_logits, ablated_loss = model.run_with_hooks(
-            batch, return_type="both", loss_per_token=True, prepend_bos=False,
+            batch,
+            return_type="both",
+            loss_per_token=True,
+            prepend_bos=False,
             fwd_hooks=[(hook, replacing(None))],
-        )  # fmt: skip
+        )
         ablated_kl = _kl(clean_logits, ablated_logits)
         for name, sae in saes.items():
             logits, loss = model.run_with_hooks(
-                batch, return_type="both", loss_per_token=True, prepend_bos=False,
+                batch,
+                return_type="both",
+                loss_per_token=True,
+                prepend_bos=False,
                 fwd_hooks=[(hook, replacing(sae))],
-            )  # fmt: skip
+            )
             totals = {
                 "ce_loss_with_sae": loss.sum(),
                 "ce_loss_without_sae": clean_loss.sum(),

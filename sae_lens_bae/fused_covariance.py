@@ -68,7 +68,7 @@ BLOCK_B = 32
 """Samples per step of a tile's loop over the batch."""
 NUM_WARPS = 8
 """Warps per program: a 128 x 128 fp32 accumulator is 64 registers a thread at 8 warps. The
-block sizes are first guesses, not tuned on a GPU yet (issue 16)."""
+block sizes are first guesses, to be tuned on a GPU (``make gpu-checks``)."""
 
 SIGN_CACHE_LIMIT = 1 << 26
 """Codes [G, B, n] with G n^2 at most this keep the forward's signs for backward (bf16: 128 MiB
@@ -122,9 +122,16 @@ if HAS_TRITON:
 
     @triton.jit
     def _program_cov_tile(
-        x_ptr, copy_ptr, tile_i_ptr, tile_j_ptr, batch, n,
-        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, COPY: tl.constexpr,
-    ):  # fmt: skip
+        x_ptr,
+        copy_ptr,
+        tile_i_ptr,
+        tile_j_ptr,
+        batch,
+        n,
+        BLOCK_N: tl.constexpr,
+        BLOCK_B: tl.constexpr,
+        COPY: tl.constexpr,
+    ):
         """This program's tile t (row block ti, column block tj) of stack member g: B(B-1) cov,
         zero off the matrix and on its diagonal, with its channel indices and column counts
         (summed here from the codes the loop reads anyway: no count kernel). The codes come in
@@ -149,8 +156,11 @@ if HAS_TRITON:
             offsets = b[:, None].to(tl.int64) * n
             in_rows = (b[:, None] < batch) & (rows[None, :] < n)
             x_i = tl.load(base + offsets + rows[None, :], mask=in_rows, other=0.0)
-            x_j = tl.load(base + offsets + cols[None, :],
-                          mask=(b[:, None] < batch) & (cols[None, :] < n), other=0.0)  # fmt: skip
+            x_j = tl.load(
+                base + offsets + cols[None, :],
+                mask=(b[:, None] < batch) & (cols[None, :] < n),
+                other=0.0,
+            )
             if COPY:  # noqa: SIM102 (a compile-time branch around a run-time one)
                 if ti == tj:
                     copy = copy_ptr + g.to(tl.int64) * batch * n + offsets + rows[None, :]
@@ -166,10 +176,21 @@ if HAS_TRITON:
 
     @triton.jit
     def _forward_kernel(
-        x_ptr, copy_ptr, tile_i_ptr, tile_j_ptr, out_ptr, signs_ptr, batch, n, n_tiles, scale,
-        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, STORE_SIGNS: tl.constexpr,
+        x_ptr,
+        copy_ptr,
+        tile_i_ptr,
+        tile_j_ptr,
+        out_ptr,
+        signs_ptr,
+        batch,
+        n,
+        n_tiles,
+        scale,
+        BLOCK_N: tl.constexpr,
+        BLOCK_B: tl.constexpr,
+        STORE_SIGNS: tl.constexpr,
         COPY: tl.constexpr,
-    ):  # fmt: skip
+    ):
         cov, rows, cols, c_i, c_j, t, g, ti, tj = _program_cov_tile(
             x_ptr, copy_ptr, tile_i_ptr, tile_j_ptr, batch, n, BLOCK_N, BLOCK_B, COPY
         )
@@ -183,14 +204,24 @@ if HAS_TRITON:
             inside = (rows[:, None] < n) & (cols[None, :] < n)
             tl.store(base + rows[:, None].to(tl.int64) * n + cols[None, :], sign, mask=inside)
             if ti != tj:
-                tl.store(base + cols[:, None].to(tl.int64) * n + rows[None, :], tl.trans(sign),
-                         mask=(cols[:, None] < n) & (rows[None, :] < n))  # fmt: skip
+                tl.store(
+                    base + cols[:, None].to(tl.int64) * n + rows[None, :],
+                    tl.trans(sign),
+                    mask=(cols[:, None] < n) & (rows[None, :] < n),
+                )
 
     @triton.jit
     def _backward_kernel(
-        x_ptr, tile_i_ptr, tile_j_ptr, grad_ptr, sign_sums_ptr, batch, n,
-        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    ):  # fmt: skip
+        x_ptr,
+        tile_i_ptr,
+        tile_j_ptr,
+        grad_ptr,
+        sign_sums_ptr,
+        batch,
+        n,
+        BLOCK_N: tl.constexpr,
+        BLOCK_B: tl.constexpr,
+    ):
         cov, rows, cols, c_i, c_j, t, g, ti, tj = _program_cov_tile(
             x_ptr, x_ptr, tile_i_ptr, tile_j_ptr, batch, n, BLOCK_N, BLOCK_B, False
         )
@@ -215,8 +246,9 @@ if HAS_TRITON:
             if mirrored:
                 x_j = tl.load(base + offsets + cols[None, :], mask=in_cols, other=0.0)
                 x_j = x_j.to(tl.float16)
-                tl.atomic_add(grad + offsets + rows[None, :], tl.dot(x_j, tl.trans(sign)),
-                              mask=in_rows)  # fmt: skip
+                tl.atomic_add(
+                    grad + offsets + rows[None, :], tl.dot(x_j, tl.trans(sign)), mask=in_rows
+                )
 
 
 def fused_applies(codes: Tensor, max_batch: int) -> bool:
@@ -262,11 +294,22 @@ def fused_forward(
     partial = torch.empty(groups, n_tiles, dtype=torch.float32, device=codes.device)
     if n_tiles:
         _forward_kernel[(n_tiles, groups)](
-            codes, codes if copy is None else copy, tile_i, tile_j, partial,
-            partial if signs is None else signs, batch, n, n_tiles, scale,
-            BLOCK_N=block_n, BLOCK_B=block_b, STORE_SIGNS=signs is not None,
-            COPY=copy is not None, num_warps=NUM_WARPS,
-        )  # fmt: skip
+            codes,
+            codes if copy is None else copy,
+            tile_i,
+            tile_j,
+            partial,
+            partial if signs is None else signs,
+            batch,
+            n,
+            n_tiles,
+            scale,
+            BLOCK_N=block_n,
+            BLOCK_B=block_b,
+            STORE_SIGNS=signs is not None,
+            COPY=copy is not None,
+            num_warps=NUM_WARPS,
+        )
     return partial.sum(1)
 
 
@@ -304,9 +347,17 @@ def fused_backward(
     sign_sums = torch.zeros(groups, n, dtype=torch.float32, device=codes.device)
     if n_tiles:
         _backward_kernel[(n_tiles, groups)](
-            codes, tile_i, tile_j, grad, sign_sums, batch, n,
-            BLOCK_N=block_n, BLOCK_B=block_b, num_warps=NUM_WARPS,
-        )  # fmt: skip
+            codes,
+            tile_i,
+            tile_j,
+            grad,
+            sign_sums,
+            batch,
+            n,
+            BLOCK_N=block_n,
+            BLOCK_B=block_b,
+            num_warps=NUM_WARPS,
+        )
     return torch.sub(grad, sign_sums[:, None, :], alpha=1.0 / batch)
 
 

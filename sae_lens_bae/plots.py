@@ -203,20 +203,39 @@ def entropy_curves_figure(
             label += f" (ICL accuracy {group[0]['accuracy']:.2f})"
         colour = f"C{n}"
         spread = [r.get("bits_std") or 0.0 for r in group]
-        ax.errorbar(xs, bits, yerr=spread, fmt="-", color=colour, alpha=0.7, capsize=2,
-                    label=label)  # fmt: skip
+        ax.errorbar(xs, bits, yerr=spread, fmt="-", color=colour, alpha=0.7, capsize=2, label=label)
         if all(r.get("ceiling_bits") is not None for r in group):
-            ax.plot(xs, [r["ceiling_bits"] for r in group], ":", color=colour, linewidth=1.2,
-                    gid="ceiling")  # fmt: skip
+            ax.plot(
+                xs,
+                [r["ceiling_bits"] for r in group],
+                ":",
+                color=colour,
+                linewidth=1.2,
+                gid="ceiling",
+            )
         referenced = [i for i, r in enumerate(group) if r.get("reference_bits") is not None]
         if referenced:  # the k-means reference: squares, filled where it reads the cell
-            ax.plot([xs[i] for i in referenced], [group[i]["reference_bits"] for i in referenced],
-                    "--", color=colour, linewidth=1.0, alpha=0.7, gid="reference")  # fmt: skip
+            ax.plot(
+                [xs[i] for i in referenced],
+                [group[i]["reference_bits"] for i in referenced],
+                "--",
+                color=colour,
+                linewidth=1.0,
+                alpha=0.7,
+                gid="reference",
+            )
             passes = [bool(group[i]["reference_reads_cell"]) for i in referenced]
-            ax.scatter([xs[i] for i in referenced],
-                       [group[i]["reference_bits"] for i in referenced], marker="s", s=30,
-                       zorder=3, facecolors=[colour if p else "none" for p in passes],
-                       edgecolors=colour, linewidths=1.2, gid="reference_points")  # fmt: skip
+            ax.scatter(
+                [xs[i] for i in referenced],
+                [group[i]["reference_bits"] for i in referenced],
+                marker="s",
+                s=30,
+                zorder=3,
+                facecolors=[colour if p else "none" for p in passes],
+                edgecolors=colour,
+                linewidths=1.2,
+                gid="reference_points",
+            )
         shades = [
             (0.6, 0.6, 0.6, 1.0) if r["relative_error"] is None else cmap(norm(r["relative_error"]))
             for r in group
@@ -226,11 +245,15 @@ def entropy_curves_figure(
             if not picked:
                 continue
             points = ax.scatter(
-                [xs[i] for i in picked], [bits[i] for i in picked], s=36 if reliable else 44,
-                zorder=3, facecolors=[shades[i] for i in picked] if reliable else "none",
+                [xs[i] for i in picked],
+                [bits[i] for i in picked],
+                s=36 if reliable else 44,
+                zorder=3,
+                facecolors=[shades[i] for i in picked] if reliable else "none",
                 edgecolors="k" if reliable else [shades[i] for i in picked],
-                linewidths=0.3 if reliable else 1.8, gid="reliable" if reliable else "unreliable",
-            )  # fmt: skip
+                linewidths=0.3 if reliable else 1.8,
+                gid="reliable" if reliable else "unreliable",
+            )
             mappable = mappable or points
     if log2_x:
         ax.set_xscale("log", base=2)
@@ -238,15 +261,25 @@ def entropy_curves_figure(
     if any(r.get("ceiling_bits") is not None for r in rows):
         ax.plot([], [], ":", color="k", label="ceiling: log2(states)")
     if any(not r.get("reliable", True) for r in rows):
-        ax.scatter([], [], s=44, facecolors="none", edgecolors="k", linewidths=1.8,
-                   label="unreliable cell (ring)")  # fmt: skip
+        ax.scatter(
+            [],
+            [],
+            s=44,
+            facecolors="none",
+            edgecolors="k",
+            linewidths=1.8,
+            label="unreliable cell (ring)",
+        )
     if any(r.get("reference_bits") is not None for r in rows):
         label = "k-means reference: smallest K reading the cell (hollow: none did)"
         ax.plot([], [], "--s", color="k", markerfacecolor="none", linewidth=1.0, label=label)
     ax.legend(fontsize=8)
     if mappable is not None:
-        fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax,
-                     label="relative reconstruction error (SSE / variance)")  # fmt: skip
+        fig.colorbar(
+            ScalarMappable(norm=norm, cmap=cmap),
+            ax=ax,
+            label="relative reconstruction error (SSE / variance)",
+        )
     return fig
 
 
@@ -264,8 +297,14 @@ def plot_comsem_scores(
         rank = np.arange(1, ranked.size + 1)
         colour = f"C{n}"
         ax.plot(rank, ranked, color=colour, linewidth=1.5, label=f"{name}: score")
-        ax.plot(rank, np.cumsum(ranked) / rank, "--", color=colour, linewidth=1,
-                label=f"{name}: running mean")  # fmt: skip
+        ax.plot(
+            rank,
+            np.cumsum(ranked) / rank,
+            "--",
+            color=colour,
+            linewidth=1,
+            label=f"{name}: running mean",
+        )
     ax.set(xlabel="features, best first", ylabel="ComSem score", ylim=(-0.02, 1.02), title=title)
     ax.legend(fontsize=8)
     return save_figure(fig, path)

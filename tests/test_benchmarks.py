@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # each benchmark script runs as a subprocess
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

@@ -53,6 +53,7 @@ def test_a_slow_drift_is_not_a_plateau_over_the_horizon():
         assert [plateau.update(step, [0.1], [bits]) for step, bits in checks][-1] == expected
 
 
+@pytest.mark.slow
 def test_the_convergence_rule_stops_early_on_an_easy_set():
     train, test = directional_data(2, d=16, n_train=2048, n_test=512, seed=3)
     recipe = EntropyRecipe(expansion=2, steps=4000, batch_size=256, lr=4e-3)

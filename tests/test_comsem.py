@@ -229,6 +229,7 @@ def test_a_second_run_makes_no_requests(records, tokenizer, tmp_path):
     assert _stable(second) == _stable(first)
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_pays_nothing_twice(records, compare_out, tokenizer, tmp_path):
     with LoopbackServer() as server:
         reference = comsem(records, tokenizer, _client(server), _config(),

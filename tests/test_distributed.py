@@ -37,6 +37,8 @@ from sae_lens_bae.training.distributed import (
 )
 from sae_lens_bae.training.trainer import RecordingTrainer, activation_batches
 
+pytestmark = pytest.mark.slow  # ranks are spawned processes (torchrun or torch.multiprocessing)
+
 D_IN, D_SAE, BATCH, STEPS, WORLD = 16, 64, 32, 20, 2
 ROWS = 700  # 10 global batches of 64 per epoch, 60 rows dropped: epochs wrap inside 20 steps
 TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss", "firing_loss")

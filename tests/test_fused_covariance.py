@@ -232,6 +232,7 @@ def test_a_compiled_bae_training_step_takes_the_op_with_the_eager_loss_and_gradi
         torch.testing.assert_close(grad, eager_grad, rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     RUNS_HERE or not HAS_TRITON,
     reason="the kernels ran directly in this run" if HAS_TRITON else "triton is not installed",

@@ -73,6 +73,7 @@ def test_the_frame_does_not_depend_on_where_the_states_sit():
     assert (framed - framed.mean(0)).pow(2).sum(-1).mean().item() == pytest.approx(0.5, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_moved_set_reads_the_same_entropy_through_the_registry():
     """The registry's entropy preset on a 4-bit set and on the same set moved 100 times its
     spread away: 4 bits both (with the inputs scaled by their norm and not moved, before

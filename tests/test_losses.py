@@ -201,6 +201,7 @@ def test_covariance_penalty_bad_input():
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "train_step.py"
 
 
+@pytest.mark.slow
 def test_covariance_penalty_peak_memory_stays_tiled():
     """Forward + backward at d_sae = 8192, batch 512 (the path of every code too wide to cache
     its sign tiles, as at 65536) stays under 128 MiB of extra memory (67 MiB measured), where the

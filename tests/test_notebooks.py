@@ -15,6 +15,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.slow  # the tutorials run as notebooks in a kernel of their own
+
 TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))
 

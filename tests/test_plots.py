@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import matplotlib.image
+import pytest
 import torch
 
 SCRIPT = """
@@ -16,6 +17,7 @@ print(matplotlib.get_backend())
 """
 
 
+@pytest.mark.slow
 def test_importing_the_package_keeps_the_users_backend():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "svg"

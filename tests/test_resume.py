@@ -63,6 +63,7 @@ def _setup() -> tuple[torch.Tensor, BAETrainingSAEConfig]:
     return namespace["setup"]()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "kill_at", "resumed_from"), [
     ("between", 27, 25),  # checkpoints once steps 9, 17, 25 are done (samples > 512, 1024, 1536)
     ("while_writing", 20, 17),  # the third checkpoint is left incomplete: the second is used
@@ -159,6 +160,7 @@ LIVE = dict(hook="blocks.1.hook_resid_post", context_size=32, training_tokens=30
             batch_size=128, checkpoints=4, seed=5)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_killed_live_run_resumes_to_the_uninterrupted_weights(tiny_hf_llama_dir, tiny_corpus,
                                                               tmp_path):  # fmt: skip
     from sae_lens import SAE

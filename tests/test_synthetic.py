@@ -141,6 +141,7 @@ def test_run_writes_json_table_and_plots(tmp_path):
         assert matplotlib.image.imread(tmp_path / png).shape[0] > 100
 
 
+@pytest.mark.slow
 def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, monkeypatch):
     """The outputs are written after each (expansion, objective) group; run again, the same grid
     trains only the groups the file lacks; another grid is refused unless told not to resume."""

@@ -201,6 +201,7 @@ def test_two_token_sequences_and_entropy():
     assert two_token_sequences((5, 6), r=0, n=10, bos=1)[1] == 0.0
 
 
+@pytest.mark.slow
 def test_two_token_benchmark_stays_under_its_ceiling(tiny_hf_llama_dir, tmp_path):
     cfg = TwoTokenConfig(
         model=str(tiny_hf_llama_dir),

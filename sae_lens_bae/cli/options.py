@@ -215,8 +215,9 @@ def options_of(
         if parser is not None and value is not ...:
             value = "none" if value is None and annotation is str and optional else value
             value = format_default(value)
-        options.append(Option((*path, field.name), name, annotation, value, help_text.strip(),
-                              parser))  # fmt: skip
+        options.append(
+            Option((*path, field.name), name, annotation, value, help_text.strip(), parser)
+        )
     seen: dict[str, Option] = {}
     for option in options:
         if option.name in seen:
@@ -318,7 +319,7 @@ def config_command(
             inspect.Parameter.KEYWORD_ONLY,
             default=o.typer_option(),
             annotation=o.annotation,
-        )  # fmt: skip
+        )
         for o in options
     ]
     command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]

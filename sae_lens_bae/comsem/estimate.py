@@ -34,11 +34,15 @@ class RunEstimate:
     cost_usd: float
 
     def line(self, config: ClientConfig) -> str:
-        price = (f"${self.cost_usd:.4f} at ${config.price_input}/${config.price_output} per "
-                 "million tokens" + (" (Batch API: half)" if config.batch_api else ""))  # fmt: skip
-        return (f"ComSem on {self.features} features: {self.requests} requests, about "
-                f"{self.prompt_tokens} prompt tokens and at most {self.completion_tokens} "
-                f"completion tokens; estimated cost {price}")  # fmt: skip
+        price = (
+            f"${self.cost_usd:.4f} at ${config.price_input}/${config.price_output} per "
+            "million tokens" + (" (Batch API: half)" if config.batch_api else "")
+        )
+        return (
+            f"ComSem on {self.features} features: {self.requests} requests, about "
+            f"{self.prompt_tokens} prompt tokens and at most {self.completion_tokens} "
+            f"completion tokens; estimated cost {price}"
+        )
 
 
 def _chars(messages: list[dict[str, str]]) -> int:
@@ -50,9 +54,16 @@ def estimate_run(
 ) -> RunEstimate:
     """The estimate for ``comsem(records, tokenizer, client, config)`` (a ``ComSemConfig``)."""
     templates = load_templates(config.templates)
-    items = select_samples(records, tokenizer, n_explain=config.n_explain, n_test=config.n_test,
-                           negatives=config.detection, features=config.features,
-                           max_features=config.max_features, seed=config.seed)  # fmt: skip
+    items = select_samples(
+        records,
+        tokenizer,
+        n_explain=config.n_explain,
+        n_test=config.n_test,
+        negatives=config.detection,
+        features=config.features,
+        max_features=config.max_features,
+        seed=config.seed,
+    )
     placeholder = " ".join(["word"] * PLACEHOLDER_WORDS)
     requests, chars = 0, 0
     for item in items:
@@ -67,5 +78,6 @@ def estimate_run(
     prompt = round(chars / CHARS_PER_TOKEN)
     completion = requests * client.max_tokens
     cost = (prompt * client.price_input + completion * client.price_output) / 1e6
-    return RunEstimate(len(items), requests, prompt, completion,
-                       cost * (0.5 if client.batch_api else 1.0))  # fmt: skip
+    return RunEstimate(
+        len(items), requests, prompt, completion, cost * (0.5 if client.batch_api else 1.0)
+    )

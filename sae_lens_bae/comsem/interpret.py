@@ -99,10 +99,19 @@ def records_from_sae(cfg: InterpretConfig) -> FeatureRecords:
         raise ValueError("this SAE does not name its hook point: pass --hook")
     model = load_model(name)
     check_hooks(model, [hook])
-    tokens = load_token_dataset(cfg.dataset, model.tokenizer, cfg.context_size,
-                                max_sequences=cfg.sentences)  # fmt: skip
-    records = records_from_text(model, sae, tokens, hook, cfg.out / "activations", k=cfg.k,
-                                magnitude=cfg.magnitude, input_scale=cfg.input_scale)  # fmt: skip
+    tokens = load_token_dataset(
+        cfg.dataset, model.tokenizer, cfg.context_size, max_sequences=cfg.sentences
+    )
+    records = records_from_text(
+        model,
+        sae,
+        tokens,
+        hook,
+        cfg.out / "activations",
+        k=cfg.k,
+        magnitude=cfg.magnitude,
+        input_scale=cfg.input_scale,
+    )
     records.info["model"] = name
     cfg.out.mkdir(parents=True, exist_ok=True)
     records.save(cfg.out / "records.safetensors")
@@ -144,8 +153,9 @@ def interpret(cfg: InterpretConfig, progress: bool = True) -> dict[str, Any]:
     paid = cfg.base_url is None or cfg.price_input > 0 or cfg.price_output > 0
     if paid and not cfg.yes and not _confirmed():
         raise ValueError("a paid ComSem run starts only once confirmed: answer y, or pass --yes")
-    return comsem(records, tokenizer, client, config, out=cfg.out,
-                  cache=cfg.cache, progress=progress)  # fmt: skip
+    return comsem(
+        records, tokenizer, client, config, out=cfg.out, cache=cfg.cache, progress=progress
+    )
 
 
 def _confirmed() -> bool:

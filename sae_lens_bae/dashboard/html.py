@@ -49,9 +49,11 @@ def feature_file(feature: int) -> str:
 
 
 def _document(title: str, body: str) -> str:
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{escape(title)}</title><style>{STYLE}</style></head>"
-            f"<body>\n{body}\n</body></html>\n")  # fmt: skip
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{STYLE}</style></head>"
+        f"<body>\n{body}\n</body></html>\n"
+    )
 
 
 def index_html(pages: Sequence[FeaturePage], title: str) -> str:
@@ -68,15 +70,20 @@ def index_html(pages: Sequence[FeaturePage], title: str) -> str:
             cells.append(f'<td data-value="{"" if value is None else value}">{shown}</td>')
         explanation = escape(page.explanation or "")
         rows.append(f'<tr>{"".join(cells)}<td class="text">{explanation}</td></tr>')
-    table = (f'<table id="features"><thead><tr>{head}<th class="text">explanation</th></tr>'
-             f"</thead><tbody>\n{chr(10).join(rows)}\n</tbody></table>")  # fmt: skip
-    body = (f"<h1>{escape(title)}</h1><p>{len(pages)} features. Click a column to sort.</p>"
-            f"{table}<script>{SORT_SCRIPT}</script>")  # fmt: skip
+    table = (
+        f'<table id="features"><thead><tr>{head}<th class="text">explanation</th></tr>'
+        f"</thead><tbody>\n{chr(10).join(rows)}\n</tbody></table>"
+    )
+    body = (
+        f"<h1>{escape(title)}</h1><p>{len(pages)} features. Click a column to sort.</p>"
+        f"{table}<script>{SORT_SCRIPT}</script>"
+    )
     return _document(title, body)
 
 
-def histogram_svg(values: Sequence[float], bins: int = 30, width: int = 480,
-                  height: int = 160) -> str:  # fmt: skip
+def histogram_svg(
+    values: Sequence[float], bins: int = 30, width: int = 480, height: int = 160
+) -> str:
     """An inline SVG histogram of ``values`` (bar per bin, the range written under it)."""
     low, high = min(values), max(values)
     span = high - low or 1.0
@@ -91,40 +98,50 @@ def histogram_svg(values: Sequence[float], bins: int = 30, width: int = 480,
         f"<title>{c}</title></rect>"
         for i, c in enumerate(counts)
     )
-    labels = (f'<text x="0" y="{height - 4}" font-size="11">{low:.3g}</text>'
-              f'<text x="{width}" y="{height - 4}" font-size="11" text-anchor="end">'
-              f"{high:.3g}</text>")  # fmt: skip
-    return (f'<svg class="histogram" width="{width}" height="{height}" '
-            f'xmlns="http://www.w3.org/2000/svg">{rects}{labels}</svg>')  # fmt: skip
+    labels = (
+        f'<text x="0" y="{height - 4}" font-size="11">{low:.3g}</text>'
+        f'<text x="{width}" y="{height - 4}" font-size="11" text-anchor="end">'
+        f"{high:.3g}</text>"
+    )
+    return (
+        f'<svg class="histogram" width="{width}" height="{height}" '
+        f'xmlns="http://www.w3.org/2000/svg">{rects}{labels}</svg>'
+    )
 
 
 def _lens_table(title: str, tokens: list[tuple[str, float]]) -> str:
-    rows = "".join(f'<tr><td class="text">{escape(repr(t))}</td><td>{v:+.3f}</td></tr>'
-                   for t, v in tokens)  # fmt: skip
+    rows = "".join(
+        f'<tr><td class="text">{escape(repr(t))}</td><td>{v:+.3f}</td></tr>' for t, v in tokens
+    )
     return f'<div class="lens"><h3>{title}</h3><table>{rows}</table></div>'
 
 
 def feature_html(page: FeaturePage, magnitude: str) -> str:
     """A feature's page: its numbers, explanation, histogram, logit lens and contexts."""
-    facts = [f"{page.records} records ({page.frequency:.4f} of the tokens)",
-             f"mean {magnitude} {page.burstiness:.3f}"]  # fmt: skip
+    facts = [
+        f"{page.records} records ({page.frequency:.4f} of the tokens)",
+        f"mean {magnitude} {page.burstiness:.3f}",
+    ]
     if page.rarity is not None:
         facts.append(f"rarity min(p, 1-p) {page.rarity:.4f}")
-    parts = [f'<p><a href="../index.html">all features</a></p><h1>Feature {page.feature}</h1>',
-             f"<p>{'; '.join(facts)}</p>"]  # fmt: skip
+    parts = [
+        f'<p><a href="../index.html">all features</a></p><h1>Feature {page.feature}</h1>',
+        f"<p>{'; '.join(facts)}</p>",
+    ]
     if page.explanation is not None:
         score = "" if page.score is None else f" (ComSem score {page.score:.2f})"
-        parts.append(f'<p class="explanation"><b>ComSem:</b> {escape(page.explanation)}'
-                     f"{score}</p>")  # fmt: skip
+        parts.append(f'<p class="explanation"><b>ComSem:</b> {escape(page.explanation)}{score}</p>')
     if len(set(page.magnitudes)) > 1:
         histogram = histogram_svg(page.magnitudes)
     else:  # a BAE bit's burstiness takes one value wherever it is in its rare state
         histogram = f"<p>every record at {page.magnitudes[0]:.4f}</p>"
     parts.append(f"<h2>{escape(magnitude)} of its records</h2>{histogram}")
     if page.promoted is not None and page.suppressed is not None:
-        parts.append("<h2>Logit lens (decoder row through the unembedding)</h2>"
-                     + _lens_table("promotes", page.promoted)
-                     + _lens_table("suppresses", page.suppressed))  # fmt: skip
+        parts.append(
+            "<h2>Logit lens (decoder row through the unembedding)</h2>"
+            + _lens_table("promotes", page.promoted)
+            + _lens_table("suppresses", page.suppressed)
+        )
     contexts = "".join(
         f'<div class="context"><span class="magnitude">{c.magnitude:.3f}</span>'
         f"{escape(c.before)}<mark>{escape(c.token)}</mark>{escape(c.after)}</div>"

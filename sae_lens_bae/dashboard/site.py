@@ -56,8 +56,10 @@ def dashboard(cfg: DashboardConfig, progress: bool = True) -> dict[str, Any]:
         raise ValueError("these records do not say which model made them: pass --model")
     sae = None if cfg.sae is None else load_sae(cfg.sae)
     if sae is not None and sae.cfg.d_sae != records.d_sae:
-        raise ValueError(f"{cfg.sae} has {sae.cfg.d_sae} features, the records {records.d_sae}: "
-                         "give the model the records were made with")  # fmt: skip
+        raise ValueError(
+            f"{cfg.sae} has {sae.cfg.d_sae} features, the records {records.d_sae}: "
+            "give the model the records were made with"
+        )
     prior = getattr(sae, "code_mean", None) if sae is not None else None
     lens = None
     if sae is not None and cfg.lens_tokens > 0:
@@ -67,13 +69,14 @@ def dashboard(cfg: DashboardConfig, progress: bool = True) -> dict[str, Any]:
     else:
         tokenizer = load_tokenizer(name)
     pages = build_pages(
-        records, tokenizer,
+        records,
+        tokenizer,
         prior=None if prior is None else prior.detach().float(),
         bits=getattr(sae.cfg, "bits", 1) if sae is not None else 1,
         lens=lens,
         comsem=None if cfg.comsem is None else comsem_results(cfg.comsem),
         contexts=cfg.contexts,
-    )  # fmt: skip
+    )
     if cfg.max_features is not None:
         pages = pages[: cfg.max_features]
     out = Path(cfg.out)

@@ -151,8 +151,9 @@ def _cell(
     typical_error = _mean([e.typical_relative_error for e in estimates])
     mean_bits = sum(bits) / len(bits)
     excess = _mean([e.excess_bits for e in estimates])
-    reliable = is_reliable(mean_bits, first.ceiling_bits, relative_error, excess,
-                           max_relative_error, typical_error)  # fmt: skip
+    reliable = is_reliable(
+        mean_bits, first.ceiling_bits, relative_error, excess, max_relative_error, typical_error
+    )
     return CellEntropy(
         bits=mean_bits,
         bits_std=float(torch.tensor(bits).std()) if len(bits) > 1 else None,
@@ -278,16 +279,25 @@ def estimate_entropies(
         for g, index in enumerate(owner):
             trained_errors[g] = unexplained_variance(training.baes[g], held_out[index].to(device))
             refits[g] = refit_decoder(training.baes[g], scaled[index], seed=base[index]).applied
-    repairs = repair_baes(training.baes, [scaled[i] for i in owner], [held_out[i] for i in owner],
-                          recipe, [base[i] for i in owner], device, progress)  # fmt: skip
+    repairs = repair_baes(
+        training.baes,
+        [scaled[i] for i in owner],
+        [held_out[i] for i in owner],
+        recipe,
+        [base[i] for i in owner],
+        device,
+        progress,
+    )
     for g, repair in repairs.items():
         trained_errors[g], refits[g] = repair.trained_relative_error, repair.refitted
     cells = []
     for index, (states, k, t) in enumerate(zip(held_out, scales, shifts, strict=True)):
         states = states.to(device)
         seeds, restarts = recipe.seeds, recipe.restarts
-        groups = [range((index * seeds + r) * restarts, (index * seeds + r + 1) * restarts)
-                  for r in range(seeds)]  # fmt: skip
+        groups = [
+            range((index * seeds + r) * restarts, (index * seeds + r + 1) * restarts)
+            for r in range(seeds)
+        ]
         chosen = [_best_restart(training.baes, states, recipe.batch_size, g) for g in groups]
         members = [g for g, _ in chosen]
         objectives = [costs for _, costs in chosen if costs is not None] or None
@@ -308,9 +318,17 @@ def estimate_entropies(
         )
         evaluations = [evaluate_sae(training.baes[g], states) for g in members]
         first = members[0]
-        entry = _cell(estimates, evaluations, [training.steps[g] for g in members],
-                      training.baes[first], training.histories[first], (k, t),
-                      max_relative_error, objectives, restart_bits)  # fmt: skip
+        entry = _cell(
+            estimates,
+            evaluations,
+            [training.steps[g] for g in members],
+            training.baes[first],
+            training.histories[first],
+            (k, t),
+            max_relative_error,
+            objectives,
+            restart_bits,
+        )
         if recipe.refit_decoder:
             entry.trained_relative_error = _mean([trained_errors[g] for g in members])
             entry.decoder_refits = [refits[g] for g in members]

@@ -20,10 +20,9 @@ covariance penalty pushes towards), and the code's entropy is at most the set's.
 * ``typical_relative_error``: the same for the typical state, the median state's squared error
   over the median state's squared distance from the states' coordinate-wise median (on a uniform
   sample of at most ``TYPICAL_SAMPLE`` states). The total is a sum over states, so a few states
-  far from the rest can carry it: at layer 5 of SmolLM2-135M 4% of a position's states hold
-  70-80% of its variance, and a code of those few passes the total at 18% while the median state
-  keeps 68% of its error (docs/entropy.md). The centre is a median, not the mean, because such
-  states pull the mean away from all the others too;
+  far from the rest can carry it, and a code of those few passes the total while the median
+  state keeps most of its error (docs/research/code-notes.md). The centre is a median, not the
+  mean, because such states pull the mean away from all the others too;
 * ``reliable``: both errors at most ``max_relative_error``, the estimate within the ceiling,
   and an excess (where known) at most ``max(MIN_EXCESS_BITS, EXCESS_FRACTION * joint entropy)``;
 * ``bootstrap_std``: the spread of the estimate over states resampled with replacement (Poisson
@@ -63,8 +62,8 @@ RESOLVED_SAMPLES_PER_CODE = 16
 """The code's joint entropy is taken as measured when there are at least this many states per
 distinct code (the Miller-Madow-corrected plug-in is then within about 0.05 bit)."""
 EXCESS_FRACTION = 0.05
-"""An estimate may exceed the code's joint entropy by this fraction of it (issue 15's accuracy
-bar, 0.05 r bits) ..."""
+"""An estimate may exceed the code's joint entropy by this fraction of it (the synthetic
+benchmark's accuracy bar, 0.05 r bits) ..."""
 MIN_EXCESS_BITS = 0.1
 """... or by this many bits, whichever is larger."""
 TYPICAL_SAMPLE = 8192
@@ -160,8 +159,9 @@ class _Reservoir:
         self.errors[self.filled : self.filled + fill] = errors[:fill]
         self.filled += fill
         seen = self.seen + fill + torch.arange(rows.shape[0] - fill, dtype=torch.float64)
-        slots = (torch.rand(seen.shape, generator=self.generator, dtype=torch.float64)
-                 * (seen + 1)).long()  # fmt: skip
+        slots = (
+            torch.rand(seen.shape, generator=self.generator, dtype=torch.float64) * (seen + 1)
+        ).long()
         for i in torch.nonzero(slots < self.size).flatten().tolist():  # in stream order
             self.rows[slots[i]], self.errors[slots[i]] = rows[fill + i], errors[fill + i]
         self.seen += rows.shape[0]
@@ -254,8 +254,9 @@ def estimate_entropy(
         p = (replicate_counts / replicate_sizes.clamp_min(1.0)[:, None]).float().clamp(0.0, 1.0)
         bootstrap_std = float(binary_entropy(p).clamp_min(0.0).std()) if bootstrap > 1 else 0.0
     excess = excess_bits(bits_estimate, codes.values())
-    reliable = is_reliable(bits_estimate, ceiling, relative_error, excess, max_relative_error,
-                           typical_error)  # fmt: skip
+    reliable = is_reliable(
+        bits_estimate, ceiling, relative_error, excess, max_relative_error, typical_error
+    )
     return EntropyEstimate(
         bits=bits_estimate,
         firing_rates=rates,

@@ -30,11 +30,9 @@ def normalise_scale(states: Float[Tensor, "n d"], target_variance: float = 0.5) 
 
     One target for every cell makes cells of different layers (whose norms differ by orders of
     magnitude) comparable. It is a variance, not a mean squared norm: LLM states share a large
-    mean (the last-token states of SmolLM2's ICL prompts hold 3-8% of their mean squared norm as
-    variance), and scaled by their norm such a set left the penalties 6-16 times stronger against
-    its reconstruction than the recipe was calibrated for (a fair-bit set moved 5 times its norm
-    away read 0 bits for 8; docs/entropy.md). A set without variance (one state) is scaled to
-    mean squared norm ``target_variance`` instead.
+    mean, and scaled by their norm such a set leaves the penalties many times stronger against
+    its reconstruction than the recipe was calibrated for. A set without variance (one state) is
+    scaled to mean squared norm ``target_variance`` instead.
     """
     x = states.double()
     variance = placement(x)[0].item()
@@ -51,9 +49,7 @@ def placement_shift(states: Float[Tensor, "n d"]) -> Float[Tensor, " d"]:
     The states are not centred: centred, every channel of the initial encoder splits the set in
     half, and a centred 8-bit set read 9-10 bits; moved off the origin by as much as they spread,
     as fair bits are, channels start at many rates and can settle constant. The diagonal is one
-    fixed direction, so the place does not depend on where the set was (a Gaussian 16-bit set in
-    48 dimensions moved 10 times its norm away read 23.6 bits at 18% error when only scaled;
-    placed, 16.0 at 0.8%: docs/entropy.md).
+    fixed direction, so the place does not depend on where the set was.
     """
     shift = placement(states.double())[1]
     return shift.to(states.dtype if states.is_floating_point() else torch.float32)

@@ -26,12 +26,8 @@ class EntropyRecipe:
     d = 2048 coefficients a_e = 5e-7, a_c = 1e-6 rescaled by 2048 / d, since the reconstruction
     loss is a mean over d dimensions while the penalties are sums over channels), trained until
     the held-out reconstruction and entropy stop moving (``converge``), within ``steps``.
-
-    The budget is 16000 steps: with 4000 (and lr 2e-3) Gaussian fair-bit sets of 12 bits and more
-    ran out of steps before converging, over-counting by up to 10 bits; with 16000 at lr 4e-3
-    every set up to r = 16 was exact on three seeds, in 5000-11600 steps but for one r = 16 set
-    that used the whole budget (tables in docs/entropy.md). Easy sets stop long before.
-    ``objective=False`` is the ablation a_e = a_c = 0.
+    ``objective=False`` is the ablation a_e = a_c = 0. Why each default:
+    docs/research/entropy-recipe.md.
     """
 
     expansion: int = 4
@@ -45,9 +41,8 @@ class EntropyRecipe:
     lr: float = _PRESET.lr
     """Adam learning rate of the BAEs."""
     lr_warm_up_steps: int = 0
-    """Steps over which the learning rate rises linearly to ``lr`` (SAELens' scheduler): at
-    lr 4e-3 a code of 1024 channels on 512-dimensional states fell to a constant in its first
-    100 steps without one, and recovered too slowly to read r = 256 (docs/entropy.md)."""
+    """Steps over which the learning rate rises linearly to ``lr`` (SAELens' scheduler): a
+    large code can fall to a constant in its first steps without one."""
     lr_scheduler_name: Literal["constant", "cosineannealing"] = "constant"
     """After the warm-up: a constant lr, or a cosine down to ``lr_end`` at the end of ``steps``."""
     lr_end: float | None = None
@@ -55,8 +50,8 @@ class EntropyRecipe:
     adam_beta2: float = 0.999
     """Adam's second-moment decay (SAELens' ``adam_beta2``). Adam divides each step by the root
     of this running mean of squared gradients, so a weight whose gradient was near zero for a
-    while (a channel whose states sat far from its threshold) steps further than the lr when
-    a steady gradient starts: up to 6.6 lr (12 steps in) at 0.999, 2.1 lr at 0.99, 1.1 at 0.95."""
+    while (a channel whose states sat far from its threshold) steps further than the lr when a
+    steady gradient starts; a shorter memory bounds that jump."""
     surrogate_temperature: float = _PRESET.surrogate_temperature
     """Temperature of the sigmoid surrogate gradient."""
     entropy_coefficient_2048: float = _PRESET.entropy_coefficient
@@ -68,40 +63,31 @@ class EntropyRecipe:
     covariance_off_final_fraction: float = 0.0
     """The last fraction of each BAE's training without the covariance term: of the budget with
     ``converge=False``; with the rule, a BAE that converges at step s with the term on trains
-    f / (1 - f) s more steps without it (within the budget), then stops. At 0.1 it took the
-    ``paper`` recipe's planted-bit reads from 1.4-3.5% error to under 0.03% on 7 of 7 CPU runs
-    (its lr has decayed by then); at the ``mid`` preset's constant lr it moved 3 of 18 estimates
-    2-3 bits off r, and on the LLM position trace it moved no cell towards reliable
-    (docs/entropy.md, "The knob on three seeds" and the section after it)."""
+    f / (1 - f) s more steps without it (within the budget), then stops. The term, noisy on a
+    minibatch, holds each threshold at the edge of its firing states; without it the
+    reconstruction moves them back."""
     drain_hold: float = 0.0
     """While the code's entropy on the check states still falls (by more than a bit per 500
     steps), hold the learning-rate schedule and the final phase where they stand and train on,
-    for at most this fraction of ``steps`` more (0: never hold; ``training.DrainHold``). On
-    planted bits the ``paper`` recipe's code over-codes and then drains to r, and the drain ends
-    once the learning rate summed over the steps reaches a budget that grows with the set: a
-    cosine that decays first leaves it undrained. At d = 512, r = 256 and 0.35 times the
-    ``paper`` lr, 1 held the cosine 26400 steps and read 256.0 bits where the run without it
-    ended at 639 (docs/entropy.md, "The drain hold"); ``paper`` holds at 1."""
+    for at most this fraction of ``steps`` more (0: never hold; ``training.DrainHold``). A code
+    that over-codes drains to r once the learning rate summed over the steps reaches a budget
+    that grows with the set: a cosine that decays first leaves it undrained."""
     encoder_bias: bool = True
     """Give each channel its own firing threshold ``b_enc``; False trains the paper's encoder
-    ``h_B = step(h0 W_in)``, every hyperplane through the origin of the (framed) states. On the
-    d = 512, r = 256 cell at 2x that made no difference (580 bits on 2 of 2 seeds, the same
-    stuck code: docs/entropy.md)."""
+    ``h_B = step(h0 W_in)``, every hyperplane through the origin of the (framed) states."""
     refit_decoder: bool = True
     """After training, replace each BAE's decoder by the least-squares decoder of its code on
     its training states (a ridge towards the trained decoder, chosen on a fifth of them held
     back), when that is better there (``saes.decoder_refit``): the code and the estimate are
     unchanged, the reconstruction error that judges them is the code's, not that of a decoder
-    training left short. On the d = 512 set of 256 fair bits at 2x it took the held-out error
-    from 1.67-2.08% to 1.38-1.69% (docs/entropy.md)."""
+    training left short."""
     repair_rounds: int = 2
     """Rounds of repair after training (``entropy.repair``; 0: none): a BAE whose code has
     channels that the rest of it determines on its training states (bits the sum counts twice,
     which the covariance term cannot see: a 3-in-4 code) loses them, keeps its least-squares
     decoder of the code that is left or else trains on for at most a quarter of ``steps`` at
-    the final lr, and is replaced if its held-out objective is lower. On 8 orthonormal bits in
-    d = 64 the default read 9.00 bits on 3 of 6 sets without it (docs/entropy.md, "A 3-in-4
-    code"); never for ``objective=False`` (``repairs``)."""
+    the final lr, and is replaced if its held-out objective is lower; never for
+    ``objective=False`` (``repairs``)."""
     objective: bool = True
     """Train with the entropy and covariance terms (False: the ablation a_e = a_c = 0)."""
     target_variance: float = 0.5
@@ -113,8 +99,7 @@ class EntropyRecipe:
     restarts: int = 1
     """BAEs trained per seed from different initialisations, of which the one with the lowest
     held-out objective (``evaluation.held_out_objective``) is kept: the objective is non-convex,
-    and on a d = 512 set of 256 fair bits at 2x, 3 runs of 11 read 256 bits and the rest stayed
-    near 550-600 at a higher objective (docs/entropy.md). Costs ``restarts`` times the
+    and runs from other starts end in minima of other cost. Costs ``restarts`` times the
     training."""
     converge: bool = True
     """Stop each BAE once its held-out reconstruction and entropy are flat (else: all steps)."""
@@ -156,25 +141,23 @@ class EntropyRecipe:
         (e.g. ``restarts``). An ``lr`` given without ``lr_end`` keeps the cosine's ratio: it ends
         at a tenth of it.
 
-        Why: where the default's shorter constant-lr run settles in a redundant code, this one
-        finds the planted bits. It read r within 0.05 bit at under 0.03% error on 7 of 7 CPU runs
-        of orthonormal planted bits (d = 512-1024, r = 128-512); on Gaussian (not orthonormal)
-        fair-bit sets, 8 of 8 of 3-16 bits and 7 of 12 of 24 bits in 24-60 dimensions, every bit
-        copied, under 0.5% error (the default: 7 of 8 and 0 of 12). It costs 45000 steps whatever
-        the set (and the held steps): 2-10 times the default's convergence-stopped runs. At
-        d = 2048 (an H200, one run each, before the hold) it read r = 256 exactly and stayed
-        over-coded at r = 512; with the hold it read r = 512 on seeds 0 and 1 (511.96 and
-        511.95 bits, 24800 and 17600 steps held) and r = 256 (255.98 bits, 12200 held; the
-        code stayed at r after its drain; docs/entropy.md, "The drain hold on a GPU"). At
-        d = 512, r = 256 a run at 0.35 times the lr rule stayed at 639 bits without the hold
-        and read 256.0 with it (26400 steps held); at the rule's lr it held 4700 steps and read
-        256.0 (docs/entropy.md, "The drain hold")."""
+        Where the default's shorter constant-lr run settles in a redundant code, this one finds
+        planted bits, at 2-10 times the cost (docs/research/entropy-recipe.md)."""
         lr_scale = (512 / d_in) ** 0.5  # Adam's step against a bit's margin grows as sqrt(d)
-        recipe = cls(steps=45000, lr=4e-3 * lr_scale, lr_warm_up_steps=1000,
-                     entropy_off_fraction=0.05, lr_scheduler_name="cosineannealing",
-                     lr_end=4e-4 * lr_scale, surrogate_temperature=0.15, adam_beta2=0.99,
-                     converge=False, covariance_off_final_fraction=0.1, drain_hold=1.0,
-                     expansion=2)  # fmt: skip
+        recipe = cls(
+            steps=45000,
+            lr=4e-3 * lr_scale,
+            lr_warm_up_steps=1000,
+            entropy_off_fraction=0.05,
+            lr_scheduler_name="cosineannealing",
+            lr_end=4e-4 * lr_scale,
+            surrogate_temperature=0.15,
+            adam_beta2=0.99,
+            converge=False,
+            covariance_off_final_fraction=0.1,
+            drain_hold=1.0,
+            expansion=2,
+        )
         if "lr" in changes and "lr_end" not in changes:  # else a lower lr would end above lr_end
             changes = {**changes, "lr_end": changes["lr"] / 10}
         return replace(recipe, **changes)
@@ -245,14 +228,12 @@ class EntropyRecipe:
         """The convergence rule of this recipe, or None (train every step)."""
         if not self.converge:
             return None
-        return Convergence(check_every=self.check_every, window=self.patience,
-                           horizon=self.convergence_horizon)  # fmt: skip
+        return Convergence(
+            check_every=self.check_every, window=self.patience, horizon=self.convergence_horizon
+        )
 
 
 TRACING_RECIPE = EntropyRecipe(expansion=1, steps=1500, batch_size=256, lr=4e-3, seeds=3)
 """The LLM-tracing default, sized for a 2-core CPU: d_sae = d_in is room enough for the few
 dozen bits a set of a few thousand states can show, a batch of 256 halves the step cost, lr 4e-3
-(as in the synthetic ``cpu`` preset), at most 1500 steps, and 3 seeds per cell for error bars.
-With 1000 steps and one seed, on SmolLM2-135M's layer 15 the two-token benchmark gave 1.00 /
-2.42 / 3.83 / 4.93 bits for r = 1 / 2 / 4 / 8 (ceilings 1 / 2 / 4 / 7.8), with relative
-reconstruction error 0 / 0.1% / 17% / 27%."""
+(as in the synthetic ``cpu`` preset), at most 1500 steps, and 3 seeds per cell for error bars."""

@@ -8,9 +8,7 @@ encoder does not find such a code. A k-means code tells the two apart. Its codes
 channel of K (each state fires its nearest centroid's channel) and decode to the centroid, a
 binary code with a linear decoder like a BAE's; in the estimator's currency (the sum of
 per-channel entropies) it costs H(p) + sum_k (1 - p_k) log2(1 / (1 - p_k)) <= log2 K + log2 e
-bits whatever the set. docs/entropy.md measured it on the position trace's cells: 4096 centroids
-read a cell of 16384 states at 16% error where every BAE tried, trained or built, lost half of
-the variance under the ceiling.
+bits whatever the set (docs/research/code-notes.md has its readings on the position trace).
 
 ``reference_reading`` tries K = 16, 32, 64, ... (powers of two up to the number of distinct
 states over e, beyond which log2 K + log2 e passes the ceiling) and stops at the first whose
@@ -69,8 +67,11 @@ def kmeans(
     nearest = (norms - 2 * (x @ x[first]) + norms[first]).clamp_min(0)
     for _ in range(1, k):
         weights = nearest.double().cpu()
-        index = (int(torch.multinomial(weights, 1, generator=generator)) if weights.sum() > 0
-                 else int(torch.randint(x.shape[0], (1,), generator=generator)))  # fmt: skip
+        index = (
+            int(torch.multinomial(weights, 1, generator=generator))
+            if weights.sum() > 0
+            else int(torch.randint(x.shape[0], (1,), generator=generator))
+        )
         chosen.append(index)
         distances = (norms - 2 * (x @ x[index]) + norms[index]).clamp_min(0)
         nearest = torch.minimum(nearest, distances)
@@ -81,8 +82,12 @@ def kmeans(
     while run < iterations:
         run += 1
         c_norms = centroids.pow(2).sum(-1)
-        new = torch.cat([(norms[s : s + chunk] - 2 * x[s : s + chunk] @ centroids.T + c_norms)
-                         .argmin(-1) for s in range(0, x.shape[0], chunk)])  # fmt: skip
+        new = torch.cat(
+            [
+                (norms[s : s + chunk] - 2 * x[s : s + chunk] @ centroids.T + c_norms).argmin(-1)
+                for s in range(0, x.shape[0], chunk)
+            ]
+        )
         if torch.equal(new, assignment):
             break
         assignment = new

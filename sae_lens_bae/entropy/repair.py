@@ -209,15 +209,23 @@ def repair_baes(
     repairs: dict[int, Repair] = {}
     candidates = list(range(len(baes))) if recipe.repairs else []
 
-    def judge(g: int, candidate: BAETrainingSAE, check: Tensor, channels: list[int], steps: int,
-              error: float | None, refitted: bool) -> bool:  # fmt: skip
+    def judge(
+        g: int,
+        candidate: BAETrainingSAE,
+        check: Tensor,
+        channels: list[int],
+        steps: int,
+        error: float | None,
+        refitted: bool,
+    ) -> bool:
         """Replace BAE g by ``candidate`` if its held-out objective on ``check`` is lower."""
         ours = held_out_objective(candidate, check, recipe.batch_size)
         if ours >= held_out_objective(baes[g], check, recipe.batch_size):
             return False
         before = repairs.get(g, Repair([], 0, None, False))
-        repairs[g] = Repair(sorted(before.channels + channels), before.steps + steps, error,
-                            refitted)  # fmt: skip
+        repairs[g] = Repair(
+            sorted(before.channels + channels), before.steps + steps, error, refitted
+        )
         baes[g] = candidate
         return True
 
@@ -241,25 +249,38 @@ def repair_baes(
             error = unexplained_variance(start, checks[g])
             refitted = copy.deepcopy(start)
             if recipe.refit_decoder and judge(
-                g, refitted, checks[g], channels, 0, error,
+                g,
+                refitted,
+                checks[g],
+                channels,
+                0,
+                error,
                 refit_decoder(refitted, sets[g], seed=seeds[g]).applied,
-            ):  # fmt: skip
+            ):
                 candidates.append(g)
             else:  # it must re-encode: trained with its decoder as it was
                 starts[g] = start
         if not starts:
             continue
         budget = max(recipe.steps // 4, 1)
-        cfg = replace(recipe.config(sets[0].shape[-1]), entropy_off_fraction=0.0,
-                      total_training_steps=budget)  # fmt: skip
+        cfg = replace(
+            recipe.config(sets[0].shape[-1]), entropy_off_fraction=0.0, total_training_steps=budget
+        )
         lr = recipe.lr if recipe.lr_end is None else recipe.lr_end
         training = train_stacked_baes(
-            [sets[g] for g in starts], cfg, training_samples=budget * recipe.batch_size,
-            seeds=[seeds[g] for g in starts], batch_size=recipe.batch_size, lr=lr,
-            device=device, progress=progress, convergence=recipe.convergence(),
-            check_sets=[checks[g] for g in starts], adam_beta2=recipe.adam_beta2,
+            [sets[g] for g in starts],
+            cfg,
+            training_samples=budget * recipe.batch_size,
+            seeds=[seeds[g] for g in starts],
+            batch_size=recipe.batch_size,
+            lr=lr,
+            device=device,
+            progress=progress,
+            convergence=recipe.convergence(),
+            check_sets=[checks[g] for g in starts],
+            adam_beta2=recipe.adam_beta2,
             init=list(starts.values()),
-        )  # fmt: skip
+        )
         for i, (g, candidate) in enumerate(starts.items()):
             candidate.load_state_dict(training.baes[i].state_dict())  # the recipe's config kept
             error = unexplained_variance(candidate, checks[g])

@@ -29,12 +29,26 @@ REFERENCE_COLUMNS = [
     ("k-means K", lambda row: cell(row.get("reference_k"))),
     ("k-means bits", lambda row: cell(row.get("reference_bits"), ".2f")),
     ("k-means joint bits", lambda row: cell(row.get("reference_joint_bits"), ".2f")),
-    ("k-means error (typical)", lambda row: "-" if row.get("reference_k") is None else
-     f"{cell(row['reference_relative_error'], '.3f')} "
-     f"({cell(row['reference_typical_relative_error'], '.3f')})"),
-    ("k-means reads it", lambda row: "-" if row.get("reference_k") is None else
-     "yes" if row["reference_reads_cell"] else "NO"),
-]  # fmt: skip
+    (
+        "k-means error (typical)",
+        lambda row: (
+            "-"
+            if row.get("reference_k") is None
+            else f"{cell(row['reference_relative_error'], '.3f')} "
+            f"({cell(row['reference_typical_relative_error'], '.3f')})"
+        ),
+    ),
+    (
+        "k-means reads it",
+        lambda row: (
+            "-"
+            if row.get("reference_k") is None
+            else "yes"
+            if row["reference_reads_cell"]
+            else "NO"
+        ),
+    ),
+]
 """The markdown columns of a cell's k-means reference (``entropy.reference``), when it has one."""
 
 
@@ -48,11 +62,13 @@ def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
     """A trace's verdict in words: how many cells are reliable, which are not and why, and a
     warning when most are not. ``name`` says which cell a row is (e.g. "layer 15, position 4")."""
     bad = [row for row in rows if not row.get("reliable", True)]
-    lines = [f"{len(rows) - len(bad)} of {len(rows)} cells are reliable (relative "
-             f"reconstruction error <= {DEFAULT_MAX_RELATIVE_ERROR:.0%} in total and for the "
-             "typical state, estimate within "
-             "log2 of the number of distinct states and, where the sample resolves the codes, "
-             "within 5% of their joint entropy)."]  # fmt: skip
+    lines = [
+        f"{len(rows) - len(bad)} of {len(rows)} cells are reliable (relative "
+        f"reconstruction error <= {DEFAULT_MAX_RELATIVE_ERROR:.0%} in total and for the "
+        "typical state, estimate within "
+        "log2 of the number of distinct states and, where the sample resolves the codes, "
+        "within 5% of their joint entropy)."
+    ]
     for row in bad:
         reasons = []
         if row["relative_error"] is not None and row["relative_error"] > DEFAULT_MAX_RELATIVE_ERROR:
@@ -67,14 +83,17 @@ def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
         if row.get("excess_bits") is not None and not is_reliable(
             row["bits"], float("inf"), None, row["excess_bits"]
         ):
-            reasons.append(f"dependent channels: {row['excess_bits']:.1f} bits over the "
-                           "code's joint entropy")  # fmt: skip
+            reasons.append(
+                f"dependent channels: {row['excess_bits']:.1f} bits over the code's joint entropy"
+            )
         lines.append(f"- unreliable: {name(row)}: {', '.join(reasons) or 'see the table'}")
     if len(bad) * 2 > len(rows):
-        lines.append("\nMost cells are unreliable: their BAEs do not reconstruct the states (or "
-                     "code them with dependent bits), so these curves are not the states' "
-                     "entropy. Widen the BAEs (--expansion), add bits (--bits) or train longer "
-                     "(--steps) until the cells are reliable.")  # fmt: skip
+        lines.append(
+            "\nMost cells are unreliable: their BAEs do not reconstruct the states (or "
+            "code them with dependent bits), so these curves are not the states' "
+            "entropy. Widen the BAEs (--expansion), add bits (--bits) or train longer "
+            "(--steps) until the cells are reliable."
+        )
     referenced = [row for row in rows if row.get("reference_k") is not None]
     if referenced:
         readable = [row for row in referenced if row["reference_reads_cell"]]

@@ -113,8 +113,9 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     lap = watch.lap
 
     mlp_name = "ln2.hook_normalized"
-    data = cfg.harvest(out, extra_hooks=(mlp_name,) if "transcoder" in cfg.baselines else (),
-                       progress=progress)  # fmt: skip
+    data = cfg.harvest(
+        out, extra_hooks=(mlp_name,) if "transcoder" in cfg.baselines else (), progress=progress
+    )
     lap("harvest")
     hook = data.hook
     mlp_in = hook.replace("hook_resid_post", mlp_name)
@@ -195,8 +196,9 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     comsem_scores: dict[str, list[float]] = {}
     if cfg.comsem_llm is not None:
         client = ClientConfig(model=cfg.comsem_llm, base_url=cfg.comsem_base_url)
-        comsem_scores = comsem_columns(records, data.tokenizer, client, rows, out / "comsem",
-                                       cfg.comsem_max_features, progress)  # fmt: skip
+        comsem_scores = comsem_columns(
+            records, data.tokenizer, client, rows, out / "comsem", cfg.comsem_max_features, progress
+        )
         lap("comsem")
 
     summary = {

@@ -58,13 +58,20 @@ def run(cfg: CompressionConfig, progress: bool = True) -> dict[str, Any]:
     train, test = data.train[data.hook], data.test[data.hook]
     scale = data.scales[data.hook]
     d_in = train.shape[1]
-    bae = train_sae(train, BAETrainingSAEConfig(d_in=d_in, d_sae=cfg.expansion * d_in),
-                    training_samples=cfg.steps * cfg.batch_size, batch_size=cfg.batch_size,
-                    lr=DEFAULT_LR, device=cfg.device, seed=cfg.seed).sae.eval()  # fmt: skip
+    bae = train_sae(
+        train,
+        BAETrainingSAEConfig(d_in=d_in, d_sae=cfg.expansion * d_in),
+        training_samples=cfg.steps * cfg.batch_size,
+        batch_size=cfg.batch_size,
+        lr=DEFAULT_LR,
+        device=cfg.device,
+        seed=cfg.seed,
+    ).sae.eval()
     bae.save_inference_model(out / "bae")
     watch.lap("train")
-    rows = compression_report(bae, test / scale, cfg.thresholds, input_scale=scale,
-                              work_dir=out / "compressed")  # fmt: skip
+    rows = compression_report(
+        bae, test / scale, cfg.thresholds, input_scale=scale, work_dir=out / "compressed"
+    )
     watch.lap("compress")
     summary = {
         "config": asdict(cfg),
@@ -107,8 +114,13 @@ def plot_compression(rows: list[dict], path: str | Path, title: str = "") -> Pat
     cosines = [row["cosine"] for row in rows]
     ax.plot(ratios, cosines, "o-")
     for row, x, y in zip(rows, ratios, cosines, strict=True):
-        ax.annotate(f"{row['threshold']:g}", (x, y), textcoords="offset points", xytext=(4, 4),
-                    fontsize=8)  # fmt: skip
-    ax.set(xlabel="compression ratio vs float32 (decoder not counted)",
-           ylabel="mean cosine similarity to the originals", xscale="log", title=title)  # fmt: skip
+        ax.annotate(
+            f"{row['threshold']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8
+        )
+    ax.set(
+        xlabel="compression ratio vs float32 (decoder not counted)",
+        ylabel="mean cosine similarity to the originals",
+        xscale="log",
+        title=title,
+    )
     return save_figure(fig, path)

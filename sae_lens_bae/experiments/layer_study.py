@@ -94,8 +94,15 @@ def evaluate_model(
     records = top_k_records(sae, inputs, data.positions, data.token_ids, magnitude, **common)  # type: ignore[arg-type]
     firing = records
     if is_bae:
-        firing = top_k_records(sae, inputs, data.positions, data.token_ids, magnitude,  # type: ignore[arg-type]
-                               candidates="firing", **common)  # fmt: skip
+        firing = top_k_records(
+            sae,
+            inputs,
+            data.positions,
+            data.token_ids,
+            magnitude,  # type: ignore[arg-type]
+            candidates="firing",
+            **common,
+        )
     records.info = {"model": data.model, "hook": data.hook, "sae": name}
     stats = feature_statistics(
         sae,
@@ -120,8 +127,14 @@ def spliced_columns(
         return {}
     model = load_model(data.model, device=device)
     held_out = data.sequences[int(data.positions[0, 0]) :][: settings.spliced_sequences]
-    return spliced_losses(model, models, held_out, data.hook, input_scale=data.scales[data.hook],
-                          outlier_norm_ratio=settings.outlier_norm_ratio)  # fmt: skip
+    return spliced_losses(
+        model,
+        models,
+        held_out,
+        data.hook,
+        input_scale=data.scales[data.hook],
+        outlier_norm_ratio=settings.outlier_norm_ratio,
+    )
 
 
 @torch.no_grad()
@@ -158,7 +171,10 @@ def plot_active_frequencies(
         logs = np.log10(np.clip(values, 10**floor, None))
         label = f"{name} ({int((values == 0).sum())} never active)"
         ax.hist(logs, bins=np.append(bins, 0.0), histtype="step", linewidth=1.4, label=label)
-    ax.set(xlabel="log10 active frequency (BAE: rarity min(p, 1 - p); SAE: firing rate)",
-           ylabel="channels", title=title or "Active frequency on held-out tokens")  # fmt: skip
+    ax.set(
+        xlabel="log10 active frequency (BAE: rarity min(p, 1 - p); SAE: firing rate)",
+        ylabel="channels",
+        title=title or "Active frequency on held-out tokens",
+    )
     ax.legend(fontsize=7)
     return save_figure(fig, path)

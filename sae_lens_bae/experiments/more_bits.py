@@ -107,8 +107,16 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
             magnitude, prior = "burstiness", code_prior(sae)
         else:
             magnitude, prior = "raw", None  # h_R, the real values the decoder reads
-        held = top_k_records(sae, test, data.positions, data.token_ids, magnitude,  # type: ignore[arg-type]
-                             k=cfg.records_k, prior=prior, sequences=data.sequences)  # fmt: skip
+        held = top_k_records(
+            sae,
+            test,
+            data.positions,
+            data.token_ids,
+            magnitude,  # type: ignore[arg-type]
+            k=cfg.records_k,
+            prior=prior,
+            sequences=data.sequences,
+        )
         held.info = {"model": cfg.model, "hook": data.hook, "sae": f"bae_C{c}"}
         (out / "records").mkdir(exist_ok=True)
         held.save(out / "records" / f"bae_C{c}.safetensors")
@@ -122,14 +130,28 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
         )
         stats.pop("firing_rates")
         stats.pop("active_frequency")
-        rows.append({"bits": c, "code_bits": c * sae.cfg.d_sae, "magnitude": magnitude,
-                     **penalties_per_feature(d_in, c), **stats})  # fmt: skip
+        rows.append(
+            {
+                "bits": c,
+                "code_bits": c * sae.cfg.d_sae,
+                "magnitude": magnitude,
+                **penalties_per_feature(d_in, c),
+                **stats,
+            }
+        )
         watch.lap(f"C = {c}")
     if cfg.comsem_llm is not None:
         client = ClientConfig(model=cfg.comsem_llm, base_url=cfg.comsem_base_url)
         by_name = {f"C={row['bits']}": row for row in rows}
-        comsem_columns(records, data.tokenizer, client, by_name, out / "comsem",
-                       cfg.comsem_max_features, progress)  # fmt: skip
+        comsem_columns(
+            records,
+            data.tokenizer,
+            client,
+            by_name,
+            out / "comsem",
+            cfg.comsem_max_features,
+            progress,
+        )
         watch.lap("comsem")
     summary = {
         "config": asdict(cfg),

@@ -72,7 +72,7 @@ VARIANTS: dict[str, Variant] = {
             "lr_warm_up_fraction": 0.05,
             "lr_end_fraction": 0.1,
         },
-    ),  # fmt: skip
+    ),
     "no_resampling": Variant("constant channels never resampled", overrides={"resample_every": 0}),
     "with_firing": Variant(
         "plus the firing penalty a_f = 1e-4 (at d = 2048)",
@@ -84,10 +84,16 @@ VARIANTS: dict[str, Variant] = {
 }
 """Every recipe the study knows, by name (``--variants`` picks among them)."""
 
-DEFAULT_VARIANTS = ("default", "short_run", "paper", "coefficients_x0.5", "sharp_surrogate",
-                    "no_resampling")  # fmt: skip
+DEFAULT_VARIANTS = (
+    "default",
+    "short_run",
+    "paper",
+    "coefficients_x0.5",
+    "sharp_surrogate",
+    "no_resampling",
+)
 """What ``bae bench recipes`` trains by default: six variants and five baselines fit 45 minutes
-on 2 CPU cores (with coefficients_x2 and with_firing too it took 52:43, docs/features.md)."""
+on 2 CPU cores."""
 
 
 @dataclass
@@ -132,8 +138,9 @@ class RecipeStudyConfig(LayerData):
             raise ValueError(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
         bad = [b for b in self.baselines if b not in (*TRAINED_BASELINES, "standard_rescaled")]
         if bad:
-            raise ValueError(f"baselines {bad}: choose among {', '.join(TRAINED_BASELINES)}, "
-                             "standard_rescaled")  # fmt: skip
+            raise ValueError(
+                f"baselines {bad}: choose among {', '.join(TRAINED_BASELINES)}, standard_rescaled"
+            )
 
 
 def _trainer_settings(variant: Variant, lr: float, steps: int) -> dict[str, Any]:
@@ -179,20 +186,39 @@ def run(cfg: RecipeStudyConfig, progress: bool = True) -> dict[str, Any]:
         variant = VARIANTS[name]
         steps = round(cfg.steps * variant.steps_factor)
         preset = replace(BAE_PRESETS[variant.preset], **variant.recipe_changes)
-        bae_cfg = bae_config(d_in, cfg.expansion * d_in, preset=preset,
-                             total_training_steps=steps, **variant.overrides)  # fmt: skip
+        bae_cfg = bae_config(
+            d_in,
+            cfg.expansion * d_in,
+            preset=preset,
+            total_training_steps=steps,
+            **variant.overrides,
+        )
         trainer = _trainer_settings(variant, preset.lr, steps)
-        result = train_sae(train, bae_cfg, training_samples=steps * cfg.batch_size,
-                           batch_size=cfg.batch_size, lr=preset.lr, device=cfg.device,
-                           seed=cfg.seed, **trainer)  # fmt: skip
+        result = train_sae(
+            train,
+            bae_cfg,
+            training_samples=steps * cfg.batch_size,
+            batch_size=cfg.batch_size,
+            lr=preset.lr,
+            device=cfg.device,
+            seed=cfg.seed,
+            **trainer,
+        )
         models[name] = canonicalise(result.sae) if variant.canonical else result.sae
         histories[name], steps_used[name] = result.history, steps
         watch.lap(f"train {name}")
-    for name, sae_cfg in baseline_configs(d_in, cfg.expansion, cfg.baselines,
-                                          cfg.l1_coefficient).items():  # fmt: skip
-        result = train_sae(train, sae_cfg, training_samples=cfg.steps * cfg.batch_size,
-                           batch_size=cfg.batch_size, lr=cfg.lr, device=cfg.device,
-                           seed=cfg.seed)  # fmt: skip
+    for name, sae_cfg in baseline_configs(
+        d_in, cfg.expansion, cfg.baselines, cfg.l1_coefficient
+    ).items():
+        result = train_sae(
+            train,
+            sae_cfg,
+            training_samples=cfg.steps * cfg.batch_size,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            device=cfg.device,
+            seed=cfg.seed,
+        )
         models[name], histories[name], steps_used[name] = result.sae, result.history, cfg.steps
         watch.lap(f"train {name}")
 
@@ -252,10 +278,12 @@ def _report(summary: dict[str, Any]) -> str:
         [
             ("variant", lambda v: v["name"]),
             ("what", lambda v: v["description"]),
-            ("meets the target", lambda v: "yes" if summary["models"][v["name"]]["meets_target"]
-             else "no"),
+            (
+                "meets the target",
+                lambda v: "yes" if summary["models"][v["name"]]["meets_target"] else "no",
+            ),
         ],
-    )  # fmt: skip
+    )
     lines = [
         f"# BAE recipes: {config['model']} `{summary['hook']}`",
         "",
@@ -280,8 +308,16 @@ def plot_ev_vs_activated(
     for name, row in rows.items():
         marker = "o" if name in variants else "s"
         ax.scatter(row["activated"], row["explained_variance"], marker=marker, s=40)
-        ax.annotate(name, (row["activated"], row["explained_variance"]), fontsize=7,
-                    textcoords="offset points", xytext=(4, 3))  # fmt: skip
-    ax.set(xlabel="activated features (paper's definition)", ylabel="explained variance",
-           title=title or "BAE recipes (dots) and baselines (squares)")  # fmt: skip
+        ax.annotate(
+            name,
+            (row["activated"], row["explained_variance"]),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(4, 3),
+        )
+    ax.set(
+        xlabel="activated features (paper's definition)",
+        ylabel="explained variance",
+        title=title or "BAE recipes (dots) and baselines (squares)",
+    )
     return save_figure(fig, path)

@@ -119,12 +119,22 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
         )
         tokens, last = encode_prompts([p for p, _ in prompts], model.tokenizer)
         every, _, at_last = prompt_states(
-            model, tokens, last[:, 0], hook, batch_size=cfg.prompt_batch_size,
-            progress=progress, desc=f"{name} prompts ({shots}-shot)",
-        )  # fmt: skip
+            model,
+            tokens,
+            last[:, 0],
+            hook,
+            batch_size=cfg.prompt_batch_size,
+            progress=progress,
+            desc=f"{name} prompts ({shots}-shot)",
+        )
         truth = torch.tensor([labels.index(y) for _, y in prompts])
-        sets[name] = {"every": every, "last": at_last, "tokens": tokens, "lastpos": last[:, 0],
-                      "truth": truth}  # fmt: skip
+        sets[name] = {
+            "every": every,
+            "last": at_last,
+            "tokens": tokens,
+            "lastpos": last[:, 0],
+            "truth": truth,
+        }
     watch.lap("gather states")
 
     train = torch.cat([sets["positive"]["every"], sets["negative"]["every"]])
@@ -151,14 +161,15 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
             sets["negative"]["last"],
             cfg.top,
             input_scale=scale,
-        )  # fmt: skip
+        )
         for name, sae in saes.items()
     }
     vectors["mean_difference"] = reference
     raw_norms = {name: float(v.norm()) for name, v in vectors.items()}
     if cfg.normalise:
-        vectors = {name: v * (reference.norm() / v.norm().clamp_min(1e-12))
-                   for name, v in vectors.items()}  # fmt: skip
+        vectors = {
+            name: v * (reference.norm() / v.norm().clamp_min(1e-12)) for name, v in vectors.items()
+        }
     cosine = {
         name: float(torch.cosine_similarity(v, reference, dim=0)) for name, v in vectors.items()
     }
@@ -173,8 +184,14 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
     accuracy = classifier.accuracy
     unsteered = accuracy()
     positive = sets["positive"]
-    k_shot = label_accuracy(model, positive["tokens"], positive["lastpos"], label_ids,
-                            positive["truth"], batch_size=cfg.prompt_batch_size)  # fmt: skip
+    k_shot = label_accuracy(
+        model,
+        positive["tokens"],
+        positive["lastpos"],
+        label_ids,
+        positive["truth"],
+        batch_size=cfg.prompt_batch_size,
+    )
     grid = [(name, s) for name in vectors for s in cfg.strengths]
     results: dict[str, dict[str, float]] = {name: {"0": unsteered} for name in vectors}
     for name, strength in tqdm(grid, desc="steered 0-shot accuracy", disable=not progress):
@@ -206,8 +223,14 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
         "seconds": watch.seconds,
     }
     write_json(out / "steer.json", summary)
-    plot_steering(rows, unsteered, k_shot, cfg.shots, out / "steer.png",
-                  title=f"{cfg.model} {hook}: steering 0-shot prompts")  # fmt: skip
+    plot_steering(
+        rows,
+        unsteered,
+        k_shot,
+        cfg.shots,
+        out / "steer.png",
+        title=f"{cfg.model} {hook}: steering 0-shot prompts",
+    )
     header = (
         f"# Steering 0-shot prompts with {cfg.shots}-shot task vectors: {cfg.model} `{hook}`\n\n"
         f"0-shot accuracy without steering: {unsteered:.3f} on {cfg.eval_prompts} held-out "
@@ -236,8 +259,14 @@ def plot_steering(
     fig, ax = subplots(figsize=(6.5, 4.5))
     for n, row in enumerate(rows):
         strengths = sorted(row["accuracy"], key=float)
-        ax.plot([float(s) for s in strengths], [row["accuracy"][s] for s in strengths], "o-",
-                color=f"C{n}", label=row["model"], markersize=4)  # fmt: skip
+        ax.plot(
+            [float(s) for s in strengths],
+            [row["accuracy"][s] for s in strengths],
+            "o-",
+            color=f"C{n}",
+            label=row["model"],
+            markersize=4,
+        )
     ax.axhline(unsteered, color="gray", linestyle=":", label="0-shot, no steering")
     ax.axhline(k_shot, color="k", linestyle="--", linewidth=1, label=f"{shots}-shot")
     ax.set(xlabel="strength α", ylabel="0-shot accuracy", title=title)

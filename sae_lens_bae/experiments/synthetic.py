@@ -64,12 +64,12 @@ class SyntheticConfig:
     """Seeds, e.g. 0,1 (default: the preset's)."""
     restarts: int | None = None
     """BAEs per cell, of which the one with the lowest held-out objective is kept (default: the
-    preset's; ``EntropyRecipe.restarts``): on a 512-dimensional cell of 256 bits half the runs
-    stay in a worse minimum (docs/entropy.md). Multiplies the training cost."""
+    preset's; ``EntropyRecipe.restarts``): runs from other starts can stay in a worse minimum.
+    Multiplies the training cost."""
     drain_hold: float | None = None
     """Hold the learning-rate schedule while a code still drains, for at most this fraction of
     the steps more (default: the preset's, 1 for paper, 0 elsewhere; ``EntropyRecipe.drain_hold``):
-    0 gives the fixed-length schedule of the runs before 2026-11-28."""
+    0 gives a fixed-length schedule."""
     ablation: bool | None = None
     """Also train every cell without the objective, to show it is what makes the estimate right
     (default: the preset's; --no-ablation halves the run)."""
@@ -94,8 +94,10 @@ class SyntheticConfig:
         if self.steps is not None:
             warm = chosen.recipe.lr_warm_up_steps
             if self.steps <= warm:
-                raise ValueError(f"--steps {self.steps} does not pass the {self.preset} preset's "
-                                 f"{warm} lr warm-up steps; use more than {warm}")  # fmt: skip
+                raise ValueError(
+                    f"--steps {self.steps} does not pass the {self.preset} preset's "
+                    f"{warm} lr warm-up steps; use more than {warm}"
+                )
             chosen = replace(chosen, recipe=replace(chosen.recipe, steps=self.steps))
         if self.restarts is not None:
             if self.restarts < 1:

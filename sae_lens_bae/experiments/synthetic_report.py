@@ -55,8 +55,11 @@ def _with_new_fields(recorded: Any) -> Any:
     if not isinstance(recorded, dict) or not isinstance(recorded.get("recipe"), dict):
         return recorded
     defaults = {**json.loads(json.dumps(asdict(EntropyRecipe()))), **BEFORE_THE_FIELD}
-    return {"states_per_rank_squared": 0.0, **recorded,
-            "recipe": {**defaults, **recorded["recipe"]}}  # fmt: skip
+    return {
+        "states_per_rank_squared": 0.0,
+        **recorded,
+        "recipe": {**defaults, **recorded["recipe"]},
+    }
 
 
 def earlier_rows(
@@ -75,8 +78,10 @@ def earlier_rows(
     if not isinstance(saved, dict) or "results" not in saved:
         return [], {}
     if _with_new_fields(saved.get("preset")) != json.loads(json.dumps(asdict(preset))):
-        raise ValueError(f"{path} holds the results of another grid or recipe; use another --out "
-                         f"(or --no-resume to overwrite them)")  # fmt: skip
+        raise ValueError(
+            f"{path} holds the results of another grid or recipe; use another --out "
+            f"(or --no-resume to overwrite them)"
+        )
     by_group: dict[tuple[int, bool], list[dict[str, Any]]] = {}
     for row in saved["results"]:
         by_group.setdefault((row["expansion"], row["objective"]), []).append(row)
@@ -171,22 +176,30 @@ def write_outputs(
         error = f"{sum(errors) / len(errors):.4f}" if errors else "-"
         # rows of a run from before the column have no count
         recovered = "/".join(str(row.get("recovered_bits", "-")) for row in group)
-        lines.append(f"| {r} | {expansion} | {'yes' if objective else 'no'} | {estimate:.3f} "
-                     f"| {error} | {recovered} |")  # fmt: skip
-    line = (f"\nBar met with the objective (every cell, >= {min(2, len(preset.seeds))} seeds): "
-            f"{verdict['objective_ok']}")  # fmt: skip
+        lines.append(
+            f"| {r} | {expansion} | {'yes' if objective else 'no'} | {estimate:.3f} "
+            f"| {error} | {recovered} |"
+        )
+    line = (
+        f"\nBar met with the objective (every cell, >= {min(2, len(preset.seeds))} seeds): "
+        f"{verdict['objective_ok']}"
+    )
     if preset.ablation:
-        line += (f"; ablation above r + tolerance for every r >= 1 (same count of seeds): "
-                 f"{verdict['ablation_ok']}; on every seed: "
-                 f"{verdict['ablation_all_seeds']}")  # fmt: skip
+        line += (
+            f"; ablation above r + tolerance for every r >= 1 (same count of seeds): "
+            f"{verdict['ablation_ok']}; on every seed: "
+            f"{verdict['ablation_all_seeds']}"
+        )
     lines.append(line)
     if summary["missing"]:
         groups = ", ".join(
             f"{g['expansion']}x {'with' if g['objective'] else 'without'} objective"
             for g in summary["missing"]
         )
-        lines.append(f"\nPartial run, the verdict covers only the rows above; not trained yet: "
-                     f"{groups} (run the same command again to train them).")  # fmt: skip
+        lines.append(
+            f"\nPartial run, the verdict covers only the rows above; not trained yet: "
+            f"{groups} (run the same command again to train them)."
+        )
     write_text(out / "synthetic.md", "\n".join(lines) + "\n")
 
 

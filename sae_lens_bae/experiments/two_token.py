@@ -167,8 +167,13 @@ def plot_two_token_benchmark(rows: list[dict], path: str | Path, title: str = ""
     fig, ax = subplots(figsize=(6.5, 5))
     rs = [row["r"] for row in rows]
     ax.plot(rs, rs, "k--", linewidth=1, label="r (entropy of the sequence source)")
-    ax.plot(rs, [row["sample_entropy_bits"] for row in rows], ":", color="gray",
-            label="plug-in entropy of the sampled sequences")  # fmt: skip
+    ax.plot(
+        rs,
+        [row["sample_entropy_bits"] for row in rows],
+        ":",
+        color="gray",
+        label="plug-in entropy of the sampled sequences",
+    )
     scatter = ax.scatter(
         rs,
         [row["bits"] for row in rows],

@@ -8,13 +8,9 @@ value (``h_R = h_B`` for ``bits = 1``). Training minimises
     reconstruction + a_e * H(mean code of the minibatch) + a_c * sum_{i != j} |cov(h_B)_ij|
 
 and passes gradients through the step with a surrogate derivative (``saes.binary.SURROGATES``).
-Configs and recipes: ``saes.bae_config`` (re-exported here); an optional constant input scale
-(``rescale_inputs_to``): ``saes.input_scale``; folds (``fold_W_dec_norm`` is refused: codes are
-binary, so decoder norms cannot move into the encoder): ``saes.bae_folds``.
-
-SAELens' parameter names (``W_enc``, ``W_dec``, ``b_enc``, ``b_dec``) and hook points are kept, so
-its evals, histograms and scaling folds work unchanged. ``apply_b_dec_to_input`` defaults to
-False: the paper's encoder sees the raw hidden state.
+Configs: ``saes.bae_config``; the phases of training: ``saes.schedule``; the input frame:
+``saes.input_scale``; folds: ``saes.bae_folds``. SAELens' parameter names and hook points are
+kept, so its evals, histograms and scaling folds work unchanged.
 """
 
 from __future__ import annotations
@@ -63,11 +59,7 @@ from sae_lens_bae.saes.input_scale import (
     register_input_scale,
     unframe_output,
 )
-from sae_lens_bae.saes.resampling import (
-    RESAMPLE_RATE,
-    constant_channels,
-    resample_constant_channels,
-)
+from sae_lens_bae.saes.resampling import resample_members
 from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = [
@@ -87,8 +79,7 @@ __all__ = [
 # ----------------------------------------------------------------------------- shared pieces
 
 DENSE_FIRING_RATE = 0.5
-"""A code bit firing on more than this fraction of a minibatch counts as dense in the step's
-metrics (its rare state is then 0)."""
+"""A code bit firing on more than this fraction of a minibatch is dense in the step's metrics."""
 
 _RESAMPLING_BUFFERS = ("window_counts", "window_samples")
 """Training-only buffers of a resampling BAE: dropped from the inference model, and from a
@@ -320,15 +311,12 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         self, step_input: TrainStepInput, sae_out: Tensor, bits: Tensor,
         global_bits: Tensor | None = None,
     ) -> dict[str, Tensor]:  # fmt: skip
-        n, schedule = step_input.n_training_steps, self._schedule()
+        """``objective`` at this step: SAELens' coefficients, the phases of the schedule."""
+        schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
         return self.objective(
-            step_input.sae_in, sae_out, bits, step_input.coefficients,
+            step_input.sae_in, sae_out, bits, step_input.coefficients, global_bits=global_bits,
             entropy_on=schedule.entropy_on(n), covariance_on=schedule.covariance_on(n),
-            global_bits=global_bits,
         )  # fmt: skip
-
-    def _schedule(self) -> Schedule:
-        return self.schedule if self.schedule is not None else self.resolve_schedule()
 
     @override
     def calculate_aux_loss(
@@ -350,20 +338,12 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         residuals = x.to(self.W_dec.dtype) - self.decode(self.encode(x))
         scale = current_input_scale(self)  # decoder rows live in the scaled units
         residuals = residuals if scale is None else residuals * scale
-        channels = constant_channels(self.window_counts, int(self.window_samples))
-        count = resample_constant_channels(
-            self.W_enc.data,
-            None if self.b_enc is None else self.b_enc.data,
-            self.W_dec.data,
-            self.process_sae_in(x),
-            residuals,
-            channels,
-            bits_per_feature=self.cfg.bits,
-        )
-        self.code_mean[channels] = RESAMPLE_RATE
-        self.window_counts.zero_()
-        self.window_samples.zero_()
-        return count
+        b_enc = None if self.b_enc is None else self.b_enc.data[None]
+        return resample_members(
+            self.W_enc.data[None], b_enc, self.W_dec.data[None], self.process_sae_in(x)[None],
+            residuals[None], self.window_counts[None], self.window_samples,
+            self.code_mean[None], members=[0], bits_per_feature=self.cfg.bits,
+        )[0]  # fmt: skip
 
     @override
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:
@@ -371,7 +351,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         logged; first, at the end of a resampling window, the constant channels are resampled."""
         sae_in = step_input.sae_in
         n = step_input.n_training_steps
-        schedule = self._schedule()
+        schedule = self.schedule or self.resolve_schedule()
         batch = self.global_batch or GlobalBatch.local()
         if self.cfg.rescale_inputs_to is not None and (n == 0 or batch.world == 1):
             # every rank sets it from the first global batch; later only if that had no variance

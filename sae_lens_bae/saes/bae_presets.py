@@ -59,10 +59,9 @@ class BAEPreset:
 
 
 BAE_PRESETS: dict[PresetName, BAEPreset] = {
-    # the recipe study's best (docs/features.md): the short-run entropy coefficient with 8x its
-    # covariance coefficient, the paper's surrogate temperature, and near-constant channels
-    # resampled every 125 steps until 95% of training. SmolLM2-135M layer 15, 2000 steps, CPU:
-    # EV 0.717 (topk15 0.732), 1385 activated (topk15 1147), no constant or dead channel
+    # the short-run entropy coefficient with 8x its covariance coefficient, the paper's
+    # surrogate temperature, and near-constant channels resampled every 125 steps until 95% of
+    # training (docs/research/code-notes.md)
     "default": BAEPreset(
         lr=2e-3,
         surrogate_temperature=1.0,
@@ -80,7 +79,7 @@ BAE_PRESETS: dict[PresetName, BAEPreset] = {
     # EntropyRecipe's lr, no resampling (a resampled channel is a random one: it adds entropy).
     # Calibrated on fair-bit sets at unit mean squared norm, a total variance of 0.5, the
     # variance estimate_entropies scales every set to (entropy.normalise_scale); the BAE is not
-    # scale- or translation-invariant (docs/entropy.md), so it scales and places its inputs
+    # scale- or translation-invariant, so it scales and places its inputs
     # there itself (saes.input_scale): states of any scale and any mean will do
     "entropy": BAEPreset(
         lr=4e-3,

@@ -23,9 +23,8 @@ __all__ = [
 SURROGATE_CPU_CUTOFF = 30.0
 """On CPU the sigmoid surrogate's derivative beyond |x / T| = 30 is held at its value there
 (under 4e-13 of its peak): further out, a small upstream gradient times sigmoid(x / T) is a
-denormal float, and a CPU multiplies denormals about 100x slower (a 512 x 512 x 1024 product with
-30% denormal inputs: 963 ms against 8 ms), so one BAE whose pre-activations outgrew T slowed a
-whole training run from 22 steps/s to 4-8."""
+denormal float, and a CPU multiplies denormals about 100x slower, so one BAE whose
+pre-activations outgrew T would slow a whole stacked training run."""
 
 
 def _sigmoid_surrogate(grad_out: Tensor, x: Tensor, temperature: float) -> Tensor:

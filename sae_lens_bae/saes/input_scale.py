@@ -53,11 +53,13 @@ def register_input_scale(module: nn.Module, target: float | None) -> None:
     """Give a BAE its (unset) input frame when its config asks for one (``target`` not None)."""
     if target is not None:
         device = next(module.parameters()).device
-        module.register_buffer(INPUT_SCALE_BUFFER,
-                               torch.zeros((), dtype=torch.float32, device=device))  # fmt: skip
+        module.register_buffer(
+            INPUT_SCALE_BUFFER, torch.zeros((), dtype=torch.float32, device=device)
+        )
         d_in = module.cfg.d_in  # type: ignore[union-attr]
-        module.register_buffer(INPUT_SHIFT_BUFFER,
-                               torch.zeros(d_in, dtype=torch.float32, device=device))  # fmt: skip
+        module.register_buffer(
+            INPUT_SHIFT_BUFFER, torch.zeros(d_in, dtype=torch.float32, device=device)
+        )
 
 
 def current_input_scale(module: nn.Module) -> Tensor | None:
@@ -116,8 +118,9 @@ class InputFrameMixin:
     """Loading a BAE whose config has a frame but whose weights were saved before the shift
     existed: its shift is 0 (what it did), not a missing key."""
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
-                              **kwargs: Any) -> None:  # fmt: skip
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
         key = prefix + INPUT_SHIFT_BUFFER
         framed = getattr(self, INPUT_SHIFT_BUFFER, None) is not None
         if framed and key not in state_dict and prefix + INPUT_SCALE_BUFFER in state_dict:

@@ -40,6 +40,8 @@ def load_sae(path: str | Path, device: str = "cpu") -> SAE[Any]:
         message = f"{weights} is not a readable safetensors file ({e}); save the SAE again"
         raise ValueError(message) from e
     except KeyError as e:
-        message = (f"{path / 'cfg.json'} lacks the field {e} that a {architecture!r} config "
-                   "needs: it was not written by this version of SAELens")  # fmt: skip
+        message = (
+            f"{path / 'cfg.json'} lacks the field {e} that a {architecture!r} config "
+            "needs: it was not written by this version of SAELens"
+        )
         raise ValueError(message) from e

@@ -12,8 +12,10 @@ fires on. Deterministic (no random draws), so stacked and separate trainings sta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "RESAMPLE_RATE",
     "constant_channels",
     "resample_constant_channels",
+    "resample_members",
 ]
 
 CONSTANT_RARITY = 1e-4
@@ -88,3 +91,42 @@ def resample_constant_channels(
         mean_residual = (weights.T @ residuals) / weights.sum(0).clamp_min(1.0)[:, None]
         W_dec[index] = mean_residual.to(W_dec.dtype)
     return int(index.numel())
+
+
+@torch.no_grad()
+def resample_members(
+    W_enc: Float[Tensor, "G d_in n_bits"],
+    b_enc: Float[Tensor, "G n_bits"] | None,
+    W_dec: Float[Tensor, "G d_sae d_in"],
+    encoder_inputs: Float[Tensor, "members batch d_in"],
+    residuals: Float[Tensor, "members batch d_in"],
+    window_counts: Int[Tensor, "G n_bits"],
+    window_samples: Int[Tensor, ""],
+    code_mean: Float[Tensor, "G n_bits"],
+    *,
+    members: Sequence[int],
+    bits_per_feature: int = 1,
+) -> list[int]:
+    """Resample the constant channels of each stack row ``members[i]``, on its minibatch
+    ``encoder_inputs[i]``, in place: what one BAE (G = 1) and a stack of G do at the end of a
+    resampling window. A resampled channel's running mean restarts at its new rate; the rows'
+    window counts restart at zero. Returns how many channels each row resampled."""
+    samples = int(window_samples)
+    counts = []
+    for i, g in enumerate(members):
+        channels = constant_channels(window_counts[g], samples)
+        counts.append(
+            resample_constant_channels(
+                W_enc[g],
+                None if b_enc is None else b_enc[g],
+                W_dec[g],
+                encoder_inputs[i],
+                residuals[i],
+                channels,
+                bits_per_feature=bits_per_feature,
+            )
+        )
+        code_mean[g][channels] = RESAMPLE_RATE
+        window_counts[g] = 0
+    window_samples.zero_()
+    return counts

@@ -10,8 +10,7 @@ held-out states; it has converged once the means of the last ``window`` checks a
 not the spread within one, tells a slow steady drift (which an estimate would still follow) from
 a plateau.
 
-A drift that is slow per window can still be large over the rest of training: codes 2-3 times
-too large once passed for flat at 1% per 500 steps (r = 128 at lr 1e-3, docs/entropy.md). With
+A drift that is slow per window can still be large over the rest of training. With
 ``horizon`` h > 0 the difference of the two windows is first extrapolated over h times the steps
 trained so far: a BAE has converged only if training as long again (h = 1) would move neither
 value by more than the tolerance at the pace of the last two windows.
@@ -39,8 +38,13 @@ class Convergence:
     horizon: float = 1.0
 
     def __post_init__(self) -> None:
-        if (self.check_every < 1 or self.window < 1 or self.rtol < 0 or self.atol_bits < 0
-                or self.horizon < 0):  # fmt: skip
+        if (
+            self.check_every < 1
+            or self.window < 1
+            or self.rtol < 0
+            or self.atol_bits < 0
+            or self.horizon < 0
+        ):
             raise ValueError(
                 "Convergence needs check_every >= 1, window >= 1, rtol >= 0, atol_bits >= 0 "
                 "and horizon >= 0"
@@ -107,10 +111,9 @@ class ConvergenceMonitor:
 class DrainHold:
     """Hold a learning-rate schedule while a code drains.
 
-    On planted bits the ``paper`` recipe's code first over-codes (600-650 channels' worth of
-    bits for 256 planted ones at d = 512) and then drains to r, and the drain ends once the
-    learning rate integrated over the steps reaches a budget (about 47-67 at d = 512-1024,
-    docs/entropy.md): a cosine that decays before then leaves the code undrained, whatever its
+    On planted bits the ``paper`` recipe's code first over-codes and then drains to r, and the
+    drain ends once the learning rate integrated over the steps reaches a budget that grows
+    with the set: a cosine that decays before then leaves the code undrained, whatever its
     step count. So while the code's entropy on the check states still falls by more than
     ``min_fall_bits`` from one window of ``window`` checks to the next, the schedule (the
     learning rate, and the phases read from the step: the final covariance-off fraction) stands

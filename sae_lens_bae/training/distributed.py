@@ -120,8 +120,9 @@ def rank_cache_batches(
     depends on the number of ranks: a run resumes exactly with the same number."""
     rank, world = rank_world(group)
     rows = cache.activations(hook, dtype=dtype, sequences=cache.rank_sequences(rank, world))
-    for index in batch_indices(rows.shape[0], batch_size, seed=seed * 1_000_003 + rank,
-                               start=start):  # fmt: skip
+    for index in batch_indices(
+        rows.shape[0], batch_size, seed=seed * 1_000_003 + rank, start=start
+    ):
         yield rows[index]
 
 
@@ -160,8 +161,9 @@ def data_parallel(trainer: SAETrainer[Any, Any], group: Any = None) -> SAETraine
     _, world = rank_world(group)
     sae.to(trainer.cfg.device)
     sae.global_batch = GlobalBatch.of(group)
-    ddp = DistributedDataParallel(_TrainingStep(sae), process_group=group,
-                                  forward_sync_buffers=False)  # fmt: skip
+    ddp = DistributedDataParallel(
+        _TrainingStep(sae), process_group=group, forward_sync_buffers=False
+    )
     # a function, not the module: an nn.Module attribute would make the DDP wrapper a child of sae
     sae.training_forward_pass = lambda step_input: ddp(step_input)  # type: ignore[method-assign]
     local_step = trainer.step

@@ -127,15 +127,20 @@ class BAETrainingRunner(LanguageModelSAETrainingRunner):
         self, cfg: LanguageModelSAERunnerConfig[Any], distributed: bool = False, **overrides: Any
     ) -> None:
         if cfg.prefetch_llm_batches:
-            raise ValueError("prefetch_llm_batches reads ahead of the checkpoints: turn it off "
-                             "to train with BAETrainingRunner")  # fmt: skip
+            raise ValueError(
+                "prefetch_llm_batches reads ahead of the checkpoints: turn it off "
+                "to train with BAETrainingRunner"
+            )
         fill_training_schedule(cfg)  # the BAE's phases need the length SAELens keeps to itself
         super().__init__(cfg, **overrides)
         self.rank, self.world = rank_world() if distributed else (0, 1)
         self.activations_store = ResumableActivationsStore.for_runner(
-            self.model, cfg, override_dataset=overrides.get("override_dataset"),
-            rank=self.rank, world=self.world,
-        )  # fmt: skip
+            self.model,
+            cfg,
+            override_dataset=overrides.get("override_dataset"),
+            rank=self.rank,
+            world=self.world,
+        )
 
     def run_trainer_with_interruption_handling(self, trainer: SAETrainer[Any, Any]) -> Any:
         saved = trainer.save_checkpoint_fn
@@ -146,9 +151,12 @@ class BAETrainingRunner(LanguageModelSAETrainingRunner):
             if checkpoint_path is not None:
                 if self.world > 1:  # every rank's store state is written
                     dist.barrier()
-                mark_complete(checkpoint_path, n_training_samples=trainer.n_training_samples,
-                              n_training_steps=trainer.n_training_steps + 1,
-                              world_size=self.world)  # fmt: skip
+                mark_complete(
+                    checkpoint_path,
+                    n_training_samples=trainer.n_training_samples,
+                    n_training_steps=trainer.n_training_steps + 1,
+                    world_size=self.world,
+                )
 
         trainer.save_checkpoint_fn = save_and_mark
         if self.world > 1:
@@ -159,9 +167,10 @@ class BAETrainingRunner(LanguageModelSAETrainingRunner):
                 read_marker(self.cfg.resume_from_checkpoint)["n_training_steps"]
             )
             trainer.checkpoint_thresholds = [
-                threshold for threshold in trainer.checkpoint_thresholds
+                threshold
+                for threshold in trainer.checkpoint_thresholds
                 if threshold >= trainer.n_training_samples
-            ]  # fmt: skip
+            ]
         return super().run_trainer_with_interruption_handling(trainer)
 
 
@@ -184,12 +193,19 @@ def _save_rank_state(runner: BAETrainingRunner, trainer: SAETrainer[Any, Any]) -
 def _check_resumable(checkpoint: Path, sae_cfg: Any, world: int) -> None:
     """Refuse a checkpoint of another model with one line (not a state-dict size mismatch), or
     of another number of ranks (each rank's stream position is in the checkpoint)."""
-    refuse_other_ranks(read_marker(checkpoint), world, str(checkpoint),
-                       "a live run resumes on the ranks' own activation streams")  # fmt: skip
+    refuse_other_ranks(
+        read_marker(checkpoint),
+        world,
+        str(checkpoint),
+        "a live run resumes on the ranks' own activation streams",
+    )
     saved = json.loads((checkpoint / "cfg.json").read_text())
     wanted = sae_cfg.to_dict()
-    differs = [key for key in ("architecture", "d_in", "d_sae", "bits")
-               if saved.get(key) != wanted.get(key)]  # fmt: skip
+    differs = [
+        key
+        for key in ("architecture", "d_in", "d_sae", "bits")
+        if saved.get(key) != wanted.get(key)
+    ]
     if differs:
         key = differs[0]
         raise ValueError(
@@ -234,8 +250,9 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
     rank, world = rank_world() if cfg.distributed else (0, 1)
     model = load_model(cfg.model, device=device)
     check_hooks(model, [cfg.hook])
-    tokens = load_token_dataset(cfg.dataset, model.tokenizer, cfg.context_size,
-                                text_column=cfg.text_column)  # fmt: skip
+    tokens = load_token_dataset(
+        cfg.dataset, model.tokenizer, cfg.context_size, text_column=cfg.text_column
+    )
     with torch.no_grad():
         _, cache = model.run_with_cache(
             token_rows(tokens.select(range(1))), names_filter=cfg.hook, prepend_bos=False
@@ -249,9 +266,15 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         for name in ("entropy_coefficient", "covariance_coefficient", "surrogate_temperature")
         if getattr(cfg, name) is not None
     }
-    sae_cfg = bae_config(d_in, cfg.d_sae, preset=cfg.preset, bits=cfg.bits,
-                         surrogate=cfg.surrogate, normalize_activations=cfg.normalize_activations,
-                         **chosen)  # fmt: skip
+    sae_cfg = bae_config(
+        d_in,
+        cfg.d_sae,
+        preset=cfg.preset,
+        bits=cfg.bits,
+        surrogate=cfg.surrogate,
+        normalize_activations=cfg.normalize_activations,
+        **chosen,
+    )
     runner_cfg = LanguageModelSAERunnerConfig(
         sae=sae_cfg,
         model_name=str(cfg.model),
@@ -266,9 +289,7 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         lr=cfg.lr or BAE_PRESETS[cfg.preset].lr,
         device=device,
         seed=cfg.seed,
-        logger=LoggingConfig(
-            log_to_wandb=cfg.wandb and rank == 0, wandb_project=cfg.wandb_project
-        ),  # fmt: skip
+        logger=LoggingConfig(log_to_wandb=cfg.wandb and rank == 0, wandb_project=cfg.wandb_project),
         output_path=str(out) if rank == 0 else None,  # rank 0 saves the BAE
         checkpoint_path=str(out / "checkpoints"),
         n_checkpoints=cfg.checkpoints,
@@ -287,8 +308,9 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
             print(f"Resuming from {checkpoint}")
     with torch.random.fork_rng():  # the BAE's initial weights follow the seed
         torch.manual_seed(cfg.seed)
-        runner = BAETrainingRunner(runner_cfg, distributed=cfg.distributed,
-                                   override_dataset=tokens, override_model=model)  # fmt: skip
+        runner = BAETrainingRunner(
+            runner_cfg, distributed=cfg.distributed, override_dataset=tokens, override_model=model
+        )
     runner.run()
     if rank == 0:
         print(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")

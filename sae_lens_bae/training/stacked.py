@@ -1,12 +1,11 @@
 """Many small BAEs trained as one stacked module.
 
-Entropy tracing needs one BAE per (layer, position) or (layer, number of demonstrations): dozens
-to hundreds of small BAEs on hidden states of the same forward passes. One by one, each pays
-Python and launch overhead for tiny matmuls; stacked, they are one set of ``[G, ...]`` weights.
-The result equals G separate ``train_sae`` runs with the same seeds and data order: each BAE is
-initialised exactly as ``train_sae`` initialises it, sees its own minibatches and minibatch
-statistics, and has its gradient clipped to norm 1 on its own, as SAELens' ``SAETrainer`` does
-(Adam is elementwise, so one optimiser over stacked weights updates each BAE as its own would).
+Entropy tracing needs dozens to hundreds of small BAEs (one per layer and position) on states of
+the same forward passes; stacked, they are one set of ``[G, ...]`` weights. The result equals G
+separate ``train_sae`` runs with the same seeds and data order: each BAE is initialised as
+``train_sae`` initialises it, sees its own minibatches and minibatch statistics, and has its
+gradient clipped to norm 1 on its own, as SAELens' ``SAETrainer`` does (Adam is elementwise, so
+one optimiser over stacked weights updates each BAE as its own would).
 """
 
 from __future__ import annotations
@@ -36,11 +35,7 @@ from sae_lens_bae.saes.binary import (
     step,
     update_running_mean,
 )
-from sae_lens_bae.saes.resampling import (
-    RESAMPLE_RATE,
-    constant_channels,
-    resample_constant_channels,
-)
+from sae_lens_bae.saes.resampling import resample_members
 from sae_lens_bae.saes.schedule import Schedule
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
 from sae_lens_bae.training.deferred import LossHistory, progress_bits, sets_on_device
@@ -58,8 +53,12 @@ class StackedBAE(nn.Module):
     """G BAEs with one config, stacked along a leading dimension of every weight, each
     initialised as its seed's, or from ``init`` (BAEs of ``cfg``'s shape, one per seed)."""
 
-    def __init__(self, cfg: BAETrainingSAEConfig, seeds: Sequence[int],
-                 init: Sequence[BAETrainingSAE] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: BAETrainingSAEConfig,
+        seeds: Sequence[int],
+        init: Sequence[BAETrainingSAE] | None = None,
+    ) -> None:
         super().__init__()
         if cfg.normalize_activations != "none":
             raise ValueError(
@@ -91,8 +90,9 @@ class StackedBAE(nn.Module):
         self.register_buffer("code_mean_count", torch.zeros(()))
         self.n_models = len(members)
         if cfg.resample_every > 0:  # per BAE, as BAETrainingSAE keeps them
-            self.register_buffer("window_counts", torch.zeros(len(members), cfg.n_bits,
-                                                              dtype=torch.int64))  # fmt: skip
+            self.register_buffer(
+                "window_counts", torch.zeros(len(members), cfg.n_bits, dtype=torch.int64)
+            )
             self.register_buffer("window_samples", torch.zeros((), dtype=torch.int64))
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> StackedBAE:
@@ -125,23 +125,13 @@ class StackedBAE(nn.Module):
         residuals = x - self.decode(step(self.hidden_pre(x, members)), members)
         b_dec = self._weight("b_dec", members)
         inputs = x - b_dec.unsqueeze(1) if self.cfg.apply_b_dec_to_input else x
-        samples = int(self.window_samples)
         rows = range(self.n_models) if members is None else members.tolist()
-        counts = []
-        for i, g in enumerate(rows):
-            channels = constant_channels(self.window_counts[g], samples)
-            counts.append(resample_constant_channels(
-                self.W_enc.data[g], None if self.b_enc is None else self.b_enc.data[g],
-                self.W_dec.data[g], inputs[i], residuals[i], channels,
-                bits_per_feature=self.cfg.bits,
-            ))  # fmt: skip
-            self.code_mean[g][channels] = RESAMPLE_RATE
-        if members is None:
-            self.window_counts.zero_()
-        else:  # a converged BAE keeps the counts it stopped with
-            self.window_counts[members] = 0
-        self.window_samples.zero_()
-        return counts
+        # a converged BAE keeps the counts it stopped with: only the members' rows restart
+        b_enc = None if self.b_enc is None else self.b_enc.data
+        return resample_members(
+            self.W_enc.data, b_enc, self.W_dec.data, inputs, residuals, self.window_counts,
+            self.window_samples, self.code_mean, members=rows, bits_per_feature=self.cfg.bits,
+        )  # fmt: skip
 
     def hidden_pre(
         self, x: Float[Tensor, "G batch d_in"], members: Tensor | None = None
@@ -315,9 +305,16 @@ def train_stacked_baes(
         cfg = replace(cfg, total_training_steps=n_steps)
     model = StackedBAE(cfg, seeds, init).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, adam_beta2))
-    scheduler = get_lr_scheduler(lr_scheduler_name, optimizer, training_steps=n_steps, lr=lr,
-                                 warm_up_steps=lr_warm_up_steps, decay_steps=0,
-                                 lr_end=lr if lr_end is None else lr_end, num_cycles=1)  # fmt: skip
+    scheduler = get_lr_scheduler(
+        lr_scheduler_name,
+        optimizer,
+        training_steps=n_steps,
+        lr=lr,
+        warm_up_steps=lr_warm_up_steps,
+        decay_steps=0,
+        lr_end=lr if lr_end is None else lr_end,
+        num_cycles=1,
+    )
     # no wait for the device a step: minibatches gathered on it, losses read in blocks
     on_device = sets_on_device(sets, device)
     streams = [

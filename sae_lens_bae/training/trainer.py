@@ -102,8 +102,14 @@ def activation_batches(
     epoch is dropped so every minibatch entropy is measured on ``batch_size`` samples. ``start``
     skips that many batches of the same stream (a resumed run) without gathering them.
     """
-    for index in batch_indices(activations.shape[0], batch_size, shuffle=shuffle, seed=seed,
-                               start=start, device=activations.device):  # fmt: skip
+    for index in batch_indices(
+        activations.shape[0],
+        batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        start=start,
+        device=activations.device,
+    ):
         yield activations[index]
 
 
@@ -144,9 +150,13 @@ class RecordingTrainer(SAETrainer[Any, Any]):
         write_json(checkpoint_path / HISTORY_FILE, self.history)
         batches = self.data_provider.count if isinstance(self.data_provider, _Counted) else None
         # SAETrainer checkpoints inside a step, before it counts that step as done
-        mark_complete(checkpoint_path, n_training_samples=self.n_training_samples,
-                      n_training_steps=self.n_training_steps + 1, batches_read=batches,
-                      **self.marker_info)  # fmt: skip
+        mark_complete(
+            checkpoint_path,
+            n_training_samples=self.n_training_samples,
+            n_training_steps=self.n_training_steps + 1,
+            batches_read=batches,
+            **self.marker_info,
+        )
 
     def resume(self, checkpoint: str | Path) -> dict[str, Any]:
         """Load the weights, running statistics, optimiser, schedules and history of a complete
@@ -159,9 +169,10 @@ class RecordingTrainer(SAETrainer[Any, Any]):
         history = checkpoint / HISTORY_FILE
         self.history = json.loads(history.read_text()) if history.is_file() else []
         self.checkpoint_thresholds = [
-            threshold for threshold in self.checkpoint_thresholds
+            threshold
+            for threshold in self.checkpoint_thresholds
             if threshold >= self.n_training_samples
-        ]  # fmt: skip
+        ]
         return marker
 
     def step(self, batch: Tensor) -> TrainStepOutput:
@@ -258,8 +269,9 @@ def train_sae(
             n_rows = activations.token_positions().shape[0]
             if epochs is not None:
                 training_samples = int(epochs * n_rows)
-            data = _Counted(rank_cache_batches(activations, hook, batch_size, seed=seed,
-                                               start=start), start)  # fmt: skip
+            data = _Counted(
+                rank_cache_batches(activations, hook, batch_size, seed=seed, start=start), start
+            )
         else:
             activations = activations.activations(hook)
     if isinstance(activations, Tensor):
@@ -319,8 +331,9 @@ def _check_resumable(marker: dict[str, Any], info: dict[str, Any]) -> None:
             f"= {saved}"
         )
     if "cache blocks" in (marker.get("data"), info.get("data")):
-        refuse_other_ranks(marker, info["world_size"], "The checkpoint",
-                           "a cache is read in blocks, one per rank")  # fmt: skip
+        refuse_other_ranks(
+            marker, info["world_size"], "The checkpoint", "a cache is read in blocks, one per rank"
+        )
 
 
 def train_bae(

@@ -55,8 +55,9 @@ def train_transcoder(
     optimizer = torch.optim.Adam(transcoder.parameters(), lr=lr)
     pairs = activation_batches(torch.cat([inputs, targets], dim=1).float(), batch_size, seed=seed)
     history: list[dict[str, float]] = []
-    for step in trange(training_samples // batch_size, desc="Training transcoder",
-                       disable=not progress):  # fmt: skip
+    for step in trange(
+        training_samples // batch_size, desc="Training transcoder", disable=not progress
+    ):
         batch = next(pairs).to(device)
         x, y = batch[:, :d_in], batch[:, d_in:]
         acts = transcoder.encode(x)
