@@ -265,7 +265,9 @@ def compression_report(
                     "ratio_float32": original32 / size,
                     "ratio_float32_with_decoder": original32 / (size + model_bytes),
                     "mse": float((restored - states).pow(2).mean()),
-                    "relative_error": float((restored - states).pow(2).sum() / states.pow(2).sum()),
+                    "relative_error": float(
+                        (restored - states).pow(2).sum() / (states - states.mean(0)).pow(2).sum()
+                    ),
                     "cosine": float(torch.cosine_similarity(restored, states, dim=-1).mean()),
                 }
             )

@@ -30,8 +30,9 @@ def evaluate_sae(
     """Reconstruction and firing statistics of ``sae`` on ``activations``.
 
     Returns ``reconstruction_loss`` (squared error averaged over samples and dimensions),
-    ``relative_error`` (SSE / sum of squares), ``explained_variance`` (1 - SSE / SST; both are None
-    for data without squares or variance, e.g. all-zero activations), ``l0`` (mean
+    ``relative_error`` (SSE / SST, the fraction of the variance left unexplained: what every
+    ``relative_error`` of the project is), ``explained_variance`` (1 - SSE / SST; both are None
+    for data without variance, e.g. all-zero activations), ``l0`` (mean
     active features per sample), ``entropy_bits`` (H of the features' firing rates: for a BAE with
     ``bits = 1`` the entropy estimate of the set), ``dead`` (never fire), ``dense`` (fire on more
     than ``dense_threshold`` of samples) and the per-feature ``firing_rates``. ``targets``: what
@@ -43,7 +44,7 @@ def evaluate_sae(
             f"{activations.shape[0]} activation rows but {targets.shape[0]} target rows"
         )
     reference = activations if targets is None else targets
-    sse = sum_sq = 0.0
+    sse = 0.0
     fired = torch.zeros(sae.cfg.d_sae, dtype=torch.float64)
     n = 0
     mean = reference.double().mean(0)
@@ -54,14 +55,13 @@ def evaluate_sae(
         out = sae.decode(features)
         y = reference[start : start + batch_size].to(sae.device, sae.dtype)
         sse += (out - y).double().pow(2).sum().item()
-        sum_sq += y.double().pow(2).sum().item()
         fired += (features != 0).sum(0, dtype=torch.float64).cpu()
         n += x.shape[0]
     rates = (fired / n).float()
     return {
         "n_samples": n,
         "reconstruction_loss": sse / (n * reference.shape[1]),
-        "relative_error": sse / sum_sq if sum_sq > 0 else None,
+        "relative_error": sse / sst if sst > 0 else None,
         "explained_variance": 1.0 - sse / sst if sst > 0 else None,
         "l0": float(fired.sum() / n),
         "entropy_bits": binary_entropy(rates).item(),
@@ -73,10 +73,9 @@ def evaluate_sae(
 
 
 def unexplained_variance(sae: Any, activations: Float[Tensor, "n d_in"]) -> float | None:
-    """1 - explained variance (SSE / SST) of ``sae`` on ``activations`` (``evaluate_sae``):
-    the relative error an entropy cell reports; None for a set without variance."""
-    explained = evaluate_sae(sae, activations)["explained_variance"]
-    return None if explained is None else 1.0 - explained
+    """The relative error (SSE / SST) of ``sae`` on ``activations`` (``evaluate_sae``); None for
+    a set without variance."""
+    return evaluate_sae(sae, activations)["relative_error"]
 
 
 @torch.no_grad()

@@ -201,8 +201,13 @@ def test_relative_error_of_a_real_bae_matches_its_explained_variance():
     bae = BAE(BAEConfig(d_in=6, d_sae=10))
     x = torch.randn(200, 6)
     estimate = estimate_entropy(bae, x, batch_size=64, max_relative_error=10.0)
-    explained = evaluate_sae(bae, x)["explained_variance"]
-    assert estimate.relative_error == pytest.approx(1.0 - explained, rel=1e-6)
+    stats = evaluate_sae(bae, x)
+    assert estimate.relative_error == pytest.approx(1.0 - stats["explained_variance"], rel=1e-6)
+    # one definition of the name: the entropy estimate's and the evaluation's agree
+    assert stats["relative_error"] == pytest.approx(estimate.relative_error, rel=1e-6)
+    shifted = evaluate_sae(bae.to(torch.float64), x.double() + 100.0)  # SSE / SST, not / sum x^2
+    assert shifted["relative_error"] == pytest.approx(1.0 - shifted["explained_variance"])
+    assert shifted["relative_error"] > 0.5
     assert estimate.reliable == (estimate.bits <= estimate.ceiling_bits)
     strict = estimate_entropy(bae, x, max_relative_error=estimate.relative_error / 2)
     assert not strict.reliable

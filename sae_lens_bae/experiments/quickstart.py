@@ -227,7 +227,7 @@ def _report(summary: dict[str, Any]) -> str:
     bae, topk = summary["models"]["bae"], summary["models"]["topk"]
     rows = [
         ("reconstruction loss (mean sq. error, raw scale)", "reconstruction_loss", ".4g"),
-        ("relative error (SSE / sum of squares)", "relative_error", ".4f"),
+        ("relative error (SSE / SST)", "relative_error", ".4f"),
         (
             "typical state's relative error (median error / median spread)",
             "typical_relative_error",
