@@ -127,16 +127,27 @@ def test_more_bit_bae_shapes_and_decoding():
 # ------------------------------------------------------------------ architecture
 
 
-def test_defaults():
-    cfg = BAETrainingSAEConfig(d_in=16)
-    assert cfg.d_sae == 64
-    assert cfg.bits == 1
-    assert cfg.entropy_off_fraction == 0.25
-    assert cfg.surrogate == "sigmoid"
-    assert cfg.apply_b_dec_to_input is False
-    assert BAE_PRESETS["default"].lr == sae_lens_bae.DEFAULT_LR
-    assert sae_lens_bae.DEFAULT_BATCH_SIZE == 512
-    assert BAEConfig(d_in=16).d_sae == 64
+@pytest.mark.parametrize("d_in", [3, 16, 576])
+def test_a_default_bae_is_the_papers_shape_and_reads_raw_states(d_in):
+    """What the defaults must do, whatever their values: a code of 4 d_in bits in training and
+    inference alike; the encoder reads the raw state (moving the decoder bias moves no bit);
+    the entropy term is off for a first part of training, then on; one gradient flows through
+    every bit (the surrogate is defined)."""
+    cfg = BAETrainingSAEConfig(d_in=d_in)
+    assert cfg.n_bits == BAEConfig(d_in=d_in).n_bits == 4 * d_in
+    torch.manual_seed(0)
+    bae = BAETrainingSAE(cfg)
+    x = torch.randn(32, d_in)
+    before = bae.encode_bits(x)
+    with torch.no_grad():
+        bae.b_dec.add_(10.0)
+    assert torch.equal(bae.encode_bits(x), before)
+    schedule = cfg.schedule(1000)
+    assert 0 < schedule.entropy_on_from < 1000
+    assert not schedule.entropy_on(0) and schedule.entropy_on(999)
+    bits, _ = bae.encode_bits_with_grad(x)
+    bits.sum().backward()
+    assert bae.W_enc.grad is not None and (bae.W_enc.grad != 0).any()
 
 
 @pytest.mark.parametrize("d_in", [16, 576, 2048])
