@@ -190,6 +190,21 @@ def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, mon
     (tmp_path / "synthetic.json").write_text(json.dumps(unscaled))  # written before the field
     assert run_preset(preset, tmp_path, progress=False) == final["results"]
     assert trained == [True, "stop", False]
+    inlined = {
+        "encoder_bias": True,
+        "patience": 5,
+        "convergence_horizon": 1.0,
+        "lr_scheduler_name": "constant",
+    }  # fields since fixed, recorded at those values
+    recorded = {**final, "preset": {**final["preset"], "recipe": {
+        **final["preset"]["recipe"], **inlined}}}  # fmt: skip
+    (tmp_path / "synthetic.json").write_text(json.dumps(recorded))
+    assert run_preset(preset, tmp_path, progress=False) == final["results"]
+    assert trained == [True, "stop", False]  # the same grid as this version trains
+    recorded["preset"]["recipe"]["encoder_bias"] = False  # trained otherwise than now
+    (tmp_path / "synthetic.json").write_text(json.dumps(recorded))
+    with pytest.raises(ValueError, match="another grid or recipe"):
+        run_preset(preset, tmp_path, progress=False)
     (tmp_path / "synthetic.json").write_text(json.dumps(final))
     with pytest.raises(ValueError, match="another grid or recipe"):  # more states at r = 4
         run_preset(replace(preset, states_per_rank_squared=200.0), tmp_path, progress=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any
 
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_presets import BAE_PRESETS
@@ -14,6 +14,10 @@ from sae_lens_bae.training.convergence import Convergence, DrainHold
 
 __all__ = ["TRACING_RECIPE", "EntropyRecipe"]
 
+
+CONVERGENCE_WINDOW = 5
+"""Checks in each of the two windows the convergence rule compares: a plateau of a few hundred
+steps before the code drops a bit is common, so not too few."""
 
 _PRESET = BAE_PRESETS["entropy"]
 """The registry recipe that ``EntropyRecipe`` trains with (one rule for both paths)."""
@@ -43,10 +47,9 @@ class EntropyRecipe:
     lr_warm_up_steps: int = 0
     """Steps over which the learning rate rises linearly to ``lr`` (SAELens' scheduler): a
     large code can fall to a constant in its first steps without one."""
-    lr_scheduler_name: Literal["constant", "cosineannealing"] = "constant"
-    """After the warm-up: a constant lr, or a cosine down to ``lr_end`` at the end of ``steps``."""
     lr_end: float | None = None
-    """The cosine's final learning rate (None: ``lr``, no decay)."""
+    """After the warm-up, a cosine from ``lr`` down to this at the end of ``steps`` (None: the lr
+    stays constant)."""
     adam_beta2: float = 0.999
     """Adam's second-moment decay (SAELens' ``adam_beta2``). Adam divides each step by the root
     of this running mean of squared gradients, so a weight whose gradient was near zero for a
@@ -72,9 +75,6 @@ class EntropyRecipe:
     for at most this fraction of ``steps`` more (0: never hold; ``training.DrainHold``). A code
     that over-codes drains to r once the learning rate summed over the steps reaches a budget
     that grows with the set: a cosine that decays first leaves it undrained."""
-    encoder_bias: bool = True
-    """Give each channel its own firing threshold ``b_enc``; False trains the paper's encoder
-    ``h_B = step(h0 W_in)``, every hyperplane through the origin of the (framed) states."""
     refit_decoder: bool = True
     """After training, replace each BAE's decoder by the least-squares decoder of its code on
     its training states (a ridge towards the trained decoder, chosen on a fifth of them held
@@ -105,13 +105,6 @@ class EntropyRecipe:
     """Stop each BAE once its held-out reconstruction and entropy are flat (else: all steps)."""
     check_every: int = 100
     """Steps between two convergence checks."""
-    patience: int = 5
-    """Checks per window: the mean of the last window must match the one before it (a plateau
-    of a few hundred steps before the code drops a bit is common, so not too few)."""
-    convergence_horizon: float = 1.0
-    """The two windows' difference is extrapolated over this many times the steps trained so
-    far before it is compared with the tolerance: a slow drift is not a plateau (0: compare the
-    windows as they are)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.lr_warm_up_steps < self.steps:
@@ -149,7 +142,6 @@ class EntropyRecipe:
             lr=4e-3 * lr_scale,
             lr_warm_up_steps=1000,
             entropy_off_fraction=0.05,
-            lr_scheduler_name="cosineannealing",
             lr_end=4e-4 * lr_scale,
             surrogate_temperature=0.15,
             adam_beta2=0.99,
@@ -201,7 +193,6 @@ class EntropyRecipe:
             d_in=d_in,
             d_sae=self.expansion * d_in,
             bits=self.bits,
-            encoder_bias=self.encoder_bias,
             surrogate_temperature=self.surrogate_temperature,
             entropy_coefficient=self.entropy_coefficient_2048 * scale,
             covariance_coefficient=self.covariance_coefficient_2048 * scale,
@@ -211,6 +202,11 @@ class EntropyRecipe:
             resample_every=0,
             total_training_steps=self.steps,
         )
+
+    @property
+    def lr_scheduler_name(self) -> str:
+        """SAELens' name of the learning-rate schedule after the warm-up."""
+        return "constant" if self.lr_end is None else "cosineannealing"
 
     @property
     def repairs(self) -> bool:
@@ -228,9 +224,7 @@ class EntropyRecipe:
         """The convergence rule of this recipe, or None (train every step)."""
         if not self.converge:
             return None
-        return Convergence(
-            check_every=self.check_every, window=self.patience, horizon=self.convergence_horizon
-        )
+        return Convergence(check_every=self.check_every, window=CONVERGENCE_WINDOW)
 
 
 TRACING_RECIPE = EntropyRecipe(expansion=1, steps=1500, batch_size=256, lr=4e-3, seeds=3)

@@ -47,6 +47,19 @@ without ``refit_decoder`` was trained and judged with the decoders as trained, o
 ``repair_rounds`` never repaired a code."""
 
 
+INLINED_FIELDS = {"encoder_bias": True, "patience": 5, "convergence_horizon": 1.0}
+"""Recipe fields a run once recorded that are now fixed at these values: a folder that recorded
+them at these values was trained as this version trains."""
+
+
+def _inlined_as_now(recipe: dict[str, Any]) -> dict[str, Any]:
+    """``recipe`` without the fields since inlined, where it recorded what is now fixed (the lr
+    schedule's name follows ``lr_end``)."""
+    scheduler = "constant" if recipe.get("lr_end") is None else "cosineannealing"
+    now = {**INLINED_FIELDS, "lr_scheduler_name": scheduler}
+    return {k: v for k, v in recipe.items() if k not in now or v != now[k]}
+
+
 def _with_new_fields(recorded: Any) -> Any:
     """A recorded preset with the fields added since it was written (the recipe's ``restarts``,
     ..., the preset's ``states_per_rank_squared``) at what that run trained with (their
@@ -58,7 +71,7 @@ def _with_new_fields(recorded: Any) -> Any:
     return {
         "states_per_rank_squared": 0.0,
         **recorded,
-        "recipe": {**defaults, **recorded["recipe"]},
+        "recipe": {**defaults, **_inlined_as_now(recorded["recipe"])},
     }
 
 
