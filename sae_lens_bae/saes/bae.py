@@ -307,17 +307,6 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             global_bits=global_bits,
         )
 
-    def _step_objective(
-        self, step_input: TrainStepInput, sae_out: Tensor, bits: Tensor,
-        global_bits: Tensor | None = None,
-    ) -> dict[str, Tensor]:  # fmt: skip
-        """``objective`` at this step: SAELens' coefficients, the phases of the schedule."""
-        schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
-        return self.objective(
-            step_input.sae_in, sae_out, bits, step_input.coefficients, global_bits=global_bits,
-            entropy_on=schedule.entropy_on(n), covariance_on=schedule.covariance_on(n),
-        )  # fmt: skip
-
     @override
     def calculate_aux_loss(
         self,
@@ -327,7 +316,11 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         sae_out: Tensor,
     ) -> dict[str, Tensor]:
         bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
-        terms = self._step_objective(step_input, sae_out, bits)
+        schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
+        terms = self.objective(
+            step_input.sae_in, sae_out, bits, step_input.coefficients,
+            entropy_on=schedule.entropy_on(n), covariance_on=schedule.covariance_on(n),
+        )  # fmt: skip
         return {name: terms[name] for name in LOSS_TERMS if name != "reconstruction_loss"}
 
     @torch.no_grad()
@@ -349,20 +342,27 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:
         """Reconstruction (mean over batch and d_in) + entropy + covariance + firing, each
         logged; first, at the end of a resampling window, the constant channels are resampled."""
-        sae_in = step_input.sae_in
-        n = step_input.n_training_steps
+        sae_in, n = step_input.sae_in, step_input.n_training_steps
+        # what this step does, from the schedule resolved once and the data-parallel group
         schedule = self.schedule or self.resolve_schedule()
         batch = self.global_batch or GlobalBatch.local()
-        if self.cfg.rescale_inputs_to is not None and (n == 0 or batch.world == 1):
-            # every rank sets it from the first global batch; later only if that had no variance
-            fix_input_frame(self, batch.gather(sae_in), self.cfg.rescale_inputs_to)
-        if schedule.resamples_before(n):
-            self.resample(batch.gather(sae_in))
+        # every rank frames from the first global batch; later only if that had no variance
+        framing = self.cfg.rescale_inputs_to is not None and (n == 0 or batch.world == 1)
+        resampling, counting = schedule.resamples_before(n), schedule.window_counted(n)
+        if framing or resampling:
+            global_in = batch.gather(sae_in)
+            if framing:
+                fix_input_frame(self, global_in, self.cfg.rescale_inputs_to)
+            if resampling:
+                self.resample(global_in)
         bits, hidden_pre = self.encode_bits_with_grad(sae_in)
         feature_acts = self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits))
         sae_out = self.decode(feature_acts)
         global_bits = batch.gather(bits.reshape(-1, bits.shape[-1]), codes=True)  # one gather
-        losses = self._step_objective(step_input, sae_out, bits, global_bits)
+        losses = self.objective(
+            sae_in, sae_out, bits, step_input.coefficients, global_bits=global_bits,
+            entropy_on=schedule.entropy_on(n), covariance_on=schedule.covariance_on(n),
+        )  # fmt: skip
         entropy_bits = losses.pop("batch_entropy_bits")
         mean_code = losses.pop("batch_mean_code")  # of the global minibatch
         self._update_code_mean(mean_code)
@@ -370,7 +370,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         if batch.world > 1:  # the output covers the global minibatch too (firing statistics)
             sae_in, sae_out = batch.gather(sae_in), batch.gather(sae_out.detach())
             feature_acts = bits_to_values(flat_bits, self.cfg.bits)
-        if schedule.window_counted(n):
+        if counting:
             self.window_counts += flat_bits.sum(0, dtype=torch.int64)
             self.window_samples += flat_bits.shape[0]
         dead_mask = step_input.dead_neuron_mask
