@@ -13,7 +13,7 @@ from typing import Any
 
 from sae_lens_bae.comsem.client import ClientConfig
 from sae_lens_bae.comsem.prompts import load_templates
-from sae_lens_bae.comsem.samples import select_samples
+from sae_lens_bae.comsem.samples import samples_for
 from sae_lens_bae.features.records import FeatureRecords
 
 __all__ = ["CHARS_PER_TOKEN", "RunEstimate", "estimate_run"]
@@ -54,16 +54,7 @@ def estimate_run(
 ) -> RunEstimate:
     """The estimate for ``comsem(records, tokenizer, client, config)`` (a ``ComSemConfig``)."""
     templates = load_templates(config.templates)
-    items = select_samples(
-        records,
-        tokenizer,
-        n_explain=config.n_explain,
-        n_test=config.n_test,
-        negatives=config.detection,
-        features=config.features,
-        max_features=config.max_features,
-        seed=config.seed,
-    )
+    items = samples_for(records, tokenizer, config)
     placeholder = " ".join(["word"] * PLACEHOLDER_WORDS)
     requests, chars = 0, 0
     for item in items:

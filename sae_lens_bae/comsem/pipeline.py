@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from sae_lens_bae.comsem.client import ChatClient, ClientConfig
 from sae_lens_bae.comsem.prompts import load_templates
 from sae_lens_bae.comsem.report import summarise, write_report
-from sae_lens_bae.comsem.samples import select_samples
+from sae_lens_bae.comsem.samples import samples_for
 from sae_lens_bae.comsem.stages import calibrate, explain, judge, score
 from sae_lens_bae.features.records import FeatureRecords
 
@@ -62,16 +62,7 @@ async def acomsem(
             cache = Path(out) / "replies.sqlite"
         client = ChatClient(client, cache)
     templates = load_templates(config.templates)
-    items = select_samples(
-        records,
-        tokenizer,
-        n_explain=config.n_explain,
-        n_test=config.n_test,
-        negatives=config.detection,
-        features=config.features,
-        max_features=config.max_features,
-        seed=config.seed,
-    )
+    items = samples_for(records, tokenizer, config)
     activated = int((records.counts() >= config.n_explain + 1).sum())
     try:
         explanations = await explain(client, templates, items, progress)

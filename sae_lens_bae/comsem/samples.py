@@ -18,7 +18,7 @@ import torch
 
 from sae_lens_bae.features.records import FeatureRecords
 
-__all__ = ["FeatureSamples", "Sample", "select_samples"]
+__all__ = ["FeatureSamples", "Sample", "samples_for", "select_samples"]
 
 
 @dataclass(frozen=True)
@@ -122,3 +122,18 @@ def select_samples(
             "records with a larger k (bae compare --records-k)"
         )
     return selected
+
+
+def samples_for(records: FeatureRecords, tokenizer: Any, config: Any) -> list[FeatureSamples]:
+    """``select_samples`` with the sample settings of a ``ComSemConfig`` (what a run asks the
+    LLM about, and what its estimate counts)."""
+    return select_samples(
+        records,
+        tokenizer,
+        n_explain=config.n_explain,
+        n_test=config.n_test,
+        negatives=config.detection,
+        features=config.features,
+        max_features=config.max_features,
+        seed=config.seed,
+    )
