@@ -37,6 +37,7 @@ import sae_lens_bae  # noqa: F401  (registers the BAE with SAELens)
 from sae_lens_bae.data import default_corpus, load_token_dataset
 from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
+from sae_lens_bae.training import fill_training_schedule
 
 REGIONS = {
     "model forward": (ActivationsStore, "get_activations"),
@@ -117,6 +118,7 @@ def run_one(
         checkpoint_path=None,
         n_checkpoints=0,
     )
+    fill_training_schedule(runner_cfg)  # a BAE's phases need the length of training
     timer = RegionTimer()
     torch.manual_seed(args.seed)
     activities = [ProfilerActivity.CPU]

@@ -184,7 +184,13 @@ def bae_at_density(
     quantile on ``batch`` so that each channel fires on that fraction of it (None: as initialised,
     about half). A trained default BAE at d_sae = 2304 fires 16% of its bits (L0 369 in
     docs/features.md)."""
-    cfg = BAETrainingSAEConfig(d_in=d_in, d_sae=d_sae, entropy_off_fraction=0.0, **config)
+    cfg = BAETrainingSAEConfig(
+        d_in=d_in,
+        d_sae=d_sae,
+        entropy_off_fraction=0.0,
+        total_training_steps=NOMINAL_STEPS,
+        **config,
+    )
     sae = BAETrainingSAE(cfg).to(batch.device)
     if density is not None:
         with torch.no_grad():

@@ -36,6 +36,7 @@ import sae_lens_bae  # noqa: F401  (registers the "bae" architecture with SAELen
 from sae_lens_bae import (
     DEFAULT_LR,
     BAETrainingSAEConfig,
+    fill_training_schedule,
     harvest_activations,
     load_model,
     train_sae,
@@ -76,6 +77,7 @@ cfg = LanguageModelSAERunnerConfig(
     output_path=str(OUT / "live"),
     checkpoint_path=None,
 )
+fill_training_schedule(cfg)  # the BAE's phases need the length, which SAELens keeps to itself
 live = LanguageModelSAETrainingRunner(cfg, override_dataset=tokens, override_model=model).run()
 bae = SAE.load_from_disk(OUT / "live")
 print(
