@@ -105,7 +105,7 @@ class _CovariancePenalty(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx,
         codes: Tensor,
         block: int | None,
@@ -169,7 +169,7 @@ class _CovariancePenalty(torch.autograd.Function):
         return (total * (ctx.scale / norm)).to(work_dtype)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None, None]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None, None]:
         with autocast_off(grad_out.device.type):
             return _CovariancePenalty._backward(ctx, grad_out)
 
@@ -273,7 +273,7 @@ def covariance_penalty(
             total, _ = fused_penalty_op(codes, *share, float(scale))
         return total.to(torch.promote_types(codes.dtype, torch.float32)).reshape(stack)
     penalty = _CovariancePenalty.apply(codes, block_size, binary, share, float(scale))
-    return penalty.reshape(stack)  # type: ignore[no-any-return]
+    return penalty.reshape(stack)
 
 
 def dense_covariance_penalty(codes: Float[Tensor, "batch n"]) -> Float[Tensor, ""]:

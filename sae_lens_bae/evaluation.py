@@ -198,5 +198,5 @@ def spliced_losses(
         means["ce_loss_score"] = (ablated - with_sae) / gap if gap else None  # type: ignore[operator]
         kl_ablated, kl_sae = means["kl_div_with_ablation"], means["kl_div_with_sae"]
         means["kl_div_score"] = (kl_ablated - kl_sae) / kl_ablated if kl_ablated else None  # type: ignore[operator]
-        results[name] = means  # type: ignore[assignment]
+        results[name] = means
     return results

@@ -56,12 +56,12 @@ def _gradient_shape(
     return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
-def _save_for_gradient(ctx, inputs: tuple, output: tuple) -> None:  # type: ignore[no-untyped-def]
+def _save_for_gradient(ctx, inputs: tuple, output: tuple) -> None:
     codes, ctx.rank, ctx.world, ctx.scale = inputs
     ctx.save_for_backward(codes, output[1])
 
 
-def _penalty_gradient(ctx, grad_total: Tensor, _grad_signs: Tensor) -> tuple:  # type: ignore[no-untyped-def]
+def _penalty_gradient(ctx, grad_total: Tensor, _grad_signs: Tensor) -> tuple:
     codes, signs = ctx.saved_tensors
     grad = fused_gradient_op(codes, signs, ctx.rank, ctx.world, ctx.scale)
     return (grad * grad_total[:, None, None]).to(codes.dtype), None, None, None

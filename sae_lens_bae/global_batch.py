@@ -41,14 +41,14 @@ class _SumRanks(torch.autograd.Function):
     the sum). ``torch.distributed.nn.functional.all_reduce``, which torch deprecates."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, group: Any) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, group: Any) -> Tensor:
         ctx.group = group
         total = x.clone(memory_format=torch.contiguous_format)
         dist.all_reduce(total, group=group)
         return total
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         return _SumRanks.apply(grad, ctx.group), None
 
 
@@ -56,12 +56,12 @@ class _GatherRows(torch.autograd.Function):
     """All-gather along dim 0; backward: the sum over ranks of the gradient of this rank's rows."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, group: Any, codes: bool) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, group: Any, codes: bool) -> Tensor:
         ctx.group, ctx.rows = group, x.shape[0]
         return _all_gather(x, group, codes)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         grad = grad.contiguous()
         rank = dist.get_rank(ctx.group)
         if dist.get_backend(ctx.group) == dist.Backend.NCCL:
@@ -108,7 +108,7 @@ class GlobalBatch:
         """``x`` added over the ranks (every rank gets the sum), differentiably."""
         if self.world == 1:
             return x
-        return _SumRanks.apply(x, self.group)  # type: ignore[no-any-return]
+        return _SumRanks.apply(x, self.group)
 
     def gather(
         self, x: Float[Tensor, "*stack batch n"], dim: int = -2, *, codes: bool = False
@@ -122,7 +122,7 @@ class GlobalBatch:
             gathered = _GatherRows.apply(moved, self.group, codes)
         else:
             gathered = _all_gather(moved, self.group, codes)
-        return gathered.movedim(0, dim)  # type: ignore[no-any-return]
+        return gathered.movedim(0, dim)
 
     def rows(self, local_rows: int) -> int:
         """Rows of the global minibatch."""

@@ -61,7 +61,7 @@ class _BinaryEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, p: Tensor, eps: float, scale: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx, p: Tensor, eps: float, scale: float) -> Tensor:
         ctx.save_for_backward(p)
         ctx.eps, ctx.scale = eps, scale
         with autocast_off(p.device.type):  # autocast refuses it: p is fp32
@@ -72,7 +72,7 @@ class _BinaryEntropy(torch.autograd.Function):
         return nats * (scale / _LN2)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
         (p,) = ctx.saved_tensors
         return torch.logit(p, ctx.eps) * (grad_out * (-ctx.scale / _LN2)).unsqueeze(-1), None, None
 
@@ -89,7 +89,7 @@ def binary_entropy(
     """
     if not 0.0 < eps < 0.5:
         raise ValueError(f"eps must be in (0, 0.5), got {eps}")
-    return _BinaryEntropy.apply(p, eps, float(scale))  # type: ignore[no-any-return]
+    return _BinaryEntropy.apply(p, eps, float(scale))
 
 
 def minibatch_entropy(codes: Float[Tensor, "... batch n"]) -> Float[Tensor, "..."]:

@@ -41,7 +41,7 @@ def summarise(
         "explained": sum(r.explanation is not None for r in results),
         "interpretable": sum(r.interpretable for r in results),
         "mean_score": _mean([r.score for r in scored]),  # type: ignore[misc]
-        "mean_balanced_accuracy": _mean(balanced),  # type: ignore[arg-type]
+        "mean_balanced_accuracy": _mean(balanced),
         "detection_scored": len(balanced),  # features with sure negatives and a score
         "judged_records": sum(
             sum(j.activating and j.answer is not None for j in r.judgements) for r in results

@@ -40,12 +40,12 @@ class Experiment:
 
     @property
     def run(self) -> Callable[..., Any]:
-        return self.module.run  # type: ignore[no-any-return]
+        return self.module.run
 
     @property
     def report(self) -> str | None:
         """Markdown file in the config's ``out`` folder that the CLI prints after the run."""
-        return self.module.REPORT  # type: ignore[no-any-return]
+        return self.module.REPORT
 
     @property
     def help(self) -> str:

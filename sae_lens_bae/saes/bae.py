@@ -156,7 +156,7 @@ class _BAEMixin(BAEFoldsMixin):
         )
         scaled = current_input_scale(self) is not None  # type: ignore[arg-type]
         if not scaled and self.cfg.apply_b_dec_to_input:
-            return SAE.process_sae_in(self, sae_in)  # type: ignore[arg-type]
+            return SAE.process_sae_in(self, sae_in)
         # the dtype SAELens' "x.to(cfg dtype) - b_dec * 0" gives (a BAE cast with .double()
         # keeps cfg.dtype "float32"), with no kernel where it is the input's already
         dtype = torch.promote_types(self.dtype, self.b_dec.dtype)  # type: ignore[attr-defined]
@@ -207,12 +207,12 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
         return self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits))
 
     @classmethod
-    def load_from_disk(  # type: ignore[override]
+    def load_from_disk(
         cls, path: str | Path, device: str = "cpu", dtype: str | None = None, **kwargs: Any
     ) -> BAE:
         """Load a saved BAE, checking its cfg.json strictly (unknown or missing fields raise)."""
         validate_config_dict(read_cfg_json(path))
-        return super().load_from_disk(path, device=device, dtype=dtype, **kwargs)  # type: ignore[return-value]
+        return super().load_from_disk(path, device=device, dtype=dtype, **kwargs)
 
     @override
     def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:

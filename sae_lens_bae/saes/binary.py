@@ -63,13 +63,13 @@ def _heaviside(x: Tensor) -> Tensor:
 
 class _Step(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, surrogate: str, temperature: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, surrogate: str, temperature: float) -> Tensor:
         ctx.save_for_backward(x)
         ctx.surrogate, ctx.temperature = surrogate, temperature
         return _heaviside(x)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
         (x,) = ctx.saved_tensors
         return SURROGATES[ctx.surrogate](grad_out, x, ctx.temperature), None, None
 
@@ -86,7 +86,7 @@ def step(
         return _heaviside(x)
     if surrogate not in SURROGATES:
         raise ValueError(f"Unknown surrogate {surrogate!r}; choose one of {sorted(SURROGATES)}")
-    return _Step.apply(x, surrogate, temperature)  # type: ignore[no-any-return]
+    return _Step.apply(x, surrogate, temperature)
 
 
 def bits_to_values(

@@ -123,11 +123,11 @@ def least_squares_decoder(
 def _decoder_inputs_and_targets(bae: torch.nn.Module, states: Tensor) -> tuple[Tensor, Tensor]:
     """The decoder's inputs (h_R) for ``states`` and what its output should be in the units it
     decodes to (the framed, normalised input, before centring by ``b_dec``)."""
-    x = states.to(bae.W_enc.device, bae.W_enc.dtype)  # type: ignore[union-attr]
+    x = states.to(bae.W_enc.device, bae.W_enc.dtype)
     values = bits_to_values(bae.encode_bits(x), bae.cfg.bits)  # type: ignore[union-attr,operator]
     framed = bae.process_sae_in(x)  # type: ignore[operator]
     if bae.cfg.apply_b_dec_to_input:  # type: ignore[union-attr]
-        framed = framed + bae.b_dec  # type: ignore[operator]
+        framed = framed + bae.b_dec
     return values, framed
 
 
@@ -155,8 +155,8 @@ def refit_decoder(
     if n_val < 1 or n - n_val < 1:
         raise ValueError(f"refit_decoder needs states for both parts, got {n}")
     fit_bias = not bae.cfg.apply_b_dec_to_input  # type: ignore[union-attr]
-    w_trained = bae.W_dec.detach()  # type: ignore[union-attr]
-    b_trained = bae.b_dec.detach()  # type: ignore[union-attr]
+    w_trained = bae.W_dec.detach()
+    b_trained = bae.b_dec.detach()
     prior = torch.cat([w_trained, b_trained[None]]) if fit_bias else w_trained
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(states.device)
 
@@ -196,7 +196,7 @@ def refit_decoder(
         equations.gram += held_back.gram
         equations.rhs += held_back.rhs
         w, b = equations.solve(ridge, prior)
-        bae.W_dec.data.copy_(w.to(bae.W_dec.dtype))  # type: ignore[union-attr]
+        bae.W_dec.data.copy_(w.to(bae.W_dec.dtype))
         if b is not None:
-            bae.b_dec.data.copy_(b.to(bae.b_dec.dtype))  # type: ignore[union-attr]
+            bae.b_dec.data.copy_(b.to(bae.b_dec.dtype))
     return DecoderRefit(applied=applied, trained_mse=trained, refit_mse=scores[ridge], ridge=ridge)

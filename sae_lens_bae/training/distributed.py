@@ -173,7 +173,7 @@ def data_parallel(trainer: SAETrainer[Any, Any], group: Any = None) -> SAETraine
         trainer.n_training_samples += (world - 1) * batch.shape[0]  # the other ranks' rows
         return output
 
-    trainer.step = step  # type: ignore[method-assign]
+    trainer.step = step
     return trainer
 
 

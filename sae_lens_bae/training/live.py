@@ -187,7 +187,7 @@ def _save_rank_state(runner: BAETrainingRunner, trainer: SAETrainer[Any, Any]) -
             )
             dist.barrier()
 
-    trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+    trainer.save_checkpoint = save_checkpoint
 
 
 def _check_resumable(checkpoint: Path, sae_cfg: Any, world: int) -> None:

@@ -347,4 +347,4 @@ def train_bae(
         if not isinstance(activations, Tensor):
             raise ValueError("Pass cfg=BAETrainingSAEConfig(d_in=...) when streaming batches")
         cfg = BAETrainingSAEConfig(d_in=activations.shape[-1])
-    return train_sae(activations, cfg, **kwargs).sae  # type: ignore[return-value]
+    return train_sae(activations, cfg, **kwargs).sae
