@@ -16,6 +16,7 @@ from sae_lens_bae.reports import write_json
 
 __all__ = [
     "COMPLETE_MARKER",
+    "check_resumable",
     "latest_checkpoint",
     "mark_complete",
     "read_marker",
@@ -62,3 +63,43 @@ def refuse_other_ranks(marker: dict[str, Any], world: int, where: str, why: str)
             f"{where} was written by {ranks} rank(s), this run has {world}: {why}, so resume it "
             f"with {ranks}"
         )
+
+
+def check_resumable(
+    checkpoint: Path,
+    run: dict[str, Any],
+    *,
+    rank_streams: str | None = None,
+    model: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The one rule every training path resumes by; returns ``checkpoint``'s marker. Refuses, in
+    one line and before any data is read, a checkpoint this run would not continue exactly:
+
+    - another global minibatch (``run["global_batch_size"]``; another objective: the entropy is a
+      property of the minibatch);
+    - another number of ranks (``run["world_size"]``) where each rank's data stream is in the
+      checkpoint: ``rank_streams`` says why, or the run or the checkpoint reads a cache in
+      blocks (``"data": "cache blocks"``);
+    - another model (``model``: the run's config dict against the checkpoint's ``cfg.json``).
+    """
+    marker = read_marker(checkpoint)
+    wanted = run.get("global_batch_size")
+    saved = marker.get("global_batch_size", wanted)
+    if saved != wanted:
+        raise ValueError(
+            f"The checkpoint was trained on global minibatches of {saved} rows, this run makes "
+            f"{wanted} (ranks x batch_size): resume with batch_size x ranks = {saved}"
+        )
+    if rank_streams is None and "cache blocks" in (marker.get("data"), run.get("data")):
+        rank_streams = "a cache is read in blocks, one per rank"
+    if rank_streams is not None:
+        refuse_other_ranks(marker, run["world_size"], str(checkpoint), rank_streams)
+    if model is not None:
+        stored = json.loads((checkpoint / "cfg.json").read_text())
+        for key in ("architecture", "d_in", "d_sae", "bits"):
+            if stored.get(key) != model.get(key):
+                raise ValueError(
+                    f"{checkpoint} holds a {key}={stored.get(key)} model, these options make "
+                    f"{key}={model.get(key)}: resume with the options of the interrupted run"
+                )
+    return marker

@@ -9,7 +9,6 @@ Activations come from the model's forward passes as training goes (SAELens'
 
 from __future__ import annotations
 
-import json
 import os
 import typing
 from dataclasses import dataclass
@@ -29,10 +28,10 @@ from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
 from sae_lens_bae.saes.bae_presets import PresetName
 from sae_lens_bae.training.checkpoints import (
+    check_resumable,
     latest_checkpoint,
     mark_complete,
     read_marker,
-    refuse_other_ranks,
 )
 from sae_lens_bae.training.distributed import data_parallel, is_distributed, rank_world
 from sae_lens_bae.training.trainer import fill_training_schedule
@@ -190,30 +189,6 @@ def _save_rank_state(runner: BAETrainingRunner, trainer: SAETrainer[Any, Any]) -
     trainer.save_checkpoint = save_checkpoint
 
 
-def _check_resumable(checkpoint: Path, sae_cfg: Any, world: int) -> None:
-    """Refuse a checkpoint of another model with one line (not a state-dict size mismatch), or
-    of another number of ranks (each rank's stream position is in the checkpoint)."""
-    refuse_other_ranks(
-        read_marker(checkpoint),
-        world,
-        str(checkpoint),
-        "a live run resumes on the ranks' own activation streams",
-    )
-    saved = json.loads((checkpoint / "cfg.json").read_text())
-    wanted = sae_cfg.to_dict()
-    differs = [
-        key
-        for key in ("architecture", "d_in", "d_sae", "bits")
-        if saved.get(key) != wanted.get(key)
-    ]
-    if differs:
-        key = differs[0]
-        raise ValueError(
-            f"{checkpoint} holds a {key}={saved.get(key)} model, these options make "
-            f"{key}={wanted.get(key)}: resume with the options of the interrupted run"
-        )
-
-
 def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa: ARG001
     """Train with SAELens' runner (its own progress bar); returns the folder of the saved BAE."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
@@ -302,7 +277,12 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         runner_cfg.checkpoint_path = shared[0]
     if cfg.resume is not None:
         checkpoint = latest_checkpoint(cfg.resume)
-        _check_resumable(checkpoint, sae_cfg, world)
+        check_resumable(
+            checkpoint,
+            {"world_size": world},
+            rank_streams="a live run resumes on the ranks' own activation streams",
+            model=sae_cfg.to_dict(),
+        )
         runner_cfg.resume_from_checkpoint = str(checkpoint)
         if rank == 0:
             print(f"Resuming from {checkpoint}")

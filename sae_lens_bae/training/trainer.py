@@ -35,10 +35,10 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAEConfig,
 )
 from sae_lens_bae.training.checkpoints import (
+    check_resumable,
     latest_checkpoint,
     mark_complete,
     read_marker,
-    refuse_other_ranks,
 )
 from sae_lens_bae.training.distributed import (
     batch_indices,
@@ -254,13 +254,12 @@ def train_sae(
             "torch.distributed.init_process_group first"
         )
     rank, world = rank_world() if distributed else (0, 1)
-    checkpoint = latest_checkpoint(checkpoint_dir) if resume else None
-    marker = read_marker(checkpoint) if checkpoint else {}
-    start = int(marker.get("batches_read", 0))
     info: dict[str, Any] = {"global_batch_size": batch_size * world, "world_size": world}
     if distributed and isinstance(activations, ActivationCache):
         info["data"] = "cache blocks"
-    _check_resumable(marker, info)  # before any data is read
+    checkpoint = latest_checkpoint(checkpoint_dir) if resume else None
+    marker = check_resumable(checkpoint, info) if checkpoint else {}  # before any data is read
+    start = int(marker.get("batches_read", 0))
     if isinstance(activations, ActivationCache):
         hook = hook or (activations.hooks[0] if len(activations.hooks) == 1 else None)
         if hook is None:
@@ -316,24 +315,6 @@ def train_sae(
     if distributed:
         data_parallel(trainer)
     return TrainingRun(trainer.fit(), trainer.history)
-
-
-def _check_resumable(marker: dict[str, Any], info: dict[str, Any]) -> None:
-    """Refuse to resume on another global batch (another objective: the entropy is a property of
-    the minibatch), or a cache read by blocks with another number of ranks (other blocks)."""
-    if not marker:
-        return
-    saved = marker.get("global_batch_size", info["global_batch_size"])
-    if saved != info["global_batch_size"]:
-        raise ValueError(
-            f"The checkpoint was trained on global minibatches of {saved} rows, this run makes "
-            f"{info['global_batch_size']} (ranks x batch_size): resume with batch_size x ranks "
-            f"= {saved}"
-        )
-    if "cache blocks" in (marker.get("data"), info.get("data")):
-        refuse_other_ranks(
-            marker, info["world_size"], "The checkpoint", "a cache is read in blocks, one per rank"
-        )
 
 
 def train_bae(
