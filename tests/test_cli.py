@@ -437,6 +437,18 @@ def test_application_commands_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_
 # Every option of the hand-written CLI this one replaced (sae-lens-bae before the experiments
 # package): each name still exists and parses its own default (the defaults themselves are the
 # configs', tested above).
+TRACE = (
+    "expansion",
+    "bae_batch_size",
+    "batch_size",
+    "device",
+    "seed",
+    "out",
+    "hook",
+    "lr",
+    "steps",
+)
+"""Options every entropy trace had."""
 PREVIOUS_OPTIONS = {
     ("quickstart",): (
         "out",
@@ -579,15 +591,7 @@ PREVIOUS_OPTIONS = {
         "layers",
         "max_log2_position",
         "n_sequences",
-        "expansion",
-        "bae_batch_size",
-        "batch_size",
-        "device",
-        "seed",
-        "out",
-        "hook",
-        "lr",
-        "steps",
+        *TRACE,
     ),
     ("entropy", "icl"): (
         "model",
@@ -599,15 +603,7 @@ PREVIOUS_OPTIONS = {
         "shots",
         "n_prompts",
         "max_sentence_words",
-        "expansion",
-        "bae_batch_size",
-        "batch_size",
-        "device",
-        "seed",
-        "out",
-        "hook",
-        "lr",
-        "steps",
+        *TRACE,
     ),
     ("steer", "icl"): (
         "model",

@@ -12,12 +12,27 @@ from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_presets import BAE_PRESETS
 from sae_lens_bae.training.convergence import Convergence, DrainHold
 
-__all__ = ["TRACING_RECIPE", "EntropyRecipe"]
+__all__ = ["FIXED_FIELDS", "TRACING_RECIPE", "EntropyRecipe", "lr_scheduler_name_for"]
 
 
 CONVERGENCE_WINDOW = 5
 """Checks in each of the two windows the convergence rule compares: a plateau of a few hundred
 steps before the code drops a bit is common, so not too few."""
+
+FIXED_FIELDS = {
+    "encoder_bias": True,
+    "patience": CONVERGENCE_WINDOW,
+    "convergence_horizon": Convergence.horizon,
+}
+"""Fields a recipe once had, with the values every recipe now trains with (a record written
+with them at these values was trained as a recipe trains now)."""
+
+
+def lr_scheduler_name_for(lr_end: float | None) -> str:
+    """SAELens' name of the learning-rate schedule after the warm-up: a cosine to ``lr_end``,
+    or a constant lr without one."""
+    return "constant" if lr_end is None else "cosineannealing"
+
 
 _PRESET = BAE_PRESETS["entropy"]
 """The registry recipe that ``EntropyRecipe`` trains with (one rule for both paths)."""
@@ -206,7 +221,7 @@ class EntropyRecipe:
     @property
     def lr_scheduler_name(self) -> str:
         """SAELens' name of the learning-rate schedule after the warm-up."""
-        return "constant" if self.lr_end is None else "cosineannealing"
+        return lr_scheduler_name_for(self.lr_end)
 
     @property
     def repairs(self) -> bool:

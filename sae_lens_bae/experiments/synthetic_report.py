@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from sae_lens_bae.entropy import EntropyRecipe
+from sae_lens_bae.entropy.recipe import FIXED_FIELDS, lr_scheduler_name_for
 from sae_lens_bae.experiments.synthetic_presets import SyntheticPreset, tolerance
 from sae_lens_bae.plots import legend_marker, save_figure, subplots
 from sae_lens_bae.reports import write_json, write_text
@@ -47,16 +48,10 @@ without ``refit_decoder`` was trained and judged with the decoders as trained, o
 ``repair_rounds`` never repaired a code."""
 
 
-INLINED_FIELDS = {"encoder_bias": True, "patience": 5, "convergence_horizon": 1.0}
-"""Recipe fields a run once recorded that are now fixed at these values: a folder that recorded
-them at these values was trained as this version trains."""
-
-
 def _inlined_as_now(recipe: dict[str, Any]) -> dict[str, Any]:
     """``recipe`` without the fields since inlined, where it recorded what is now fixed (the lr
     schedule's name follows ``lr_end``)."""
-    scheduler = "constant" if recipe.get("lr_end") is None else "cosineannealing"
-    now = {**INLINED_FIELDS, "lr_scheduler_name": scheduler}
+    now = {**FIXED_FIELDS, "lr_scheduler_name": lr_scheduler_name_for(recipe.get("lr_end"))}
     return {k: v for k, v in recipe.items() if k not in now or v != now[k]}
 
 
