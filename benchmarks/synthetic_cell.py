@@ -28,7 +28,6 @@ import argparse
 import json
 import platform
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--recipe-base",
         choices=("plain", "paper"),
         default="plain",
-        help="plain: EntropyRecipe(expansion, steps, lr 4e-3); paper: EntropyRecipe.paper(d)",
+        help="plain: EntropyRecipe.of(expansion, steps, lr 4e-3); paper: EntropyRecipe.paper(d)",
     )
     parser.add_argument("--every", type=int, default=500, help="trajectory stride in steps")
     parser.add_argument("--variant", type=parse_variant, action="append", required=True)
@@ -149,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # the synthetic grids' own bar, at the paper preset's tolerance (0.05 r)
         verdict = passes_bar([row], min_seeds=1, bar=PRESETS["paper"].tolerance)
         report["variants"].append({
-            "name": name, "overrides": overrides, "recipe": asdict(recipe), "bits": estimate.bits,
+            "name": name, "overrides": overrides, "recipe": recipe.record(), "bits": estimate.bits,
             "relative_error": estimate.relative_error, "steps": estimate.steps,
             "trained_relative_error": estimate.trained_relative_error,
             "recovered_bits": recovered_bits(estimate.codes(test).cpu(), test_bits),

@@ -40,7 +40,6 @@ import argparse
 import math
 import platform
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -233,12 +232,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--expansion", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument(
-        "--target-variance",
-        type=float,
-        default=TRACING_RECIPE.target_variance,
-        help="the total variance each set is scaled to (the recipe's: 0.5)",
-    )
     parser.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
@@ -273,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "info": {"model": args.model, "dataset": str(source), "hook": hook,
                  "position": args.position, "n_states": int(x.shape[0]),
                  "expansion": args.expansion, "steps": args.steps, "seed": args.seed,
-                 "target_variance": args.target_variance, "ceiling_bits": ceiling,
+                 "ceiling_bits": ceiling,
                  "components_for_80pct": components_for(x, 1 - DEFAULT_MAX_RELATIVE_ERROR),
                  "torch": torch.__version__, "threads": torch.get_num_threads(),
                  "machine": platform.processor() or platform.machine()},
@@ -290,14 +283,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["halfspace"] += [halfspace_row(states, centroids, a) for a in margins]
         _write(args.out, report, title)
     for m in multipliers:
-        recipe = replace(
-            TRACING_RECIPE,
+        loss = TRACING_RECIPE.loss
+        recipe = TRACING_RECIPE.changed(
             seeds=1,
             expansion=args.expansion,
             steps=args.steps,
-            target_variance=args.target_variance,
-            entropy_coefficient_2048=TRACING_RECIPE.entropy_coefficient_2048 * m,
-            covariance_coefficient_2048=TRACING_RECIPE.covariance_coefficient_2048 * m,
+            entropy_coefficient_2048=loss.entropy_coefficient_2048 * m,
+            covariance_coefficient_2048=loss.covariance_coefficient_2048 * m,
             objective=m > 0,
         )
         start = time.perf_counter()

@@ -187,7 +187,7 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
                  "entropy_off_fraction", "resample_every", "firing_coefficient"):  # fmt: skip
         assert getattr(through_recipe, name) == getattr(through_registry, name), name
     assert through_registry.entropy_coefficient == pytest.approx(5e-7 * scale)
-    assert EntropyRecipe().lr == BAE_PRESETS["entropy"].lr == 4e-3
+    assert EntropyRecipe().optimiser.lr == BAE_PRESETS["entropy"].lr == 4e-3
     assert set(typing.get_args(PresetName)) == set(BAE_PRESETS)  # the CLIs' choices
 
 

@@ -5,7 +5,6 @@ import json
 import math
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -51,7 +50,6 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
     without the convergence rule trains the whole budget, its trajectory has one point per
     stride, its estimate is the library's (``estimate_entropies`` on the same cell and recipe),
     and a bad variant is refused with one line (exit 2) before any training."""
-    from dataclasses import replace
 
     from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
     from sae_lens_bae.experiments.synthetic import planted_cell, recovered_bits
@@ -72,7 +70,7 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
         assert len(variant["trajectory"]["reconstruction_loss"]) == 4
     plain, warm = report["variants"]
     train, test, _, bits = planted_cell(2, 16, 2048, 512, 2000)  # the synthetic presets' seeding
-    recipe = replace(EntropyRecipe(expansion=2, steps=400, lr=4e-3), converge=False)
+    recipe = EntropyRecipe.of(expansion=2, steps=400, lr=4e-3, converge=False)
     [direct] = estimate_entropies([train], recipe, eval_sets=[test], seeds=[0], normalise=False,
                                   progress=False)  # fmt: skip
     assert plain["bits"] == pytest.approx(direct.bits, rel=1e-6)
@@ -115,7 +113,7 @@ def test_synthetic_cell_on_the_paper_base_takes_variants_through_the_preset(tmp_
     recipe = EntropyRecipe.paper(16, expansion=2, steps=200, lr=0.001, lr_warm_up_steps=20)
     assert variant["recipe"]["lr_end"] == pytest.approx(1e-4)
     assert variant["recipe"]["surrogate_temperature"] == 0.15
-    assert variant["recipe"] == json.loads(json.dumps(asdict(recipe)))
+    assert variant["recipe"] == json.loads(json.dumps(recipe.record()))
     train, test, _, _ = planted_cell(2, 16, 2048, 512, 2000)
     [direct] = estimate_entropies([train], recipe, eval_sets=[test], seeds=[0], normalise=False,
                                   progress=False)  # fmt: skip
@@ -162,7 +160,7 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
     plain, _ = fair_bit_set(8, 2, 1024, 256, seed=0, shift=0.0)
     moved = train - plain
     assert torch.allclose(moved, moved[0].expand_as(moved), atol=1e-4)  # one vector for all
-    [cell] = estimate_entropies([train], EntropyRecipe(steps=400, lr=0.003), eval_sets=[test],
+    [cell] = estimate_entropies([train], EntropyRecipe.of(steps=400, lr=0.003), eval_sets=[test],
                                 seeds=[0], progress=False)  # fmt: skip
     assert rows[2]["bits"] == pytest.approx(cell.bits, rel=1e-6)
     _, same_test, test_bits = benchmark.planted_fair_bit_set(8, 2, 1024, 256, seed=0, shift=5.0)
@@ -204,14 +202,15 @@ def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_pa
     rows = json.loads((out / "heldout_entropy.json").read_text())["rows"]
     for row, d in zip(rows, (8, 12), strict=True):
         recipe = EntropyRecipe.paper(d, steps=200, lr_warm_up_steps=20)
-        assert recipe.lr == pytest.approx(4e-3 * (512 / d) ** 0.5)
+        assert recipe.optimiser.lr == pytest.approx(4e-3 * (512 / d) ** 0.5)
         train, test = benchmark.fair_bit_set(d, 2, 1024, 256, seed=0, shift=0.0)
         [cell] = estimate_entropies([train], recipe, eval_sets=[test], seeds=[0], progress=False)
         assert row["bits"] == pytest.approx(cell.bits, rel=1e-6)
         assert row["relative_error"] == pytest.approx(cell.relative_error, rel=1e-6)
         assert row["steps"] == 200  # no convergence stop in this recipe
     lowered = benchmark.recipe_for(16, "paper", None, {"lr": 1e-3})
-    assert (lowered.lr, lowered.lr_end) == (1e-3, 1e-4)  # as EntropyRecipe.paper(16, lr=1e-3)
+    # as EntropyRecipe.paper(16, lr=1e-3): the cosine ends at a tenth of the lr given
+    assert (lowered.optimiser.lr, lowered.optimiser.lr_end) == (1e-3, 1e-4)
     bad = subprocess.run([sys.executable, script, "--recipe-base", "paper", "--recipe-steps",
                           "500", "--out", str(tmp_path / "bad")],
                          capture_output=True, text=True)  # fmt: skip
@@ -223,10 +222,8 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
     tiny_hf_llama_dir, tiny_corpus, tmp_path
 ):
     """Each multiplier's row is what ``estimate_entropies`` gives on the cell's states with the
-    tracing recipe's coefficients times that multiplier (0: without the objective), the states
-    scaled to the variance asked for; a negative
+    tracing recipe's coefficients times that multiplier (0: without the objective); a negative
     multiplier is refused with one line (exit 2)."""
-    from dataclasses import replace
 
     from sae_lens_bae.activations import gather_states
     from sae_lens_bae.data import document_windows, iter_texts
@@ -236,8 +233,8 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
     out = tmp_path / "frontier"
     script = str(BENCHMARKS / "trace_frontier.py")
     common = ["--model", str(tiny_hf_llama_dir), "--dataset", str(tiny_corpus), "--layer", "1",
-              "--position", "4", "--n-sequences", "300", "--expansion", "2", "--steps", "200",
-              "--target-variance", "2"]  # fmt: skip
+              "--position", "4", "--n-sequences", "300", "--expansion", "2",
+              "--steps", "200"]  # fmt: skip
     subprocess.run([sys.executable, script, *common, "--multipliers", "1,0",
                     "--quantizer-sizes", "8,32", "--out", str(out)],
                    check=True, capture_output=True, text=True)  # fmt: skip
@@ -251,8 +248,7 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
                               torch.full((tokens.shape[0], 1), 4), progress=False)  # fmt: skip
     x = states["blocks.1.hook_resid_post"][:, 0]
     for row, objective in zip(report["rows"], (True, False), strict=True):
-        recipe = replace(TRACING_RECIPE, seeds=1, expansion=2, steps=200, objective=objective,
-                         target_variance=2.0)  # fmt: skip
+        recipe = TRACING_RECIPE.changed(seeds=1, expansion=2, steps=200, objective=objective)
         [cell] = estimate_entropies([x], recipe, seeds=[0], bootstrap=0, progress=False)
         assert row["bits"] == pytest.approx(cell.bits, rel=1e-6)
         assert row["relative_error"] == pytest.approx(cell.relative_error, rel=1e-6)

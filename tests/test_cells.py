@@ -56,14 +56,14 @@ def test_a_slow_drift_is_not_a_plateau_over_the_horizon():
 @pytest.mark.slow
 def test_the_convergence_rule_stops_early_on_an_easy_set():
     train, test = directional_data(2, d=16, n_train=2048, n_test=512, seed=3)
-    recipe = EntropyRecipe(expansion=2, steps=4000, batch_size=256, lr=4e-3)
+    recipe = EntropyRecipe.of(expansion=2, steps=4000, batch_size=256, lr=4e-3)
     (cell,) = estimate_entropies([train], recipe, eval_sets=[test], normalise=False,
                                  progress=False)  # fmt: skip
     # the entropy term is off for the first 1000 steps; then two windows of 5 checks
     assert 2000 <= cell.steps < 4000
     assert cell.bits == pytest.approx(2.0, abs=0.05) and cell.reliable
     assert cell.n_distinct == 4 and cell.ceiling_bits == 2.0
-    budget = EntropyRecipe(expansion=2, steps=900, batch_size=256, lr=4e-3, converge=False)
+    budget = EntropyRecipe.of(expansion=2, steps=900, batch_size=256, lr=4e-3, converge=False)
     (full,) = estimate_entropies([train], budget, eval_sets=[test], normalise=False,
                                  progress=False)  # fmt: skip
     assert full.steps == 900
@@ -78,7 +78,7 @@ def test_a_translated_set_reads_the_same_entropy():
     train, test = directional_data(4, d=12, n_train=2048, n_test=512, seed=3)
     direction = torch.randn(12, generator=torch.Generator().manual_seed(1))
     shift = 10 * 2**0.5 * direction / direction.norm()  # 10 times the states' rms norm
-    recipe = EntropyRecipe(expansion=2, steps=4000, batch_size=256)
+    recipe = EntropyRecipe.of(expansion=2, steps=4000, batch_size=256)
     near, far = estimate_entropies([train, train + shift], recipe,
                                    eval_sets=[test, test + shift], progress=False)  # fmt: skip
     assert far.scale == pytest.approx(near.scale, rel=1e-5)  # variance 0.5 from variance 2
@@ -96,7 +96,7 @@ def test_a_translated_set_reads_the_same_entropy():
 def test_an_undersized_bae_is_flagged_unreliable():
     generator = torch.Generator().manual_seed(0)
     states = torch.randn(1024, 16, generator=generator)  # full rank: 1024 distinct states
-    small = EntropyRecipe(expansion=1, steps=40, batch_size=256, converge=False, seeds=2)
+    small = EntropyRecipe.of(expansion=1, steps=40, batch_size=256, converge=False, seeds=2)
     (cell,) = estimate_entropies([states], small, progress=False)
     assert cell.relative_error > 0.2 and not cell.reliable
     assert cell.n_distinct == 1024 and cell.ceiling_bits == pytest.approx(10.0)
@@ -139,11 +139,11 @@ def test_the_recipes_learning_rate_schedule_reaches_the_stacked_trainer():
 
     x, _ = directional_data(2, 8, 1024, 16, seed=0)
     schedule = {"lr_warm_up_steps": 5, "lr_end": 1e-3}
-    recipe = EntropyRecipe(steps=20, batch_size=64, converge=False, repair_rounds=0,
+    recipe = EntropyRecipe.of(steps=20, batch_size=64, converge=False, repair_rounds=0,
                            **schedule)  # fmt: skip  # no repair: the trained BAE itself
     [cell] = estimate_entropies([x], recipe, normalise=False, progress=False, bootstrap=0)
-    run = {"training_samples": 20 * 64, "seeds": [0], "batch_size": 64, "lr": recipe.lr}
-    cosine = {**schedule, "lr_scheduler_name": recipe.lr_scheduler_name}
+    run = {"training_samples": 20 * 64, "seeds": [0], "batch_size": 64, "lr": recipe.optimiser.lr}
+    cosine = {**schedule, "lr_scheduler_name": recipe.optimiser.lr_scheduler_name}
     assert cosine["lr_scheduler_name"] == "cosineannealing"  # an lr_end means a cosine
     direct = train_stacked_baes([x], recipe.config(8), progress=False, **run, **cosine)
     assert torch.equal(cell.bae.W_enc, direct.baes[0].W_enc)
@@ -158,7 +158,7 @@ def test_the_recipes_learning_rate_schedule_reaches_the_stacked_trainer():
 )  # fmt: skip
 def test_a_recipe_with_a_bad_schedule_says_so(fields, message):
     with pytest.raises(ValueError, match=message):
-        EntropyRecipe(**fields)
+        EntropyRecipe.of(**fields)
 
 
 def test_held_out_objective_is_the_loss_the_bae_trains_on():
@@ -172,7 +172,7 @@ def test_held_out_objective_is_the_loss_the_bae_trains_on():
     from sae_lens_bae.evaluation import held_out_objective
     from sae_lens_bae.saes.bae import BAETrainingSAE
 
-    cfg = replace(EntropyRecipe(expansion=2).config(8), rescale_inputs_to=0.5)
+    cfg = replace(EntropyRecipe.of(expansion=2).config(8), rescale_inputs_to=0.5)
     bae = BAETrainingSAE(cfg)
     x = 3 * torch.randn(64, 8, generator=torch.Generator().manual_seed(0)) + 1.0
     step = TrainStepInput(sae_in=x, coefficients=cfg.coefficients(), dead_neuron_mask=None,
@@ -196,13 +196,13 @@ def test_restarts_keep_the_restart_of_lowest_held_out_objective():
     from sae_lens_bae.training import train_stacked_baes
 
     x, test = directional_data(3, 8, 1024, 256, seed=0)
-    recipe = EntropyRecipe(expansion=2, steps=60, batch_size=64, converge=False, seeds=2,
+    recipe = EntropyRecipe.of(expansion=2, steps=60, batch_size=64, converge=False, seeds=2,
                            restarts=3, repair_rounds=0)  # fmt: skip  # the restarts as trained
     [cell] = estimate_entropies([x], recipe, eval_sets=[test], normalise=False, progress=False,
                                 bootstrap=0)  # fmt: skip
     seeds = [1000 * s + 100_000 * q for s in range(2) for q in range(3)]
     direct = train_stacked_baes([x] * 6, recipe.config(8), training_samples=60 * 64, seeds=seeds,
-                                batch_size=64, lr=recipe.lr, progress=False)  # fmt: skip
+                                batch_size=64, lr=recipe.optimiser.lr, progress=False)  # fmt: skip
     for bae in direct.baes:  # the recipe refits every restart's decoder before comparing them
         refit_decoder(bae, x, seed=0)
     objectives = [held_out_objective(bae, test, 64) for bae in direct.baes]
@@ -217,7 +217,7 @@ def test_restarts_keep_the_restart_of_lowest_held_out_objective():
     assert cell.restart_bits == [[pytest.approx(estimate_entropy(direct.baes[g], test).bits)
                                   for g in range(3 * s, 3 * s + 3)] for s in range(2)]  # fmt: skip
     assert cell.summary()["restart_objectives"] == cell.restart_objectives
-    [plain] = estimate_entropies([x], EntropyRecipe(expansion=2, steps=60, batch_size=64,
+    [plain] = estimate_entropies([x], EntropyRecipe.of(expansion=2, steps=60, batch_size=64,
                                  converge=False), eval_sets=[test], normalise=False,
                                  progress=False, bootstrap=0)  # fmt: skip
     assert (
@@ -234,38 +234,39 @@ def test_a_recipes_drain_hold_reaches_the_stacked_trainer():
 
     x, test = directional_data(3, 8, 1024, 256, seed=0)
     schedule = {"lr_end": 4e-4}
-    recipe = EntropyRecipe(expansion=2, steps=400, batch_size=64, converge=False, check_every=5,
+    recipe = EntropyRecipe.of(expansion=2, steps=400, batch_size=64, converge=False, check_every=5,
                            drain_hold=1.0, **schedule)  # fmt: skip
     assert recipe.drain_rule() == DrainHold(extra=1.0, check_every=5)
     assert EntropyRecipe().drain_rule() is None
     [cell] = estimate_entropies([x], recipe, eval_sets=[test], normalise=False, progress=False,
                                 bootstrap=0)  # fmt: skip
     direct = train_stacked_baes([x], recipe.config(8), training_samples=400 * 64, seeds=[0],
-                                batch_size=64, lr=recipe.lr, progress=False, check_sets=[test],
+                                batch_size=64, lr=recipe.optimiser.lr, progress=False,
+                                check_sets=[test],
                                 drain_hold=recipe.drain_rule(), **schedule,
                                 lr_scheduler_name="cosineannealing")  # fmt: skip
     assert cell.steps == direct.steps[0] > 400
     assert torch.equal(cell.bae.W_enc, direct.baes[0].W_enc)  # the decoder refit leaves it
     with pytest.raises(ValueError, match="drain_hold must be at least 0"):
-        EntropyRecipe(drain_hold=-0.5)
+        EntropyRecipe.of(drain_hold=-0.5)
 
 
 def test_a_recipe_without_seeds_or_restarts_says_so():
     with pytest.raises(ValueError, match="restarts must be at least 1"):
-        EntropyRecipe(restarts=0)
+        EntropyRecipe.of(restarts=0)
 
 
 def test_a_recipes_adam_beta2_reaches_the_optimizer_as_saelens_trainer_takes_it():
     """``EntropyRecipe.adam_beta2`` trains the cell's BAE as SAELens' ``SAETrainer`` (through
     ``train_sae``) trains one with that ``adam_beta2``, and not as it does with the default."""
     x, _ = directional_data(3, 8, 1024, 256, seed=0)
-    recipe = EntropyRecipe(expansion=2, steps=40, batch_size=64, converge=False, adam_beta2=0.9,
+    recipe = EntropyRecipe.of(expansion=2, steps=40, batch_size=64, converge=False, adam_beta2=0.9,
                            repair_rounds=0)  # fmt: skip  # no repair: the trained BAE itself
     [cell] = estimate_entropies([x], recipe, normalise=False, progress=False, bootstrap=0)
-    trainer = {"training_samples": 40 * 64, "batch_size": 64, "lr": recipe.lr}
+    trainer = {"training_samples": 40 * 64, "batch_size": 64, "lr": recipe.optimiser.lr}
     alone = train_sae(x.float(), recipe.config(8), seed=0, adam_beta2=0.9, **trainer).sae
     default = train_sae(x.float(), recipe.config(8), seed=0, **trainer).sae
     assert torch.allclose(cell.bae.W_enc, alone.W_enc, rtol=1e-5, atol=1e-7)
     assert not torch.allclose(cell.bae.W_enc, default.W_enc, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="adam_beta2 must be in"):
-        EntropyRecipe(adam_beta2=1.0)
+        EntropyRecipe.of(adam_beta2=1.0)

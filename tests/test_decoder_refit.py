@@ -158,7 +158,7 @@ def test_the_recipe_refits_and_reports_the_error_as_trained():
     runs = {
         refit: estimate_entropies(
             [train],
-            EntropyRecipe(  # no repair: its judge reads the refitted decoder, so it could differ
+            EntropyRecipe.of(  # no repair: its judge reads the refitted decoder, so it could differ
                 expansion=2,
                 steps=300,
                 batch_size=128,

@@ -73,7 +73,7 @@ def test_estimate_entropies_reports_the_reference_beside_an_undersized_bae():
     summary carries both, the table adds the reference's columns and the note says the BAE, not
     the sample, falls short."""
     x = clusters()
-    small = EntropyRecipe(expansion=1, steps=20, batch_size=128, converge=False, seeds=1)
+    small = EntropyRecipe.of(expansion=1, steps=20, batch_size=128, converge=False, seeds=1)
     (cell,) = estimate_entropies([x], small, progress=False, reference=True)
     summary = cell.summary()
     assert not summary["reliable"]

@@ -4,7 +4,6 @@ determines are found from its words, knocked out, and the BAE retrained without 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -107,7 +106,7 @@ def _three_in_four_bae(states: torch.Tensor, recipe: EntropyRecipe) -> BAETraini
 
 def test_a_knocked_out_channel_stays_off_through_training():
     states = _cube()
-    recipe = EntropyRecipe(steps=400)
+    recipe = EntropyRecipe.of(steps=400)
     bae = _three_in_four_bae(states, recipe)
     training = train_stacked_baes([states], recipe.config(3), training_samples=200 * 512,
                                   lr=4e-3, progress=False, init=[bae])  # fmt: skip
@@ -134,7 +133,7 @@ def test_repair_turns_a_three_in_four_code_into_the_axis_code():
     threshold channels a linear decoder reads the cube from exactly), one bit less at the same
     reconstruction: the held-out objective is lower, so the repair replaces the BAE."""
     states, check = _cube(), _cube(seed=1)
-    recipe = EntropyRecipe(steps=8000)  # a repair budget of 2000 steps
+    recipe = EntropyRecipe.of(steps=8000)  # a repair budget of 2000 steps
     bae = _three_in_four_bae(states, recipe)
     before = estimate_entropy(bae, check)
     assert before.bits == pytest.approx(4.0, abs=1e-3) and not before.reliable
@@ -145,7 +144,7 @@ def test_repair_turns_a_three_in_four_code_into_the_axis_code():
     after = estimate_entropy(baes[0], check)
     assert after.bits == pytest.approx(3.0, abs=1e-3)
     assert after.relative_error < 1e-3 and after.reliable
-    assert 0 < repairs[0].steps <= 2000 * recipe.repair_rounds
+    assert 0 < repairs[0].steps <= 2000 * recipe.selection.repair_rounds
 
 
 def test_an_axis_code_is_left_as_it_is():
@@ -169,7 +168,7 @@ def test_estimate_entropies_reads_a_three_in_four_code_after_its_repair(monkeypa
     from sae_lens_bae.training.stacked import StackedTraining
 
     states, check = _cube(), _cube(seed=1)
-    recipe = EntropyRecipe(steps=8000)
+    recipe = EntropyRecipe.of(steps=8000)
     made = _three_in_four_bae(states, recipe)
 
     def trained(*_args, **_kwargs) -> StackedTraining:  # as if the recipe's training made it
@@ -181,8 +180,8 @@ def test_estimate_entropies_reads_a_three_in_four_code_after_its_repair(monkeypa
     assert cell.bits == pytest.approx(3.0, abs=1e-3) and cell.reliable
     [[channel]] = cell.repaired_channels
     assert channel in range(4) and cell.steps == 8000 and 0 < cell.repair_steps <= 4000
-    (kept,) = estimate_entropies([states], replace(recipe, repair_rounds=0), eval_sets=[check],
+    (kept,) = estimate_entropies([states], recipe.changed(repair_rounds=0), eval_sets=[check],
                                  normalise=False, progress=False)  # fmt: skip
     assert kept.bits == pytest.approx(4.0, abs=1e-3) and not kept.reliable
     assert kept.repaired_channels is None and kept.repair_steps == 0
-    assert recipe.repairs and not replace(recipe, objective=False).repairs  # the ablation never
+    assert recipe.repairs and not recipe.changed(objective=False).repairs  # the ablation never

@@ -74,10 +74,10 @@ def test_the_drain_hold_from_the_command_line_reaches_the_recipe():
     """The paper preset holds (1), the others do not (0); ``--drain-hold`` replaces either."""
     from sae_lens_bae.experiments.synthetic import SyntheticConfig
 
-    assert SyntheticConfig(preset="paper").grid().recipe.drain_hold == 1.0
-    assert SyntheticConfig(preset="mid").grid().recipe.drain_hold == 0.0
+    assert SyntheticConfig(preset="paper").grid().recipe.phases.drain_hold == 1.0
+    assert SyntheticConfig(preset="mid").grid().recipe.phases.drain_hold == 0.0
     assert SyntheticConfig(preset="paper", drain_hold=0.0).grid().recipe.drain_rule() is None
-    assert SyntheticConfig(preset="cpu", drain_hold=0.5).grid().recipe.drain_hold == 0.5
+    assert SyntheticConfig(preset="cpu", drain_hold=0.5).grid().recipe.phases.drain_hold == 0.5
     with pytest.raises(ValueError, match="^--drain-hold must be at least 0, got -1$"):
         SyntheticConfig(preset="paper", drain_hold=-1)
 
@@ -85,8 +85,8 @@ def test_the_drain_hold_from_the_command_line_reaches_the_recipe():
 def test_restarts_from_the_command_line_reach_the_recipe_and_the_rows(tmp_path):
     from sae_lens_bae.experiments.synthetic import SyntheticConfig, run
 
-    assert SyntheticConfig(preset="mid").grid().recipe.restarts == 1
-    assert SyntheticConfig(preset="mid", restarts=3).grid().recipe.restarts == 3
+    assert SyntheticConfig(preset="mid").grid().recipe.selection.restarts == 1
+    assert SyntheticConfig(preset="mid", restarts=3).grid().recipe.selection.restarts == 3
     with pytest.raises(ValueError, match="--restarts must be at least 1, got 0"):
         SyntheticConfig(preset="cpu", restarts=0)
     summary = run(SyntheticConfig(preset="test", ranks=[2], ablation=False, restarts=2,
@@ -151,10 +151,10 @@ def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, mon
     real = synthetic.estimate_entropies
 
     def counting(sets, recipe, **kwargs):
-        if recipe.objective is False and not trained.count("stop"):
+        if recipe.loss.objective is False and not trained.count("stop"):
             trained.append("stop")
             raise KeyboardInterrupt  # the run stops during the ablation group
-        trained.append(recipe.objective)
+        trained.append(recipe.loss.objective)
         return real(sets, recipe, **kwargs)
 
     monkeypatch.setattr(synthetic, "estimate_entropies", counting)
@@ -219,10 +219,10 @@ def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, mon
     with pytest.raises(ValueError, match="another grid or recipe"):  # codes never repaired
         run_preset(preset, tmp_path, progress=False)
     (tmp_path / "synthetic.json").write_text(json.dumps(final))
-    restarted = replace(preset, recipe=replace(preset.recipe, restarts=2))
+    restarted = replace(preset, recipe=preset.recipe.changed(restarts=2))
     with pytest.raises(ValueError, match="another grid or recipe"):
         run_preset(restarted, tmp_path, progress=False)
-    other = replace(preset, recipe=replace(preset.recipe, steps=200))
+    other = replace(preset, recipe=preset.recipe.changed(steps=200))
     with pytest.raises(ValueError, match="holds the results of another grid or recipe; use "
                                          "another --out"):  # fmt: skip
         run_preset(other, tmp_path, progress=False)  # would overwrite: refused before training
@@ -251,7 +251,7 @@ def test_the_paper_preset_scales_the_proxys_lr_by_the_root_of_the_dimension():
     did the same on the proxy), so the paper preset trains at 4e-3 * sqrt(512 / 2048)."""
     recipe = PRESETS["paper"].recipe
     assert PRESETS["paper"].d == 2048
-    assert (recipe.lr, recipe.lr_end) == (2e-3, 2e-4)
+    assert (recipe.optimiser.lr, recipe.optimiser.lr_end) == (2e-3, 2e-4)
 
 
 @pytest.mark.parametrize(("d_in", "lr"), [(512, 4e-3), (2048, 2e-3), (32, 1.6e-2)])
@@ -262,19 +262,43 @@ def test_the_paper_recipe_for_any_dimension_is_the_presets_with_its_lr_rule(d_in
     from sae_lens_bae.training import DrainHold
 
     recipe = EntropyRecipe.paper(d_in)
-    assert (recipe.lr, recipe.lr_end) == pytest.approx((lr, lr / 10), rel=1e-12)
+    ends = (recipe.optimiser.lr, recipe.optimiser.lr_end)
+    assert ends == pytest.approx((lr, lr / 10), rel=1e-12)
     # only the lr depends on d: the rest is the d = 512 proxy's recipe
     proxy = EntropyRecipe.paper(512)
-    assert replace(recipe, lr=proxy.lr, lr_end=proxy.lr_end) == proxy
+    assert recipe.changed(lr=proxy.optimiser.lr, lr_end=proxy.optimiser.lr_end) == proxy
     # its phases in order: lr warm-up, then the entropy term, then the final covariance-off
     # tenth, within a fixed budget the drain hold may extend (no convergence stop)
     schedule = recipe.config(d_in).schedule()
-    assert recipe.lr_warm_up_steps < schedule.entropy_on_from < schedule.covariance_off_from
-    assert schedule.covariance_off_from < recipe.steps and not recipe.converge
+    warm_up = recipe.optimiser.lr_warm_up_steps
+    assert warm_up < schedule.entropy_on_from < schedule.covariance_off_from
+    assert schedule.covariance_off_from < recipe.steps and not recipe.stop.converge
     assert isinstance(recipe.drain_rule(), DrainHold)
     assert EntropyRecipe.paper(2048, restarts=3) == PRESETS["paper"].recipe
-    with pytest.raises(TypeError, match="unexpected keyword argument 'rate'"):
+    with pytest.raises(ValueError, match=r"^not EntropyRecipe fields: \['rate'\]$"):
         EntropyRecipe.paper(d_in, rate=1.0)
+
+
+def test_a_recipe_is_its_flat_record_and_each_flat_name_is_one_field():
+    """A recipe of a few parts: every flat name (a command line's option, a variant's JSON key)
+    lives in exactly one part, and a run folder's flat record rebuilds the recipe exactly."""
+    from dataclasses import fields, is_dataclass
+
+    from sae_lens_bae.entropy import EntropyRecipe
+    from sae_lens_bae.entropy.recipe import flat_fields
+
+    assert len(fields(EntropyRecipe)) <= 10
+    default = EntropyRecipe()
+    parts = [getattr(default, f.name) for f in fields(default)]
+    names = [f.name for part in parts if is_dataclass(part) for f in fields(part)]
+    names += [f.name for f, p in zip(fields(default), parts, strict=True) if not is_dataclass(p)]
+    assert len(names) == len(set(names)) == len(flat_fields())
+    for recipe in (EntropyRecipe(), EntropyRecipe.paper(1024, restarts=2), PRESETS["cpu"].recipe):
+        assert EntropyRecipe.of(**recipe.record()) == recipe
+    changed = EntropyRecipe().changed(lr=1e-3, restarts=2, expansion=8, converge=False)
+    assert changed.optimiser.lr == 1e-3 and changed.selection.restarts == 2
+    assert changed.expansion == 8 and changed.stop.convergence() is None
+    assert changed.loss == EntropyRecipe().loss  # the parts not named stay as they were
 
 
 def test_recipe_changes_from_json_name_fields_or_say_what_is_wrong():
@@ -284,8 +308,9 @@ def test_recipe_changes_from_json_name_fields_or_say_what_is_wrong():
     changes = EntropyRecipe.changes_from_json('{"lr": 0.002, "restarts": 3}')
     assert changes == {"lr": 0.002, "restarts": 3}
     lowered = EntropyRecipe.paper(512, **changes)  # the cosine still ends at a tenth of the lr
-    assert (lowered.lr, lowered.lr_end, lowered.restarts) == (0.002, 0.0002, 3)
-    assert EntropyRecipe.paper(512, lr=0.002, lr_end=0.001).lr_end == 0.001
+    assert lowered.record()["lr"] == 0.002
+    assert (lowered.optimiser.lr_end, lowered.selection.restarts) == (0.0002, 3)
+    assert EntropyRecipe.paper(512, lr=0.002, lr_end=0.001).optimiser.lr_end == 0.001
     with pytest.raises(ValueError, match=r"^not EntropyRecipe fields: \['rate'\]$"):
         EntropyRecipe.changes_from_json('{"rate": 1, "lr": 0.002}')
     with pytest.raises(ValueError, match=r"^not EntropyRecipe fields: \[1, 2\]$"):
@@ -333,7 +358,8 @@ def test_a_recipe_based_on_a_named_base_is_that_base_with_the_changes():
     from sae_lens_bae.entropy import EntropyRecipe
 
     paper = EntropyRecipe.based_on("paper", 512, lr=0.002, steps=9000)
-    assert paper == EntropyRecipe.paper(512, lr=0.002, steps=9000) and paper.lr_end == 0.0002
-    assert EntropyRecipe.based_on("default", 512, steps=900) == EntropyRecipe(steps=900)
+    assert paper == EntropyRecipe.paper(512, lr=0.002, steps=9000)
+    assert paper.optimiser.lr_end == 0.0002
+    assert EntropyRecipe.based_on("default", 512, steps=900) == EntropyRecipe.of(steps=900)
     with pytest.raises(ValueError, match="^the recipe base is 'default' or 'paper', got 'mid'$"):
         EntropyRecipe.based_on("mid", 512)

@@ -22,8 +22,8 @@ from sae_lens_bae.experiments.two_token import TwoTokenConfig, two_token_sequenc
 from sae_lens_bae.models import load_model
 from sae_lens_bae.prompts import ICLTemplate, build_icl_prompts, first_token_ids
 
-QUICK = EntropyRecipe(expansion=2, steps=60, batch_size=128)
-SMALL_BATCH = EntropyRecipe(expansion=2, steps=30, batch_size=8)
+QUICK = EntropyRecipe.of(expansion=2, steps=60, batch_size=128)
+SMALL_BATCH = EntropyRecipe.of(expansion=2, steps=30, batch_size=8)
 # the tiny tokenizer knows only w3..w99: templates and label words are made of those
 TEMPLATE = ICLTemplate(demonstration="w10 {sentence} w11 {label} w12 ", query="w10 {sentence} w11")
 

@@ -230,23 +230,28 @@ def options_of(
 
 
 def build_config(cls: type, options: Sequence[Option], values: Mapping[str, Any]) -> Any:
-    """The config for parsed option ``values`` (keyed by option name); nested configs are their
-    default instance with the given fields replaced."""
-    top: dict[str, Any] = {}
-    nested: dict[str, dict[str, Any]] = {}
+    """The config for parsed option ``values`` (keyed by option name); a nested config (at any
+    depth) is built from the values of its own fields."""
+    tree: dict[str, Any] = {}
     for option in options:
         value = values[option.name]
         if option.parser is not None:
             value = option.parser(value)
-        if len(option.path) == 1:
-            top[option.path[0]] = value
-        else:
-            nested.setdefault(option.path[0], {})[option.path[1]] = value
-    for field in dataclasses.fields(cls):
-        if field.name in nested:
-            kind = typing.get_type_hints(cls)[field.name]
-            top[field.name] = kind(**nested[field.name])
-    return cls(**top)
+        *parents, name = option.path
+        node = tree
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[name] = value
+    return _build(cls, tree)
+
+
+def _build(cls: type, tree: Mapping[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    values = dict(tree)
+    for name, value in tree.items():
+        if dataclasses.is_dataclass(hints[name]):  # a nested config: its fields' values
+            values[name] = _build(hints[name], value)
+    return cls(**values)
 
 
 USER_ERRORS: tuple[type[BaseException], ...] = (

@@ -83,7 +83,7 @@ class CellEntropy:
     restart_bits: list[list[float]] | None = None  # per seed, each restart's estimate
     reference: QuantizerReading | None = None  # the k-means reference (entropy.reference)
     trained_relative_error: float | None = None  # relative_error with the decoders as trained,
-    # mean over seeds; None without ``recipe.refit_decoder``
+    # mean over seeds; None without ``recipe.selection.refit_decoder``
     decoder_refits: list[bool] | None = None  # per seed, whether its decoder was refitted
     repaired_channels: list[list[int]] | None = None  # per seed, the channels knocked out of its
     # kept BAE by a repair (entropy.repair; [] for none); None where the recipe never repairs
@@ -208,8 +208,8 @@ def estimate_entropies(
     reference: bool = False,
 ) -> list[CellEntropy]:
     """Train ``recipe.seeds`` BAEs per set (all stacked, see ``train_stacked_baes``; with
-    ``recipe.restarts`` > 1, that many per seed, keeping the one of lowest held-out objective)
-    and estimate each set's entropy with them: the mean over seeds, with their spread, a
+    ``recipe.selection.restarts`` > 1, that many per seed, keeping the one of lowest held-out
+    objective) and estimate each set's entropy with them: the mean over seeds, with their spread, a
     bootstrap spread over states (``bootstrap`` replicates, first seed), the reconstruction
     error, the ceiling and ``reliable`` (``entropy.estimate.is_reliable`` on the seeds' means:
     relative error, in total and for the typical state, at most ``max_relative_error``, within
@@ -219,18 +219,19 @@ def estimate_entropies(
     same distributions), else on the training sets themselves: the entropy *of that set* is the
     question there; convergence is checked on the same states. ``normalise`` moves each set to
     where the recipe was calibrated (``entropy.frame``: mean ``sqrt(variance)`` along the
-    diagonal, ``placement_shift``) and scales it to the recipe's ``target_variance``
+    diagonal, ``placement_shift``) and scales it to total variance 0.5
     (``normalise_scale``); a cell reads ``(states + shift) * scale`` (evaluation sets get their
     training set's shift and factor), so a translated set gives the same estimate. ``seeds``: a
     base seed per set (default its index); seed s of a set is
     its base + 1000 s. ``reference``: also read each evaluation set with the smallest k-means
     code that reads it (``entropy.reference.reference_reading``, seeded with the set's base
     seed), to tell a cell no code of that kind reads at this sample size from one the BAE
-    misses. With ``recipe.refit_decoder`` each BAE's decoder is refitted by least squares on its
-    training set first (``saes.decoder_refit``; ``trained_relative_error`` keeps the error of the
-    decoders as trained). With ``recipe.repair_rounds``, a BAE with channels the rest of its code
-    fixes is then retrained without them, and kept if that lowers its held-out objective
-    (``entropy.repair``; ``repaired_channels``), before the restarts are compared.
+    misses. With ``recipe.selection.refit_decoder`` each BAE's decoder is refitted by least
+    squares on its training set first (``saes.decoder_refit``; ``trained_relative_error`` keeps
+    the error of the decoders as trained). With ``recipe.selection.repair_rounds``, a BAE with
+    channels the rest of its code fixes is then retrained without them, and kept if that lowers
+    its held-out objective (``entropy.repair``; ``repaired_channels``), before the restarts are
+    compared.
     """
     recipe = recipe or EntropyRecipe()
     if not sets:
@@ -250,32 +251,33 @@ def estimate_entropies(
     base = list(range(len(sets))) if seeds is None else list(seeds)
     if len(base) != len(sets):
         raise ValueError(f"{len(sets)} sets but {len(base)} seeds")
-    scales = [normalise_scale(s, recipe.target_variance) if normalise else 1.0 for s in sets]
+    scales = [normalise_scale(s) if normalise else 1.0 for s in sets]
     shifts = [placement_shift(s) if normalise else torch.zeros(d_in) for s in sets]
     scaled = [(s.float() + t) * k for s, t, k in zip(sets, shifts, scales, strict=True)]
     held_out = [(s.float() + t) * k for s, t, k in zip(eval_sets, shifts, scales, strict=True)]
-    replicas = [(r, q) for r in range(recipe.seeds) for q in range(recipe.restarts)]
+    restarts = recipe.selection.restarts
+    replicas = [(r, q) for r in range(recipe.seeds) for q in range(restarts)]
     training = train_stacked_baes(
         [x for x in scaled for _ in replicas],
         recipe.config(d_in),
         training_samples=recipe.steps * recipe.batch_size,
         seeds=[b + 1000 * r + RESTART_SEED_STRIDE * q for b in base for r, q in replicas],
         batch_size=recipe.batch_size,
-        lr=recipe.lr,
+        lr=recipe.optimiser.lr,
         device=device,
         progress=progress,
-        convergence=recipe.convergence(),
+        convergence=recipe.stop.convergence(),
         check_sets=[x for x in held_out for _ in replicas],
-        lr_warm_up_steps=recipe.lr_warm_up_steps,
-        lr_scheduler_name=recipe.lr_scheduler_name,
-        lr_end=recipe.lr_end,
-        adam_beta2=recipe.adam_beta2,
+        lr_warm_up_steps=recipe.optimiser.lr_warm_up_steps,
+        lr_scheduler_name=recipe.optimiser.lr_scheduler_name,
+        lr_end=recipe.optimiser.lr_end,
+        adam_beta2=recipe.optimiser.adam_beta2,
         drain_hold=recipe.drain_rule(),
     )
     owner = [index for index in range(len(sets)) for _ in replicas]  # each BAE's set
     trained_errors: dict[int, float | None] = {}
     refits: dict[int, bool] = {}
-    if recipe.refit_decoder:  # before repairs and restarts are compared: each its best decoder
+    if recipe.selection.refit_decoder:  # before repairs and restarts are compared
         for g, index in enumerate(owner):
             trained_errors[g] = unexplained_variance(training.baes[g], held_out[index].to(device))
             refits[g] = refit_decoder(training.baes[g], scaled[index], seed=base[index]).applied
@@ -293,7 +295,7 @@ def estimate_entropies(
     cells = []
     for index, (states, k, t) in enumerate(zip(held_out, scales, shifts, strict=True)):
         states = states.to(device)
-        seeds, restarts = recipe.seeds, recipe.restarts
+        seeds = recipe.seeds
         groups = [
             range((index * seeds + r) * restarts, (index * seeds + r + 1) * restarts)
             for r in range(seeds)
@@ -329,7 +331,7 @@ def estimate_entropies(
             objectives,
             restart_bits,
         )
-        if recipe.refit_decoder:
+        if recipe.selection.refit_decoder:
             entry.trained_relative_error = _mean([trained_errors[g] for g in members])
             entry.decoder_refits = [refits[g] for g in members]
         if recipe.repairs:

@@ -21,10 +21,16 @@ from torch import Tensor
 
 from sae_lens_bae.saes.input_scale import placement
 
-__all__ = ["normalise_scale", "placement_shift"]
+__all__ = ["TARGET_VARIANCE", "normalise_scale", "placement_shift"]
+
+TARGET_VARIANCE = 0.5
+"""The total variance every set is scaled to: what a set of fair bits along orthonormal
+directions has at unit mean squared norm, the scale the recipes were calibrated at."""
 
 
-def normalise_scale(states: Float[Tensor, "n d"], target_variance: float = 0.5) -> float:
+def normalise_scale(
+    states: Float[Tensor, "n d"], target_variance: float = TARGET_VARIANCE
+) -> float:
     """The factor that brings the total variance of ``states`` (their mean squared distance from
     their mean) to ``target_variance``.
 

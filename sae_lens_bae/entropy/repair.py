@@ -197,7 +197,7 @@ def repair_baes(
     device: str = "cpu",
     progress: bool = True,
 ) -> dict[int, Repair]:
-    """Up to ``recipe.repair_rounds`` rounds: every BAE whose code on its training states
+    """Up to ``recipe.selection.repair_rounds`` rounds: every BAE whose code on its training states
     (``sets[g]``) has ``redundant_channels`` is copied and they are knocked out of the copy.
     With its decoder refitted to the code that is left (if the recipe refits decoders), the
     copy may already be better; if not, the copies train on together (``train_stacked_baes``
@@ -229,7 +229,7 @@ def repair_baes(
         baes[g] = candidate
         return True
 
-    for _ in range(recipe.repair_rounds):
+    for _ in range(recipe.selection.repair_rounds):
         flagged = {}
         for g in candidates:
             words = resolved_code_words(baes[g], sets[g]) if baes[g].b_enc is not None else None
@@ -248,7 +248,7 @@ def repair_baes(
             # decoder (a channel the rest fixes, not needed to decode): kept without training
             error = unexplained_variance(start, checks[g])
             refitted = copy.deepcopy(start)
-            if recipe.refit_decoder and judge(
+            if recipe.selection.refit_decoder and judge(
                 g,
                 refitted,
                 checks[g],
@@ -266,7 +266,7 @@ def repair_baes(
         cfg = replace(
             recipe.config(sets[0].shape[-1]), entropy_off_fraction=0.0, total_training_steps=budget
         )
-        lr = recipe.lr if recipe.lr_end is None else recipe.lr_end
+        lr = recipe.optimiser.lr if recipe.optimiser.lr_end is None else recipe.optimiser.lr_end
         training = train_stacked_baes(
             [sets[g] for g in starts],
             cfg,
@@ -276,16 +276,17 @@ def repair_baes(
             lr=lr,
             device=device,
             progress=progress,
-            convergence=recipe.convergence(),
+            convergence=recipe.stop.convergence(),
             check_sets=[checks[g] for g in starts],
-            adam_beta2=recipe.adam_beta2,
+            adam_beta2=recipe.optimiser.adam_beta2,
             init=list(starts.values()),
         )
         for i, (g, candidate) in enumerate(starts.items()):
             candidate.load_state_dict(training.baes[i].state_dict())  # the recipe's config kept
             error = unexplained_variance(candidate, checks[g])
             refitted = (
-                recipe.refit_decoder and refit_decoder(candidate, sets[g], seed=seeds[g]).applied
+                recipe.selection.refit_decoder
+                and refit_decoder(candidate, sets[g], seed=seeds[g]).applied
             )
             if judge(g, candidate, checks[g], flagged[g], training.steps[i], error, refitted):
                 candidates.append(g)

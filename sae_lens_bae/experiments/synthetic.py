@@ -92,21 +92,21 @@ class SyntheticConfig:
         """The preset with this config's replacements."""
         chosen = PRESETS[self.preset]
         if self.steps is not None:
-            warm = chosen.recipe.lr_warm_up_steps
+            warm = chosen.recipe.optimiser.lr_warm_up_steps
             if self.steps <= warm:
                 raise ValueError(
                     f"--steps {self.steps} does not pass the {self.preset} preset's "
                     f"{warm} lr warm-up steps; use more than {warm}"
                 )
-            chosen = replace(chosen, recipe=replace(chosen.recipe, steps=self.steps))
+            chosen = replace(chosen, recipe=chosen.recipe.changed(steps=self.steps))
         if self.restarts is not None:
             if self.restarts < 1:
                 raise ValueError(f"--restarts must be at least 1, got {self.restarts}")
-            chosen = replace(chosen, recipe=replace(chosen.recipe, restarts=self.restarts))
+            chosen = replace(chosen, recipe=chosen.recipe.changed(restarts=self.restarts))
         if self.drain_hold is not None:
             if self.drain_hold < 0:
                 raise ValueError(f"--drain-hold must be at least 0, got {self.drain_hold}")
-            chosen = replace(chosen, recipe=replace(chosen.recipe, drain_hold=self.drain_hold))
+            chosen = replace(chosen, recipe=chosen.recipe.changed(drain_hold=self.drain_hold))
         for name in ("ranks", "expansions", "seeds"):
             values = getattr(self, name)
             if values is not None:
@@ -199,7 +199,7 @@ def run_preset(
     for expansion, objective in groups:
         if (expansion, objective) in done:
             continue
-        recipe = replace(preset.recipe, expansion=expansion, objective=objective)
+        recipe = preset.recipe.changed(expansion=expansion, objective=objective)
         estimates = estimate_entropies(
             [data[cell][0] for cell in cells],
             recipe,

@@ -4,8 +4,10 @@ how its recipe was found: docs/research/synthetic-presets.md."""
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from sae_lens_bae.entropy import EntropyRecipe
 
@@ -40,6 +42,10 @@ class SyntheticPreset:
         """The accuracy bar: within max(floor, fraction * r) bits of r."""
         return max(self.tolerance_floor, self.tolerance_fraction * r)
 
+    def record(self) -> dict[str, Any]:
+        """The preset as JSON values, its recipe flat (what ``synthetic.json`` records)."""
+        return json.loads(json.dumps({**asdict(self), "recipe": self.recipe.record()}))
+
     @property
     def groups(self) -> list[tuple[int, bool]]:
         """(expansion, objective) of each stacked training, in the order a run trains them."""
@@ -59,7 +65,7 @@ PRESETS: dict[str, SyntheticPreset] = {
         seeds=(0, 1, 2),
         n_train=16384,
         n_test=4096,
-        recipe=EntropyRecipe(steps=4000, lr=4e-3),
+        recipe=EntropyRecipe.of(steps=4000, lr=4e-3),
     ),
     # d = 256, r up to 128 at the paper's bar (0.05 r bits at < 2% held-out error)
     "mid": SyntheticPreset(
@@ -69,7 +75,7 @@ PRESETS: dict[str, SyntheticPreset] = {
         seeds=(0, 1, 2),
         n_train=16384,
         n_test=4096,
-        recipe=EntropyRecipe(steps=12000, lr=4e-3),
+        recipe=EntropyRecipe.of(steps=12000, lr=4e-3),
         tolerance_fraction=0.05,
         tolerance_floor=0.0,
         ablation=False,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +61,7 @@ def _with_new_fields(recorded: Any) -> Any:
     trained as this run would train it."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("recipe"), dict):
         return recorded
-    defaults = {**json.loads(json.dumps(asdict(EntropyRecipe()))), **BEFORE_THE_FIELD}
+    defaults = {**json.loads(json.dumps(EntropyRecipe().record())), **BEFORE_THE_FIELD}
     return {
         "states_per_rank_squared": 0.0,
         **recorded,
@@ -85,7 +84,7 @@ def earlier_rows(
         return [], {}
     if not isinstance(saved, dict) or "results" not in saved:
         return [], {}
-    if _with_new_fields(saved.get("preset")) != json.loads(json.dumps(asdict(preset))):
+    if _with_new_fields(saved.get("preset")) != preset.record():
         raise ValueError(
             f"{path} holds the results of another grid or recipe; use another --out "
             f"(or --no-resume to overwrite them)"
@@ -151,7 +150,7 @@ def summarise(preset: SyntheticPreset, rows: list[dict[str, Any]]) -> dict[str, 
         for expansion, objective in preset.groups
         if (expansion, objective) not in trained
     ]
-    return {"preset": asdict(preset), "results": rows, "bar": verdict, "missing": missing}
+    return {"preset": preset.record(), "results": rows, "bar": verdict, "missing": missing}
 
 
 def write_outputs(
