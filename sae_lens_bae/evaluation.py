@@ -124,7 +124,7 @@ def spliced_losses(
     input_scale: float = 1.0,
     outlier_norm_ratio: float | None = 10.0,
     batch_size: int = 8,
-) -> dict[str, dict[str, float]]:
+) -> dict[str, dict[str, float | None]]:
     """Per SAE, what replacing ``hook``'s activations by its reconstruction costs the model, with
     SAELens' definitions (``sae_lens.evals.get_recons_loss``): next-token cross-entropy with the
     SAE, without it and with the activations zero-ablated, ``ce_loss_score`` = the fraction of
@@ -192,11 +192,13 @@ def spliced_losses(
         count += clean_loss.numel()
     results = {}
     for name, totals in sums.items():
-        means: dict[str, float | None] = {key: value / count for key, value in totals.items()}
-        ablated, with_sae = means["ce_loss_with_ablation"], means["ce_loss_with_sae"]
-        gap = ablated - means["ce_loss_without_sae"]  # type: ignore[operator]
-        means["ce_loss_score"] = (ablated - with_sae) / gap if gap else None  # type: ignore[operator]
-        kl_ablated, kl_sae = means["kl_div_with_ablation"], means["kl_div_with_sae"]
-        means["kl_div_score"] = (kl_ablated - kl_sae) / kl_ablated if kl_ablated else None  # type: ignore[operator]
-        results[name] = means
+        mean = {key: value / count for key, value in totals.items()}
+        ablated, with_sae = mean["ce_loss_with_ablation"], mean["ce_loss_with_sae"]
+        gap = ablated - mean["ce_loss_without_sae"]
+        kl_ablated, kl_sae = mean["kl_div_with_ablation"], mean["kl_div_with_sae"]
+        results[name] = {
+            **mean,
+            "ce_loss_score": (ablated - with_sae) / gap if gap else None,
+            "kl_div_score": (kl_ablated - kl_sae) / kl_ablated if kl_ablated else None,
+        }
     return results

@@ -113,6 +113,10 @@ def test_top_k_records_by_burstiness_prefer_rare_bits():
     assert records.features[:, 0].tolist() == [0, 2, 1, 1]
     with pytest.raises(ValueError, match="prior"):
         top_k_records(FixedSAE(3), codes, torch.zeros(4, 2).long(), torch.arange(4), "burstiness")
+    # an SAE without a binary code has no burstiness: refused by name, before any row is read
+    with pytest.raises(ValueError, match="^burstiness magnitudes need a binary code; a Fixed"):
+        top_k_records(FixedLatents(3), codes, torch.zeros(4, 2).long(), torch.arange(4),
+                      "burstiness", prior=prior)  # fmt: skip
 
 
 def test_decoder_covariance_norm_of_collinear_rows():

@@ -265,3 +265,26 @@ def test_a_drain_hold_shows_the_held_steps_and_the_code_bits_as_it_trains(capsys
     )
     bar = capsys.readouterr().err.splitlines()[-1]
     assert "held=10" in bar and re.search(r"bits=\d+\.\d\b", bar), bar
+
+
+def test_one_record_of_codes_serves_one_bae_and_any_rows_of_a_stack():
+    """``record_codes``: a stack's trained rows move their running means and window counts exactly
+    as each BAE alone (a stack of one) would; the rows that did not train keep theirs."""
+    from sae_lens_bae.saes.binary import record_codes, update_running_mean
+
+    torch.manual_seed(0)
+    bits = (torch.rand(2, 16, 6) > 0.5).float()  # rows 0 and 2 of a stack of 3 trained
+    means, counts = torch.rand(3, 6), torch.randint(0, 9, (3, 6))
+    code_mean, count = means.clone(), torch.tensor(4.0)
+    window = (counts.clone(), torch.tensor(32))
+    record_codes(code_mean, count, bits, bits.mean(1), window, members=torch.tensor([0, 2]))
+    for row, g in ((0, 0), (1, 2)):
+        alone, alone_count = means[g].clone(), torch.tensor(4.0)
+        update_running_mean(alone, alone_count, bits[row].mean(0))
+        assert torch.equal(code_mean[g], alone) and alone_count == count == 5
+        assert torch.equal(window[0][g], counts[g] + bits[row].sum(0).long())
+    assert torch.equal(code_mean[1], means[1]) and torch.equal(window[0][1], counts[1])
+    assert window[1] == 32 + 16
+    single, single_count = means[0].clone(), torch.tensor(4.0)  # one BAE: its buffers as [1, n]
+    record_codes(single[None], single_count, bits[:1], bits[:1].mean(1))
+    assert torch.equal(single, code_mean[0])

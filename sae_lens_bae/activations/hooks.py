@@ -42,4 +42,5 @@ def stop_layer(hooks: Sequence[str]) -> int | None:
     """``stop_at_layer`` for a forward pass that only needs ``hooks``: one past the last block,
     or None (run the whole model) when a hook lies outside the blocks."""
     layers = [layer_of(h) for h in hooks]
-    return None if None in layers else max(layers) + 1  # type: ignore[type-var]
+    blocks = [layer for layer in layers if layer is not None]
+    return max(blocks) + 1 if blocks and len(blocks) == len(layers) else None

@@ -40,7 +40,7 @@ def summarise(
         "evaluated": len(results),
         "explained": sum(r.explanation is not None for r in results),
         "interpretable": sum(r.interpretable for r in results),
-        "mean_score": _mean([r.score for r in scored]),  # type: ignore[misc]
+        "mean_score": _mean([r.score for r in scored if r.score is not None]),
         "mean_balanced_accuracy": _mean(balanced),
         "detection_scored": len(balanced),  # features with sure negatives and a score
         "judged_records": sum(
@@ -97,7 +97,7 @@ def summary_markdown(results: Sequence[FeatureScore], summary: dict[str, Any], t
     ]
     ranked = sorted(
         (r for r in results if r.score is not None),
-        key=lambda r: (-r.score, r.feature),  # type: ignore[operator]
+        key=lambda r: (-(r.score or 0.0), r.feature),
     )[:top]
     columns = [
         ("feature", lambda r: str(r.feature)),

@@ -30,6 +30,7 @@ from sae_lens_bae.experiments.layer_study import (
     spliced_columns,
 )
 from sae_lens_bae.features import FeatureRecords
+from sae_lens_bae.features.records import Magnitude
 from sae_lens_bae.plots import (
     plot_comsem_scores,
     plot_firing_frequencies,
@@ -174,7 +175,7 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         inputs, targets = data.test[hook], None
         if name == "transcoder":
             inputs, targets = data.test[mlp_in], data.test[hook]
-        magnitude = "rescaled" if name == "standard_rescaled" else None
+        magnitude: Magnitude | None = "rescaled" if name == "standard_rescaled" else None
         stats, records[name], prior = evaluate_model(
             name, sae, data, settings, inputs=inputs, targets=targets, magnitude=magnitude
         )

@@ -27,9 +27,12 @@ from sae_lens_bae.features import (
     feature_statistics,
     top_k_records,
 )
+from sae_lens_bae.features.burstiness import PriorSource
+from sae_lens_bae.features.records import Candidates, Magnitude
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import cell, markdown_table
+from sae_lens_bae.saes.protocols import BinaryEncoder
 
 __all__ = [
     "TABLE_COLUMNS",
@@ -67,7 +70,7 @@ class EvaluationSettings:
     n_explain: int = 5
     activated_min_samples: int = 8
     dense_threshold: float = 0.5
-    prior: str = "training"
+    prior: PriorSource = "training"
     spliced_sequences: int = 64
     outlier_norm_ratio: float = 10.0
 
@@ -80,29 +83,25 @@ def evaluate_model(
     *,
     inputs: Tensor | None = None,
     targets: Tensor | None = None,
-    magnitude: str | None = None,
+    magnitude: Magnitude | None = None,
 ) -> tuple[dict[str, Any], FeatureRecords, Tensor | None]:
     """The statistics of one model on the held-out tokens, its records (the paper's: top-k over
     all channels), and the BAE's burstiness prior (None for an SAE). ``inputs``/``targets``: a
     transcoder's own input and target hook points."""
     sae.eval()
     inputs = data.test[data.hook] if inputs is None else inputs
-    is_bae = hasattr(sae, "encode_bits")
-    prior = code_prior(sae, inputs, source=settings.prior) if is_bae else None  # type: ignore[arg-type]
+    is_bae = isinstance(sae, BinaryEncoder)
+    prior = code_prior(sae, inputs, source=settings.prior) if is_bae else None
     magnitude = magnitude or ("burstiness" if is_bae else "raw")
-    common = dict(k=settings.records_k, prior=prior, sequences=data.sequences)
-    records = top_k_records(sae, inputs, data.positions, data.token_ids, magnitude, **common)  # type: ignore[arg-type]
-    firing = records
-    if is_bae:
-        firing = top_k_records(
-            sae,
-            inputs,
-            data.positions,
-            data.token_ids,
-            magnitude,  # type: ignore[arg-type]
-            candidates="firing",
-            **common,
-        )
+
+    def records_of(candidates: Candidates) -> FeatureRecords:
+        return top_k_records(
+            sae, inputs, data.positions, data.token_ids, magnitude, k=settings.records_k,
+            prior=prior, sequences=data.sequences, candidates=candidates,
+        )  # fmt: skip
+
+    records = records_of("all")
+    firing = records_of("firing") if is_bae else records
     records.info = {"model": data.model, "hook": data.hook, "sae": name}
     stats = feature_statistics(
         sae,
@@ -120,7 +119,7 @@ def evaluate_model(
 
 def spliced_columns(
     models: dict[str, Any], data: LayerActivations, settings: EvaluationSettings, device: str
-) -> dict[str, dict[str, float]]:
+) -> dict[str, dict[str, float | None]]:
     """``spliced_losses`` of every model that reads and writes the studied hook, on the first
     ``settings.spliced_sequences`` held-out sequences (the model is loaded again)."""
     if not models or settings.spliced_sequences <= 0:
@@ -139,11 +138,11 @@ def spliced_columns(
 
 @torch.no_grad()
 def heat_map(
-    sae: Any, inputs: Tensor, magnitude: str, prior: Tensor | None, rates: Tensor
+    sae: Any, inputs: Tensor, magnitude: Magnitude, prior: Tensor | None, rates: Tensor
 ) -> Tensor:
     """Magnitudes of 64 held-out tokens on the 128 most used channels."""
     channels = torch.argsort(rates, descending=True)[:128]
-    values, _ = feature_magnitudes(sae, inputs, magnitude, prior=prior)(0, 64)  # type: ignore[arg-type]
+    values, _ = feature_magnitudes(sae, inputs, magnitude, prior=prior)(0, 64)
     return values[:, channels]
 
 

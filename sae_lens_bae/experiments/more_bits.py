@@ -20,6 +20,7 @@ from typing import Any
 from sae_lens_bae.comsem import COMSEM_COLUMNS, ClientConfig, comsem_columns
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.features import code_prior, feature_statistics, top_k_records
+from sae_lens_bae.features.records import Magnitude
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
@@ -103,6 +104,7 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
             device=cfg.device,
             seed=cfg.seed,
         ).sae.eval()
+        magnitude: Magnitude
         if c == 1:
             magnitude, prior = "burstiness", code_prior(sae)
         else:
@@ -112,7 +114,7 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
             test,
             data.positions,
             data.token_ids,
-            magnitude,  # type: ignore[arg-type]
+            magnitude,
             k=cfg.records_k,
             prior=prior,
             sequences=data.sequences,

@@ -27,6 +27,7 @@ from sae_lens_bae.experiments.layer_study import (
     plot_active_frequencies,
     spliced_columns,
 )
+from sae_lens_bae.features.records import Magnitude
 from sae_lens_bae.plots import plot_training_curves, save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
@@ -234,7 +235,7 @@ def run(cfg: RecipeStudyConfig, progress: bool = True) -> dict[str, Any]:
     frequencies: dict[str, Tensor] = {}
     for name in [*cfg.variants, *cfg.baselines]:
         sae = models["standard" if name == "standard_rescaled" else name]
-        magnitude = "rescaled" if name == "standard_rescaled" else None
+        magnitude: Magnitude | None = "rescaled" if name == "standard_rescaled" else None
         stats, _, _ = evaluate_model(name, sae, data, settings, magnitude=magnitude)
         stats.pop("firing_rates")
         frequencies[name] = stats.pop("active_frequency")

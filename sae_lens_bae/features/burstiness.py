@@ -14,6 +14,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from sae_lens_bae.saes.protocols import BinaryEncoder
+
 __all__ = ["PriorSource", "burstiness", "code_prior"]
 
 PriorSource = Literal["training", "evaluation"]
@@ -41,7 +43,7 @@ def burstiness(
 
 @torch.no_grad()
 def code_prior(
-    bae: torch.nn.Module,
+    bae: BinaryEncoder,
     activations: Float[Tensor, "n d_in"] | None = None,
     source: PriorSource = "training",
     batch_size: int = 4096,
@@ -52,20 +54,21 @@ def code_prior(
     Returns a copy either way, so later training cannot change a prior already handed out.
     """
     if source == "training":
+        code_mean = getattr(bae, "code_mean", None)
         count = getattr(bae, "code_mean_count", None)
-        if count is not None and float(count) == 0:
+        if not isinstance(code_mean, Tensor) or (count is not None and float(count) == 0):
             raise ValueError(
                 "This BAE has no training prior (its code_mean was never updated); pass "
                 "activations with source='evaluation'"
             )
-        return bae.code_mean.detach().clone().float()  # type: ignore[operator]
+        return code_mean.detach().clone().float()
     if source != "evaluation":
         raise ValueError(f"source must be 'training' or 'evaluation', got {source!r}")
     if activations is None or activations.shape[0] == 0:
         raise ValueError("source='evaluation' needs the evaluation activations")
     total = None
     for start in range(0, activations.shape[0], batch_size):
-        bits = bae.encode_bits(activations[start : start + batch_size])  # type: ignore[operator]
+        bits = bae.encode_bits(activations[start : start + batch_size])
         part = bits.sum(0, dtype=torch.float64)
         total = part if total is None else total + part
     assert total is not None

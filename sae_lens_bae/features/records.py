@@ -22,6 +22,7 @@ from torch import Tensor
 
 from sae_lens_bae.activations.cache import harvest_activations
 from sae_lens_bae.features.burstiness import burstiness, code_prior
+from sae_lens_bae.saes.protocols import BinaryEncoder, Encoder
 
 __all__ = [
     "Candidates",
@@ -167,7 +168,7 @@ class FeatureRecords:
 
 @torch.no_grad()
 def feature_magnitudes(
-    sae: torch.nn.Module,
+    sae: Encoder,
     activations: Float[Tensor, "n d_in"],
     magnitude: Magnitude,
     *,
@@ -182,9 +183,15 @@ def feature_magnitudes(
     if magnitude == "burstiness":
         if prior is None:
             raise ValueError("burstiness magnitudes need the code prior (see code_prior)")
+        if not isinstance(sae, BinaryEncoder):
+            raise ValueError(
+                f"burstiness magnitudes need a binary code; a {type(sae).__name__} has none "
+                "(use raw or rescaled)"
+            )
+        bae = sae
 
         def bae_rows(start: int, stop: int) -> tuple[Tensor, Tensor]:
-            bits = sae.encode_bits(activations[start:stop])  # type: ignore[operator]
+            bits = bae.encode_bits(activations[start:stop])
             return burstiness(bits, prior), bits > 0
 
         return bae_rows
@@ -192,19 +199,18 @@ def feature_magnitudes(
         raise ValueError(f"magnitude must be burstiness, raw or rescaled, got {magnitude!r}")
     mean = std = None
     if magnitude == "rescaled":
-        total = total_sq = None
+        total = total_sq = torch.zeros((), dtype=torch.float64)
         for start in range(0, activations.shape[0], batch_size):
-            acts = sae.encode(activations[start : start + batch_size]).double()  # type: ignore[operator]
-            s, sq = acts.sum(0), acts.pow(2).sum(0)
-            total, total_sq = (s, sq) if total is None else (total + s, total_sq + sq)
+            acts = sae.encode(activations[start : start + batch_size]).double()
+            total, total_sq = total + acts.sum(0), total_sq + acts.pow(2).sum(0)
         n = activations.shape[0]
-        mean = total / n  # type: ignore[operator]
-        std = (total_sq / n - mean.pow(2)).clamp_min(0).sqrt().clamp_min(1e-8)  # type: ignore[operator]
+        mean = total / n
+        std = (total_sq / n - mean.pow(2)).clamp_min(0).sqrt().clamp_min(1e-8)
 
     def sae_rows(start: int, stop: int) -> tuple[Tensor, Tensor]:
-        acts = sae.encode(activations[start:stop])  # type: ignore[operator]
+        acts = sae.encode(activations[start:stop])
         active = acts != 0
-        if mean is None:
+        if mean is None or std is None:
             return acts.float(), active
         return ((acts.double() - mean) / std).float(), active
 
@@ -213,7 +219,7 @@ def feature_magnitudes(
 
 @torch.no_grad()
 def top_k_records(
-    sae: torch.nn.Module,
+    sae: Encoder,
     activations: Float[Tensor, "n d_in"],
     token_positions: Int[Tensor, "n 2"],
     token_ids: Int[Tensor, " n"],

@@ -49,7 +49,7 @@ from sae_lens_bae.saes.bae_config import (
 )
 from sae_lens_bae.saes.bae_folds import BAEFoldsMixin
 from sae_lens_bae.saes.bae_input import check_activations
-from sae_lens_bae.saes.binary import bits_to_values, step, update_running_mean
+from sae_lens_bae.saes.binary import bits_to_values, record_codes, step
 from sae_lens_bae.saes.input_scale import (
     INPUT_SCALE_BUFFER,
     INPUT_SHIFT_BUFFER,
@@ -181,9 +181,6 @@ class _BAEMixin(BAEFoldsMixin):
     def prior(self) -> Float[Tensor, " n_bits"]:
         """Mean code seen in training (the burstiness prior); a copy, so callers cannot alias it."""
         return self.code_mean.clone()
-
-    def _update_code_mean(self, batch_mean: Float[Tensor, " n_bits"]) -> None:
-        update_running_mean(self.code_mean, self.code_mean_count, batch_mean)
 
     def _bae_histograms(self) -> dict[str, NDArray[Any]]:
         out = {"weights/code_mean": self.code_mean.detach().cpu().numpy()}
@@ -365,14 +362,14 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         )  # fmt: skip
         entropy_bits = losses.pop("batch_entropy_bits")
         mean_code = losses.pop("batch_mean_code")  # of the global minibatch
-        self._update_code_mean(mean_code)
         flat_bits = global_bits.detach()
+        window = (self.window_counts[None], self.window_samples) if counting else None
+        record_codes(
+            self.code_mean[None], self.code_mean_count, flat_bits[None], mean_code[None], window
+        )  # this BAE as a stack of one
         if batch.world > 1:  # the output covers the global minibatch too (firing statistics)
             sae_in, sae_out = batch.gather(sae_in), batch.gather(sae_out.detach())
             feature_acts = bits_to_values(flat_bits, self.cfg.bits)
-        if counting:
-            self.window_counts += flat_bits.sum(0, dtype=torch.int64)
-            self.window_samples += flat_bits.shape[0]
         dead_mask = step_input.dead_neuron_mask
 
         def dead_fraction() -> float:

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.saes.binary import bits_to_values
+
+if TYPE_CHECKING:
+    from sae_lens_bae.saes.bae import BAE, BAETrainingSAE
 
 __all__ = ["RIDGES", "DecoderRefit", "NormalEquations", "least_squares_decoder", "refit_decoder"]
 
@@ -120,20 +124,20 @@ def least_squares_decoder(
     return NormalEquations(codes, targets, with_bias, chunk).solve(ridge, prior)
 
 
-def _decoder_inputs_and_targets(bae: torch.nn.Module, states: Tensor) -> tuple[Tensor, Tensor]:
+def _decoder_inputs_and_targets(bae: BAE | BAETrainingSAE, states: Tensor) -> tuple[Tensor, Tensor]:
     """The decoder's inputs (h_R) for ``states`` and what its output should be in the units it
     decodes to (the framed, normalised input, before centring by ``b_dec``)."""
     x = states.to(bae.W_enc.device, bae.W_enc.dtype)
-    values = bits_to_values(bae.encode_bits(x), bae.cfg.bits)  # type: ignore[union-attr,operator]
-    framed = bae.process_sae_in(x)  # type: ignore[operator]
-    if bae.cfg.apply_b_dec_to_input:  # type: ignore[union-attr]
+    values = bits_to_values(bae.encode_bits(x), bae.cfg.bits)
+    framed = bae.process_sae_in(x)
+    if bae.cfg.apply_b_dec_to_input:
         framed = framed + bae.b_dec
     return values, framed
 
 
 @torch.no_grad()
 def refit_decoder(
-    bae: torch.nn.Module,
+    bae: BAE | BAETrainingSAE,
     states: Float[Tensor, "n d_in"],
     validation_fraction: float = 0.2,
     seed: int = 0,
@@ -154,7 +158,7 @@ def refit_decoder(
     n_val = int(round(n * validation_fraction))
     if n_val < 1 or n - n_val < 1:
         raise ValueError(f"refit_decoder needs states for both parts, got {n}")
-    fit_bias = not bae.cfg.apply_b_dec_to_input  # type: ignore[union-attr]
+    fit_bias = not bae.cfg.apply_b_dec_to_input
     w_trained = bae.W_dec.detach()
     b_trained = bae.b_dec.detach()
     prior = torch.cat([w_trained, b_trained[None]]) if fit_bias else w_trained

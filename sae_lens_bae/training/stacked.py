@@ -32,8 +32,8 @@ from sae_lens_bae.saes.binary import (
     RUNNING_MEAN_BUFFERS,
     apply_keeping_dtypes,
     bits_to_values,
+    record_codes,
     step,
-    update_running_mean,
 )
 from sae_lens_bae.saes.resampling import resample_members
 from sae_lens_bae.saes.schedule import Schedule
@@ -189,20 +189,10 @@ class StackedBAE(nn.Module):
         if covariance > 0 and covariance_off is not None and any(covariance_off):
             off = torch.tensor(list(covariance_off), device=x.device)
             terms["covariance_loss"] = terms["covariance_loss"].masked_fill(off, 0.0)
+        counting = schedule.window_counted(n_training_steps)  # none past the last resampling
+        window = (self.window_counts, self.window_samples) if counting else None
         batch_mean = terms.pop("batch_mean_code")
-        if members is None:
-            update_running_mean(self.code_mean, self.code_mean_count, batch_mean)
-        else:  # only the members' rows move (the shared count still advances once)
-            rows = self.code_mean[members]
-            update_running_mean(rows, self.code_mean_count, batch_mean)
-            self.code_mean[members] = rows
-        if schedule.window_counted(n_training_steps):  # none once the last resampling is past
-            counts = bits.detach().sum(1, dtype=torch.int64)
-            if members is None:
-                self.window_counts += counts
-            else:
-                self.window_counts[members] += counts
-            self.window_samples += bits.shape[1]
+        record_codes(self.code_mean, self.code_mean_count, bits, batch_mean, window, members)
         return terms
 
     @torch.no_grad()
