@@ -114,7 +114,6 @@ def bae_objective(
     *,
     entropy_coefficient: float,
     covariance_coefficient: float,
-    firing_coefficient: float = 0.0,
     entropy_on: bool = True,
     covariance_block_size: int | None = None,
     batch: GlobalBatch | None = None,
@@ -123,17 +122,14 @@ def bae_objective(
     """The BAE's training loss terms for a minibatch, per member of a stack of BAEs.
 
     Returns the terms of ``LOSS_TERMS``: ``reconstruction_loss`` (squared error averaged over the
-    batch and d_in), ``entropy_loss`` (``entropy_coefficient`` times the minibatch entropy in bits,
-    zero while ``entropy_on`` is False), ``covariance_loss`` (``covariance_coefficient`` times the
-    summed |off-diagonal covariance| of the bits), ``firing_loss`` (``firing_coefficient`` times
-    the summed firing rates of the minibatch, i.e. the mean number of active bits per sample: the
-    entropy is symmetric in p and 1 - p, so without it a channel that is always on costs as
-    little as one that never fires), and ``batch_entropy_bits`` (the entropy, detached, for
-    logging). Each has the shape of the leading ``stack`` dimensions: () for one BAE, [G] for a
-    ``StackedBAE``. Beside them, ``batch_mean_code`` (detached, [*stack, n_bits]): the mean code
-    the entropy was measured on, which trainers fold into their running mean code (one reduction
-    over the codes, not two). ``total_loss`` sums the terms; every trainer calls this one
-    function, so a change to the objective is made once.
+    batch and d_in), ``entropy_loss`` (``entropy_coefficient`` times the minibatch entropy in
+    bits, zero while ``entropy_on`` is False) and ``covariance_loss`` (``covariance_coefficient``
+    times the summed |off-diagonal covariance| of the bits); and ``batch_entropy_bits`` (the
+    entropy, detached, for logging). Each has the shape of the leading ``stack`` dimensions: ()
+    for one BAE, [G] for a ``StackedBAE``. Beside them, ``batch_mean_code`` (detached, [*stack,
+    n_bits]): the mean code the entropy was measured on, which trainers fold into their running
+    mean code (one reduction over the codes, not two). ``total_loss`` sums the terms; every
+    trainer calls this one function, so a change to the objective is made once.
 
     ``batch``: in data-parallel training, the ranks' minibatches as one (``GlobalBatch.of()``):
     every term is then the one of the concatenated global minibatch, on every rank, and its
@@ -178,15 +174,10 @@ def bae_objective(
         covariance = batch.sum(penalty)
     else:
         covariance = zero
-    if firing_coefficient > 0:
-        firing = firing_coefficient * mean_code.sum(-1).to(zero.dtype)
-    else:
-        firing = zero
     return {
         "reconstruction_loss": reconstruction,
         "entropy_loss": entropy,
         "covariance_loss": covariance,
-        "firing_loss": firing,
         "batch_entropy_bits": entropy_bits.detach(),
         "batch_mean_code": mean_code.detach(),
     }
@@ -221,7 +212,7 @@ def _squared_error(out: Tensor, target: Tensor, reduction: str) -> Tensor:
     return error.mean(dim=(-2, -1)) if reduction == "mean" else error.sum(dim=(-2, -1))
 
 
-LOSS_TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss", "firing_loss")
+LOSS_TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss")
 """The terms of ``bae_objective`` that make up the training loss, in the order they are summed."""
 
 

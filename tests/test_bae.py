@@ -27,10 +27,10 @@ def make_bae(**kwargs) -> BAETrainingSAE:
     return BAETrainingSAE(BAETrainingSAEConfig(**kwargs))
 
 
-def step_input(x, n_training_steps=0, entropy=1e-3, covariance=1e-3, dead=None, firing=0.0):
+def step_input(x, n_training_steps=0, entropy=1e-3, covariance=1e-3, dead=None):
     return TrainStepInput(
         sae_in=x,
-        coefficients={"entropy": entropy, "covariance": covariance, "firing": firing},
+        coefficients={"entropy": entropy, "covariance": covariance},
         dead_neuron_mask=dead,
         n_training_steps=n_training_steps,
         is_logging_step=False,
@@ -157,17 +157,16 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     cfg = BAETrainingSAEConfig(d_in=d_in)
     assert cfg.entropy_coefficient == pytest.approx(recipe.entropy_coefficient * scale)
     assert cfg.covariance_coefficient == pytest.approx(recipe.covariance_coefficient * scale)
-    assert cfg.firing_coefficient == pytest.approx(recipe.firing_coefficient * scale)
     assert cfg.surrogate_temperature == recipe.surrogate_temperature
     assert cfg.resample_every == recipe.resample_every
     # what SAELens' registry builds from a bare training config dict is the same
     from_registry = TrainingSAE.from_dict({"architecture": "bae", "d_in": d_in}).cfg
     assert from_registry.entropy_coefficient == cfg.entropy_coefficient
     # a recipe of one's own, with its coefficients given at d = 2048
-    own = dataclasses.replace(recipe, firing_coefficient=1e-4, resample_until_fraction=0.8)
-    with_firing = bae_config(d_in, preset=own)
-    assert with_firing.firing_coefficient == pytest.approx(1e-4 * scale)
-    assert with_firing.resample_until_fraction == 0.8
+    own = dataclasses.replace(recipe, entropy_coefficient=1e-4, resample_until_fraction=0.8)
+    mine = bae_config(d_in, preset=own)
+    assert mine.entropy_coefficient == pytest.approx(1e-4 * scale)
+    assert mine.resample_until_fraction == 0.8
     assert cfg.resample_until_fraction == recipe.resample_until_fraction
     # the paper's preset keeps its fixed coefficients whatever d
     paper = bae_config(d_in, preset="paper")
@@ -184,7 +183,7 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     through_registry = bae_config(d_in, preset="entropy", total_training_steps=16000)
     through_recipe = EntropyRecipe().config(d_in)
     for name in ("entropy_coefficient", "covariance_coefficient", "surrogate_temperature",
-                 "entropy_off_fraction", "resample_every", "firing_coefficient"):  # fmt: skip
+                 "entropy_off_fraction", "resample_every"):  # fmt: skip
         assert getattr(through_recipe, name) == getattr(through_registry, name), name
     assert through_registry.entropy_coefficient == pytest.approx(5e-7 * scale)
     assert EntropyRecipe().optimiser.lr == BAE_PRESETS["entropy"].lr == 4e-3
@@ -222,11 +221,8 @@ def test_saelens_parameter_names():
 def test_training_forward_pass_losses_and_metrics():
     bae = make_bae(d_in=8, d_sae=16, entropy_off_fraction=0.05, total_training_steps=100)
     x = torch.randn(64, 8)
-    out = bae.training_forward_pass(
-        step_input(x, n_training_steps=0, entropy=0.1, covariance=0.2, firing=0.3)
-    )
-    assert set(out.losses) == {"reconstruction_loss", "entropy_loss", "covariance_loss",
-                               "firing_loss"}  # fmt: skip
+    out = bae.training_forward_pass(step_input(x, n_training_steps=0, entropy=0.1, covariance=0.2))
+    assert set(out.losses) == {"reconstruction_loss", "entropy_loss", "covariance_loss"}
     assert out.losses["reconstruction_loss"].item() == pytest.approx(
         ((out.sae_out - x) ** 2).mean().item()
     )
@@ -238,8 +234,6 @@ def test_training_forward_pass_losses_and_metrics():
     assert out.metrics["batch_entropy_bits"].item() == pytest.approx(
         minibatch_entropy(bits).item(), rel=1e-6
     )
-    # the mean number of active bits per sample, weighted: a_f * sum_i p_i
-    assert out.losses["firing_loss"].item() == pytest.approx(0.3 * bits.sum().item() / 64, rel=1e-6)
     assert out.loss.item() == pytest.approx(sum(v.item() for v in out.losses.values()), rel=1e-6)
     p = bits.mean(0)
     assert out.metrics["dense_fraction"]() == pytest.approx((p > 0.5).float().mean().item())
@@ -368,7 +362,6 @@ def test_bad_bits(bits):
         ("surrogate_temperature", 0.0, "surrogate_temperature"),
         ("entropy_coefficient", -1.0, "entropy_coefficient"),
         ("entropy_off_fraction", 1.5, "entropy_off_fraction"),
-        ("firing_coefficient", -0.1, "firing_coefficient"),
         ("resample_every", -1, "resample_every"),
         ("total_training_steps", -1, "total_training_steps"),
     ],
@@ -466,7 +459,7 @@ def test_activation_norm_scaling_fold_keeps_outputs(apply_b_dec_to_input):
 
 
 TRAINING_OPTIONS = dict(
-    firing_coefficient=0.02,
+    entropy_coefficient=0.02,
     covariance_off_final_fraction=0.1,
     resample_every=5,
     resample_until_fraction=0.3,
@@ -495,9 +488,9 @@ def test_new_training_options_round_trip_through_save_and_load(tmp_path):
 
 def test_saelens_hands_the_bae_its_configured_coefficients():
     cfg = BAETrainingSAEConfig(d_in=8, entropy_coefficient=0.4, covariance_coefficient=0.2,
-                               firing_coefficient=0.1, total_training_steps=10)  # fmt: skip
+                               total_training_steps=10)  # fmt: skip
     coefficients = BAETrainingSAE(cfg).get_coefficients()
-    assert coefficients == {"entropy": 0.4, "covariance": 0.2, "firing": 0.1}
+    assert coefficients == {"entropy": 0.4, "covariance": 0.2}
 
 
 def test_resampling_revives_constant_channels_on_the_worst_samples():

@@ -98,7 +98,6 @@ def test_recipe_study_on_the_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path
             "cosine_lr",
             "canonical",
             "long_x2",
-            "with_firing",
         ),
         baselines=("topk15", "standard", "standard_rescaled"),
         steps=12,

@@ -41,14 +41,14 @@ pytestmark = pytest.mark.slow  # ranks are spawned processes (torchrun or torch.
 
 D_IN, D_SAE, BATCH, STEPS, WORLD = 16, 64, 32, 20, 2
 ROWS = 700  # 10 global batches of 64 per epoch, 60 rows dropped: epochs wrap inside 20 steps
-TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss", "firing_loss")
+TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss")
 
 
 def _config() -> BAETrainingSAEConfig:
     # entropy on after 3 steps, resampling every 5, the input scale set from the first global
     # batch: every part of the step runs in 20 steps
     return BAETrainingSAEConfig(
-        d_in=D_IN, d_sae=D_SAE, entropy_off_fraction=0.15, firing_coefficient=1e-3,
+        d_in=D_IN, d_sae=D_SAE, entropy_off_fraction=0.15,
         resample_every=5, resample_until_fraction=0.9, rescale_inputs_to=1.0,
     )  # fmt: skip
 

@@ -205,6 +205,6 @@ def _first_step(x: torch.Tensor) -> BAETrainingSAE:
 
 
 def _step(x: torch.Tensor, n: int) -> TrainStepInput:
-    coefficients = {"entropy": 1e-3, "covariance": 1e-3, "firing": 0.0}
+    coefficients = {"entropy": 1e-3, "covariance": 1e-3}
     return TrainStepInput(sae_in=x, coefficients=coefficients, dead_neuron_mask=None,
                           n_training_steps=n, is_logging_step=False)  # fmt: skip

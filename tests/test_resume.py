@@ -107,6 +107,29 @@ def test_resume_without_a_complete_checkpoint_says_what_to_do(tmp_path):
         train_sae(activations, cfg, training_samples=BATCH * 4, batch_size=BATCH, resume=True)
 
 
+def test_a_checkpoint_trained_with_a_retired_term_is_refused(tmp_path):
+    """A checkpoint whose objective had a term this version does not have (the firing penalty)
+    would resume into another objective: refused by name; at the value every BAE now trains
+    with (or not recorded) it resumes."""
+    import json
+
+    from sae_lens_bae.training.checkpoints import check_resumable
+
+    model = {"architecture": "bae", "d_in": 8, "d_sae": 32, "bits": 1}
+    for recorded, refused in ((1e-4, True), (0.0, False), (None, False)):
+        folder = tmp_path / str(recorded)
+        folder.mkdir()
+        mark_complete(folder, n_training_samples=512, global_batch_size=BATCH)
+        extra = {} if recorded is None else {"firing_coefficient": recorded}
+        (folder / "cfg.json").write_text(json.dumps({**model, **extra}))
+        run = {"global_batch_size": BATCH, "world_size": 1}
+        if refused:
+            with pytest.raises(ValueError, match=r"firing_coefficient=0.0001, a term this version"):
+                check_resumable(folder, run, model=model)
+        else:
+            assert check_resumable(folder, run, model=model)["n_training_samples"] == 512
+
+
 def test_latest_checkpoint_is_the_complete_one_with_most_samples(tmp_path):
     for samples in (512, 2048, 1024):
         (tmp_path / "id" / str(samples)).mkdir(parents=True)

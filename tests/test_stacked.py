@@ -24,8 +24,8 @@ TOLERANCES = {"float32": (1e-5, 1e-7), "float64": (1e-9, 1e-12)}
 # the firing term and resampling must match as well, and so must the learning rate's warm-up
 # (SAELens' scheduler in both): (config fields, trainer arguments)
 OPTIONS = {
-    "paper terms": ({"resample_every": 0, "firing_coefficient": 0.0}, {}),
-    "firing, resampling": ({"firing_coefficient": 3e-3, "resample_every": 7}, {}),
+    "paper terms": ({"resample_every": 0}, {}),
+    "resampling": ({"resample_every": 7}, {}),
     "lr warm-up, cosine": ({"resample_every": 0}, {"lr_warm_up_steps": 12,
                                                    "lr_scheduler_name": "cosineannealing",
                                                    "lr_end": 2e-4}),

@@ -300,7 +300,6 @@ class EntropyRecipe:
             covariance_coefficient=self.loss.covariance_coefficient_2048 * scale,
             entropy_off_fraction=self.phases.entropy_off_fraction,
             covariance_off_final_fraction=self.phases.covariance_off_final_fraction,
-            firing_coefficient=0.0,
             resample_every=0,
             total_training_steps=self.steps,
         )

@@ -69,12 +69,11 @@ class MoreBitsConfig(LayerData):
 
 def penalties_per_feature(d_in: int, bits: int) -> dict[str, float]:
     """The default recipe's coefficients for C = ``bits`` code bits per feature, so that the
-    penalties weigh a feature as at C = 1: a_e / C, a_f / C (sums over C times as many bits) and
+    penalties weigh a feature as at C = 1: a_e / C (a sum over C times as many bits) and
     a_c / C^2 (a sum over C^2 times as many pairs)."""
     one = BAETrainingSAEConfig(d_in=d_in)
     return {
         "entropy_coefficient": one.entropy_coefficient / bits,
-        "firing_coefficient": one.firing_coefficient / bits,
         "covariance_coefficient": one.covariance_coefficient / bits**2,
     }
 

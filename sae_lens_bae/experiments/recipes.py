@@ -4,8 +4,8 @@ Every variant and baseline trains on the same cached activations (one harvest) a
 same held-out tokens with the columns of ``bae compare`` (the paper's ``activated`` beside ours,
 constant/dead/dense channels, explained variance, L0, CE and KL spliced into the model). A
 variant is a named change to the default BAE recipe (``VARIANTS``): training length, coefficient
-scale, coefficient warm-up, learning-rate schedule, resampling of constant channels, the firing
-penalty, canonicalisation, the paper's own coefficients. Each row is checked against the feature
+scale, coefficient warm-up, learning-rate schedule, resampling of constant channels,
+canonicalisation, the paper's own coefficients. Each row is checked against the feature
 target: explained variance within 0.02 of topk15's, at least as many activated features as every
 baseline, fewer than 1% constant channels and no dead one.
 """
@@ -13,7 +13,7 @@ baseline, fewer than 1% constant channels and no dead one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +41,12 @@ REPORT = "recipes.md"
 
 @dataclass(frozen=True)
 class Variant:
-    """A BAE recipe: a preset of ``BAE_PRESETS`` with some of its values changed
-    (``recipe_changes``: ``BAEPreset`` fields, coefficients at d = 2048 and scaled to the
-    states' width) and config fields replaced (``overrides``), SAELens trainer settings (an LR
-    schedule), a multiple of the study's steps, and whether the trained BAE is canonicalised
-    before it is read."""
+    """A BAE recipe: a preset of ``BAE_PRESETS`` with config fields replaced (``overrides``),
+    SAELens trainer settings (an LR schedule), a multiple of the study's steps, and whether the
+    trained BAE is canonicalised before it is read."""
 
     description: str
     preset: str = "default"
-    recipe_changes: dict[str, Any] = field(default_factory=dict)
     overrides: dict[str, Any] = field(default_factory=dict)
     trainer: dict[str, Any] = field(default_factory=dict)
     steps_factor: float = 1.0
@@ -75,10 +72,6 @@ VARIANTS: dict[str, Variant] = {
         },
     ),
     "no_resampling": Variant("constant channels never resampled", overrides={"resample_every": 0}),
-    "with_firing": Variant(
-        "plus the firing penalty a_f = 1e-4 (at d = 2048)",
-        recipe_changes={"firing_coefficient": 1e-4},
-    ),
     "canonical": Variant(
         "the default, canonicalised (rare state = 1) before reading", canonical=True
     ),
@@ -186,7 +179,7 @@ def run(cfg: RecipeStudyConfig, progress: bool = True) -> dict[str, Any]:
     for name in cfg.variants:
         variant = VARIANTS[name]
         steps = round(cfg.steps * variant.steps_factor)
-        preset = replace(BAE_PRESETS[variant.preset], **variant.recipe_changes)
+        preset = BAE_PRESETS[variant.preset]
         bae_cfg = bae_config(
             d_in,
             cfg.expansion * d_in,

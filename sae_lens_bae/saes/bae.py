@@ -298,7 +298,6 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             bits.reshape(-1, bits.shape[-1]),
             entropy_coefficient=coefficients["entropy"],
             covariance_coefficient=coefficients["covariance"] * covariance_on,
-            firing_coefficient=coefficients.get("firing", 0.0),
             entropy_on=entropy_on,
             batch=self.global_batch,
             global_bits=global_bits,
@@ -337,7 +336,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     @override
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:
-        """Reconstruction (mean over batch and d_in) + entropy + covariance + firing, each
+        """Reconstruction (mean over batch and d_in) + entropy + covariance, each
         logged; first, at the end of a resampling window, the constant channels are resampled."""
         sae_in, n = step_input.sae_in, step_input.n_training_steps
         # what this step does, from the schedule resolved once and the data-parallel group

@@ -37,11 +37,13 @@ _RECIPE_FIELDS = (
     "surrogate_temperature",
     "entropy_coefficient",
     "covariance_coefficient",
-    "firing_coefficient",
     "resample_every",
     "resample_until_fraction",
 )
 """Training fields whose default (None) resolves to the ``default`` recipe at the config's d_in."""
+RETIRED_FIELDS = {"firing_coefficient": 0.0}
+"""Training fields a BAE config once had, with the value every BAE now trains with: a checkpoint
+that recorded another value was trained with an objective this version does not have."""
 _ADDED_FIELDS = {"rescale_inputs_to": None}
 """Inference fields added after BAEs were first saved: a cfg.json without one loads with this
 value (what those BAEs did)."""
@@ -124,8 +126,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         surrogate_temperature: T of the sigmoid surrogate (1.0 is the paper's definition).
         entropy_coefficient: a_e, weight of the minibatch entropy in bits.
         covariance_coefficient: a_c, weight of the off-diagonal covariance penalty.
-        firing_coefficient: a_f, weight of the summed minibatch firing rates: the entropy is
-            symmetric in p and 1 - p, and this makes every channel's rare state its 1.
         entropy_off_fraction: first fraction of training with the entropy term off.
         covariance_off_final_fraction: last fraction of training with the covariance term off.
         resample_every: steps between resamplings of constant channels (0: never).
@@ -146,7 +146,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     surrogate_temperature: float = None  # type: ignore[assignment]
     entropy_coefficient: float = None  # type: ignore[assignment]
     covariance_coefficient: float = None  # type: ignore[assignment]
-    firing_coefficient: float = None  # type: ignore[assignment]
     entropy_off_fraction: float = 0.25
     covariance_off_final_fraction: float = 0.0
     resample_every: int = None  # type: ignore[assignment]
@@ -172,7 +171,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             "surrogate_temperature": self.surrogate_temperature > 0,
             "entropy_coefficient": self.entropy_coefficient >= 0,
             "covariance_coefficient": self.covariance_coefficient >= 0,
-            "firing_coefficient": self.firing_coefficient >= 0,
             "entropy_off_fraction": 0.0 <= self.entropy_off_fraction <= 1.0,
             "covariance_off_final_fraction": 0.0 <= self.covariance_off_final_fraction <= 1.0,
             "resample_until_fraction": 0.0 <= self.resample_until_fraction <= 1.0,
@@ -229,7 +227,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         return {
             "entropy": self.entropy_coefficient,
             "covariance": self.covariance_coefficient,
-            "firing": self.firing_coefficient,
         }
 
 

@@ -2,7 +2,7 @@
 rate a BAE trains with; ``default`` is what ``BAETrainingSAEConfig(d_in=...)`` resolves to.
 
 Coefficients are given at d = 2048 and used as a * 2048 / d_in (``scale_with_d``): the
-reconstruction loss is a mean over d_in while the entropy, covariance and firing terms are sums
+reconstruction loss is a mean over d_in while the entropy and covariance terms are sums
 over channels, so a fixed coefficient would weigh the penalties d_in times more at a small width
 than at a large one. How ``default`` was chosen, with the table of every recipe tried, is in
 ``docs/features.md`` (``bae bench recipes``).
@@ -27,7 +27,6 @@ class BAEPreset:
     surrogate_temperature: float
     entropy_coefficient: float
     covariance_coefficient: float
-    firing_coefficient: float = 0.0
     entropy_off_fraction: float = 0.25
     resample_every: int = 0
     resample_until_fraction: float = 0.5
@@ -54,7 +53,6 @@ class BAEPreset:
         return {
             "entropy_coefficient": self.entropy_coefficient * scale,
             "covariance_coefficient": self.covariance_coefficient * scale,
-            "firing_coefficient": self.firing_coefficient * scale,
         }
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sae_lens_bae.reports import write_json
+from sae_lens_bae.saes.bae_config import RETIRED_FIELDS
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -80,7 +81,8 @@ def check_resumable(
     - another number of ranks (``run["world_size"]``) where each rank's data stream is in the
       checkpoint: ``rank_streams`` says why, or the run or the checkpoint reads a cache in
       blocks (``"data": "cache blocks"``);
-    - another model (``model``: the run's config dict against the checkpoint's ``cfg.json``).
+    - another model (``model``: the run's config dict against the checkpoint's ``cfg.json``),
+      or one trained with a term this version does not have (``RETIRED_FIELDS``).
     """
     marker = read_marker(checkpoint)
     wanted = run.get("global_batch_size")
@@ -101,5 +103,11 @@ def check_resumable(
                 raise ValueError(
                     f"{checkpoint} holds a {key}={stored.get(key)} model, these options make "
                     f"{key}={model.get(key)}: resume with the options of the interrupted run"
+                )
+        for key, now in RETIRED_FIELDS.items():
+            if stored.get(key, now) != now:
+                raise ValueError(
+                    f"{checkpoint} was trained with {key}={stored[key]}, a term this version "
+                    "does not have: train again from the start"
                 )
     return marker

@@ -183,7 +183,6 @@ class StackedBAE(nn.Module):
             bits,
             entropy_coefficient=coefficients["entropy"],
             covariance_coefficient=covariance,
-            firing_coefficient=coefficients["firing"],
             entropy_on=schedule.entropy_on(n_training_steps),
         )
         if covariance > 0 and covariance_off is not None and any(covariance_off):
