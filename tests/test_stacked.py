@@ -21,7 +21,7 @@ def binary_mixtures(n_sets, n=1024, d=8, rank=3, dtype=torch.float64):
 TOLERANCES = {"float32": (1e-5, 1e-7), "float64": (1e-9, 1e-12)}
 
 
-# the firing term and resampling must match as well, and so must the learning rate's warm-up
+# resampling must match as well, and so must the learning rate's warm-up
 # (SAELens' scheduler in both): (config fields, trainer arguments)
 OPTIONS = {
     "paper terms": ({"resample_every": 0}, {}),
@@ -288,3 +288,62 @@ def test_one_record_of_codes_serves_one_bae_and_any_rows_of_a_stack():
     single, single_count = means[0].clone(), torch.tensor(4.0)  # one BAE: its buffers as [1, n]
     record_codes(single[None], single_count, bits[:1], bits[:1].mean(1))
     assert torch.equal(single, code_mean[0])
+
+
+@pytest.mark.parametrize("kill_after", [7, 62])  # a member stops at step 57
+def test_a_killed_stacked_run_goes_on_to_the_uninterrupted_weights(tmp_path, monkeypatch,
+                                                                   kill_after):  # fmt: skip
+    """Killed after ``kill_after`` steps (before and after a member converged, with the covariance
+    term's final phase, resampling and a drain hold in play), the same call on the same folder
+    ends with the weights, histories and steps of a run that was never interrupted; a finished
+    run returns without a step; another run's folder is refused in one line."""
+    from sae_lens_bae.training import Convergence
+    from sae_lens_bae.training import stacked as stacked_module
+    from sae_lens_bae.training.deferred import LossHistory
+
+    monkeypatch.setattr(stacked_module, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint every step
+    g = torch.Generator().manual_seed(1)
+    sets = [binary_mixtures(1, rank=rank)[0] for rank in (1, 3)]
+    sets.append(torch.randn(1024, 8, generator=g, dtype=torch.float64))
+    cfg = BAETrainingSAEConfig(
+        d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.125, entropy_coefficient=1e-2,
+        covariance_coefficient=1e-3, resample_every=7, covariance_off_final_fraction=0.25,
+    )  # fmt: skip
+    rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2,
+                       horizon=0.0)  # fmt: skip
+    kwargs = dict(training_samples=60 * 64, batch_size=64, lr=2e-3, progress=False, seeds=[5, 6, 7],
+                  convergence=rule, drain_hold=DrainHold(extra=0.5, check_every=5, window=2,
+                                                         min_fall_bits=0.0))  # fmt: skip
+    whole = train_stacked_baes(sets, cfg, **kwargs)
+    assert min(whole.steps) < max(whole.steps)  # a member stopped before the others
+
+    record, calls = LossHistory.record, []
+
+    def killed(self, *args):
+        calls.append(1)
+        if len(calls) > kill_after:
+            raise KeyboardInterrupt
+        record(self, *args)
+
+    monkeypatch.setattr(LossHistory, "record", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_stacked_baes(sets, cfg, checkpoint=tmp_path / "run", **kwargs)
+    monkeypatch.setattr(LossHistory, "record", record)
+    losses, taken = StackedBAE.losses, []
+
+    def counted(self, *args, **kw):
+        taken.append(1)
+        return losses(self, *args, **kw)
+
+    monkeypatch.setattr(StackedBAE, "losses", counted)
+    resumed = train_stacked_baes(sets, cfg, checkpoint=tmp_path / "run", **kwargs)
+    assert len(taken) == max(whole.steps) - kill_after  # only the steps the killed run had not
+    assert resumed.steps == whole.steps and resumed.histories == whole.histories
+    for ours, theirs in zip(resumed.baes, whole.baes, strict=True):
+        for name, value in theirs.state_dict().items():
+            assert torch.equal(ours.state_dict()[name], value), name
+    monkeypatch.setattr(StackedBAE, "losses", None)  # finished: no step is taken again
+    again = train_stacked_baes(sets, cfg, checkpoint=tmp_path / "run", **kwargs)
+    assert again.steps == whole.steps and torch.equal(again.baes[2].W_enc, whole.baes[2].W_enc)
+    with pytest.raises(ValueError, match=r"holds another run \(other data or settings\)"):
+        train_stacked_baes([x * 2 for x in sets], cfg, checkpoint=tmp_path / "run", **kwargs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from jaxtyping import Float
@@ -206,6 +207,7 @@ def estimate_entropies(
     device: str = "cpu",
     progress: bool = True,
     reference: bool = False,
+    checkpoint: str | Path | None = None,
 ) -> list[CellEntropy]:
     """Train ``recipe.seeds`` BAEs per set (all stacked, see ``train_stacked_baes``; with
     ``recipe.selection.restarts`` > 1, that many per seed, keeping the one of lowest held-out
@@ -231,7 +233,8 @@ def estimate_entropies(
     the error of the decoders as trained). With ``recipe.selection.repair_rounds``, a BAE with
     channels the rest of its code fixes is then retrained without them, and kept if that lowers
     its held-out objective (``entropy.repair``; ``repaired_channels``), before the restarts are
-    compared.
+    compared. ``checkpoint``: a folder the training saves itself to and goes on from when the
+    same call is made again (``train_stacked_baes``), so a killed trace does not train again.
     """
     recipe = recipe or EntropyRecipe()
     if not sets:
@@ -273,6 +276,7 @@ def estimate_entropies(
         lr_end=recipe.optimiser.lr_end,
         adam_beta2=recipe.optimiser.adam_beta2,
         drain_hold=recipe.drain_rule(),
+        checkpoint=checkpoint,
     )
     owner = [index for index in range(len(sets)) for _ in replicas]  # each BAE's set
     trained_errors: dict[int, float | None] = {}

@@ -11,7 +11,11 @@ from sae_lens_bae.activations import LayerActivations, harvest_layer
 from sae_lens_bae.entropy import EntropyRecipe
 from sae_lens_bae.prompts import load_icl_pairs
 
-__all__ = ["LabelledSentences", "LayerData", "recipe_field"]
+__all__ = ["TRAINING_CHECKPOINT", "LabelledSentences", "LayerData", "recipe_field"]
+
+TRAINING_CHECKPOINT = "training-checkpoint"
+"""Where in its output folder a trace's BAE training saves itself until the results are written:
+the same command run again after a kill goes on from there (``train_stacked_baes``)."""
 
 
 def recipe_field(default: EntropyRecipe) -> Any:

@@ -10,6 +10,7 @@ logits of the label words' first tokens at that token.
 from __future__ import annotations
 
 import random
+import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from transformer_lens import HookedTransformer
 from sae_lens_bae.activations import check_layers, gather_states
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.tables import cell_columns, reliability_note
-from sae_lens_bae.experiments.common import LabelledSentences, recipe_field
+from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, LabelledSentences, recipe_field
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_entropy_curves
 from sae_lens_bae.prompts import (
@@ -51,8 +52,10 @@ def trace_icl(
     seed: int = 0,
     progress: bool = True,
     reference: bool = True,
+    checkpoint: Path | None = None,
 ) -> tuple[list[dict[str, Any]], dict[int, float]]:
-    """Rows per (layer, k) with estimated bits and reconstruction, and ICL accuracy per k."""
+    """Rows per (layer, k) with estimated bits and reconstruction, and ICL accuracy per k.
+    ``checkpoint``: where the BAEs' training saves itself (``estimate_entropies``)."""
     recipe.check_samples(n_prompts, f"n_prompts={n_prompts}")
     labels = sorted({label for _, label in pairs})
     ids = first_token_ids(model.tokenizer, labels)
@@ -88,6 +91,7 @@ def trace_icl(
         device=str(model.cfg.device),
         progress=progress,
         reference=reference,
+        checkpoint=checkpoint,
     )
     rows = [
         {"layer": layer, "shots": k, "accuracy": accuracy[k], **cell.summary()}
@@ -146,6 +150,7 @@ def run(cfg: ICLTracingConfig, progress: bool = True) -> dict[str, Any]:
         seed=cfg.seed,
         progress=progress,
         reference=cfg.reference,
+        checkpoint=out / TRAINING_CHECKPOINT,
     )
     summary = {"config": asdict(cfg), "accuracy": accuracy, "cells": rows}
     write_json(out / "icl.json", summary)
@@ -173,4 +178,5 @@ def run(cfg: ICLTracingConfig, progress: bool = True) -> dict[str, Any]:
     )
     note = reliability_note(rows, lambda r: f"layer {r['layer']}, k = {r['shots']}")
     write_text(out / "icl.md", table + "\n" + note)
+    shutil.rmtree(out / TRAINING_CHECKPOINT, ignore_errors=True)  # the results are written
     return summary

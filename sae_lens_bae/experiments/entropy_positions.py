@@ -7,6 +7,7 @@ Take N windows of BOS + 2^K tokens from documents, the hidden states at position
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from sae_lens_bae.activations import check_layers, gather_states
 from sae_lens_bae.data import default_corpus, document_windows, iter_texts
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.tables import cell_columns, reliability_note
-from sae_lens_bae.experiments.common import recipe_field
+from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, recipe_field
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_entropy_curves
 from sae_lens_bae.reports import markdown_table, write_json, write_text
@@ -81,10 +82,12 @@ def trace_positions(
     seed: int = 0,
     progress: bool = True,
     reference: bool = True,
+    checkpoint: Path | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (layer, position 2^j): estimated bits and reconstruction quality.
 
     ``tokens`` rows are BOS + at least 2^K tokens (``sae_lens_bae.data.document_windows``).
+    ``checkpoint``: where the BAEs' training saves itself (``estimate_entropies``).
     """
     positions = [2**j for j in range(max_log2_position + 1)]
     if tokens.shape[1] <= positions[-1]:
@@ -105,6 +108,7 @@ def trace_positions(
         device=str(model.cfg.device),
         progress=progress,
         reference=reference,
+        checkpoint=checkpoint,
     )
     return [
         {"layer": layer, "position": positions[j], **cell.summary()}
@@ -139,6 +143,7 @@ def run(cfg: PositionTracingConfig, progress: bool = True) -> dict[str, Any]:
         seed=cfg.seed,
         progress=progress,
         reference=cfg.reference,
+        checkpoint=out / TRAINING_CHECKPOINT,
     )
     config = {**asdict(cfg), "dataset": str(source), "n_sequences_used": int(tokens.shape[0])}
     summary = {"config": config, "cells": rows}
@@ -156,4 +161,5 @@ def run(cfg: PositionTracingConfig, progress: bool = True) -> dict[str, Any]:
     table = markdown_table(rows, [*_CELL_KEYS, *cell_columns(rows)])
     note = reliability_note(rows, lambda r: f"layer {r['layer']}, position {r['position']}")
     write_text(out / "positions.md", table + "\n" + note)
+    shutil.rmtree(out / TRAINING_CHECKPOINT, ignore_errors=True)  # the results are written
     return summary

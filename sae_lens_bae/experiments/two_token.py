@@ -9,6 +9,7 @@ bits (and at most the plug-in entropy of the N sequences actually sampled, about
 from __future__ import annotations
 
 import math
+import shutil
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -22,7 +23,7 @@ from transformer_lens import HookedTransformer
 from sae_lens_bae.activations import check_layers, gather_states
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.tables import reliability_note
-from sae_lens_bae.experiments.common import recipe_field
+from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, recipe_field
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import error_colour_bar, save_figure, subplots
 from sae_lens_bae.prompts import first_token_ids
@@ -87,9 +88,13 @@ class TwoTokenConfig:
 
 
 def trace_two_token(
-    model: HookedTransformer, cfg: TwoTokenConfig, progress: bool = True
+    model: HookedTransformer,
+    cfg: TwoTokenConfig,
+    progress: bool = True,
+    checkpoint: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per r: BAE estimate, the ceilings r and sample entropy, reconstruction quality."""
+    """One row per r: BAE estimate, the ceilings r and sample entropy, reconstruction quality.
+    ``checkpoint``: where the BAEs' training saves itself (``estimate_entropies``)."""
     check_layers(model, [cfg.layer])
     cfg.recipe.check_samples(cfg.n_samples, f"n_samples={cfg.n_samples}")
     ids = first_token_ids(model.tokenizer, list(cfg.words))
@@ -117,6 +122,7 @@ def trace_two_token(
         seeds=[cfg.seed] * len(sets),
         device=str(model.cfg.device),
         progress=progress,
+        checkpoint=checkpoint,
     )
     return [
         {
@@ -135,7 +141,7 @@ def run(cfg: TwoTokenConfig, progress: bool = True) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)  # before any work: an unusable folder fails now
     model = load_model(cfg.model, device=cfg.device)
-    rows = trace_two_token(model, cfg, progress=progress)
+    rows = trace_two_token(model, cfg, progress=progress, checkpoint=out / TRAINING_CHECKPOINT)
     summary = {"config": asdict(cfg), "results": rows}
     write_json(out / "two_token.json", summary)
     plot_two_token_benchmark(
@@ -158,6 +164,7 @@ def run(cfg: TwoTokenConfig, progress: bool = True) -> dict[str, Any]:
     write_text(
         out / "two_token.md", f"{table}\nevery estimate within its ceiling: {verdict}\n\n{note}"
     )
+    shutil.rmtree(out / TRAINING_CHECKPOINT, ignore_errors=True)  # the results are written
     return summary
 
 

@@ -1,9 +1,10 @@
 """Training: any SAELens architecture on cached activations through SAELens' ``SAETrainer``, many
 small BAEs at once (``stacked``), transcoders, and the baselines a BAE is compared with."""
 
+from sae_lens_bae.saes.stacked import StackedBAE
 from sae_lens_bae.training.baselines import BASELINES, TRAINED_BASELINES, baseline_configs
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
-from sae_lens_bae.training.stacked import StackedBAE, StackedTraining, train_stacked_baes
+from sae_lens_bae.training.stacked import StackedTraining, train_stacked_baes
 from sae_lens_bae.training.trainer import (
     RecordingTrainer,
     TrainingRun,

@@ -1,9 +1,10 @@
 """Checkpoints that a killed run can trust: complete ones carry a marker written last.
 
 SAELens writes a checkpoint as several files; a run killed while writing one leaves a folder
-that looks like a checkpoint but is not. Both training paths (``train_sae`` and ``bae train``)
-write ``checkpoint_complete.json`` (atomically) after every other file of a checkpoint, and
-resuming picks the newest folder that has it.
+that looks like a checkpoint but is not. Every training path (``train_sae``, ``bae train`` and
+``train_stacked_baes``) writes ``checkpoint_complete.json`` (atomically) after every other file
+of a checkpoint, resuming picks the newest folder that has it, and ``check_resumable`` is the one
+rule for whether a run may go on from it.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def check_resumable(
     - another number of ranks (``run["world_size"]``) where each rank's data stream is in the
       checkpoint: ``rank_streams`` says why, or the run or the checkpoint reads a cache in
       blocks (``"data": "cache blocks"``);
+    - another run where the run says what its inputs are (``run["inputs"]``: a fingerprint of
+      its data and settings, against the marker's);
     - another model (``model``: the run's config dict against the checkpoint's ``cfg.json``),
       or one trained with a term this version does not have (``RETIRED_FIELDS``).
     """
@@ -91,6 +94,11 @@ def check_resumable(
         raise ValueError(
             f"The checkpoint was trained on global minibatches of {saved} rows, this run makes "
             f"{wanted} (ranks x batch_size): resume with batch_size x ranks = {saved}"
+        )
+    if marker.get("inputs") != run.get("inputs"):
+        raise ValueError(
+            f"{checkpoint} holds another run (other data or settings): use another folder, or "
+            "delete it to start again"
         )
     if rank_streams is None and "cache blocks" in (marker.get("data"), run.get("data")):
         rank_streams = "a cache is read in blocks, one per rank"

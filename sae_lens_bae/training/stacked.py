@@ -1,225 +1,62 @@
-"""Many small BAEs trained as one stacked module.
+"""Many small BAEs trained as one ``StackedBAE``, with a stop rule, a drain hold and checkpoints.
 
-Entropy tracing needs dozens to hundreds of small BAEs (one per layer and position) on states of
-the same forward passes; stacked, they are one set of ``[G, ...]`` weights. The result equals G
-separate ``train_sae`` runs with the same seeds and data order: each BAE is initialised as
-``train_sae`` initialises it, sees its own minibatches and minibatch statistics, and has its
-gradient clipped to norm 1 on its own, as SAELens' ``SAETrainer`` does (Adam is elementwise, so
-one optimiser over stacked weights updates each BAE as its own would).
+The result equals G separate ``train_sae`` runs with the same seeds and data order: each BAE is
+initialised as ``train_sae`` initialises it, sees its own minibatches and minibatch statistics,
+and has its gradient clipped to norm 1 on its own, as SAELens' ``SAETrainer`` does (Adam is
+elementwise, so one optimiser over stacked weights updates each BAE as its own would).
+
+With a ``checkpoint`` folder the run saves everything it would need to go on (weights, Adam, the
+learning-rate schedule, the loop's ``_Progress``, the stop rule's checks and the loss histories)
+every ``CHECKPOINT_SECONDS`` and when it ends; the same call on the same folder then goes on from
+there, to the weights of a run that was never interrupted, or returns the finished BAEs at once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import NamedTuple
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from jaxtyping import Float
 from sae_lens.training.optim import get_lr_scheduler
-from torch import Tensor, nn
-from tqdm.auto import trange
+from torch import Tensor
+from tqdm.auto import tqdm
 
-from sae_lens_bae.losses import bae_objective, binary_entropy, total_loss
+from sae_lens_bae.losses import binary_entropy, total_loss
 from sae_lens_bae.saes.bae import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
     BAETrainingSAE,
     BAETrainingSAEConfig,
 )
-from sae_lens_bae.saes.binary import (
-    RUNNING_MEAN_BUFFERS,
-    apply_keeping_dtypes,
-    bits_to_values,
-    record_codes,
-    step,
+from sae_lens_bae.saes.binary import step
+from sae_lens_bae.saes.stacked import StackedBAE
+from sae_lens_bae.training.checkpoints import (
+    COMPLETE_MARKER,
+    check_resumable,
+    mark_complete,
+    read_marker,
 )
-from sae_lens_bae.saes.resampling import resample_members
-from sae_lens_bae.saes.schedule import Schedule
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
 from sae_lens_bae.training.deferred import LossHistory, progress_bits, sets_on_device
 from sae_lens_bae.training.trainer import activation_batches
 
-__all__ = ["StackedBAE", "StackedTraining", "train_stacked_baes"]
+__all__ = ["CHECKPOINT_SECONDS", "StackedBAE", "StackedTraining", "train_stacked_baes"]
 
-_PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec")
 _DRAIN_CHECK_ROWS = 8192
 """Check states a drain hold reads (without a convergence rule): a code's entropy on them moves
 by well under a bit between checks; checking a large set whole costs more than the steps."""
 
+CHECKPOINT_SECONDS = 600.0
+"""Wall time between two checkpoints of a run with a ``checkpoint`` folder: a stack of a few
+hundred BAEs with their Adam states is gigabytes, so not every few steps."""
 
-class StackedBAE(nn.Module):
-    """G BAEs with one config, stacked along a leading dimension of every weight, each
-    initialised as its seed's, or from ``init`` (BAEs of ``cfg``'s shape, one per seed)."""
-
-    def __init__(
-        self,
-        cfg: BAETrainingSAEConfig,
-        seeds: Sequence[int],
-        init: Sequence[BAETrainingSAE] | None = None,
-    ) -> None:
-        super().__init__()
-        if cfg.normalize_activations != "none":
-            raise ValueError(
-                "StackedBAE trains on activations as given; normalise them beforehand "
-                f"(got normalize_activations={cfg.normalize_activations!r})"
-            )
-        if cfg.rescale_inputs_to is not None:
-            raise ValueError(
-                "StackedBAE trains on activations as given; scale them beforehand "
-                "(entropy.normalise_scale) and leave rescale_inputs_to=None "
-                f"(got {cfg.rescale_inputs_to!r})"
-            )
-        self.cfg = cfg
-        self.schedule: Schedule | None = None  # resolved by the trainer, else on the first step
-        members = [] if init is None else list(init)
-        if init is not None and len(members) != len(seeds):
-            raise ValueError(f"{len(seeds)} seeds but {len(members)} BAEs to start from")
-        for seed in seeds if init is None else ():  # as train_sae(..., seed=seed) initialises
-            with torch.random.fork_rng():
-                torch.manual_seed(seed)
-                members.append(BAETrainingSAE(cfg))
-        for name in _PARAMS:
-            tensors = [getattr(m, name) for m in members]
-            if tensors[0] is None:
-                self.register_parameter(name, None)
-            else:
-                setattr(self, name, nn.Parameter(torch.stack([t.detach() for t in tensors])))
-        self.register_buffer("code_mean", torch.stack([m.code_mean for m in members]))
-        self.register_buffer("code_mean_count", torch.zeros(()))
-        self.n_models = len(members)
-        if cfg.resample_every > 0:  # per BAE, as BAETrainingSAE keeps them
-            self.register_buffer(
-                "window_counts", torch.zeros(len(members), cfg.n_bits, dtype=torch.int64)
-            )
-            self.register_buffer("window_samples", torch.zeros((), dtype=torch.int64))
-
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> StackedBAE:
-        """As ``BAETrainingSAE``: a cast leaves the running mean codes in fp32."""
-        apply_keeping_dtypes(
-            lambda: super(StackedBAE, self)._apply(fn, recurse), self._buffers, RUNNING_MEAN_BUFFERS
-        )
-        return self
-
-    def _weight(self, name: str, members: Tensor | None) -> Tensor:
-        """A stacked weight, or its rows for ``members`` only (gradients flow to those rows)."""
-        weight = getattr(self, name)
-        return weight if members is None else weight[members]
-
-    def decode(
-        self, bits: Float[Tensor, "G batch n_bits"], members: Tensor | None = None
-    ) -> Float[Tensor, "G batch d_in"]:
-        """Decode each BAE's bits (``members``: the stack rows they belong to; default all)."""
-        values = bits_to_values(bits, self.cfg.bits)
-        b_dec = self._weight("b_dec", members)
-        return torch.baddbmm(b_dec.unsqueeze(1), values, self._weight("W_dec", members))
-
-    @torch.no_grad()
-    def resample(
-        self, x: Float[Tensor, "G batch d_in"], members: Tensor | None = None
-    ) -> list[int]:
-        """``BAETrainingSAE.resample`` for every BAE of the stack (or of ``members``), each on its
-        own minibatch."""
-        x = x.to(self.W_enc.dtype)
-        residuals = x - self.decode(step(self.hidden_pre(x, members)), members)
-        b_dec = self._weight("b_dec", members)
-        inputs = x - b_dec.unsqueeze(1) if self.cfg.apply_b_dec_to_input else x
-        rows = range(self.n_models) if members is None else members.tolist()
-        # a converged BAE keeps the counts it stopped with: only the members' rows restart
-        b_enc = None if self.b_enc is None else self.b_enc.data
-        return resample_members(
-            self.W_enc.data, b_enc, self.W_dec.data, inputs, residuals, self.window_counts,
-            self.window_samples, self.code_mean, members=rows, bits_per_feature=self.cfg.bits,
-        )  # fmt: skip
-
-    def hidden_pre(
-        self, x: Float[Tensor, "G batch d_in"], members: Tensor | None = None
-    ) -> Float[Tensor, "G batch n_bits"]:
-        """Pre-activations of every BAE (or of the stack rows ``members``) on its own inputs."""
-        n = self.n_models if members is None else len(members)
-        if x.shape[0] != n or x.shape[-1] != self.cfg.d_in:
-            raise ValueError(
-                f"Expected activations of shape [{n}, batch, {self.cfg.d_in}], got {tuple(x.shape)}"
-            )
-        x = x.to(self.W_enc.dtype)
-        if self.cfg.apply_b_dec_to_input:
-            x = x - self._weight("b_dec", members).unsqueeze(1)
-        w_enc = self._weight("W_enc", members)
-        if self.b_enc is None:
-            return torch.bmm(x, w_enc)
-        return torch.baddbmm(self._weight("b_enc", members).unsqueeze(1), x, w_enc)  # one kernel
-
-    def losses(
-        self,
-        x: Float[Tensor, "G batch d_in"],
-        n_training_steps: int,
-        members: Tensor | None = None,
-        covariance_off: Sequence[bool] | None = None,
-        resample: bool = True,
-    ) -> dict[str, Tensor]:
-        """Per-BAE loss terms of ``bae_objective`` (each of shape [G]); resamples constant
-        channels and updates the running mean codes, as one BAE's training step does.
-        ``members``: train only these stack rows (``x`` holds their minibatches): the others
-        cost nothing and get no gradient. ``covariance_off``: per row of ``x``, whether that
-        BAE trains without the covariance term (its final phase after it converged).
-        ``resample``: False on a second step at the same ``n_training_steps`` (a held schedule),
-        which must not resample again."""
-        cfg = self.cfg
-        if self.schedule is None:
-            self.schedule = cfg.schedule()
-        schedule = self.schedule
-        if resample and schedule.resamples_before(n_training_steps):
-            self.resample(x, members)
-        bits = step(self.hidden_pre(x, members), cfg.surrogate, cfg.surrogate_temperature)
-        out = self.decode(bits, members)
-        coefficients = cfg.coefficients()
-        covariance = coefficients["covariance"] * schedule.covariance_on(n_training_steps)
-        if covariance_off is not None and all(covariance_off):
-            covariance = 0.0  # no member pays it: not computed at all
-        terms = bae_objective(
-            x,
-            out,
-            bits,
-            entropy_coefficient=coefficients["entropy"],
-            covariance_coefficient=covariance,
-            entropy_on=schedule.entropy_on(n_training_steps),
-        )
-        if covariance > 0 and covariance_off is not None and any(covariance_off):
-            off = torch.tensor(list(covariance_off), device=x.device)
-            terms["covariance_loss"] = terms["covariance_loss"].masked_fill(off, 0.0)
-        counting = schedule.window_counted(n_training_steps)  # none past the last resampling
-        window = (self.window_counts, self.window_samples) if counting else None
-        batch_mean = terms.pop("batch_mean_code")
-        record_codes(self.code_mean, self.code_mean_count, bits, batch_mean, window, members)
-        return terms
-
-    @torch.no_grad()
-    def clip_grad_norms_(self, max_norm: float = 1.0) -> Tensor:
-        """Clip each BAE's gradient to ``max_norm`` separately (as SAETrainer clips one BAE)."""
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        norms = torch.stack([g.flatten(1).pow(2).sum(1) for g in grads]).sum(0).sqrt()
-        scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-        for g in grads:
-            g.mul_(scale.view(-1, *([1] * (g.ndim - 1))))
-        return norms
-
-    def unstack(self) -> list[BAETrainingSAE]:
-        """The G BAEs as ordinary (SAELens) ``BAETrainingSAE`` objects."""
-        members = []
-        for g in range(self.n_models):
-            sae = BAETrainingSAE(self.cfg)
-            state = {
-                name: getattr(self, name)[g] for name in _PARAMS if getattr(self, name) is not None
-            }
-            state["code_mean"] = self.code_mean[g]
-            state["code_mean_count"] = self.code_mean_count
-            if self.cfg.resample_every > 0:
-                state["window_counts"] = self.window_counts[g]
-                state["window_samples"] = self.window_samples
-            sae.load_state_dict(state)
-            members.append(sae)
-        return members
+_STATE_FILE = "stacked_state.pt"
 
 
 class StackedTraining(NamedTuple):
@@ -229,6 +66,34 @@ class StackedTraining(NamedTuple):
     baes: list[BAETrainingSAE]
     histories: list[dict[str, list[float]]]
     steps: list[int]
+
+
+@dataclass
+class _Progress:
+    """Everything the loop changes besides the weights, Adam and the lr schedule."""
+
+    active: list[int]
+    """The BAEs still training: the only ones computed."""
+    drain_entropies: list[list[float]]
+    """Each BAE's code entropy at every drain-hold check."""
+    n: int = 0
+    """Steps taken (held ones included)."""
+    clock: int = 0
+    """The schedule's step: it stands still while a drain hold holds it."""
+    holding: bool = False
+    """Whether the drain hold holds the schedule now."""
+    fresh: bool = True
+    """Whether this step's clock is new (a held step must not resample again)."""
+    frozen: dict[int, list[Tensor]] = field(default_factory=dict)
+    """The weights of each BAE that stopped (Adam's momentum would still move them)."""
+    taken: dict[int, int] = field(default_factory=dict)
+    """The steps each stopped BAE trained."""
+    ends: dict[int, int] = field(default_factory=dict)
+    """BAEs that converged with the covariance term on: the clock they train to without it."""
+
+    def drawn(self, g: int) -> int:
+        """Minibatches BAE ``g`` has taken from its stream."""
+        return self.taken.get(g, self.n)
 
 
 @torch.no_grad()
@@ -243,6 +108,49 @@ def _check(
     squares = states.double().pow(2).sum(dim=(1, 2)).clamp_min(1e-30)
     entropy = binary_entropy(bits.float().mean(1))
     return (sse / squares).tolist(), entropy.tolist()
+
+
+def _fingerprint(sets: Sequence[Tensor], settings: dict[str, Any]) -> str:
+    """What makes two calls the same run: the settings and every set's shape and sums (a
+    checkpoint of another run in the same folder is refused, not continued)."""
+    digest = hashlib.sha256(repr(sorted(settings.items())).encode())
+    for x in sets:
+        sums = (x.double().sum().item(), x.double().abs().sum().item())
+        digest.update(repr((tuple(x.shape), sums)).encode())
+    return digest.hexdigest()[:16]
+
+
+class _Checkpoint:
+    """The run's checkpoint folder: one state file, written to a temporary name and renamed, and
+    the marker written last (``training.checkpoints``)."""
+
+    def __init__(self, folder: Path, run: dict[str, Any]) -> None:
+        self.folder, self.run = folder, run
+        self.saved_at = time.monotonic()
+        self.finished = False
+
+    def load(self) -> dict[str, Any] | None:
+        """The saved state, or None where there is none (a folder whose first save was cut
+        short has none either); refuses another run's (``check_resumable``)."""
+        if not (self.folder / COMPLETE_MARKER).is_file():
+            return None
+        check_resumable(self.folder, self.run)
+        self.finished = bool(read_marker(self.folder).get("finished"))
+        return torch.load(self.folder / _STATE_FILE, weights_only=False)
+
+    def due(self) -> bool:
+        return time.monotonic() - self.saved_at >= CHECKPOINT_SECONDS
+
+    def save(self, state: dict[str, Any], finished: bool) -> None:
+        """The state file replaced whole (a kill leaves the last one), then the marker."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.folder / (_STATE_FILE + ".partial")
+        torch.save(state, partial)
+        partial.replace(self.folder / _STATE_FILE)
+        steps = state["progress"].n
+        info = {"n_training_steps": steps, "n_training_samples": steps * self.run["batch_size"]}
+        mark_complete(self.folder, **self.run, **info, finished=finished)
+        self.saved_at = time.monotonic()
 
 
 def train_stacked_baes(
@@ -263,6 +171,7 @@ def train_stacked_baes(
     adam_beta2: float = 0.999,
     drain_hold: DrainHold | None = None,
     init: Sequence[BAETrainingSAE] | None = None,
+    checkpoint: str | Path | None = None,
 ) -> StackedTraining:
     """Train one BAE per activation set, all at once; returns the BAEs, per-BAE histories and
     the steps each trained.
@@ -284,6 +193,8 @@ def train_stacked_baes(
     schedule (learning rate and the step its phases read) stands still, for at most
     ``drain_hold.extra`` times the budget in held steps; ``steps`` then counts them too.
     ``init``: BAEs to train on from, one per set; ``seeds`` then only order the minibatches.
+    ``checkpoint``: a folder the run saves itself to (see the module) and goes on from; a
+    checkpoint of another run there (other sets or settings) is refused in one line.
     """
     sets = list(activations)
     seeds = list(range(len(sets))) if seeds is None else list(seeds)
@@ -304,11 +215,6 @@ def train_stacked_baes(
         lr_end=lr if lr_end is None else lr_end,
         num_cycles=1,
     )
-    # no wait for the device a step: minibatches gathered on it, losses read in blocks
-    on_device = sets_on_device(sets, device)
-    streams = [
-        activation_batches(x, batch_size, seed=s) for x, s in zip(on_device, seeds, strict=True)
-    ]
     history = LossHistory(len(sets))
     # neither the objective's nor the learning rate's ramp is evidence of a plateau or a drain
     schedule = model.schedule = cfg.schedule()
@@ -324,66 +230,124 @@ def train_stacked_baes(
             rows = min(rows, _DRAIN_CHECK_ROWS)
         checks = torch.stack([x[:rows].float() for x in chosen]).to(device)
     limit = n_steps + (drain_hold.extra_steps(n_steps) if drain_hold is not None else 0)
-    drain_entropies: list[list[float]] = [[] for _ in sets]
-    holding, fresh = False, True
-    frozen: dict[int, list[Tensor]] = {}
-    taken: dict[int, int] = {}  # the steps a stopped BAE trained
-    active = list(range(len(sets)))  # the BAEs still training: the only ones computed
-    members: Tensor | None = None  # None while every BAE trains (no indexing at all)
+    run = _Progress(active=list(range(len(sets))), drain_entropies=[[] for _ in sets])
+    saver = None
+    if checkpoint is not None:
+        settings = {
+            "cfg": repr(cfg),
+            "seeds": seeds,
+            "steps": n_steps,
+            "schedule": (lr, lr_warm_up_steps, lr_scheduler_name, lr_end, adam_beta2),
+            "rules": (repr(convergence), repr(drain_hold), init is not None),
+            "checks": None if checks is None else checks.double().sum().item(),
+        }
+        inputs = _fingerprint(sets, settings)
+        saver = _Checkpoint(
+            Path(checkpoint),
+            {
+                "global_batch_size": batch_size,
+                "batch_size": batch_size,
+                "world_size": 1,
+                "inputs": inputs,
+            },
+        )
+        saved = saver.load()
+        if saved is not None:
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            scheduler.load_state_dict(saved["scheduler"])
+            run, history.histories = saved["progress"], saved["histories"]
+            if monitor is not None:
+                monitor.errors, monitor.entropies = saved["checks"][:2]
+                monitor.converged_at = saved["checks"][2]
+
+    def state() -> dict[str, Any]:
+        history.flush()
+        return {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "progress": run,
+            "histories": history.histories,
+            "checks": None
+            if monitor is None
+            else (monitor.errors, monitor.entropies, monitor.converged_at),
+        }
+
+    # no wait for the device a step: minibatches gathered on it, losses read in blocks
+    on_device = sets_on_device(sets, device)
+    streams = [
+        activation_batches(x, batch_size, seed=s, start=run.drawn(g))
+        for g, (x, s) in enumerate(zip(on_device, seeds, strict=True))
+    ]
+    # None while every BAE trains (no indexing at all)
+    members = None if len(run.active) == len(sets) else torch.tensor(run.active, device=device)
     final = cfg.covariance_off_final_fraction
-    ends: dict[int, int] = {}  # converged with the covariance term on: trains to then without it
-    clock = 0  # the schedule's step: it stands still while a drain hold holds it
-    n = -1
-    bar = trange(limit, desc=f"Training {len(sets)} stacked BAEs", disable=not progress)
-    for n in bar:
-        batch = torch.stack([next(streams[g]) for g in active]).to(device)
-        off = [g in ends for g in active] if ends else None
-        losses = model.losses(batch, clock, members, off, resample=fresh)
-        fresh = not holding  # a held step leaves the clock where it is
+    finished = len(run.frozen) == len(sets) or run.clock == n_steps
+    bar = tqdm(
+        range(run.n, limit),
+        total=limit,
+        initial=run.n,
+        desc=f"Training {len(sets)} stacked BAEs",
+        disable=not progress or finished,
+    )
+    for n in bar if not finished else ():
+        batch = torch.stack([next(streams[g]) for g in run.active]).to(device)
+        off = [g in run.ends for g in run.active] if run.ends else None
+        losses = model.losses(batch, run.clock, members, off, resample=run.fresh)
+        run.fresh = not run.holding  # a held step leaves the clock where it is
         total_loss(losses).sum().backward()
         model.clip_grad_norms_(1.0)
         optimizer.step()
-        if not holding:
+        if not run.holding:
             scheduler.step()
-            clock += 1
+            run.clock += 1
         optimizer.zero_grad()
-        for g, weights in frozen.items():  # Adam's momentum would still move a converged BAE
+        for g, weights in run.frozen.items():  # Adam's momentum would still move a stopped BAE
             for parameter, kept in zip(model.parameters(), weights, strict=True):
                 parameter.data[g] = kept
-        history.record(active, losses)
-        stopping = [g for g in active if ends.get(g) == clock]
+        history.record(run.active, losses)
+        run.n = n + 1
+        stopping = [g for g in run.active if run.ends.get(g) == run.clock]
         converging = monitor is not None and monitor.due(n)
         draining = drain_hold is not None and (n + 1) % drain_hold.check_every == 0
         if checks is not None and (converging or draining):
             errors, entropies = [math.nan] * len(sets), [math.nan] * len(sets)
             rows = checks if members is None else checks[members]
-            for g, error, bits in zip(active, *_check(model, rows, members), strict=True):
+            for g, error, bits in zip(run.active, *_check(model, rows, members), strict=True):
                 errors[g], entropies[g] = error, bits
             if draining and drain_hold is not None:
-                for g in active:
-                    drain_entropies[g].append(entropies[g])
+                for g in run.active:
+                    run.drain_entropies[g].append(entropies[g])
                 # only once the objective is whole, before the final phase, and never so long
                 # that the rest of the schedule would not fit in the steps left
-                room = limit - (n + 1) - drain_hold.check_every >= n_steps - clock
-                falling = any(drain_hold.draining(drain_entropies[g]) for g in active)
-                holding = room and falling and clock >= ramp_end and schedule.covariance_on(clock)
-                shown = progress_bits([entropies[g] for g in active])  # read at the check
-                bar.set_postfix(held=n + 1 - clock, bits=shown, refresh=False)
+                room = limit - (n + 1) - drain_hold.check_every >= n_steps - run.clock
+                falling = any(drain_hold.draining(run.drain_entropies[g]) for g in run.active)
+                whole = run.clock >= ramp_end and schedule.covariance_on(run.clock)
+                run.holding = room and falling and whole
+                shown = progress_bits([entropies[g] for g in run.active])  # read at the check
+                bar.set_postfix(held=n + 1 - run.clock, bits=shown, refresh=False)
             if converging and monitor is not None:
-                for g in monitor.update(clock - 1, errors, entropies):
-                    if final > 0 and clock < n_steps and schedule.covariance_on(clock):
+                for g in monitor.update(run.clock - 1, errors, entropies):
+                    if final > 0 and run.clock < n_steps and schedule.covariance_on(run.clock):
                         # the last fraction of its training without the term, as without the rule
-                        ends[g] = min(n_steps, clock + math.ceil(final / (1 - final) * clock))
+                        more = math.ceil(final / (1 - final) * run.clock)
+                        run.ends[g] = min(n_steps, run.clock + more)
                     else:
                         stopping.append(g)
         for g in stopping:
-            frozen[g] = [p.data[g].clone() for p in model.parameters()]
-            taken[g] = n + 1
-        if len(frozen) == len(sets) or clock == n_steps:
-            break
+            run.frozen[g] = [p.data[g].clone() for p in model.parameters()]
+            run.taken[g] = n + 1
         if stopping:
-            active = [g for g in active if g not in frozen]
-            members = torch.tensor(active, device=device)
+            run.active = [g for g in run.active if g not in run.frozen]
+            members = torch.tensor(run.active, device=device) if run.active else None
+        finished = len(run.frozen) == len(sets) or run.clock == n_steps
+        if finished:
+            break
+        if saver is not None and saver.due():
+            saver.save(state(), finished=False)
+    if saver is not None and not saver.finished:
+        saver.save(state(), finished=True)
     history.flush()
-    steps = [taken.get(g, n + 1) for g in range(len(sets))]
+    steps = [run.taken.get(g, run.n) for g in range(len(sets))]
     return StackedTraining([sae.to(device) for sae in model.unstack()], history.histories, steps)
