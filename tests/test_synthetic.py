@@ -142,6 +142,36 @@ def test_run_writes_json_table_and_plots(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_grid_killed_inside_a_group_goes_on_from_its_checkpoint(tmp_path, monkeypatch):
+    """Killed while a group's BAEs train, the grid run again takes only the steps left of that
+    group and writes the rows of a run that was never interrupted."""
+    from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT
+    from sae_lens_bae.training import stacked
+    from sae_lens_bae.training.deferred import LossHistory
+
+    monkeypatch.setattr(stacked, "CHECKPOINT_SECONDS", 0.0)
+    preset = replace(PRESETS["test"], ablation=False,
+                     recipe=PRESETS["test"].recipe.changed(steps=40, repair_rounds=0))  # fmt: skip
+    whole = run_preset(preset, tmp_path / "a", progress=False)
+    record, calls = LossHistory.record, []
+
+    def killed(self, *args):
+        calls.append(1)
+        if len(calls) > 25:
+            raise KeyboardInterrupt
+        record(self, *args)
+
+    monkeypatch.setattr(LossHistory, "record", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_preset(preset, tmp_path / "b", progress=False)
+    assert (tmp_path / "b" / TRAINING_CHECKPOINT).is_dir()
+    calls.clear()
+    monkeypatch.setattr(LossHistory, "record", lambda self, *a: calls.append(1) or record(self, *a))
+    assert run_preset(preset, tmp_path / "b", progress=False) == whole
+    assert len(calls) == max(row["steps"] for row in whole) - 25
+    assert not (tmp_path / "b" / TRAINING_CHECKPOINT).exists()
+
+
 def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, monkeypatch):
     """The outputs are written after each (expansion, objective) group; run again, the same grid
     trains only the groups the file lacks; another grid is refused unless told not to resume."""
@@ -195,6 +225,7 @@ def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, mon
         "patience": 5,
         "convergence_horizon": 1.0,
         "lr_scheduler_name": "constant",
+        "target_variance": 0.5,
     }  # fields since fixed, recorded at those values
     recorded = {**final, "preset": {**final["preset"], "recipe": {
         **final["preset"]["recipe"], **inlined}}}  # fmt: skip

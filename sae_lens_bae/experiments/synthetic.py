@@ -8,6 +8,7 @@ BAE of one (expansion, objective) cell is trained in one ``StackedBAE``.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.entropy import estimate_entropies
+from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT
 from sae_lens_bae.experiments.synthetic_presets import PRESETS, SyntheticPreset, tolerance
 from sae_lens_bae.experiments.synthetic_report import (
     earlier_rows,
@@ -182,7 +184,9 @@ def run_preset(
     The outputs are rewritten after each (expansion, objective) group, one stacked training of
     every cell: a paper-scale grid takes hours on a GPU, and an interrupted run keeps the groups it
     finished. With ``resume``, groups that ``out_dir/synthetic.json`` already holds for this same
-    grid (preset and recipe equal) are kept and not trained again."""
+    grid (preset and recipe equal) are kept and not trained again, and the group that was training
+    goes on from its last checkpoint (``out_dir/training-checkpoint``, removed once the group's
+    rows are written)."""
     out = Path(out_dir) if out_dir is not None else None
     cells = [(r, seed) for r in preset.ranks for seed in preset.seeds]
     groups = preset.groups
@@ -200,6 +204,9 @@ def run_preset(
         if (expansion, objective) in done:
             continue
         recipe = preset.recipe.changed(expansion=expansion, objective=objective)
+        checkpoint = None if out is None else out / TRAINING_CHECKPOINT
+        if checkpoint is not None and not resume:
+            shutil.rmtree(checkpoint, ignore_errors=True)
         estimates = estimate_entropies(
             [data[cell][0] for cell in cells],
             recipe,
@@ -208,6 +215,7 @@ def run_preset(
             normalise=False,  # the recipe's coefficients were set on this data's own scale
             device=device,
             progress=progress,
+            checkpoint=checkpoint,
         )
         for (r, seed), cell in zip(cells, estimates, strict=True):
             train, test, test_bits = data[(r, seed)]
@@ -237,8 +245,9 @@ def run_preset(
                 label = f"{'with' if objective else 'without'} objective, {expansion}x"
                 dynamics[label] = thin_history(cell.history)
         rows.sort(key=lambda row: groups.index((row["expansion"], row["objective"])))
-        if out is not None:
+        if out is not None and checkpoint is not None:
             write_outputs(preset, rows, dynamics, out)
+            shutil.rmtree(checkpoint, ignore_errors=True)  # the group's rows are written
     if out is not None and len(done) == len(groups):  # nothing trained: the report, rewritten
         write_outputs(preset, rows, dynamics, out)
     return rows
