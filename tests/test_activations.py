@@ -87,6 +87,7 @@ def test_drop_outliers():
     assert drop_outliers(x, None)[1] == 0
 
 
+@pytest.mark.slow
 def test_training_from_cache_matches_live_training(
     tiny_llama, token_dataset, runner_kwargs, tmp_path
 ):

@@ -69,6 +69,7 @@ def test_the_convergence_rule_stops_early_on_an_easy_set():
     assert full.steps == 900
 
 
+@pytest.mark.slow
 def test_a_translated_set_reads_the_same_entropy():
     """Entropy does not change when every state moves by one vector. LLM states share a large
     mean; scaled by their mean squared norm (the rule until 2026-11-25) this 4-bit set, moved 10

@@ -325,6 +325,7 @@ def test_an_interrupted_write_leaves_the_previous_file(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
 
 
+@pytest.mark.slow
 def test_quickstart_pipeline_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
     out = tmp_path / "report"
     result = runner.invoke(

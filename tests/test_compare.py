@@ -38,6 +38,7 @@ def test_gated_relu_gate_training_and_round_trip(tmp_path):
         GatedReLUTrainingSAEConfig(d_in=8, d_sae=16, gate_threshold=-1.0)
 
 
+@pytest.mark.slow
 def test_compare_trains_every_baseline_and_writes_the_table(
     tiny_hf_llama_dir, tiny_corpus, tmp_path
 ):
@@ -84,6 +85,7 @@ def test_compare_trains_every_baseline_and_writes_the_table(
         CompareConfig(baselines=("standard", "gated"))
 
 
+@pytest.mark.slow
 def test_recipe_study_on_the_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
     from sae_lens_bae.experiments import recipes
 

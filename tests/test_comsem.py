@@ -62,6 +62,7 @@ def compare_out(tiny_hf_llama_dir, tiny_corpus, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_compare_gains_comsem_columns(compare_out):
     summary = json.loads((compare_out / "compare.json").read_text())
     table = (compare_out / "compare.md").read_text()

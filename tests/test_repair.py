@@ -127,6 +127,7 @@ def test_a_stack_starts_from_the_baes_it_is_given():
         StackedBAE(recipe.config(3), [7, 8], init=[bae])
 
 
+@pytest.mark.slow
 def test_repair_turns_a_three_in_four_code_into_the_axis_code():
     """The 3-in-4 code reads 4 bits for 3 with exact reconstruction; knocked out of one
     channel and trained on, the other three re-encode the bits as the axes (the only three
@@ -160,6 +161,7 @@ def test_an_axis_code_is_left_as_it_is():
     assert baes[0] is bae
 
 
+@pytest.mark.slow
 def test_estimate_entropies_reads_a_three_in_four_code_after_its_repair(monkeypatch):
     """The grid's training is replaced by the hand-made 3-in-4 BAE: the cell reads the set's 3
     bits, says which channel went and how many steps the repair took."""

@@ -120,6 +120,7 @@ def test_bar_on_hand_made_results():
     assert not passes_bar(ablation[:2], min_seeds=2)["ablation_ok"]
 
 
+@pytest.mark.slow
 def test_run_writes_json_table_and_plots(tmp_path):
     rows = run_preset(PRESETS["test"], tmp_path, progress=False)
     assert len(rows) == 2 * len(PRESETS["test"].ranks)
