@@ -17,6 +17,7 @@ ROOT = Path(sae_lens_bae.__file__).parent
 PACKAGE = "sae_lens_bae"
 
 FLOORS = {
+    "sae_lens_bae.checks": 0,
     "sae_lens_bae.covariance": 0,
     "sae_lens_bae.covariance_products": 0,
     "sae_lens_bae.fused_covariance": 0,

@@ -26,7 +26,8 @@ from sae_lens_bae import (
 )
 from sae_lens_bae.activations import META_FILE, check_hooks
 from sae_lens_bae.data import load_token_dataset
-from sae_lens_bae.features import top_k_records
+from sae_lens_bae.experiments.quickstart import QuickstartConfig
+from sae_lens_bae.features import FeatureRecords, top_k_records
 from sae_lens_bae.saes.bae import BAE, BAEConfig, BAETrainingSAEConfig
 
 
@@ -56,6 +57,12 @@ def _train(x: torch.Tensor, **kwargs: object) -> object:
 def _records(rows: int, positions: int) -> object:
     return top_k_records(_bae(), torch.randn(rows, 8), torch.zeros(positions, 2, dtype=torch.long),
                          torch.zeros(rows, dtype=torch.long), "raw")  # fmt: skip
+
+
+def _bytes(tmp: Path, n: int) -> Path:
+    path = tmp / f"bytes{n}.safetensors"
+    path.write_bytes(os.urandom(n))
+    return path
 
 
 def _other_prior(bae: BAE, x: torch.Tensor) -> object:
@@ -111,6 +118,20 @@ def cases(tmp: Path, tiny_llama: object) -> list[tuple[str, Callable[[], object]
          "Unknown hook name(s) ['blocks.7.hook_resid_post']"),
         ("ActivationCache not a cache", lambda: ActivationCache.load(tmp),
          "is not an activation cache"),
+        ("FeatureRecords.load random bytes", lambda: FeatureRecords.load(_bytes(tmp, 300)),
+         "is not a feature records file (SafetensorError"),
+        ("FeatureRecords.load empty file", lambda: FeatureRecords.load(_bytes(tmp, 0)),
+         "is not a feature records file"),
+        ("FeatureRecords.load another safetensors file",
+         lambda: FeatureRecords.load(_saved(tmp, "weights", str)
+                                     / "sae_weights.safetensors"),
+         "is not a feature records file (KeyError"),
+        ("FeatureRecords.load missing", lambda: FeatureRecords.load(tmp / "none.safetensors"),
+         "no feature records at"),
+        ("QuickstartConfig negative steps", lambda: QuickstartConfig(steps=-5),
+         "steps must be at least 1, got -5"),
+        ("QuickstartConfig NaN fraction", lambda: QuickstartConfig(held_out_fraction=float("nan")),
+         "held_out_fraction must be in (0.0, 1.0), got nan"),
     ]  # fmt: skip
 
 
@@ -154,3 +175,36 @@ def test_disk_full_while_writing_a_shard_keeps_the_done_shards(tiny_llama, tmp_p
     fresh = harvest_activations(tiny_llama, tokens, [hook], tmp_path / "fresh",
                                 shard_sequences=4, batch_size=4, progress=False)  # fmt: skip
     assert torch.equal(resumed.activations(hook), fresh.activations(hook))
+
+
+def test_a_ranged_field_refuses_every_value_outside_its_range():
+    """``checks.ranged``: closed and open bounds, one side or both; NaN and a bool are never in
+    a range, None (an optional field left out) always passes."""
+    from dataclasses import dataclass
+
+    from sae_lens_bae.checks import check_ranges, ranged
+
+    @dataclass
+    class Settings:
+        steps: int = ranged(10, low=1)
+        fraction: float = ranged(0.5, low=0.0, high=1.0, open_=True)
+        rate: float | None = ranged(None, low=0.0, open_=True)
+        cap: float = ranged(1.0, high=2.0)
+
+        def __post_init__(self) -> None:
+            check_ranges(self)
+
+    Settings(steps=1, fraction=0.999, rate=1e-9, cap=2.0)
+    refused = [
+        ({"steps": 0}, "steps must be at least 1, got 0"),
+        ({"fraction": 1.0}, "fraction must be in (0.0, 1.0), got 1.0"),
+        ({"fraction": float("nan")}, "fraction must be in (0.0, 1.0), got nan"),
+        ({"rate": 0.0}, "rate must be above 0.0, got 0.0"),
+        ({"cap": 2.5}, "cap must be at most 2.0, got 2.5"),
+        ({"steps": True}, "steps must be a number, got True"),
+        ({"steps": "5"}, "steps must be a number, got '5'"),
+    ]
+    for change, message in refused:
+        with pytest.raises(ValueError) as error:
+            Settings(**change)
+        assert str(error.value) == message

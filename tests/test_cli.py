@@ -165,6 +165,18 @@ def test_bad_values_end_with_one_line_and_exit_code_2(tmp_path):
     assert result.output == "Error: ranks go up to d = 64 for preset 'cpu'\n"
     result = runner.invoke(app, ["compare", "--bae-kwargs", "entropy_coefficient"])
     assert result.exit_code == 2 and "key=value pairs" in result.output
+    # refused by the config before any model loads or any file is written
+    result = runner.invoke(app, ["quickstart", "--steps", "-5", "--out", str(tmp_path / "q")])
+    assert result.exit_code == 2 and result.output == "Error: steps must be at least 1, got -5\n"
+    assert not (tmp_path / "q").exists()
+    noise = tmp_path / "noise.safetensors"
+    noise.write_bytes(bytes(range(256)) * 4)
+    for command in (["dashboard", "--records", "/etc/passwd", "--out", str(tmp_path / "d")],
+                    ["interpret", "--records", str(noise)]):  # fmt: skip
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("Error: ") and result.output.count("\n") == 1
+        assert "is not a feature records file" in result.output
 
 
 def test_train_live_from_local_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):

@@ -15,6 +15,7 @@ from typing import Any
 from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 
 from sae_lens_bae.activations import drop_outliers, harvest_activations
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.data import default_corpus, load_token_dataset
 from sae_lens_bae.entropy import estimate_entropy
 from sae_lens_bae.evaluation import evaluate_sae, spliced_losses
@@ -45,31 +46,31 @@ class QuickstartConfig:
     """Text file, folder or HF dataset (default: the embedded Lee corpus, gensim's test data)."""
     text_column: str | None = None
     """Text column of a table/JSONL corpus."""
-    context_size: int = 128
+    context_size: int = ranged(128, low=1)
     """Tokens per harvested sequence."""
-    max_sequences: int | None = None
+    max_sequences: int | None = ranged(None, low=1)
     """Cap on harvested sequences (default: the whole corpus)."""
-    held_out_fraction: float = 0.1
+    held_out_fraction: float = ranged(0.1, low=0.0, high=1.0, open_=True)
     """Fraction of sequences held out for evaluation."""
-    expansion: int = 4
+    expansion: int = ranged(4, low=1)
     """d_sae / d_in of both models."""
-    steps: int = 1000
+    steps: int = ranged(1000, low=1)
     """Training steps per model."""
-    batch_size: int = 512
+    batch_size: int = ranged(512, low=1)
     """Activations per training step."""
     bae_preset: PresetName = "default"
     """The BAE's training recipe (sae_lens_bae.saes.bae_presets); its lr unless --bae-lr."""
-    bae_lr: float | None = None
+    bae_lr: float | None = ranged(None, low=0.0, open_=True)
     """Adam learning rate of the BAE (default: its recipe's)."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
     """BAE config fields that replace the recipe's, e.g. entropy_coefficient=1e-6."""
-    topk_lr: float = 5e-4
+    topk_lr: float = ranged(5e-4, low=0.0, open_=True)
     """Adam learning rate of the topk SAE."""
-    topk_k: int = 100
+    topk_k: int = ranged(100, low=1)
     """k of the topk SAE (SAELens' default)."""
-    outlier_norm_ratio: float = 10.0
+    outlier_norm_ratio: float = ranged(10.0, low=1.0)
     """Activations with a norm above this times the median are dropped (attention sinks)."""
-    spliced_sequences: int = 32
+    spliced_sequences: int = ranged(32, low=0)
     """Held-out sequences on which each model is spliced into the LM (CE recovered, KL); 0: skip."""
     device: str = "cpu"
     """Torch device."""
@@ -78,8 +79,7 @@ class QuickstartConfig:
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
-        if not 0.0 < self.held_out_fraction < 1.0:
-            raise ValueError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction}")
+        check_ranges(self)
 
 
 def _bae_config(d_in: int, cfg: QuickstartConfig) -> BAETrainingSAEConfig:

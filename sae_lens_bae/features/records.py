@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -102,9 +102,23 @@ class FeatureRecords:
 
     @classmethod
     def load(cls, path: str | Path) -> FeatureRecords:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata()
-            tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
+        """Records saved by :meth:`save`; a file that is not (missing, another format, cut
+        short, or records without their fields) raises one line naming it."""
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no feature records at {path}; `bae compare` writes them")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
+            return cls._from_saved(tensors, meta)
+        except (SafetensorError, KeyError, ValueError, json.JSONDecodeError) as error:
+            raise ValueError(
+                f"{path} is not a feature records file ({type(error).__name__}: {error}); "
+                "`bae compare` writes them"
+            ) from None
+
+    @classmethod
+    def _from_saved(cls, tensors: dict[str, Tensor], meta: dict[str, str]) -> FeatureRecords:
         return cls(
             features=tensors["features"],
             magnitudes=tensors["magnitudes"],
