@@ -12,11 +12,16 @@ __all__ = ["check_ranges", "ranged"]
 
 
 def ranged(
-    default: Any, *, low: float | None = None, high: float | None = None, open_: bool = False
+    default: Any,
+    *,
+    low: float | None = None,
+    above: float | None = None,
+    high: float | None = None,
+    below: float | None = None,
 ) -> Any:
-    """A dataclass field with ``default`` whose value (when not None) must lie in [low, high]
-    (``open_``: in (low, high)); NaN is never in a range."""
-    return dataclasses.field(default=default, metadata={"range": (low, high, open_)})
+    """A dataclass field with ``default`` whose value (when not None) must be at least ``low``
+    or above ``above``, and at most ``high`` or below ``below``; NaN is never in a range."""
+    return dataclasses.field(default=default, metadata={"range": (low, above, high, below)})
 
 
 def check_ranges(config: Any) -> None:
@@ -29,16 +34,27 @@ def check_ranges(config: Any) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{field.name} must be a number, got {value!r}")
-        low, high, open_ = field.metadata["range"]
-        below = low is not None and (value <= low if open_ else value < low)
-        above = high is not None and (value >= high if open_ else value > high)
-        if math.isnan(value) or below or above:
-            raise ValueError(f"{field.name} must be {_describe(low, high, open_)}, got {value!r}")
+        low, above, high, below = field.metadata["range"]
+        inside = not math.isnan(value) and all(
+            (
+                low is None or value >= low,
+                above is None or value > above,
+                high is None or value <= high,
+                below is None or value < below,
+            )
+        )
+        if not inside:
+            raise ValueError(f"{field.name} must be {_describe(*field.metadata['range'])}, "
+                             f"got {value!r}")  # fmt: skip
 
 
-def _describe(low: float | None, high: float | None, open_: bool) -> str:
-    if low is not None and high is not None:
-        return f"in {'(' if open_ else '['}{low}, {high}{')' if open_ else ']'}"
-    if low is not None:
-        return f"{'above' if open_ else 'at least'} {low}"
-    return f"{'below' if open_ else 'at most'} {high}"
+def _describe(
+    low: float | None, above: float | None, high: float | None, below: float | None
+) -> str:
+    left = f"[{low}" if low is not None else None if above is None else f"({above}"
+    right = f"{high}]" if high is not None else None if below is None else f"{below})"
+    if left and right:
+        return f"in {left}, {right}"
+    if left:
+        return f"at least {low}" if low is not None else f"above {above}"
+    return f"at most {high}" if high is not None else f"below {below}"

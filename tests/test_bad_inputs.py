@@ -187,20 +187,22 @@ def test_a_ranged_field_refuses_every_value_outside_its_range():
     @dataclass
     class Settings:
         steps: int = ranged(10, low=1)
-        fraction: float = ranged(0.5, low=0.0, high=1.0, open_=True)
-        rate: float | None = ranged(None, low=0.0, open_=True)
+        fraction: float = ranged(0.5, above=0.0, below=1.0)
+        rate: float | None = ranged(None, above=0.0)
         cap: float = ranged(1.0, high=2.0)
+        beta: float = ranged(0.5, low=0.0, below=1.0)
 
         def __post_init__(self) -> None:
             check_ranges(self)
 
-    Settings(steps=1, fraction=0.999, rate=1e-9, cap=2.0)
+    Settings(steps=1, fraction=0.999, rate=1e-9, cap=2.0, beta=0.0)
     refused = [
         ({"steps": 0}, "steps must be at least 1, got 0"),
         ({"fraction": 1.0}, "fraction must be in (0.0, 1.0), got 1.0"),
         ({"fraction": float("nan")}, "fraction must be in (0.0, 1.0), got nan"),
         ({"rate": 0.0}, "rate must be above 0.0, got 0.0"),
         ({"cap": 2.5}, "cap must be at most 2.0, got 2.5"),
+        ({"beta": 1.0}, "beta must be in [0.0, 1.0), got 1.0"),
         ({"steps": True}, "steps must be a number, got True"),
         ({"steps": "5"}, "steps must be a number, got '5'"),
     ]

@@ -269,5 +269,5 @@ def test_a_recipes_adam_beta2_reaches_the_optimizer_as_saelens_trainer_takes_it(
     default = train_sae(x.float(), recipe.config(8), seed=0, **trainer).sae
     assert torch.allclose(cell.bae.W_enc, alone.W_enc, rtol=1e-5, atol=1e-7)
     assert not torch.allclose(cell.bae.W_enc, default.W_enc, rtol=1e-5, atol=1e-7)
-    with pytest.raises(ValueError, match="adam_beta2 must be in"):
+    with pytest.raises(ValueError, match=r"adam_beta2 must be in \[0.0, 1.0\), got 1.0"):
         EntropyRecipe.of(adam_beta2=1.0)

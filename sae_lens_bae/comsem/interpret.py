@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sae_lens_bae.activations.hooks import check_hooks
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.comsem.client import ClientConfig
 from sae_lens_bae.comsem.estimate import estimate_run
 from sae_lens_bae.comsem.pipeline import ComSemConfig, comsem
@@ -34,15 +35,15 @@ class InterpretConfig:
     """With --sae: text file, folder or HF dataset."""
     hook: str | None = None
     """With --sae: hook point (default: the SAE's)."""
-    sentences: int = 8192
+    sentences: int = ranged(8192, low=1)
     """With --sae: evaluation rows (N)."""
-    context_size: int = 64
+    context_size: int = ranged(64, low=1)
     """With --sae: tokens per row."""
-    k: int = 10
+    k: int = ranged(10, low=1)
     """With --sae: top-k features kept per token."""
     magnitude: Literal["burstiness", "raw", "rescaled"] | None = None
     """With --sae: burstiness, raw or rescaled (default: burstiness for a BAE, raw for an SAE)."""
-    input_scale: float = 1.0
+    input_scale: float = ranged(1.0, above=0.0)
     """With --sae: the factor its training activations were multiplied by."""
     base_url: str | None = None
     """OpenAI-compatible endpoint (vLLM, Ollama, llama.cpp server); default OpenAI."""
@@ -56,13 +57,13 @@ class InterpretConfig:
     """Report folder (also holds the reply cache)."""
     cache: Path | None = None
     """Reply cache (sqlite); default OUT/replies.sqlite."""
-    concurrency: int = 16
+    concurrency: int = ranged(16, low=1)
     """Requests in flight at once."""
-    max_features: int | None = None
+    max_features: int | None = ranged(None, low=1)
     """Evaluate only the first N activated features."""
-    n_explain: int = 5
+    n_explain: int = ranged(5, low=1)
     """Records shown to the explainer (n_I)."""
-    n_test: int = 8
+    n_test: int = ranged(8, low=1)
     """Records judged per feature (n_T)."""
     detection: bool = False
     """Also judge as many non-activating records; balanced accuracy."""
@@ -70,18 +71,19 @@ class InterpretConfig:
     """Calibrate the judge on a content-free input (needs logprobs)."""
     batch_api: bool = False
     """Use the OpenAI Batch API (half price, slower)."""
-    price_input: float = 0.0
+    price_input: float = ranged(0.0, low=0.0)
     """USD per million prompt tokens, for the cost report."""
-    price_output: float = 0.0
+    price_output: float = ranged(0.0, low=0.0)
     """USD per million completion tokens."""
     templates: Path | None = None
     """Folder with explain.json/judge.json overrides."""
-    top: int = 20
+    top: int = ranged(20, low=1)
     """Rows of the top-features table."""
     yes: bool = False
     """Start a paid run (OpenAI, or prices given) without asking after its estimate."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if (self.records is None) == (self.sae is None):
             raise ValueError("pass either --records FILE or --sae FOLDER (with --dataset)")
         if self.sae is not None and self.dataset is None:

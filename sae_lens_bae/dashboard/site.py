@@ -14,6 +14,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.dashboard.html import feature_file, feature_html, index_html
 from sae_lens_bae.dashboard.pages import build_pages, comsem_results, logit_lens
 from sae_lens_bae.features.records import FeatureRecords
@@ -38,12 +39,15 @@ class DashboardConfig:
     """Language model for the tokenizer and the unembedding (default: the records' own)."""
     comsem: Path | None = None
     """A bae interpret / ComSem output folder (features.jsonl): explanations and scores."""
-    contexts: int = 20
+    contexts: int = ranged(20, low=1)
     """Top-activating contexts per feature page."""
-    lens_tokens: int = 10
+    lens_tokens: int = ranged(10, low=0)
     """Tokens promoted and suppressed shown per feature (0: no logit lens)."""
-    max_features: int | None = None
+    max_features: int | None = ranged(None, low=1)
     """Pages for the first features with records only (default: every one)."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 def dashboard(cfg: DashboardConfig, progress: bool = True) -> dict[str, Any]:

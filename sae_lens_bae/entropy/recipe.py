@@ -8,6 +8,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.entropy.frame import TARGET_VARIANCE
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_presets import BAE_PRESETS
@@ -59,35 +60,37 @@ class Loss:
 
     objective: bool = True
     """Train with the entropy and covariance terms (False: the ablation a_e = a_c = 0)."""
-    surrogate_temperature: float = _PRESET.surrogate_temperature
+    surrogate_temperature: float = ranged(_PRESET.surrogate_temperature, above=0.0)
     """Temperature of the sigmoid surrogate gradient."""
-    entropy_coefficient_2048: float = _PRESET.entropy_coefficient
+    entropy_coefficient_2048: float = ranged(_PRESET.entropy_coefficient, low=0.0)
     """a_e at d = 2048; each BAE uses a_e * 2048 / d."""
-    covariance_coefficient_2048: float = _PRESET.covariance_coefficient
+    covariance_coefficient_2048: float = ranged(_PRESET.covariance_coefficient, low=0.0)
     """a_c at d = 2048; each BAE uses a_c * 2048 / d."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass(frozen=True)
 class Optimiser:
     """Adam and its learning-rate schedule (SAELens' names and scheduler)."""
 
-    lr: float = _PRESET.lr
+    lr: float = ranged(_PRESET.lr, above=0.0)
     """Adam learning rate of the BAEs."""
-    lr_warm_up_steps: int = 0
+    lr_warm_up_steps: int = ranged(0, low=0)
     """Steps over which the learning rate rises linearly to ``lr``: a large code can fall to a
     constant in its first steps without one."""
     lr_end: float | None = None
     """After the warm-up, a cosine from ``lr`` down to this at the end of the steps (None: the
     lr stays constant)."""
-    adam_beta2: float = 0.999
+    adam_beta2: float = ranged(0.999, low=0.0, below=1.0)
     """Adam's second-moment decay: a shorter memory bounds the jump of a weight whose gradient
     was near zero for a while (a channel whose states sat far from its threshold)."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.lr_end is not None and not 0 < self.lr_end <= self.lr:
             raise ValueError(f"lr_end must be in (0, lr={self.lr}], got {self.lr_end}")
-        if not 0 <= self.adam_beta2 < 1:
-            raise ValueError(f"adam_beta2 must be in [0, 1), got {self.adam_beta2}")
 
     @property
     def lr_scheduler_name(self) -> str:
@@ -99,20 +102,19 @@ class Optimiser:
 class Phases:
     """When each term of the objective is on, and when the schedule stands still."""
 
-    entropy_off_fraction: float = _PRESET.entropy_off_fraction
+    entropy_off_fraction: float = ranged(_PRESET.entropy_off_fraction, low=0.0, high=1.0)
     """Fraction of the step budget trained without the entropy term."""
-    covariance_off_final_fraction: float = 0.0
+    covariance_off_final_fraction: float = ranged(0.0, low=0.0, below=1.0)
     """The last fraction of each BAE's training without the covariance term (with a stop rule,
     a BAE that converges at step s with the term on trains f / (1 - f) s more steps without it):
     the term, noisy on a minibatch, holds each threshold at the edge of its firing states."""
-    drain_hold: float = 0.0
+    drain_hold: float = ranged(0.0, low=0.0)
     """While the code's entropy on the check states still falls, hold the learning rate and the
     phases where they stand, for at most this fraction of the steps more (0: never;
     ``training.DrainHold``)."""
 
     def __post_init__(self) -> None:
-        if self.drain_hold < 0:
-            raise ValueError(f"drain_hold must be at least 0, got {self.drain_hold}")
+        check_ranges(self)
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,11 @@ class Stop:
 
     converge: bool = True
     """Stop each BAE once it has converged (else: all steps)."""
-    check_every: int = 100
+    check_every: int = ranged(100, low=1)
     """Steps between two checks (of convergence and of a drain hold)."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
     def convergence(self) -> Convergence | None:
         """The convergence rule, or None (train every step)."""
@@ -139,23 +144,20 @@ class Selection:
     """Which BAE a cell keeps: candidates judged by one held-out objective
     (``evaluation.held_out_objective``)."""
 
-    restarts: int = 1
+    restarts: int = ranged(1, low=1)
     """BAEs trained per seed from different initialisations; the one of lowest held-out
     objective is kept (the objective is non-convex). Costs ``restarts`` times the training."""
     refit_decoder: bool = True
     """Replace each BAE's decoder by the least-squares decoder of its code, when that is better
     on held-back training states (``saes.decoder_refit``): the code and its estimate are
     unchanged; the error that judges them is the code's, not a decoder's left short."""
-    repair_rounds: int = 2
+    repair_rounds: int = ranged(2, low=0)
     """Rounds of repair (``entropy.repair``; 0: none): channels the rest of the code determines
     are knocked out, the BAE trains on, and the copy is kept if its held-out objective is
     lower."""
 
     def __post_init__(self) -> None:
-        if self.restarts < 1:
-            raise ValueError(f"restarts must be at least 1, got {self.restarts}")
-        if self.repair_rounds < 0:
-            raise ValueError(f"repair_rounds must be at least 0, got {self.repair_rounds}")
+        check_ranges(self)
 
 
 _GROUPS = {"loss": Loss, "optimiser": Optimiser, "phases": Phases, "stop": Stop,
@@ -172,15 +174,15 @@ class EntropyRecipe:
     name them. Why each default: docs/research/entropy-recipe.md.
     """
 
-    expansion: int = 4
+    expansion: int = ranged(4, low=1)
     """d_sae / d_in of each BAE (raise it if a cell's reconstruction error is too high)."""
-    bits: int = 1
+    bits: int = ranged(1, low=1)
     """Code bits per feature (more-bit decoding: more reconstruction for the same d_sae)."""
-    steps: int = 16000
+    steps: int = ranged(16000, low=1)
     """Training steps of each BAE at most (its budget when converging)."""
-    batch_size: int = 512
+    batch_size: int = ranged(512, low=1)
     """BAE minibatch (the entropy term is measured on it)."""
-    seeds: int = 1
+    seeds: int = ranged(1, low=1)
     """BAEs per cell, each with its own seed: the estimate is their mean, bits_std their spread."""
     loss: Loss = Loss()
     """The objective."""
@@ -194,13 +196,12 @@ class EntropyRecipe:
     """Restarts, decoder refit and repair."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if not 0 <= self.optimiser.lr_warm_up_steps < self.steps:
             raise ValueError(
                 f"lr_warm_up_steps must be in [0, steps={self.steps}), got "
                 f"{self.optimiser.lr_warm_up_steps}"
             )
-        if self.seeds < 1:
-            raise ValueError(f"seeds must be at least 1, got {self.seeds}")
 
     @classmethod
     def of(cls, **flat: Any) -> EntropyRecipe:

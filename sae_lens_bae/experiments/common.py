@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sae_lens_bae.activations import LayerActivations, harvest_layer
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.entropy import EntropyRecipe
 from sae_lens_bae.prompts import load_icl_pairs
 
@@ -38,18 +39,19 @@ class LayerData:
     """Layer whose hook_resid_post is read (default: the middle layer)."""
     text_column: str | None = None
     """Text column of a table/JSONL dataset."""
-    context_size: int = 128
+    context_size: int = ranged(128, low=1)
     """Tokens per harvested sequence."""
-    max_sequences: int | None = 512
+    max_sequences: int | None = ranged(512, low=1)
     """Cap on harvested sequences."""
     held_out_fraction: float = 0.1
     """Fraction of sequences held out for the statistics."""
-    outlier_norm_ratio: float = 10.0
+    outlier_norm_ratio: float = ranged(10.0, low=1.0)
     """Activations with a norm above this times the median are dropped (attention sinks)."""
     device: str = "cpu"
     """Torch device."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if not 0.0 < self.held_out_fraction < 1.0:
             raise ValueError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction}")
 

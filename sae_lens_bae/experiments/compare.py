@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.comsem import ClientConfig, comsem_columns
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.experiments.layer_study import (
@@ -53,33 +54,33 @@ REPORT = "compare.md"
 class CompareConfig(LayerData):
     """What ``bae compare`` runs; the defaults fit 45 minutes on a 2-core CPU."""
 
-    max_sequences: int | None = 1536
+    max_sequences: int | None = ranged(1536, low=1)
     """Cap on harvested sequences."""
     baselines: Sequence[str] = BASELINES
     """SAELens baselines trained beside the BAE (see sae_lens_bae.training.BASELINES)."""
-    expansion: int = 4
+    expansion: int = ranged(4, low=1)
     """d_sae / d_in of every model."""
-    steps: int = 2000
+    steps: int = ranged(2000, low=1)
     """Training steps of every model."""
-    batch_size: int = 512
+    batch_size: int = ranged(512, low=1)
     """Activations per training step."""
-    lr: float = 5e-4
+    lr: float = ranged(5e-4, above=0.0)
     """Adam learning rate of the SAEs (the BAE trains with its preset's)."""
-    l1_coefficient: float = 5.0
+    l1_coefficient: float = ranged(5.0, low=0.0)
     """L1 coefficient of standard, gated_relu and the transcoder."""
-    records_k: int = 10
+    records_k: int = ranged(10, low=1)
     """Top-k features kept per token in the records (k)."""
-    n_explain: int = 5
+    n_explain: int = ranged(5, low=1)
     """The paper's activated: at least n_explain + 1 records (top-k over all channels)."""
-    activated_min_samples: int = 8
+    activated_min_samples: int = ranged(8, low=0)
     """Ours (activated (firing)): more than this many records among firing channels."""
-    dense_threshold: float = 0.5
+    dense_threshold: float = ranged(0.5, low=0.0, high=1.0)
     """A channel active on more than this fraction of tokens is dense."""
     prior: Literal["training", "evaluation"] = "training"
     """The BAE's burstiness prior: its training mean code or the held-out one."""
     canonicalise: bool = False
     """Flip the BAE's mostly-on bits first, so that every bit's 1 is its rare state (exact)."""
-    spliced_sequences: int = 64
+    spliced_sequences: int = ranged(64, low=0)
     """Held-out sequences on which each model is spliced into the LM (CE, KL); 0: skip."""
     bae_preset: PresetName = "default"
     """The BAE's training recipe (sae_lens_bae.saes.bae_presets)."""
@@ -89,7 +90,7 @@ class CompareConfig(LayerData):
     """Add ComSem columns, every model's records judged by this LLM."""
     comsem_base_url: str | None = None
     """The LLM's OpenAI-compatible endpoint (default: OpenAI)."""
-    comsem_max_features: int | None = None
+    comsem_max_features: int | None = ranged(None, low=1)
     """ComSem on the first N activated features of each model (default: all)."""
     seed: int = 0
     """Seed of the models' initialisation and data order."""
@@ -97,6 +98,7 @@ class CompareConfig(LayerData):
     """Report folder."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         super().__post_init__()
         unknown = [b for b in self.baselines if b not in BASELINES]
         if unknown:

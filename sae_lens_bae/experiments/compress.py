@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.compression import LOSSLESS_THRESHOLD, compression_report, decoder_bytes
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.plots import save_figure, subplots
@@ -24,11 +25,11 @@ REPORT = "compression.md"
 class CompressionConfig(LayerData):
     """What ``bae compress`` runs: train a BAE on one layer and compress its held-out states."""
 
-    expansion: int = 4
+    expansion: int = ranged(4, low=1)
     """d_sae / d_in of the BAE."""
-    steps: int = 1000
+    steps: int = ranged(1000, low=1)
     """Training steps of the BAE."""
-    batch_size: int = 512
+    batch_size: int = ranged(512, low=1)
     """Activations per training step."""
     thresholds: Sequence[float] = (-1.0, -0.75, -0.5, -0.25, 0.0)
     """Burstiness thresholds in [log2 0.5, 0] = [-1, 0]; -1 keeps the code exactly."""
@@ -38,6 +39,7 @@ class CompressionConfig(LayerData):
     """Report folder."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         super().__post_init__()
         bad = [t for t in self.thresholds if not LOSSLESS_THRESHOLD <= t <= 0.0]
         if bad or not self.thresholds:

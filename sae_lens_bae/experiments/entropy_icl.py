@@ -20,6 +20,7 @@ import torch
 from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations import check_layers, gather_states
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.tables import cell_columns, reliability_note
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, LabelledSentences, recipe_field
@@ -108,7 +109,7 @@ class ICLTracingConfig(LabelledSentences):
     """Layers traced."""
     shots: Sequence[int] = (0, 1, 2, 4, 8)
     """Numbers of demonstrations k."""
-    n_prompts: int = 512
+    n_prompts: int = ranged(512, low=1)
     """Queries (the same for every k)."""
     template: ICLTemplate = field(default_factory=ICLTemplate)
     """How demonstrations and the query are written."""
@@ -116,7 +117,7 @@ class ICLTracingConfig(LabelledSentences):
     """Hook point inside each block."""
     recipe: EntropyRecipe = recipe_field(TRACING_RECIPE)
     """How each cell's BAE is trained."""
-    batch_size: int = 16
+    batch_size: int = ranged(16, low=1)
     """Prompts per forward pass."""
     device: str = "cpu"
     """Torch device."""
@@ -127,6 +128,9 @@ class ICLTracingConfig(LabelledSentences):
     """Seed of the prompts and the BAEs."""
     out: Path = Path("runs/entropy_icl")
     """Folder for the JSON, the tables and the plot."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 def run(cfg: ICLTracingConfig, progress: bool = True) -> dict[str, Any]:

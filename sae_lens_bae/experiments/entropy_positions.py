@@ -19,6 +19,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations import check_layers, gather_states
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.data import default_corpus, document_windows, iter_texts
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.tables import cell_columns, reliability_note
@@ -51,13 +52,13 @@ class PositionTracingConfig:
     """Layers traced."""
     hook: str = "hook_resid_post"
     """Hook point inside each block."""
-    max_log2_position: int = 6
+    max_log2_position: int = ranged(6, low=0)
     """K: positions 2^0 .. 2^K."""
-    n_sequences: int = 2048
+    n_sequences: int = ranged(2048, low=1)
     """Document windows of 2^K tokens (the states of each cell)."""
     recipe: EntropyRecipe = recipe_field(TRACING_RECIPE)
     """How each cell's BAE is trained."""
-    batch_size: int = 32
+    batch_size: int = ranged(32, low=1)
     """Sequences per forward pass."""
     device: str = "cpu"
     """Torch device."""
@@ -68,6 +69,9 @@ class PositionTracingConfig:
     """Seed of the BAEs."""
     out: Path = Path("runs/entropy_positions")
     """Folder for the JSON, the table and the plot."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 def trace_positions(

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.comsem import COMSEM_COLUMNS, ClientConfig, comsem_columns
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.features import code_prior, feature_statistics, top_k_records
@@ -38,23 +39,23 @@ class MoreBitsConfig(LayerData):
 
     bits: Sequence[int] = (1, 2, 3, 4)
     """Code bits per feature C, one BAE each."""
-    expansion: int = 1
+    expansion: int = ranged(1, low=1)
     """Decoder width d_sae / d_in, the same for every C."""
-    steps: int = 1000
+    steps: int = ranged(1000, low=1)
     """Training steps per BAE."""
-    batch_size: int = 512
+    batch_size: int = ranged(512, low=1)
     """Activations per training step."""
-    records_k: int = 10
+    records_k: int = ranged(10, low=1)
     """Top-k features kept per token in the records."""
-    activated_min_samples: int = 8
+    activated_min_samples: int = ranged(8, low=0)
     """A feature is activated with more than this many tokens in the records."""
-    dense_threshold: float = 0.5
+    dense_threshold: float = ranged(0.5, low=0.0, high=1.0)
     """A feature firing on more than this fraction of tokens is dense."""
     comsem_llm: str | None = None
     """Add ComSem columns per C, judged by this LLM."""
     comsem_base_url: str | None = None
     """The LLM's OpenAI-compatible endpoint (default: OpenAI)."""
-    comsem_max_features: int | None = None
+    comsem_max_features: int | None = ranged(None, low=1)
     """ComSem on the first N activated features of each BAE (default: all)."""
     seed: int = 0
     """Seed of the BAEs' initialisation and data order."""
@@ -62,6 +63,7 @@ class MoreBitsConfig(LayerData):
     """Report folder."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         super().__post_init__()
         if not self.bits or any(c < 1 for c in self.bits):
             raise ValueError(f"bits must be integers >= 1, got {list(self.bits)}")

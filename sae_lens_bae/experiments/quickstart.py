@@ -50,7 +50,7 @@ class QuickstartConfig:
     """Tokens per harvested sequence."""
     max_sequences: int | None = ranged(None, low=1)
     """Cap on harvested sequences (default: the whole corpus)."""
-    held_out_fraction: float = ranged(0.1, low=0.0, high=1.0, open_=True)
+    held_out_fraction: float = ranged(0.1, above=0.0, below=1.0)
     """Fraction of sequences held out for evaluation."""
     expansion: int = ranged(4, low=1)
     """d_sae / d_in of both models."""
@@ -60,11 +60,11 @@ class QuickstartConfig:
     """Activations per training step."""
     bae_preset: PresetName = "default"
     """The BAE's training recipe (sae_lens_bae.saes.bae_presets); its lr unless --bae-lr."""
-    bae_lr: float | None = ranged(None, low=0.0, open_=True)
+    bae_lr: float | None = ranged(None, above=0.0)
     """Adam learning rate of the BAE (default: its recipe's)."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
     """BAE config fields that replace the recipe's, e.g. entropy_coefficient=1e-6."""
-    topk_lr: float = ranged(5e-4, low=0.0, open_=True)
+    topk_lr: float = ranged(5e-4, above=0.0)
     """Adam learning rate of the topk SAE."""
     topk_k: int = ranged(100, low=1)
     """k of the topk SAE (SAELens' default)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.experiments.layer_study import (
     EvaluationSettings,
@@ -94,31 +95,31 @@ on 2 CPU cores."""
 class RecipeStudyConfig(LayerData):
     """What ``bae bench recipes`` runs; the defaults finish in under 45 minutes on 2 CPU cores."""
 
-    max_sequences: int | None = None
+    max_sequences: int | None = ranged(None, low=1)
     """Cap on harvested sequences (default: the whole dataset)."""
     variants: Sequence[str] = DEFAULT_VARIANTS
     """BAE recipes to train (see sae_lens_bae.experiments.recipes.VARIANTS)."""
     baselines: Sequence[str] = ("topk15", "standard", "standard_rescaled", "jumprelu", "batchtopk")
     """SAELens baselines trained on the same tokens."""
-    expansion: int = 4
+    expansion: int = ranged(4, low=1)
     """d_sae / d_in of every model."""
-    steps: int = 1000
+    steps: int = ranged(1000, low=1)
     """Training steps of every model (a variant may multiply them)."""
-    batch_size: int = 512
+    batch_size: int = ranged(512, low=1)
     """Activations per training step."""
-    lr: float = 5e-4
+    lr: float = ranged(5e-4, above=0.0)
     """Adam learning rate of the SAEs."""
-    l1_coefficient: float = 5.0
+    l1_coefficient: float = ranged(5.0, low=0.0)
     """L1 coefficient of the standard SAE."""
-    records_k: int = 10
+    records_k: int = ranged(10, low=1)
     """Top-k features kept per token in the records (k)."""
-    n_explain: int = 5
+    n_explain: int = ranged(5, low=1)
     """The paper's activated: at least n_explain + 1 records (top-k over all channels)."""
-    activated_min_samples: int = 8
+    activated_min_samples: int = ranged(8, low=0)
     """Ours (activated (firing)): more than this many records among firing channels."""
-    dense_threshold: float = 0.5
+    dense_threshold: float = ranged(0.5, low=0.0, high=1.0)
     """A channel active on more than this fraction of tokens is dense."""
-    spliced_sequences: int = 32
+    spliced_sequences: int = ranged(32, low=0)
     """Held-out sequences on which each model is spliced into the LM (CE, KL); 0: skip."""
     seed: int = 0
     """Seed of the models' initialisation and data order."""
@@ -126,6 +127,7 @@ class RecipeStudyConfig(LayerData):
     """Report folder."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         super().__post_init__()
         unknown = [v for v in self.variants if v not in VARIANTS]
         if unknown:

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sae_lens_bae.activations import check_layers, norm_scale, prompt_states
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.experiments.common import LabelledSentences
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import save_figure, subplots
@@ -48,31 +49,31 @@ class SteerICLConfig(LabelledSentences):
     """Layer whose residual stream is steered."""
     hook: str = "hook_resid_post"
     """Hook point within the layer."""
-    shots: int = 8
+    shots: int = ranged(8, low=0)
     """Demonstrations in the positive prompts."""
-    vector_prompts: int = 128
+    vector_prompts: int = ranged(128, low=1)
     """Queries whose k-shot and 0-shot states make the vectors."""
-    eval_prompts: int = 256
+    eval_prompts: int = ranged(256, low=1)
     """Held-out 0-shot queries the vectors are tested on."""
     template: ICLTemplate = field(default_factory=ICLTemplate)
     """How demonstrations and the query are written."""
-    top: int = 256
+    top: int = ranged(256, low=1)
     """Features kept in each task vector."""
     baselines: Sequence[str] = ("standard", "topk15")
     """SAELens baselines whose task vectors are compared (see bae compare)."""
-    expansion: int = 4
+    expansion: int = ranged(4, low=1)
     """d_sae / d_in of the BAE and each SAE."""
-    steps: int = 1000
+    steps: int = ranged(1000, low=1)
     """Training steps of the BAE and each SAE."""
-    batch_size: int = 512
+    batch_size: int = ranged(512, low=1)
     """Activations per training step."""
-    lr: float = 5e-4
+    lr: float = ranged(5e-4, above=0.0)
     """Adam learning rate of the SAEs (the BAE trains with its default recipe's)."""
     strengths: Sequence[float] = (0.5, 1.0, 2.0, 4.0, 8.0)
     """Steering strengths swept."""
     normalise: bool = True
     """Rescale every vector to the mean difference's norm (only the direction differs)."""
-    prompt_batch_size: int = 16
+    prompt_batch_size: int = ranged(16, low=1)
     """Prompts per forward pass."""
     device: str = "cpu"
     """Torch device."""
@@ -82,6 +83,7 @@ class SteerICLConfig(LabelledSentences):
     """Report folder."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         unknown = [b for b in self.baselines if b not in TRAINED_BASELINES]
         if unknown:
             raise ValueError(

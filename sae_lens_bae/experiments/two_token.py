@@ -21,6 +21,7 @@ import torch
 from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations import check_layers, gather_states
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.tables import reliability_note
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, recipe_field
@@ -69,11 +70,11 @@ class TwoTokenConfig:
     """The two words whose first tokens make the sequences (each its own first token)."""
     ranks: Sequence[int] = (0, 1, 2, 4, 6, 8, 10, 12)
     """Sequence lengths r."""
-    n_samples: int = 4096
+    n_samples: int = ranged(4096, low=1)
     """Sequences per r."""
     recipe: EntropyRecipe = recipe_field(TRACING_RECIPE)
     """How each r's BAE is trained."""
-    batch_size: int = 64
+    batch_size: int = ranged(64, low=1)
     """Sequences per forward pass."""
     device: str = "cpu"
     """Torch device."""
@@ -83,6 +84,7 @@ class TwoTokenConfig:
     """Folder for the JSON, the table and the plot."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if len(self.words) != 2:
             raise ValueError(f"words needs exactly two words, got {list(self.words)}")
 

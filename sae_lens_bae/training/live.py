@@ -23,6 +23,7 @@ from sae_lens.training.sae_trainer import SAETrainer
 
 from sae_lens_bae.activations.hooks import check_hooks
 from sae_lens_bae.activations.store import ResumableActivationsStore
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.data import load_token_dataset, token_rows
 from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
@@ -60,27 +61,27 @@ class LiveTrainingConfig:
     """TransformerLens hook point."""
     text_column: str | None = None
     """Text column of a table/JSONL dataset."""
-    context_size: int = 128
+    context_size: int = ranged(128, low=1)
     """Tokens per sequence."""
-    training_tokens: int = 1_000_000
+    training_tokens: int = ranged(1_000_000, low=1)
     """Activations (tokens) to train on."""
-    batch_size: int = 512
+    batch_size: int = ranged(512, low=1)
     """Activations per training step (the minibatch of the entropy term)."""
     preset: PresetName = "default"
     """Training recipe (sae_lens_bae.saes.bae_presets); the options below replace its values."""
-    lr: float | None = None
+    lr: float | None = ranged(None, above=0.0)
     """Adam learning rate (default: the recipe's)."""
-    d_sae: int | None = None
+    d_sae: int | None = ranged(None, low=1)
     """Features (default: 4 x d_in)."""
-    bits: int = 1
+    bits: int = ranged(1, low=1)
     """Bits per feature (more-bit decoding)."""
-    entropy_coefficient: float | None = None
+    entropy_coefficient: float | None = ranged(None, low=0.0)
     """a_e, weight of the minibatch entropy in bits (default: the recipe's, for this d_in)."""
-    covariance_coefficient: float | None = None
+    covariance_coefficient: float | None = ranged(None, low=0.0)
     """a_c, weight of the off-diagonal covariance penalty (default: the recipe's)."""
     surrogate: Literal["sigmoid", "ste"] = "sigmoid"
     """Surrogate derivative of the step."""
-    surrogate_temperature: float | None = None
+    surrogate_temperature: float | None = ranged(None, above=0.0)
     """Temperature of the sigmoid surrogate (default: the recipe's)."""
     normalize_activations: Normalisation = "none"
     """SAELens' activation normalisation."""
@@ -92,7 +93,7 @@ class LiveTrainingConfig:
     """Torch device."""
     seed: int = 42
     """Seed of SAELens' runner and of the activation mixing."""
-    checkpoints: int = 10
+    checkpoints: int = ranged(10, low=0)
     """Checkpoints written during training, under OUT/checkpoints."""
     resume: Path | None = None
     """Continue a killed run from its newest complete checkpoint (give its OUT folder or a
@@ -114,6 +115,9 @@ class LiveTrainingConfig:
     def compiles(self) -> bool:
         """Whether the step is compiled: --compile, or a --compile-mode."""
         return self.compile or self.compile_mode is not None
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 class BAETrainingRunner(LanguageModelSAETrainingRunner):
