@@ -165,6 +165,13 @@ def test_bad_values_end_with_one_line_and_exit_code_2(tmp_path):
     assert result.output == "Error: ranks go up to d = 64 for preset 'cpu'\n"
     result = runner.invoke(app, ["compare", "--bae-kwargs", "entropy_coefficient"])
     assert result.exit_code == 2 and "key=value pairs" in result.output
+    # usage errors (an unknown option or command, a value of the wrong type) are one line too
+    for args, message in ((["quickstart", "--steps", "x"], "Invalid value for '--steps'"),
+                          (["quickstart", "--nope", "1"], "No such option: --nope"),
+                          (["nosuch"], "No such command 'nosuch'.")):  # fmt: skip
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and result.output.startswith(f"Error: {message}")
+        assert result.output.count("\n") == 1, result.output
     # refused by the config before any model loads or any file is written
     result = runner.invoke(app, ["quickstart", "--steps", "-5", "--out", str(tmp_path / "q")])
     assert result.exit_code == 2 and result.output == "Error: steps must be at least 1, got -5\n"

@@ -7,11 +7,13 @@ and where the results are.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from sae_lens_bae.cli.options import DEBUG, config_command
 from sae_lens_bae.comsem import interpret
@@ -36,7 +38,39 @@ COMMANDS: list[tuple[tuple[str, ...], Callable[..., Any], str | None, str]] = [
 """(command path, run function taking the command's config, markdown report printed after the
 run, help): the library's tools first, then the experiments."""
 
+
+def _is(error: BaseException, name: str) -> bool:
+    """Whether ``error`` is click's ``name`` exception (typer may carry its own copy of click)."""
+    return any(kind.__name__ == name for kind in type(error).__mro__)
+
+
+class _OneLineErrors(TyperGroup):
+    """The root command: a usage error (an unknown option or command, a value of the wrong type)
+    ends with ``Error: ...`` on one line and exit code 2, as a value the config refuses does
+    (``options.fail``), instead of a usage box; no arguments at all still show the help."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except Exception as error:
+            if not standalone_mode or not (_is(error, "UsageError") or _is(error, "Abort")):
+                raise
+            usage: Any = error  # click's UsageError: show, exit_code, format_message
+            if _is(error, "NoArgsIsHelpError"):
+                usage.show()
+                sys.exit(usage.exit_code)
+            if _is(error, "Abort"):
+                typer.echo("Aborted!", err=True)
+                sys.exit(1)
+            typer.echo(f"Error: {' '.join(usage.format_message().split())}", err=True)
+            sys.exit(2)
+        if not standalone_mode:
+            return result
+        sys.exit(result if isinstance(result, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     help="Binary Autoencoders (BAE) on TransformerLens models, trained with SAELens.",
     no_args_is_help=True,
     add_completion=False,
