@@ -44,8 +44,8 @@ def check_ranges(config: Any) -> None:
             )
         )
         if not inside:
-            raise ValueError(f"{field.name} must be {_describe(*field.metadata['range'])}, "
-                             f"got {value!r}")  # fmt: skip
+            wanted = _describe(low, above, high, below)
+            raise ValueError(f"{field.name} must be {wanted}, got {value!r}")
 
 
 def _describe(

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Stopwatch", "cell", "markdown_table", "write_json", "write_text"]
+__all__ = ["Stopwatch", "cell", "markdown_table", "read_json", "write_json", "write_text"]
 
 
 class Stopwatch:
@@ -43,6 +43,22 @@ def write_json(path: str | Path, summary: Any) -> None:
     """Indented JSON (written as ``write_text`` does); paths and other non-JSON values (a
     config's ``Path``) as strings."""
     write_text(path, json.dumps(summary, indent=2, default=str))
+
+
+def read_json(path: str | Path, what: str, fix: str, fields: Sequence[str] = ()) -> dict[str, Any]:
+    """The JSON object in ``path``, which should be ``what``; a file that is not one (not UTF-8,
+    not JSON, not an object, or without one of ``fields``) raises ValueError in one line naming
+    it and saying ``fix``. A missing file raises FileNotFoundError."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not {what} ({type(error).__name__}); {fix}") from None
+    missing = [name for name in fields if name not in data] if isinstance(data, dict) else None
+    if missing is None or missing:
+        lacks = "not a JSON object" if missing is None else f"no {missing[0]!r}"
+        raise ValueError(f"{path} is not {what} ({lacks}); {fix}")
+    return data
 
 
 def cell(value: Any, spec: str = "") -> str:

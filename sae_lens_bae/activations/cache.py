@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from datasets import Dataset
 from jaxtyping import Float, Int
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -27,7 +27,7 @@ from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations.hooks import check_hooks, stop_layer
 from sae_lens_bae.data import token_rows
-from sae_lens_bae.reports import write_json
+from sae_lens_bae.reports import read_json, write_json
 
 __all__ = ["META_FILE", "ActivationCache", "harvest_activations"]
 
@@ -52,7 +52,12 @@ class ActivationCache:
         meta_path = path / META_FILE
         if not meta_path.exists():
             raise FileNotFoundError(f"{path} is not an activation cache (no {META_FILE})")
-        meta = json.loads(meta_path.read_text())
+        meta = read_json(
+            meta_path,
+            "an activation cache's index",
+            "harvest the activations again into a new folder",
+            ("n_shards", "hooks", "n_sequences", "shard_sequences", "context_size"),
+        )
         if not meta.get("complete"):
             raise ValueError(
                 f"The harvest in {path} did not finish ({meta.get('n_shards_done', 0)} of "
@@ -78,8 +83,14 @@ class ActivationCache:
             first = index * per_shard
             lo, hi = max(start, first), min(stop, first + per_shard)
             if lo < hi:
-                with safe_open(shard, framework="pt") as f:
-                    parts.append(f.get_slice(key)[lo - first : hi - first])
+                try:
+                    with safe_open(shard, framework="pt") as f:
+                        parts.append(f.get_slice(key)[lo - first : hi - first])
+                except SafetensorError as error:
+                    raise ValueError(
+                        f"{shard} is not a readable shard ({error}); harvest the activations "
+                        "again into a new folder"
+                    ) from None
         return torch.cat(parts) if parts else torch.empty(0)
 
     def rank_sequences(self, rank: int, world: int) -> slice:

@@ -14,7 +14,7 @@ from sae_lens_bae.entropy import EntropyRecipe
 from sae_lens_bae.entropy.recipe import FIXED_FIELDS, lr_scheduler_name_for
 from sae_lens_bae.experiments.synthetic_presets import SyntheticPreset, tolerance
 from sae_lens_bae.plots import legend_marker, save_figure, subplots
-from sae_lens_bae.reports import write_json, write_text
+from sae_lens_bae.reports import read_json, write_json, write_text
 
 __all__ = [
     "earlier_rows",
@@ -78,12 +78,12 @@ def earlier_rows(
     path = out / "synthetic.json"
     if not path.exists():
         return [], {}
-    try:
-        saved = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return [], {}
-    if not isinstance(saved, dict) or "results" not in saved:
-        return [], {}
+    saved = read_json(
+        path,
+        "a synthetic benchmark's results",
+        "use another --out (or --no-resume to overwrite it)",
+        ("preset", "results"),
+    )
     if _with_new_fields(saved.get("preset")) != preset.record():
         raise ValueError(
             f"{path} holds the results of another grid or recipe; use another --out "

@@ -39,6 +39,12 @@ def load_sae(path: str | Path, device: str = "cpu") -> SAE[Any]:
     except SafetensorError as e:
         message = f"{weights} is not a readable safetensors file ({e}); save the SAE again"
         raise ValueError(message) from e
+    except RuntimeError as e:  # torch's load_state_dict: the weights of another model
+        if "state_dict" not in str(e):
+            raise
+        what = " ".join(str(e).split())
+        message = f"{weights} does not hold this SAE's weights ({what}); save the SAE again"
+        raise ValueError(message) from e
     except KeyError as e:
         message = (
             f"{path / 'cfg.json'} lacks the field {e} that a {architecture!r} config "

@@ -9,11 +9,10 @@ rule for whether a run may go on from it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from sae_lens_bae.reports import write_json
+from sae_lens_bae.reports import read_json, write_json
 from sae_lens_bae.saes.bae_config import RETIRED_FIELDS
 
 __all__ = [
@@ -36,7 +35,12 @@ def mark_complete(checkpoint: str | Path, **info: Any) -> None:
 
 def read_marker(checkpoint: str | Path) -> dict[str, Any]:
     """The marker of a complete checkpoint."""
-    return json.loads((Path(checkpoint) / COMPLETE_MARKER).read_text())
+    return read_json(
+        Path(checkpoint) / COMPLETE_MARKER,
+        "a checkpoint's completion marker",
+        "delete that checkpoint folder and resume from an earlier one, or start again",
+        ("n_training_samples",),
+    )
 
 
 def latest_checkpoint(path: str | Path) -> Path:
@@ -105,7 +109,11 @@ def check_resumable(
     if rank_streams is not None:
         refuse_other_ranks(marker, run["world_size"], str(checkpoint), rank_streams)
     if model is not None:
-        stored = json.loads((checkpoint / "cfg.json").read_text())
+        stored = read_json(
+            checkpoint / "cfg.json",
+            "an SAE config",
+            "delete that checkpoint folder and resume from an earlier one, or start again",
+        )
         for key in ("architecture", "d_in", "d_sae", "bits"):
             if stored.get(key) != model.get(key):
                 raise ValueError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,7 @@ CHECKPOINT_SECONDS = 600.0
 hundred BAEs with their Adam states is gigabytes, so not every few steps."""
 
 _STATE_FILE = "stacked_state.pt"
+_STATE_KEYS = {"model", "optimizer", "scheduler", "progress", "histories", "checks"}
 
 
 class StackedTraining(NamedTuple):
@@ -136,7 +138,18 @@ class _Checkpoint:
             return None
         check_resumable(self.folder, self.run)
         self.finished = bool(read_marker(self.folder).get("finished"))
-        return torch.load(self.folder / _STATE_FILE, weights_only=False)
+        path = self.folder / _STATE_FILE
+        try:
+            state = torch.load(path, weights_only=False)
+        except (pickle.UnpicklingError, EOFError, RuntimeError, OSError) as error:
+            raise ValueError(
+                f"{path} is not a readable checkpoint ({type(error).__name__}); delete "
+                f"{self.folder} to train again"
+            ) from None
+        if not isinstance(state, dict) or set(state) != _STATE_KEYS:
+            fix = f"delete {self.folder} to train again"
+            raise ValueError(f"{path} is not a stacked training checkpoint; {fix}")
+        return state
 
     def due(self) -> bool:
         return time.monotonic() - self.saved_at >= CHECKPOINT_SECONDS

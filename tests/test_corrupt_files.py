@@ -1,0 +1,149 @@
+"""The corrupt-file matrix: every loader of a file the package writes, against every way such a
+file goes bad (empty, cut short, random bytes, another format, our own format without its
+fields). Each ends in one line that names the file and says what to do, and leaves the file as
+it was."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from sae_lens_bae import BAE, BAEConfig, load_sae
+from sae_lens_bae.activations import ActivationCache
+from sae_lens_bae.experiments.synthetic import run_preset
+from sae_lens_bae.experiments.synthetic_presets import PRESETS
+from sae_lens_bae.features import FeatureRecords, top_k_records
+from sae_lens_bae.training import train_stacked_baes
+from sae_lens_bae.training.checkpoints import check_resumable, mark_complete
+
+
+def _records(folder: Path) -> tuple[Path, Callable[[], object]]:
+    bae = BAE(BAEConfig(d_in=4, d_sae=8))
+    records = top_k_records(bae, torch.randn(6, 4), torch.zeros(6, 2, dtype=torch.long),
+                            torch.arange(6), "raw", k=2)  # fmt: skip
+    records.save(folder / "records.safetensors")
+    return folder / "records.safetensors", lambda: FeatureRecords.load(
+        folder / "records.safetensors"
+    )
+
+
+def _sae_config(folder: Path) -> tuple[Path, Callable[[], object]]:
+    BAE(BAEConfig(d_in=4, d_sae=8)).save_model(folder / "bae")
+    return folder / "bae" / "cfg.json", lambda: load_sae(folder / "bae")
+
+
+def _sae_weights(folder: Path) -> tuple[Path, Callable[[], object]]:
+    BAE(BAEConfig(d_in=4, d_sae=8)).save_model(folder / "bae")
+    return folder / "bae" / "sae_weights.safetensors", lambda: load_sae(folder / "bae")
+
+
+def _cache_index(folder: Path) -> tuple[Path, Callable[[], object]]:
+    (folder / "cache").mkdir()
+    meta = {"complete": True, "n_shards": 1, "hooks": ["h"], "n_sequences": 1,
+            "shard_sequences": 1, "context_size": 2, "drop_bos": False}  # fmt: skip
+    (folder / "cache" / "activations.json").write_text(json.dumps(meta))
+    return folder / "cache" / "activations.json", lambda: ActivationCache.load(folder / "cache")
+
+
+def _cache_shard(folder: Path) -> tuple[Path, Callable[[], object]]:
+    from safetensors.torch import save_file
+
+    _cache_index(folder)
+    save_file({"tokens": torch.zeros(1, 2, dtype=torch.long)},
+              str(folder / "cache" / "shard_00000.safetensors"))  # fmt: skip
+    return folder / "cache" / "shard_00000.safetensors", lambda: ActivationCache.load(
+        folder / "cache"
+    ).tokens()
+
+
+def _checkpoint_marker(folder: Path) -> tuple[Path, Callable[[], object]]:
+    (folder / "ckpt").mkdir()
+    mark_complete(folder / "ckpt", n_training_samples=8, global_batch_size=4)
+    run = {"global_batch_size": 4, "world_size": 1}
+    return folder / "ckpt" / "checkpoint_complete.json", lambda: check_resumable(
+        folder / "ckpt", run
+    )
+
+
+def _stacked_state(folder: Path) -> tuple[Path, Callable[[], object]]:
+    from sae_lens_bae.saes.bae import BAETrainingSAEConfig
+
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    cfg = BAETrainingSAEConfig(d_in=4, d_sae=8, entropy_off_fraction=0.0)
+    run = dict(training_samples=4 * 16, batch_size=16, progress=False, checkpoint=folder / "st")
+    train_stacked_baes([x], cfg, **run)
+    return folder / "st" / "stacked_state.pt", lambda: train_stacked_baes([x], cfg, **run)
+
+
+def _synthetic_results(folder: Path) -> tuple[Path, Callable[[], object]]:
+    preset = PRESETS["test"]
+    (folder / "syn").mkdir()
+    (folder / "syn" / "synthetic.json").write_text(json.dumps({"preset": {}, "results": []}))
+    return folder / "syn" / "synthetic.json", lambda: run_preset(preset, folder / "syn",
+                                                                progress=False)  # fmt: skip
+
+
+LOADERS = {
+    "feature records": _records,
+    "saved SAE cfg.json": _sae_config,
+    "saved SAE weights": _sae_weights,
+    "activation cache index": _cache_index,
+    "activation cache shard": _cache_shard,
+    "checkpoint marker": _checkpoint_marker,
+    "stacked training checkpoint": _stacked_state,
+    "synthetic results": _synthetic_results,
+}
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _cut(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: max(1, len(data) // 2)])
+
+
+def _noise(path: Path) -> None:
+    path.write_bytes(os.urandom(512))
+
+
+def _other_format(path: Path) -> None:
+    """A file of the other kind: JSON where a binary file belongs, binary where JSON does."""
+    binary = path.suffix in (".safetensors", ".pt")
+    path.write_bytes(b'{"a": 1}' if binary else b"\x00\x01PK\x03\x04binary")
+
+
+def _other_version(path: Path) -> None:
+    """Our own kind of file, without what this version reads from it."""
+    if path.suffix == ".json":
+        path.write_text(json.dumps({"version": 0}))
+    elif path.suffix == ".pt":
+        torch.save({"version": 0}, path)
+    else:
+        from safetensors.torch import save_file
+
+        save_file({"unrelated": torch.zeros(2)}, str(path))
+
+
+CORRUPTIONS = {"empty": _empty, "cut short": _cut, "random bytes": _noise,
+               "another format": _other_format, "another version": _other_version}  # fmt: skip
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+@pytest.mark.parametrize("loader", list(LOADERS))
+def test_a_corrupt_file_is_refused_in_one_line_and_left_as_it_was(loader, corruption, tmp_path):
+    path, load = LOADERS[loader](tmp_path)
+    CORRUPTIONS[corruption](path)
+    before = path.read_bytes()
+    with pytest.raises((ValueError, FileNotFoundError)) as error:
+        load()
+    message = str(error.value)
+    assert "\n" not in message, message
+    assert path.name in message or path.parent.name in message, message
+    assert path.read_bytes() == before  # nothing the user had is overwritten
