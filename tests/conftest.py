@@ -111,3 +111,37 @@ def tiny_corpus(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+class TrainingSteps:
+    """Counts the stacked training steps taken (one loss record each) and kills a run after a
+    given number: what a kill-and-rerun test needs. Every stacked run checkpoints each step."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from sae_lens_bae.training import stacked
+        from sae_lens_bae.training.deferred import LossHistory
+
+        monkeypatch.setattr(stacked, "CHECKPOINT_SECONDS", 0.0)
+        self.taken, self.kill_after = 0, None
+        record = LossHistory.record
+
+        def counted(history: LossHistory, *args: object) -> None:
+            if self.kill_after is not None and self.taken >= self.kill_after:
+                raise KeyboardInterrupt
+            self.taken += 1
+            record(history, *args)
+
+        monkeypatch.setattr(LossHistory, "record", counted)
+
+    def kill(self, after: int) -> None:
+        """Interrupt the next run after ``after`` steps (counted from now)."""
+        self.taken, self.kill_after = 0, after
+
+    def count(self) -> None:
+        """Count the next run's steps without interrupting it."""
+        self.taken, self.kill_after = 0, None
+
+
+@pytest.fixture
+def training_steps(monkeypatch) -> TrainingSteps:
+    return TrainingSteps(monkeypatch)

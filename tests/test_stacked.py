@@ -291,17 +291,15 @@ def test_one_record_of_codes_serves_one_bae_and_any_rows_of_a_stack():
 
 
 @pytest.mark.parametrize("kill_after", [7, 62])  # a member stops at step 57
-def test_a_killed_stacked_run_goes_on_to_the_uninterrupted_weights(tmp_path, monkeypatch,
-                                                                   kill_after):  # fmt: skip
+def test_a_killed_stacked_run_goes_on_to_the_uninterrupted_weights(
+    tmp_path, monkeypatch, training_steps, kill_after
+):
     """Killed after ``kill_after`` steps (before and after a member converged, with the covariance
     term's final phase, resampling and a drain hold in play), the same call on the same folder
     ends with the weights, histories and steps of a run that was never interrupted; a finished
     run returns without a step; another run's folder is refused in one line."""
     from sae_lens_bae.training import Convergence
-    from sae_lens_bae.training import stacked as stacked_module
-    from sae_lens_bae.training.deferred import LossHistory
 
-    monkeypatch.setattr(stacked_module, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint every step
     g = torch.Generator().manual_seed(1)
     sets = [binary_mixtures(1, rank=rank)[0] for rank in (1, 3)]
     sets.append(torch.randn(1024, 8, generator=g, dtype=torch.float64))
@@ -316,28 +314,12 @@ def test_a_killed_stacked_run_goes_on_to_the_uninterrupted_weights(tmp_path, mon
                                                          min_fall_bits=0.0))  # fmt: skip
     whole = train_stacked_baes(sets, cfg, **kwargs)
     assert min(whole.steps) < max(whole.steps)  # a member stopped before the others
-
-    record, calls = LossHistory.record, []
-
-    def killed(self, *args):
-        calls.append(1)
-        if len(calls) > kill_after:
-            raise KeyboardInterrupt
-        record(self, *args)
-
-    monkeypatch.setattr(LossHistory, "record", killed)
+    training_steps.kill(after=kill_after)
     with pytest.raises(KeyboardInterrupt):
         train_stacked_baes(sets, cfg, checkpoint=tmp_path / "run", **kwargs)
-    monkeypatch.setattr(LossHistory, "record", record)
-    losses, taken = StackedBAE.losses, []
-
-    def counted(self, *args, **kw):
-        taken.append(1)
-        return losses(self, *args, **kw)
-
-    monkeypatch.setattr(StackedBAE, "losses", counted)
+    training_steps.count()
     resumed = train_stacked_baes(sets, cfg, checkpoint=tmp_path / "run", **kwargs)
-    assert len(taken) == max(whole.steps) - kill_after  # only the steps the killed run had not
+    assert training_steps.taken == max(whole.steps) - kill_after  # only the steps not yet taken
     assert resumed.steps == whole.steps and resumed.histories == whole.histories
     for ours, theirs in zip(resumed.baes, whole.baes, strict=True):
         for name, value in theirs.state_dict().items():

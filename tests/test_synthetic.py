@@ -143,33 +143,21 @@ def test_run_writes_json_table_and_plots(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_grid_killed_inside_a_group_goes_on_from_its_checkpoint(tmp_path, monkeypatch):
+def test_a_grid_killed_inside_a_group_goes_on_from_its_checkpoint(tmp_path, training_steps):
     """Killed while a group's BAEs train, the grid run again takes only the steps left of that
     group and writes the rows of a run that was never interrupted."""
     from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT
-    from sae_lens_bae.training import stacked
-    from sae_lens_bae.training.deferred import LossHistory
 
-    monkeypatch.setattr(stacked, "CHECKPOINT_SECONDS", 0.0)
     preset = replace(PRESETS["test"], ablation=False,
                      recipe=PRESETS["test"].recipe.changed(steps=40, repair_rounds=0))  # fmt: skip
     whole = run_preset(preset, tmp_path / "a", progress=False)
-    record, calls = LossHistory.record, []
-
-    def killed(self, *args):
-        calls.append(1)
-        if len(calls) > 25:
-            raise KeyboardInterrupt
-        record(self, *args)
-
-    monkeypatch.setattr(LossHistory, "record", killed)
+    training_steps.kill(after=25)
     with pytest.raises(KeyboardInterrupt):
         run_preset(preset, tmp_path / "b", progress=False)
     assert (tmp_path / "b" / TRAINING_CHECKPOINT).is_dir()
-    calls.clear()
-    monkeypatch.setattr(LossHistory, "record", lambda self, *a: calls.append(1) or record(self, *a))
+    training_steps.count()
     assert run_preset(preset, tmp_path / "b", progress=False) == whole
-    assert len(calls) == max(row["steps"] for row in whole) - 25
+    assert training_steps.taken == max(row["steps"] for row in whole) - 25
     assert not (tmp_path / "b" / TRAINING_CHECKPOINT).exists()
 
 

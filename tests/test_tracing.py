@@ -167,41 +167,24 @@ def test_position_tracing_writes_json_table_and_plot(tiny_hf_llama_dir, tiny_cor
 
 
 def test_a_killed_position_trace_does_not_train_its_baes_again(
-    tiny_hf_llama_dir, tiny_corpus, tmp_path, monkeypatch
+    tiny_hf_llama_dir, tiny_corpus, tmp_path, training_steps
 ):
     """Killed while its BAEs train, the same command goes on from the last checkpoint and writes
     the rows an uninterrupted run writes, taking only the steps the killed run had not; the
     checkpoint is removed once the results are written."""
     from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT
-    from sae_lens_bae.training import stacked
-    from sae_lens_bae.training.deferred import LossHistory
 
-    monkeypatch.setattr(stacked, "CHECKPOINT_SECONDS", 0.0)
     recipe = QUICK.changed(converge=False, steps=20, seeds=1, repair_rounds=0)  # one training
     common = dict(model=str(tiny_hf_llama_dir), dataset=str(tiny_corpus), layers=(1,),
                   max_log2_position=1, n_sequences=200, recipe=recipe, reference=False)  # fmt: skip
     whole = entropy_positions.run(PositionTracingConfig(**common, out=tmp_path / "a"), False)
-    record, calls = LossHistory.record, []
-
-    def killed(self, *args):
-        calls.append(1)
-        if len(calls) > 12:
-            raise KeyboardInterrupt
-        record(self, *args)
-
-    monkeypatch.setattr(LossHistory, "record", killed)
+    training_steps.kill(after=12)
     with pytest.raises(KeyboardInterrupt):
         entropy_positions.run(PositionTracingConfig(**common, out=tmp_path / "b"), False)
     assert (tmp_path / "b" / TRAINING_CHECKPOINT / "checkpoint_complete.json").is_file()
-    calls.clear()
-
-    def counted(self, *args):
-        calls.append(1)
-        record(self, *args)
-
-    monkeypatch.setattr(LossHistory, "record", counted)
+    training_steps.count()
     again = entropy_positions.run(PositionTracingConfig(**common, out=tmp_path / "b"), False)
-    assert len(calls) == 20 - 12  # the trace's stacked training took only the steps left
+    assert training_steps.taken == 20 - 12  # the trace's stacked training took only the steps left
     assert again["cells"] == whole["cells"]
     assert not (tmp_path / "b" / TRAINING_CHECKPOINT).exists()
 
