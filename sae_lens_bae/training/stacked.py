@@ -161,7 +161,8 @@ class _Checkpoint:
         torch.save(state, partial)
         partial.replace(self.folder / _STATE_FILE)
         steps = state["progress"].n
-        info = {"n_training_steps": steps, "n_training_samples": steps * self.run["batch_size"]}
+        samples = steps * self.run["global_batch_size"]
+        info = {"n_training_steps": steps, "n_training_samples": samples}
         mark_complete(self.folder, **self.run, **info, finished=finished)
         self.saved_at = time.monotonic()
 
@@ -255,15 +256,8 @@ def train_stacked_baes(
             "checks": None if checks is None else checks.double().sum().item(),
         }
         inputs = _fingerprint(sets, settings)
-        saver = _Checkpoint(
-            Path(checkpoint),
-            {
-                "global_batch_size": batch_size,
-                "batch_size": batch_size,
-                "world_size": 1,
-                "inputs": inputs,
-            },
-        )
+        run_info = {"global_batch_size": batch_size, "world_size": 1, "inputs": inputs}
+        saver = _Checkpoint(Path(checkpoint), run_info)
         saved = saver.load()
         if saved is not None:
             model.load_state_dict(saved["model"])
