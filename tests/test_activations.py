@@ -52,6 +52,18 @@ def test_fp16_storage_and_resume_after_interruption(tiny_llama, tokens, tmp_path
     assert full.activations(HOOKS[0], dtype=torch.float16).dtype == torch.float16
 
 
+def test_a_damaged_index_is_refused_not_harvested_over(tiny_llama, tokens, tmp_path):
+    """Resuming into a folder whose index cannot be read ends in one line naming it; the index
+    and the shards stay as they were."""
+    harvest_activations(tiny_llama, tokens, HOOKS[:1], tmp_path, shard_sequences=16)
+    index, shard = tmp_path / "activations.json", tmp_path / "shard_00000.safetensors"
+    index.write_bytes(index.read_bytes()[:20])  # cut short
+    before, shard_before = index.read_bytes(), shard.read_bytes()
+    with pytest.raises(ValueError, match=r"activations.json is not an activation cache's index"):
+        harvest_activations(tiny_llama, tokens, HOOKS[:1], tmp_path, shard_sequences=16)
+    assert index.read_bytes() == before and shard.read_bytes() == shard_before
+
+
 def test_unknown_hook_name(tiny_llama, tokens, tmp_path):
     with pytest.raises(ValueError, match=r"Unknown hook name\(s\) \['blocks.1.hook_resid_pots'\]"):
         harvest_activations(tiny_llama, tokens, ["blocks.1.hook_resid_pots"], tmp_path)

@@ -9,7 +9,6 @@ tokenised dataset and stores, per shard, the token ids and the activations of ev
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -164,7 +163,8 @@ def harvest_activations(
         "tokens_sha": _fingerprint(tokens),
     }
     meta_path = out / META_FILE
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    fix = "harvest into another folder, or delete this one"
+    meta = read_json(meta_path, "an activation cache's index", fix) if meta_path.exists() else {}
     if {k: meta.get(k) for k in request} != request:
         meta = {**request, "n_shards_done": 0, "complete": False}  # a different request: restart
     write_json(meta_path, meta)
