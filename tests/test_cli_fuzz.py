@@ -11,12 +11,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import typer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sae_lens_bae.cli.options import Option, config_class, config_command, options_of
+from sae_lens_bae.cli.options import Option, config_class, options_of
 
 cli = importlib.import_module("sae_lens_bae.cli.app")  # the module; the package exports the app
 EXAMPLES = int(os.environ.get("BAE_FUZZ_EXAMPLES", "300"))
@@ -37,20 +36,8 @@ def _stub(run: Callable[..., Any]) -> Callable[..., Any]:
     return stub
 
 
-def _fuzz_app() -> tuple[typer.Typer, dict[tuple[str, ...], list[Option]]]:
-    root = typer.Typer(cls=cli._OneLineErrors, no_args_is_help=True, add_completion=False)
-    groups = {name: typer.Typer(no_args_is_help=True) for name in cli.GROUPS}
-    for name, group in groups.items():
-        root.add_typer(group, name=name)
-    commands = {}
-    for path, run, _, help_text in cli.COMMANDS:
-        parent = root if len(path) == 1 else groups[path[0]]
-        parent.command(path[-1])(config_command(_stub(run), doc=help_text))
-        commands[path] = options_of(config_class(run))
-    return root, commands
-
-
-APP, COMMANDS = _fuzz_app()
+APP = cli.build_app(_stub)
+COMMANDS = {path: options_of(config_class(run)) for path, run, *_ in cli.COMMANDS}
 RUNNER = CliRunner()
 
 

@@ -21,7 +21,7 @@ from sae_lens_bae.dashboard import site
 from sae_lens_bae.experiments import EXPERIMENTS, command_help
 from sae_lens_bae.training import live
 
-__all__ = ["COMMANDS", "app", "main"]
+__all__ = ["COMMANDS", "app", "build_app", "main"]
 
 GROUPS = {
     "bench": "Benchmarks with known answers.",
@@ -69,15 +69,6 @@ class _OneLineErrors(TyperGroup):
         sys.exit(result if isinstance(result, int) else 0)
 
 
-app = typer.Typer(
-    cls=_OneLineErrors,
-    help="Binary Autoencoders (BAE) on TransformerLens models, trained with SAELens.",
-    no_args_is_help=True,
-    add_completion=False,
-)
-
-
-@app.callback()
 def _options(
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of an error."),
 ) -> None:
@@ -95,18 +86,30 @@ def _report_printer(report: str | None) -> Callable[[Any, Any], None]:
     return after
 
 
-def _build(root: typer.Typer) -> None:
+def build_app(
+    runs: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda run: run,
+) -> typer.Typer:
+    """The ``bae`` app: a command per entry of ``COMMANDS``, each calling ``runs(run)`` (the run
+    itself; a test passes a stub that only receives the built config)."""
+    root = typer.Typer(
+        cls=_OneLineErrors,
+        help="Binary Autoencoders (BAE) on TransformerLens models, trained with SAELens.",
+        no_args_is_help=True,
+        add_completion=False,
+    )
+    root.callback()(_options)
     groups: dict[str, typer.Typer] = {}
     for name, help_text in GROUPS.items():
         groups[name] = typer.Typer(help=help_text, no_args_is_help=True)
         root.add_typer(groups[name], name=name)
     for path, run, report, help_text in COMMANDS:
         parent = root if len(path) == 1 else groups[path[0]]
-        command = config_command(run, doc=help_text, after=_report_printer(report))
+        command = config_command(runs(run), doc=help_text, after=_report_printer(report))
         parent.command(path[-1], help=help_text)(command)
+    return root
 
 
-_build(app)
+app = build_app()
 
 
 def main() -> None:

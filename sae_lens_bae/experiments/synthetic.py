@@ -200,13 +200,13 @@ def run_preset(
             r, preset.d, preset.train_states(r), preset.n_test, 1000 * r + seed
         )
         data[(r, seed)] = train, test, test_bits
+    checkpoint = None if out is None else out / TRAINING_CHECKPOINT
+    if checkpoint is not None and not resume:  # an interrupted group is trained from the start
+        shutil.rmtree(checkpoint, ignore_errors=True)
     for expansion, objective in groups:
         if (expansion, objective) in done:
             continue
         recipe = preset.recipe.changed(expansion=expansion, objective=objective)
-        checkpoint = None if out is None else out / TRAINING_CHECKPOINT
-        if checkpoint is not None and not resume:
-            shutil.rmtree(checkpoint, ignore_errors=True)
         estimates = estimate_entropies(
             [data[cell][0] for cell in cells],
             recipe,
@@ -245,8 +245,9 @@ def run_preset(
                 label = f"{'with' if objective else 'without'} objective, {expansion}x"
                 dynamics[label] = thin_history(cell.history)
         rows.sort(key=lambda row: groups.index((row["expansion"], row["objective"])))
-        if out is not None and checkpoint is not None:
+        if out is not None:
             write_outputs(preset, rows, dynamics, out)
+        if checkpoint is not None:
             shutil.rmtree(checkpoint, ignore_errors=True)  # the group's rows are written
     if out is not None and len(done) == len(groups):  # nothing trained: the report, rewritten
         write_outputs(preset, rows, dynamics, out)

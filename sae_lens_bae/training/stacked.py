@@ -41,7 +41,6 @@ from sae_lens_bae.training.checkpoints import (
     COMPLETE_MARKER,
     check_resumable,
     mark_complete,
-    read_marker,
 )
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
 from sae_lens_bae.training.deferred import LossHistory, progress_bits, sets_on_device
@@ -136,8 +135,7 @@ class _Checkpoint:
         short has none either); refuses another run's (``check_resumable``)."""
         if not (self.folder / COMPLETE_MARKER).is_file():
             return None
-        check_resumable(self.folder, self.run)
-        self.finished = bool(read_marker(self.folder).get("finished"))
+        self.finished = bool(check_resumable(self.folder, self.run).get("finished"))
         path = self.folder / _STATE_FILE
         try:
             state = torch.load(path, weights_only=False)
