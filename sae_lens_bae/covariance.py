@@ -25,11 +25,10 @@ from sae_lens_bae.covariance_products import (
 )
 from sae_lens_bae.fused_covariance import (
     band_tiles,
-    fused_applies,
     fused_gradient,
     fused_penalty,
 )
-from sae_lens_bae.fused_covariance_ops import fused_penalty_op
+from sae_lens_bae.fused_covariance_ops import compiled_penalty, fused_applies
 
 __all__ = ["autocast_off", "covariance_penalty", "dense_covariance_penalty"]
 
@@ -268,10 +267,11 @@ def covariance_penalty(
     if not 0 <= share[0] < share[1]:
         raise ValueError(f"share must be (rank, world) with 0 <= rank < world, got {share}")
     codes = codes if codes.ndim == 3 else codes.reshape(groups, batch, n)
-    if binary and torch.compiler.is_compiling() and fused_applies(codes, _EXACT_FP32_BATCH):
-        with torch.autocast(codes.device.type, enabled=False):
-            total, _ = fused_penalty_op(codes, *share, float(scale))
-        return total.to(torch.promote_types(codes.dtype, torch.float32)).reshape(stack)
+    fused = None
+    if binary and torch.compiler.is_compiling():
+        fused = compiled_penalty(codes, share, float(scale), _EXACT_FP32_BATCH)
+    if fused is not None:
+        return fused.to(torch.promote_types(codes.dtype, torch.float32)).reshape(stack)
     penalty = _CovariancePenalty.apply(codes, block_size, binary, share, float(scale))
     return penalty.reshape(stack)
 

@@ -12,7 +12,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from sae_lens_bae.losses import binary_entropy, total_loss
+from sae_lens_bae.losses import binary_entropy
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.binary import bits_to_values
 
@@ -102,8 +102,7 @@ def held_out_objective(
         bits = bae.encode_bits(x)
         out = bae.decode(bits_to_values(bits, bae.cfg.bits))
         terms = bae.objective(x, out, bits, bae.cfg.coefficients())
-        terms.pop("batch_entropy_bits")
-        totals.append(float(total_loss(terms)))
+        totals.append(float(terms["loss"]))
     return sum(totals) / len(totals)
 
 

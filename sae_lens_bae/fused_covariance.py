@@ -44,7 +44,6 @@ __all__ = [
     "HAS_TRITON",
     "SIGN_CACHE_LIMIT",
     "band_tiles",
-    "fused_applies",
     "fused_backward",
     "fused_backward_from_signs",
     "fused_forward",
@@ -249,13 +248,6 @@ if HAS_TRITON:
                 tl.atomic_add(
                     grad + offsets + rows[None, :], tl.dot(x_j, tl.trans(sign)), mask=in_rows
                 )
-
-
-def fused_applies(codes: Tensor, max_batch: int) -> bool:
-    """Whether binary codes [G, B, n] take the kernels: triton, a device of ``FUSED_DEVICES``,
-    and a batch of at most ``max_batch`` (exact fp32 tiles). Eager steps reach them through
-    ``covariance``'s autograd Function, compiled graphs through :func:`fused_penalty_op`."""
-    return HAS_TRITON and codes.device.type in FUSED_DEVICES and codes.shape[1] <= max_batch
 
 
 def _check(codes: Tensor) -> None:

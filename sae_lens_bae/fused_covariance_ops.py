@@ -11,7 +11,30 @@ from torch import Tensor
 from sae_lens_bae import fused_covariance
 from sae_lens_bae.fused_covariance import fused_gradient, fused_penalty
 
-__all__ = ["fused_gradient_op", "fused_penalty_op"]
+__all__ = ["compiled_penalty", "fused_applies", "fused_gradient_op", "fused_penalty_op"]
+
+
+def fused_applies(codes: Tensor, max_batch: int) -> bool:
+    """Whether binary codes [G, B, n] take the kernels: triton, a device of ``FUSED_DEVICES``,
+    and a batch of at most ``max_batch`` (exact fp32 tiles). Eager steps reach them through
+    ``covariance``'s autograd Function, compiled graphs through :func:`compiled_penalty`."""
+    return (
+        fused_covariance.HAS_TRITON
+        and codes.device.type in fused_covariance.FUSED_DEVICES
+        and codes.shape[1] <= max_batch
+    )
+
+
+def compiled_penalty(
+    codes: Tensor, share: tuple[int, int], scale: float, max_batch: int
+) -> Tensor | None:
+    """Inside a compiled graph: the penalty of binary codes [G, B, n] through
+    :func:`fused_penalty_op` (fp32, autocast off) where the kernels apply, else None."""
+    if not fused_applies(codes, max_batch):
+        return None
+    with torch.autocast(codes.device.type, enabled=False):
+        total, _ = fused_penalty_op(codes, *share, scale)
+    return total
 
 
 @torch.library.custom_op("sae_lens_bae::fused_covariance_penalty", mutates_args=())

@@ -30,7 +30,6 @@ __all__ = [
     "dense_covariance_penalty",
     "minibatch_entropy",
     "reconstruction_loss",
-    "total_loss",
 ]
 
 _LN2 = math.log(2.0)
@@ -118,6 +117,7 @@ def bae_objective(
     covariance_block_size: int | None = None,
     batch: GlobalBatch | None = None,
     global_bits: Float[Tensor, "*stack global_batch n_bits"] | None = None,
+    covariance_off: Float[Tensor, "*stack"] | None = None,
 ) -> dict[str, Float[Tensor, "*stack"]]:
     """The BAE's training loss terms for a minibatch, per member of a stack of BAEs.
 
@@ -128,13 +128,16 @@ def bae_objective(
     entropy, detached, for logging). Each has the shape of the leading ``stack`` dimensions: ()
     for one BAE, [G] for a ``StackedBAE``. Beside them, ``batch_mean_code`` (detached, [*stack,
     n_bits]): the mean code the entropy was measured on, which trainers fold into their running
-    mean code (one reduction over the codes, not two). ``total_loss`` sums the terms; every
+    mean code (one reduction over the codes, not two); and ``loss``, the training loss: the terms
+    summed in that order, those that are off left out (they add zero, and a kernel). Every
     trainer calls this one function, so a change to the objective is made once.
 
     ``batch``: in data-parallel training, the ranks' minibatches as one (``GlobalBatch.of()``):
     every term is then the one of the concatenated global minibatch, on every rank, and its
     gradient is what ``DistributedDataParallel`` averages into the single-process gradient.
     ``global_bits``: ``batch.gather(bits, codes=True)`` if the caller already has it.
+    ``covariance_off``: per member of a stack, True where that BAE trains without the covariance
+    term (its final phase after it converged).
     """
     if bits.shape[:-1] != sae_in.shape[:-1] or sae_out.shape != sae_in.shape:
         raise ValueError(
@@ -172,9 +175,17 @@ def bae_objective(
             scale=covariance_coefficient,
         )
         covariance = batch.sum(penalty)
+        if covariance_off is not None:
+            covariance = covariance.masked_fill(covariance_off, 0.0)
     else:
         covariance = zero
+    loss = reconstruction
+    if entropy_on and entropy_coefficient != 0:
+        loss = loss + entropy
+    if covariance_coefficient > 0:
+        loss = loss + covariance
     return {
+        "loss": loss,
         "reconstruction_loss": reconstruction,
         "entropy_loss": entropy,
         "covariance_loss": covariance,
@@ -189,7 +200,7 @@ _ZEROS: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
 def _zero_term(like: Tensor) -> Tensor:
     """A term that is off (zero) with ``like``'s shape, device and dtype: outside a compiled graph
-    a view of a zero made once, which costs no kernel and which ``total_loss`` leaves out of its
+    a view of a zero made once, which costs no kernel and which the loss leaves out of its
     sum (a small BAE's GPU step costs its launches)."""
     if torch.compiler.is_compiling():  # a compiled graph fuses it anyway
         return torch.zeros_like(like)
@@ -197,10 +208,6 @@ def _zero_term(like: Tensor) -> Tensor:
     if key not in _ZEROS:
         _ZEROS[key] = torch.zeros((), dtype=like.dtype, device=like.device)
     return _ZEROS[key].expand(like.shape)
-
-
-def _is_zero_term(term: Tensor) -> bool:
-    return term._base is not None and term._base is _ZEROS.get((term.device, term.dtype))
 
 
 def _squared_error(out: Tensor, target: Tensor, reduction: str) -> Tensor:
@@ -214,13 +221,3 @@ def _squared_error(out: Tensor, target: Tensor, reduction: str) -> Tensor:
 
 LOSS_TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss")
 """The terms of ``bae_objective`` that make up the training loss, in the order they are summed."""
-
-
-def total_loss(terms: dict[str, Tensor]) -> Tensor:
-    """The training loss of ``bae_objective``'s terms, summed in one order by every trainer (the
-    terms that are off this step are left out: they add zero, and a kernel)."""
-    total = terms[LOSS_TERMS[0]]
-    for name in LOSS_TERMS[1:]:
-        if not _is_zero_term(terms[name]):
-            total = total + terms[name]
-    return total

@@ -346,7 +346,7 @@ def test_terms_that_are_off_cost_no_kernel_and_add_nothing():
     products), the mean code (one reduction, shared with the running mean) and one add: six
     kernels (ATen ops as the step benchmark counts them), where zero terms made and added cost
     four more."""
-    from sae_lens_bae.losses import bae_objective, total_loss
+    from sae_lens_bae.losses import bae_objective
 
     generator = torch.Generator().manual_seed(0)
     sae_in, sae_out = torch.randn(2, 64, 8, generator=generator).unbind()
@@ -356,7 +356,7 @@ def test_terms_that_are_off_cost_no_kernel_and_add_nothing():
     with counter_class() as kernels:  # the second call: the zero the off terms view is made once
         terms = bae_objective(sae_in, sae_out, bits, entropy_coefficient=1e-2,
                               covariance_coefficient=0.0)  # fmt: skip
-        total = total_loss(terms)
+    total = terms["loss"]
     assert kernels.ops == ["mse_loss", "mean", "binary_cross_entropy", "mul", "mul", "add"]
     assert terms["covariance_loss"].item() == 0.0 and terms["covariance_loss"].shape == ()
     expected = terms["reconstruction_loss"] + terms["entropy_loss"]
@@ -367,7 +367,7 @@ def test_terms_that_are_off_cost_no_kernel_and_add_nothing():
                             bits.expand(3, -1, -1), entropy_coefficient=1e-2,
                             covariance_coefficient=0.0, entropy_on=False)  # fmt: skip
     assert stacked["entropy_loss"].shape == stacked["covariance_loss"].shape == (3,)
-    assert torch.equal(total_loss(stacked), stacked["reconstruction_loss"])
+    assert torch.equal(stacked["loss"], stacked["reconstruction_loss"])
 
 
 def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does():

@@ -21,7 +21,6 @@ from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, fused_covariance
 from sae_lens_bae.covariance import covariance_penalty
 from sae_lens_bae.fused_covariance import (
     HAS_TRITON,
-    fused_applies,
     fused_backward,
     fused_backward_from_signs,
     fused_forward,
@@ -29,6 +28,7 @@ from sae_lens_bae.fused_covariance import (
     sign_matrix,
     tile_pairs,
 )
+from sae_lens_bae.fused_covariance_ops import fused_applies
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from sae_lens_bae.global_batch import GlobalBatch
-from sae_lens_bae.losses import LOSS_TERMS, bae_objective, total_loss
+from sae_lens_bae.losses import LOSS_TERMS, bae_objective
 from sae_lens_bae.saes import binary
 from sae_lens_bae.saes.bae_config import (
     ARCHITECTURE,
@@ -359,7 +359,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             sae_in, sae_out, bits, step_input.coefficients, global_bits=global_bits,
             entropy_on=schedule.entropy_on(n), covariance_on=schedule.covariance_on(n),
         )  # fmt: skip
-        entropy_bits = losses.pop("batch_entropy_bits")
+        loss, entropy_bits = losses.pop("loss"), losses.pop("batch_entropy_bits")
         mean_code = losses.pop("batch_mean_code")  # of the global minibatch
         flat_bits = global_bits.detach()
         window = (self.window_counts[None], self.window_samples) if counting else None
@@ -382,7 +382,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             sae_out=sae_out,
             feature_acts=feature_acts,
             hidden_pre=hidden_pre,
-            loss=total_loss(losses),
+            loss=loss,
             losses=losses,
             metrics={
                 "batch_entropy_bits": entropy_bits,

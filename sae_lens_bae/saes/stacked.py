@@ -165,10 +165,8 @@ class StackedBAE(nn.Module):
             entropy_coefficient=coefficients["entropy"],
             covariance_coefficient=covariance,
             entropy_on=schedule.entropy_on(n_training_steps),
+            covariance_off=None if covariance_off is None else torch.tensor(covariance_off),
         )
-        if covariance > 0 and covariance_off is not None and any(covariance_off):
-            off = torch.tensor(list(covariance_off), device=x.device)
-            terms["covariance_loss"] = terms["covariance_loss"].masked_fill(off, 0.0)
         counting = schedule.window_counted(n_training_steps)  # none past the last resampling
         window = (self.window_counts, self.window_samples) if counting else None
         batch_mean = terms.pop("batch_mean_code")
