@@ -9,7 +9,16 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Stopwatch", "cell", "markdown_table", "read_json", "write_json", "write_text"]
+__all__ = [
+    "Stopwatch",
+    "cell",
+    "markdown_table",
+    "read_json",
+    "read_json_list",
+    "read_jsonl",
+    "write_json",
+    "write_text",
+]
 
 
 class Stopwatch:
@@ -49,11 +58,37 @@ def read_json(path: str | Path, what: str, fix: str, fields: Sequence[str] = ())
     """The JSON object in ``path``, which should be ``what``; a file that is not one (not UTF-8,
     not JSON, not an object, or without one of ``fields``) raises ValueError in one line naming
     it and saying ``fix``. A missing file raises FileNotFoundError."""
+    return _checked(_parse(Path(path), Path(path).read_bytes(), what, fix), path, what, fix, fields)
+
+
+def read_jsonl(
+    path: str | Path, what: str, fix: str, fields: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """The JSON objects of ``path``, one per non-empty line, checked as :func:`read_json` checks
+    one (an empty file is no rows)."""
     path = Path(path)
+    lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+    return [_checked(_parse(path, line, what, fix), path, what, fix, fields) for line in lines]
+
+
+def read_json_list(path: str | Path, what: str, fix: str) -> list[Any]:
+    """The JSON array in ``path``, refused in one line as :func:`read_json` refuses."""
+    data = _parse(Path(path), Path(path).read_bytes(), what, fix)
+    if not isinstance(data, list):
+        raise ValueError(f"{path} is not {what} (not a JSON array); {fix}")
+    return data
+
+
+def _parse(path: Path, text: bytes, what: str, fix: str) -> Any:
     try:
-        data = json.loads(path.read_text())
+        return json.loads(text.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is not {what} ({type(error).__name__}); {fix}") from None
+
+
+def _checked(
+    data: Any, path: str | Path, what: str, fix: str, fields: Sequence[str]
+) -> dict[str, Any]:
     missing = [name for name in fields if name not in data] if isinstance(data, dict) else None
     if missing is None or missing:
         lacks = "not a JSON object" if missing is None else f"no {missing[0]!r}"

@@ -148,3 +148,62 @@ def test_feature_target_on_hand_made_rows():
     assert not meets_target(rows, "bae", ["topk15", "standard"])
     rows["bae"]["constant"], rows["bae"]["dead"] = 9, 1
     assert not meets_target(rows, "bae", ["topk15", "standard"])
+
+
+@pytest.mark.slow
+def test_compare_killed_midway_trains_no_finished_model_again(
+    tiny_hf_llama_dir, tiny_corpus, tmp_path, monkeypatch
+):
+    """Killed while the second model trains, then while evaluating, ``bae compare`` run again
+    goes on from its checkpoints: the finished models train no step again, the interrupted one
+    only the steps after its last checkpoint, and the table is the one of a run never killed."""
+    from sae_lens_bae.experiments import layer_study
+    from sae_lens_bae.training import transcoder as transcoder_module
+    from sae_lens_bae.training.trainer import RecordingTrainer
+
+    steps = {"sae": 0, "transcoder": 0, "kill_at": None}
+    step = RecordingTrainer.step
+
+    def counted(trainer, batch):
+        if steps["kill_at"] is not None and steps["sae"] >= steps["kill_at"]:
+            raise KeyboardInterrupt
+        steps["sae"] += 1
+        return step(trainer, batch)
+
+    def counted_range(*args, **kwargs):
+        for i in trange(*args, **kwargs):
+            steps["transcoder"] += 1
+            yield i
+
+    trange = transcoder_module.trange
+    monkeypatch.setattr(RecordingTrainer, "step", counted)
+    monkeypatch.setattr(transcoder_module, "trange", counted_range)
+
+    def run(out, kill_at=None):
+        steps.update(sae=0, transcoder=0, kill_at=kill_at)
+        cfg = CompareConfig(dataset=str(tiny_corpus), model=str(tiny_hf_llama_dir),
+                            context_size=32, max_sequences=64, steps=20, batch_size=64,
+                            baselines=("topk", "transcoder"), spliced_sequences=4,
+                            records_k=4, activated_min_samples=2, out=out)  # fmt: skip
+        return compare.run(cfg, progress=False)
+
+    never_killed = run(tmp_path / "whole")
+    assert steps == {"sae": 40, "transcoder": 20, "kill_at": None}
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "killed", kill_at=20 + 12)  # the BAE done, topk at step 12 of 20
+    evaluate = layer_study.evaluate_model
+
+    def killed_evaluation(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "evaluate_model", killed_evaluation)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "killed")
+    # topk went on from its last checkpoint: SAELens checkpoints once past each fifth of the
+    # 1280 samples, i.e. after steps 5, 9, 13 and 17 of 64 rows
+    assert steps["sae"] == 20 - 9 and steps["transcoder"] == 20
+    monkeypatch.setattr(compare, "evaluate_model", evaluate)
+    finished = run(tmp_path / "killed")
+    assert steps["sae"] == 0 and steps["transcoder"] == 0  # every model read from its checkpoint
+    assert finished["models"] == never_killed["models"]
+    assert not (tmp_path / "killed" / "training-checkpoint").exists()  # removed with the results

@@ -22,22 +22,47 @@ def request_key(body: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+_TABLES = {"replies": ["key", "model", "request", "reply"], "batches": ["requests", "batch_id"]}
+"""The cache's tables and their columns, as ``ReplyCache`` creates them."""
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_cache(path: Path) -> None:
+    """Refuse, in one line and without writing to it, a file that is not a reply cache: not an
+    SQLite database, a damaged one, or one without this cache's tables."""
+    fix = "delete it to start a new cache (or give another --out)"
+    with path.open("rb") as file:
+        if file.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
+            raise ValueError(f"{path} is not a ComSem reply cache (not an SQLite file); {fix}")
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            healthy = db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+            tables = {t: [row[1] for row in db.execute(f"PRAGMA table_info({t})")] for t in _TABLES}
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as error:
+        raise ValueError(f"{path} is not a ComSem reply cache ({error}); {fix}") from None
+    if not healthy or tables != _TABLES:
+        why = "damaged" if not healthy else "other tables"
+        raise ValueError(f"{path} is not a ComSem reply cache ({why}); {fix}")
+
+
 class ReplyCache:
     """``get``/``put`` of replies by request key; ``path=None`` keeps them in memory only."""
 
     def __init__(self, path: str | Path | None) -> None:
         if path is not None:
+            if Path(path).exists():
+                _check_cache(Path(path))
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._db = sqlite3.connect(":memory:" if path is None else str(path))
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, model TEXT, "
-            "request TEXT, reply TEXT)"
-        )
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS batches (requests TEXT PRIMARY KEY, batch_id TEXT)"
-        )
+        for table, columns in _TABLES.items():
+            key, *rest = columns
+            typed = ", ".join([f"{key} TEXT PRIMARY KEY", *(f"{c} TEXT" for c in rest)])
+            self._db.execute(f"CREATE TABLE IF NOT EXISTS {table} ({typed})")
         self._db.commit()
 
     def get(self, key: str) -> dict[str, Any] | None:

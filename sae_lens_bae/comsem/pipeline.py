@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 from collections.abc import Coroutine, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from sae_lens_bae.comsem.report import summarise, write_report
 from sae_lens_bae.comsem.samples import samples_for
 from sae_lens_bae.comsem.stages import calibrate, explain, judge, score
 from sae_lens_bae.features.records import FeatureRecords
+from sae_lens_bae.reports import read_jsonl
 
 T = TypeVar("T")
 
@@ -148,6 +148,7 @@ def comsem_columns(
         rows[name]["comsem_activated"] = summary["activated"]
         rows[name]["comsem_interpretable"] = summary["interpretable"]
         rows[name]["comsem_score"] = summary["mean_score"]
-        lines = (folder / "features.jsonl").read_text().splitlines()
-        scores[name] = [s for s in (json.loads(x)["score"] for x in lines) if s is not None]
+        fix = f"delete {folder} to judge {name} again"
+        judged = read_jsonl(folder / "features.jsonl", "a ComSem run's features", fix, ("score",))
+        scores[name] = [row["score"] for row in judged if row["score"] is not None]
     return scores

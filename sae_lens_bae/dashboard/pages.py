@@ -4,7 +4,6 @@ ComSem run (explanation, score). Plain data: ``html.py`` renders it."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.features.records import FeatureRecords
+from sae_lens_bae.reports import read_jsonl
 
 __all__ = ["Context", "FeaturePage", "build_pages", "comsem_results", "logit_lens"]
 
@@ -50,7 +50,8 @@ def comsem_results(folder: str | Path) -> dict[int, dict[str, Any]]:
     path = Path(folder) / "features.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"No features.jsonl in {folder}: give the --out of bae interpret")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    fix = "run bae interpret again into a new --out"
+    rows = read_jsonl(path, "a ComSem run's features", fix, ("feature",))
     return {int(row["feature"]): row for row in rows}
 
 

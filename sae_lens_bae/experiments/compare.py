@@ -12,6 +12,7 @@ All activations are scaled once by sqrt(d) / (mean training norm), as SAELens'
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from torch import Tensor
 
 from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.comsem import ClientConfig, comsem_columns
-from sae_lens_bae.experiments.common import LayerData
+from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, LayerData
 from sae_lens_bae.experiments.layer_study import (
     EvaluationSettings,
     evaluate_model,
@@ -43,7 +44,14 @@ from sae_lens_bae.reports import Stopwatch, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
 from sae_lens_bae.saes.bae_presets import PresetName
 from sae_lens_bae.saes.canonical import canonicalise
-from sae_lens_bae.training import BASELINES, baseline_configs, train_sae, train_transcoder
+from sae_lens_bae.training import (
+    BASELINES,
+    TrainingRun,
+    baseline_configs,
+    train_sae,
+    train_transcoder,
+)
+from sae_lens_bae.training.checkpoints import COMPLETE_MARKER
 
 __all__ = ["REPORT", "CompareConfig", "run"]
 
@@ -128,10 +136,26 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     trainer = {"training_samples": samples, "batch_size": cfg.batch_size, "device": cfg.device}
     trainer["seed"] = cfg.seed
 
+    # every model checkpoints under OUT/training-checkpoint until the results are written: the
+    # same command run again after a kill goes on from there and trains no finished model again
+    checkpoints = out / TRAINING_CHECKPOINT
+
+    def fit(name: str, sae_cfg: Any, lr: float) -> TrainingRun:
+        folder = checkpoints / name
+        resume = folder.is_dir() and any(folder.rglob(COMPLETE_MARKER))
+        checkpoints_on = {"n_checkpoints": 4, "save_final_checkpoint": True}
+        run = train_sae(
+            train, sae_cfg, lr=lr, checkpoint_dir=folder, resume=resume, **checkpoints_on, **trainer
+        )
+        for kept in folder.iterdir():  # the final checkpoint is all a rerun needs
+            if kept.is_dir() and not kept.name.startswith("final_"):
+                shutil.rmtree(kept)
+        return run
+
     runs: dict[str, Any] = {}
     histories: dict[str, list[dict[str, float]]] = {}
     bae_cfg = bae_config(d_in, cfg.expansion * d_in, preset=cfg.bae_preset, **cfg.bae_kwargs)
-    run = train_sae(train, bae_cfg, lr=BAE_PRESETS[cfg.bae_preset].lr, **trainer)
+    run = fit("bae", bae_cfg, BAE_PRESETS[cfg.bae_preset].lr)
     runs["bae"], histories["bae"] = run.sae, run.history
     if cfg.canonicalise:
         runs["bae"] = canonicalise(run.sae)
@@ -139,7 +163,7 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     for name, sae_cfg in baseline_configs(
         d_in, cfg.expansion, cfg.baselines, cfg.l1_coefficient
     ).items():
-        run = train_sae(train, sae_cfg, lr=cfg.lr, **trainer)
+        run = fit(name, sae_cfg, cfg.lr)
         runs[name], histories[name] = run.sae, run.history
         lap(f"train {name}")
     if "transcoder" in cfg.baselines:
@@ -154,6 +178,7 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             device=cfg.device,
             seed=cfg.seed,
             progress=progress,
+            checkpoint=checkpoints / "transcoder.pt",
         )
         lap("train transcoder")
 
@@ -233,6 +258,7 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         plot_comsem_scores(comsem_scores, out / "comsem_scores.png", title=title)
     lap("report")
     write_json(out / "compare.json", summary)  # again, with the report's seconds
+    shutil.rmtree(checkpoints, ignore_errors=True)  # the results are written
     return summary
 
 

@@ -101,7 +101,8 @@ def earlier_rows(
     ]
     dynamics = {}
     if rows and (out / DYNAMICS).exists():
-        dynamics = json.loads((out / DYNAMICS).read_text())
+        fix = f"delete it to record the training dynamics again with {out}"
+        dynamics = read_json(out / DYNAMICS, "synthetic training dynamics", fix)
     return rows, dynamics
 
 

@@ -9,8 +9,12 @@ rule for whether a run may go on from it.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from torch import Tensor
 
 from sae_lens_bae.reports import read_json, write_json
 from sae_lens_bae.saes.bae_config import RETIRED_FIELDS
@@ -18,6 +22,7 @@ from sae_lens_bae.saes.bae_config import RETIRED_FIELDS
 __all__ = [
     "COMPLETE_MARKER",
     "check_resumable",
+    "fingerprint",
     "latest_checkpoint",
     "mark_complete",
     "read_marker",
@@ -26,6 +31,16 @@ __all__ = [
 
 COMPLETE_MARKER = "checkpoint_complete.json"
 """Written last into a checkpoint folder: ``{"n_training_samples", "n_training_steps", ...}``."""
+
+
+def fingerprint(sets: Sequence[Tensor], settings: dict[str, Any]) -> str:
+    """What makes two training calls the same run (``run["inputs"]`` of ``check_resumable``):
+    the settings and every data set's shape and sums."""
+    digest = hashlib.sha256(repr(sorted(settings.items())).encode())
+    for x in sets:
+        sums = (x.double().sum().item(), x.double().abs().sum().item())
+        digest.update(repr((tuple(x.shape), sums)).encode())
+    return digest.hexdigest()[:16]
 
 
 def mark_complete(checkpoint: str | Path, **info: Any) -> None:

@@ -13,7 +13,6 @@ there, to the weights of a run that was never interrupted, or returns the finish
 
 from __future__ import annotations
 
-import hashlib
 import math
 import pickle
 import time
@@ -28,7 +27,7 @@ from sae_lens.training.optim import get_lr_scheduler
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sae_lens_bae.losses import binary_entropy, total_loss
+from sae_lens_bae.losses import binary_entropy
 from sae_lens_bae.saes.bae import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
@@ -40,6 +39,7 @@ from sae_lens_bae.saes.stacked import StackedBAE
 from sae_lens_bae.training.checkpoints import (
     COMPLETE_MARKER,
     check_resumable,
+    fingerprint,
     mark_complete,
 )
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
@@ -109,16 +109,6 @@ def _check(
     squares = states.double().pow(2).sum(dim=(1, 2)).clamp_min(1e-30)
     entropy = binary_entropy(bits.float().mean(1))
     return (sse / squares).tolist(), entropy.tolist()
-
-
-def _fingerprint(sets: Sequence[Tensor], settings: dict[str, Any]) -> str:
-    """What makes two calls the same run: the settings and every set's shape and sums (a
-    checkpoint of another run in the same folder is refused, not continued)."""
-    digest = hashlib.sha256(repr(sorted(settings.items())).encode())
-    for x in sets:
-        sums = (x.double().sum().item(), x.double().abs().sum().item())
-        digest.update(repr((tuple(x.shape), sums)).encode())
-    return digest.hexdigest()[:16]
 
 
 class _Checkpoint:
@@ -253,7 +243,7 @@ def train_stacked_baes(
             "rules": (repr(convergence), repr(drain_hold), init is not None),
             "checks": None if checks is None else checks.double().sum().item(),
         }
-        inputs = _fingerprint(sets, settings)
+        inputs = fingerprint(sets, settings)
         run_info = {"global_batch_size": batch_size, "world_size": 1, "inputs": inputs}
         saver = _Checkpoint(Path(checkpoint), run_info)
         saved = saver.load()
@@ -301,7 +291,7 @@ def train_stacked_baes(
         off = [g in run.ends for g in run.active] if run.ends else None
         losses = model.losses(batch, run.clock, members, off, resample=run.fresh)
         run.fresh = not run.holding  # a held step leaves the clock where it is
-        total_loss(losses).sum().backward()
+        losses.pop("loss").sum().backward()
         model.clip_grad_norms_(1.0)
         optimizer.step()
         if not run.holding:

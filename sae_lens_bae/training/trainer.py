@@ -10,7 +10,6 @@ minibatches: a killed and resumed run ends with the weights of an uninterrupted 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from torch import Tensor
 
 from sae_lens_bae.activations.cache import ActivationCache
 from sae_lens_bae.losses import reconstruction_loss
-from sae_lens_bae.reports import write_json
+from sae_lens_bae.reports import read_json_list, write_json
 from sae_lens_bae.saes.bae import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
@@ -36,6 +35,7 @@ from sae_lens_bae.saes.bae import (
 )
 from sae_lens_bae.training.checkpoints import (
     check_resumable,
+    fingerprint,
     latest_checkpoint,
     mark_complete,
     read_marker,
@@ -149,11 +149,13 @@ class RecordingTrainer(SAETrainer[Any, Any]):
             return
         write_json(checkpoint_path / HISTORY_FILE, self.history)
         batches = self.data_provider.count if isinstance(self.data_provider, _Counted) else None
-        # SAETrainer checkpoints inside a step, before it counts that step as done
+        # SAETrainer checkpoints inside a step, before it counts that step as done; its final
+        # checkpoint after the last one
+        in_step = not checkpoint_path.name.startswith("final_")
         mark_complete(
             checkpoint_path,
             n_training_samples=self.n_training_samples,
-            n_training_steps=self.n_training_steps + 1,
+            n_training_steps=self.n_training_steps + in_step,
             batches_read=batches,
             **self.marker_info,
         )
@@ -167,7 +169,10 @@ class RecordingTrainer(SAETrainer[Any, Any]):
         self.sae.load_weights_from_checkpoint(checkpoint)
         self.n_training_steps = int(marker["n_training_steps"])
         history = checkpoint / HISTORY_FILE
-        self.history = json.loads(history.read_text()) if history.is_file() else []
+        fix = "delete that checkpoint folder and resume from an earlier one, or start again"
+        self.history = (
+            read_json_list(history, "a training loss history", fix) if history.is_file() else []
+        )
         self.checkpoint_thresholds = [
             threshold
             for threshold in self.checkpoint_thresholds
@@ -257,6 +262,13 @@ def train_sae(
     info: dict[str, Any] = {"global_batch_size": batch_size * world, "world_size": world}
     if distributed and isinstance(activations, ActivationCache):
         info["data"] = "cache blocks"
+    if isinstance(activations, Tensor) and checkpoint_dir is not None:
+        settings = {
+            "cfg": repr(sorted(cfg.to_dict().items())),
+            "schedule": (lr, seed, training_samples, epochs),  # the global batch: checked apart
+            "trainer": repr(trainer_kwargs),
+        }
+        info["inputs"] = fingerprint([activations], settings)
     checkpoint = latest_checkpoint(checkpoint_dir) if resume else None
     marker = check_resumable(checkpoint, info) if checkpoint else {}  # before any data is read
     start = int(marker.get("batches_read", 0))

@@ -9,6 +9,10 @@ Adam with gradients clipped to norm 1, as ``SAETrainer`` does.
 
 from __future__ import annotations
 
+import os
+import pickle
+import zipfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +22,7 @@ from torch import Tensor
 from tqdm.auto import trange
 
 from sae_lens_bae.losses import reconstruction_loss
+from sae_lens_bae.training.checkpoints import fingerprint
 from sae_lens_bae.training.trainer import activation_batches
 
 __all__ = ["train_transcoder"]
@@ -36,15 +41,26 @@ def train_transcoder(
     seed: int = 0,
     record_every: int = 10,
     progress: bool = True,
+    checkpoint: str | Path | None = None,
 ) -> tuple[Transcoder, list[dict[str, float]]]:
     """A ``Transcoder`` mapping ``inputs`` (e.g. an MLP's input) to ``targets`` (e.g. the layer's
     residual output), and its loss history (``reconstruction_loss`` is comparable with
-    ``train_sae``'s: mean squared error over batch and dimensions)."""
+    ``train_sae``'s: mean squared error over batch and dimensions). ``checkpoint``: a file where
+    the finished transcoder is kept, with a fingerprint of its data and settings; the same call
+    run again returns it without training."""
     if inputs.ndim != 2 or targets.ndim != 2 or inputs.shape[0] != targets.shape[0]:
         raise ValueError(
             f"inputs [n, d_in] and targets [n, d_out] need the same n; got {tuple(inputs.shape)} "
             f"and {tuple(targets.shape)}"
         )
+    settings = {
+        "shape": d_sae,
+        "schedule": (training_samples, batch_size, lr, seed, record_every),
+        "l1": l1_coefficient,
+    }
+    inputs_key = fingerprint([inputs, targets], settings)
+    if checkpoint is not None and Path(checkpoint).exists():
+        return _load_finished(Path(checkpoint), inputs_key, device)
     d_in = inputs.shape[1]
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -77,4 +93,39 @@ def train_transcoder(
             row["reconstruction_loss"] = reconstruction_loss(out.detach(), y).item()
             history.append(row)
     transcoder.eval()
+    if checkpoint is not None:  # a temporary name, then renamed: a kill leaves no half file
+        partial = Path(checkpoint).with_name(f".{Path(checkpoint).name}.partial")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "inputs": inputs_key,
+            "cfg": (d_in, d_sae, targets.shape[1]),
+            "weights": transcoder.state_dict(),
+            "history": history,
+        }
+        torch.save(state, partial)
+        os.replace(partial, checkpoint)
     return transcoder, history
+
+
+_UNREADABLE = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile)
+"""What ``torch.load`` raises on a file that is not a torch save."""
+
+
+def _load_finished(
+    path: Path, inputs: str, device: str
+) -> tuple[Transcoder, list[dict[str, float]]]:
+    fix = "delete it to train the transcoder again"
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+        d_in, d_sae, d_out = state["cfg"]
+        config = TranscoderConfig(d_in=d_in, d_sae=d_sae, d_out=d_out, apply_b_dec_to_input=False)
+        transcoder = Transcoder(config).to(device)
+        transcoder.load_state_dict(state["weights"])
+    except (*_UNREADABLE, KeyError, TypeError, ValueError) as error:
+        raise ValueError(
+            f"{path} is not a finished transcoder ({type(error).__name__}); {fix}"
+        ) from None
+    if state.get("inputs") != inputs:
+        raise ValueError(f"{path} holds a transcoder of other data or settings; {fix}")
+    transcoder.eval()
+    return transcoder, state["history"]
