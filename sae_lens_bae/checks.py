@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
-__all__ = ["check_ranges", "ranged"]
+__all__ = ["check_ranges", "existing", "ranged"]
 
 
 def ranged(
@@ -24,12 +25,23 @@ def ranged(
     return dataclasses.field(default=default, metadata={"range": (low, above, high, below)})
 
 
+def existing(kind: Literal["file", "folder"], fix: str, default: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field holding a path (or None) that must name an existing ``kind`` when
+    given; ``fix`` says where such a path comes from. No ``default``: a required field."""
+    return dataclasses.field(default=default, metadata={"exists": (kind, fix)})
+
+
 def check_ranges(config: Any) -> None:
-    """Raise ValueError on the first field of ``config`` outside its declared range."""
+    """Raise ValueError on the first field of ``config`` outside its declared range, and
+    FileNotFoundError on the first path field naming nothing of its kind."""
     for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if "exists" in field.metadata and value is not None:
+            kind, fix = field.metadata["exists"]
+            if not (Path(value).is_file() if kind == "file" else Path(value).is_dir()):
+                raise FileNotFoundError(f"{field.name}: no {kind} {value}; {fix}")
         if "range" not in field.metadata:
             continue
-        value = getattr(config, field.name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):

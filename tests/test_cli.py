@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 import typing
@@ -63,9 +64,13 @@ def _recording_app(run):
     return recording, seen
 
 
-def _other_value(option):
-    """Command-line text for a valid value of ``option`` other than its default."""
+def _other_value(option, cls=None):
+    """Command-line text for a valid value of ``option`` other than its default (a path field
+    that must exist: a file or folder that ``_paths_here`` makes)."""
     default = option.default
+    fields = {f.name: f for f in dataclasses.fields(cls)} if cls is not None else {}
+    if option.path[-1] in fields and "exists" in fields[option.path[-1]].metadata:
+        return f"a_{fields[option.path[-1]].metadata['exists'][0]}"
     if option.path[-1] in VALID:
         return VALID[option.path[-1]]
     if option.annotation is bool:
@@ -97,13 +102,22 @@ def _other_value(option):
     return str(default) + "_x"
 
 
+def _paths_here(folder):
+    """The paths the command lines of these tests name, made in ``folder``."""
+    for name in ("records.safetensors", "a_file"):
+        (folder / name).write_bytes(b"")
+    (folder / "a_folder").mkdir()
+
+
 @pytest.mark.parametrize("path", [path for path, *_ in COMMANDS], ids=IDS)
-def test_cli_defaults_and_options_are_the_config_fields(path):
+def test_cli_defaults_and_options_are_the_config_fields(path, tmp_path, monkeypatch):
     """Every config field is an option with the config's default, and each option reaches its
     field: the CLI cannot drift from the configs."""
     run = next(run for p, run, *_ in COMMANDS if p == path)
     cls = config_class(run)
     options = options_of(cls)
+    monkeypatch.chdir(tmp_path)
+    _paths_here(tmp_path)
     # the real command's options are exactly the config's fields
     command = typer.main.get_command(app)
     for part in path:
@@ -122,7 +136,7 @@ def test_cli_defaults_and_options_are_the_config_fields(path):
     assert seen.pop() == expected  # the defaults of the CLI are the config's
 
     for option in options:
-        text = _other_value(option)
+        text = _other_value(option, cls)
         if text is None:
             default = option.default
             args = [f"--no-{option.flag[2:]}" if default else option.flag]
@@ -272,7 +286,7 @@ def _bad_inputs(model, corpus, tmp):
         (["compress", *m, *c, "--layer", "9"], "Layers [9] do not exist"),
         (["interpret", "--sae", str(tmp / "broken"), *c, *m], "is not valid JSON"),
         (["interpret", "--sae", str(tmp), *c, *m], "No cfg.json in"),
-        (["interpret", "--records", str(tmp / "none.safetensors")], "no records file"),
+        (["interpret", "--records", str(tmp / "none.safetensors")], "records: no file"),
         (["interpret", "--llm", "x"], "pass either --records FILE or --sae FOLDER"),
         (["entropy", "icl", *m, "--dataset", str(tmp / "one_label.tsv")], "single label"),
         (
@@ -309,7 +323,7 @@ def _bad_inputs(model, corpus, tmp):
         (["train", *m, *c, "--hook", "blocks.1.hook_resid_post", "--out", str(tmp / "run"),
           "--resume", str(tmp / "broken")], "no complete checkpoint under"),
         (["interpret", "--sae", str(tmp / "foreign"), *c, *m], "names the architecture 'martian'"),
-        (["dashboard", "--records", str(tmp / "none.safetensors")], "no records file"),
+        (["dashboard", "--records", str(tmp / "none.safetensors")], "records: no file"),
     ]  # fmt: skip
 
 

@@ -193,7 +193,7 @@ def test_compare_killed_midway_trains_no_finished_model_again(
         run(tmp_path / "killed", kill_at=20 + 12)  # the BAE done, topk at step 12 of 20
     evaluate = layer_study.evaluate_model
 
-    def killed_evaluation(*args, **kwargs):
+    def killed_evaluation(*_args, **_kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(compare, "evaluate_model", killed_evaluation)

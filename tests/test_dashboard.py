@@ -142,7 +142,7 @@ def test_records_of_another_model_are_refused(hand_made, tmp_path):
     BAE(BAEConfig(d_in=32, d_sae=6)).save_model(tmp_path / "other")
     with pytest.raises(ValueError, match="has 6 features, the records 4"):
         dashboard(DashboardConfig(records=path, out=tmp_path / "x", sae=tmp_path / "other"))
-    with pytest.raises(FileNotFoundError, match="no records file"):
+    with pytest.raises(FileNotFoundError, match="records: no file"):
         dashboard(DashboardConfig(records=tmp_path / "none.safetensors"))
 
 

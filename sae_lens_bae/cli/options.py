@@ -307,7 +307,7 @@ def config_command(
     def command(**values: Any) -> None:
         try:
             config = build_config(config_cls, options, values)
-        except ValueError as e:
+        except (ValueError, FileNotFoundError) as e:  # a value out of range, a path to nothing
             fail(e)
         try:
             result = run(config)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sae_lens_bae.activations.hooks import check_hooks
-from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.checks import check_ranges, existing, ranged
 from sae_lens_bae.comsem.client import ClientConfig
 from sae_lens_bae.comsem.estimate import estimate_run
 from sae_lens_bae.comsem.pipeline import ComSemConfig, comsem
@@ -27,9 +27,9 @@ __all__ = ["InterpretConfig", "interpret", "records_from_sae"]
 class InterpretConfig:
     """What ``bae interpret`` runs: the records to read, the LLM that judges them, and how."""
 
-    records: Path | None = None
+    records: Path | None = existing("file", "bae compare writes records/<model>.safetensors", None)
     """Records file (bae compare writes them)."""
-    sae: Path | None = None
+    sae: Path | None = existing("folder", "give the folder a BAE or SAE was saved to", None)
     """Or a saved SAE/BAE folder, read on --dataset."""
     dataset: str | None = None
     """With --sae: text file, folder or HF dataset."""
@@ -75,7 +75,7 @@ class InterpretConfig:
     """USD per million prompt tokens, for the cost report."""
     price_output: float = ranged(0.0, low=0.0)
     """USD per million completion tokens."""
-    templates: Path | None = None
+    templates: Path | None = existing("folder", "give a folder with explain.json/judge.json", None)
     """Folder with explain.json/judge.json overrides."""
     top: int = ranged(20, low=1)
     """Rows of the top-features table."""
@@ -122,12 +122,7 @@ def records_from_sae(cfg: InterpretConfig) -> FeatureRecords:
 
 def interpret(cfg: InterpretConfig, progress: bool = True) -> dict[str, Any]:
     """Run ComSem and write its report to ``cfg.out``; returns the summary."""
-    if cfg.records is not None:
-        if not cfg.records.exists():
-            raise FileNotFoundError(f"no records file {cfg.records}; `bae compare` writes them")
-        records = FeatureRecords.load(cfg.records)
-    else:
-        records = records_from_sae(cfg)
+    records = FeatureRecords.load(cfg.records) if cfg.records is not None else records_from_sae(cfg)
     source = cfg.model or records.info.get("model")
     if source is None:
         raise ValueError("these records do not say which model made them: pass --model")

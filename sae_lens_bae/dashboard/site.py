@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.checks import check_ranges, existing, ranged
 from sae_lens_bae.dashboard.html import feature_file, feature_html, index_html
 from sae_lens_bae.dashboard.pages import build_pages, comsem_results, logit_lens
 from sae_lens_bae.features.records import FeatureRecords
@@ -29,15 +29,15 @@ __all__ = ["DashboardConfig", "dashboard"]
 class DashboardConfig:
     """What ``bae dashboard`` reads and where it writes the site."""
 
-    records: Path
+    records: Path = existing("file", "bae compare writes records/<model>.safetensors")
     """Records file (records/<model>.safetensors from bae compare, or bae interpret's)."""
     out: Path = Path("runs/dashboard")
     """Folder of the site (index.html, features/)."""
-    sae: Path | None = None
+    sae: Path | None = existing("folder", "give the folder a BAE or SAE was saved to", None)
     """The saved BAE/SAE the records come from: rarity from its prior, and the logit lens."""
     model: str | None = None
     """Language model for the tokenizer and the unembedding (default: the records' own)."""
-    comsem: Path | None = None
+    comsem: Path | None = existing("folder", "give the --out of bae interpret", None)
     """A bae interpret / ComSem output folder (features.jsonl): explanations and scores."""
     contexts: int = ranged(20, low=1)
     """Top-activating contexts per feature page."""
@@ -52,8 +52,6 @@ class DashboardConfig:
 
 def dashboard(cfg: DashboardConfig, progress: bool = True) -> dict[str, Any]:
     """Write the site; returns its summary (also written as ``dashboard.json``)."""
-    if not Path(cfg.records).is_file():
-        raise FileNotFoundError(f"no records file {cfg.records}; `bae compare` writes them")
     records = FeatureRecords.load(cfg.records)
     name = cfg.model or records.info.get("model")
     if name is None:

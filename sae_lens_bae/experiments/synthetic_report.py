@@ -103,6 +103,8 @@ def earlier_rows(
     if rows and (out / DYNAMICS).exists():
         fix = f"delete it to record the training dynamics again with {out}"
         dynamics = read_json(out / DYNAMICS, "synthetic training dynamics", fix)
+        if not all(isinstance(curves, dict) for curves in dynamics.values()):
+            raise ValueError(f"{out / DYNAMICS} is not synthetic training dynamics; {fix}")
     return rows, dynamics
 
 
