@@ -134,6 +134,22 @@ def _synthetic_dynamics(folder: Path) -> tuple[Path, Callable[[], object]]:
     return folder / "syn" / DYNAMICS, lambda: run_preset(preset, folder / "syn", progress=False)
 
 
+def _gathered_states(folder: Path) -> tuple[Path, Callable[[], object]]:
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from sae_lens_bae.activations.states import gather_states
+
+    cfg = HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=8, d_head=4, d_vocab=20,
+                                  act_fn="relu", d_mlp=16)  # fmt: skip
+    model = HookedTransformer(cfg)
+    tokens, positions = torch.randint(0, 20, (4, 6)), torch.tensor([[1, 3]]).expand(4, -1)
+    call = (model, tokens, ["blocks.0.hook_resid_post"], positions)
+    gather_states(*call, progress=False, keep=folder / "states.pt")
+    return folder / "states.pt", lambda: gather_states(
+        *call, progress=False, keep=folder / "states.pt"
+    )
+
+
 LOADERS = {
     "feature records": _records,
     "saved SAE cfg.json": _sae_config,
@@ -148,6 +164,7 @@ LOADERS = {
     "ComSem features (dashboard)": _comsem_features,
     "training loss history": _loss_history,
     "finished transcoder": _finished_transcoder,
+    "gathered states": _gathered_states,
 }
 
 

@@ -167,12 +167,24 @@ def test_position_tracing_writes_json_table_and_plot(tiny_hf_llama_dir, tiny_cor
 
 
 def test_a_killed_position_trace_does_not_train_its_baes_again(
-    tiny_hf_llama_dir, tiny_corpus, tmp_path, training_steps
+    tiny_hf_llama_dir, tiny_corpus, tmp_path, training_steps, monkeypatch
 ):
     """Killed while its BAEs train, the same command goes on from the last checkpoint and writes
-    the rows an uninterrupted run writes, taking only the steps the killed run had not; the
-    checkpoint is removed once the results are written."""
+    the rows an uninterrupted run writes, taking only the steps the killed run had not and no
+    forward pass (the gathered states are kept beside the checkpoint); the checkpoint is removed
+    once the results are written."""
+    from transformer_lens import HookedTransformer
+
     from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT
+
+    passes = []
+    run_with_hooks = HookedTransformer.run_with_hooks
+
+    def counted(model, *args, **kwargs):
+        passes.append(1)
+        return run_with_hooks(model, *args, **kwargs)
+
+    monkeypatch.setattr(HookedTransformer, "run_with_hooks", counted)
 
     recipe = QUICK.changed(converge=False, steps=20, seeds=1, repair_rounds=0)  # one training
     common = dict(model=str(tiny_hf_llama_dir), dataset=str(tiny_corpus), layers=(1,),
@@ -183,8 +195,10 @@ def test_a_killed_position_trace_does_not_train_its_baes_again(
         entropy_positions.run(PositionTracingConfig(**common, out=tmp_path / "b"), False)
     assert (tmp_path / "b" / TRAINING_CHECKPOINT / "checkpoint_complete.json").is_file()
     training_steps.count()
+    passes.clear()
     again = entropy_positions.run(PositionTracingConfig(**common, out=tmp_path / "b"), False)
     assert training_steps.taken == 20 - 12  # the trace's stacked training took only the steps left
+    assert passes == []  # and the states were read, not gathered again
     assert again["cells"] == whole["cells"]
     assert not (tmp_path / "b" / TRAINING_CHECKPOINT).exists()
 

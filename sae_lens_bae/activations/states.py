@@ -8,7 +8,12 @@ needed.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pickle
+import zipfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from jaxtyping import Float, Int
@@ -32,9 +37,12 @@ def gather_states(
     logit_tokens: Sequence[int] | None = None,
     progress: bool = True,
     desc: str = "Gathering hidden states",
+    keep: str | Path | None = None,
 ) -> tuple[dict[str, Float[Tensor, "n_seq n_pos d"]], Float[Tensor, "n_seq n_pos k"] | None]:
     """States of ``hooks`` at ``positions[i]`` of every row ``tokens[i]``, plus (optionally) the
-    logits of the ``logit_tokens`` there.
+    logits of the ``logit_tokens`` there. ``keep``: a file where they are kept once gathered; the
+    same call run again (after a kill) reads them instead of running the model, and refuses the
+    file of another call.
 
     Rows may be right-padded with any token: in a causal model the state at position p depends on
     tokens 0..p only, so gathering each row's own positions is exact. Logits are computed from the
@@ -43,6 +51,61 @@ def gather_states(
     """
     hooks = list(dict.fromkeys(hooks))
     check_hooks(model, hooks)
+    call = (model, tokens, hooks, positions, logit_tokens)
+    if keep is None:
+        return _gather(*call, batch_size, progress, desc)
+    key = _call_key(*call)
+    if Path(keep).exists():
+        return _read_kept(Path(keep), key)
+    states, logits = _gather(*call, batch_size, progress, desc)
+    partial = Path(keep).with_name(f".{Path(keep).name}.partial")  # renamed once whole
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"key": key, "states": states, "logits": logits}, partial)
+    os.replace(partial, keep)
+    return states, logits
+
+
+def _call_key(
+    model: HookedTransformer,
+    tokens: Tensor,
+    hooks: Sequence[str],
+    positions: Tensor,
+    logit_tokens: Sequence[int] | None,
+) -> str:
+    """What makes two calls gather the same states: the model (its name, shape and embedding),
+    the rows, positions, hooks and logit tokens."""
+    cfg = model.cfg
+    identity = (cfg.model_name, cfg.n_layers, cfg.d_model, model.W_E.double().sum().item())
+    ids = None if logit_tokens is None else list(logit_tokens)
+    digest = hashlib.sha256(repr((identity, list(hooks), ids)).encode())
+    for tensor in (tokens, positions):
+        digest.update(tensor.to(torch.int64).cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _read_kept(path: Path, key: str) -> tuple[dict[str, Tensor], Tensor | None]:
+    fix = "delete it to gather the states again"
+    unreadable = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, KeyError)
+    try:
+        kept = torch.load(path, weights_only=True)
+        stored, states, logits = kept["key"], kept["states"], kept["logits"]
+    except (*unreadable, TypeError, ValueError) as error:
+        raise ValueError(f"{path} is not gathered states ({type(error).__name__}); {fix}") from None
+    if stored != key:
+        raise ValueError(f"{path} holds the states of another model, text or layers; {fix}")
+    return states, logits
+
+
+def _gather(
+    model: HookedTransformer,
+    tokens: Tensor,
+    hooks: list[str],
+    positions: Tensor,
+    logit_tokens: Sequence[int] | None,
+    batch_size: int,
+    progress: bool,
+    desc: str,
+) -> tuple[dict[str, Tensor], Tensor | None]:
     final = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     wanted = hooks if logit_tokens is None else list(dict.fromkeys([*hooks, final]))
     if tokens.ndim != 2 or positions.ndim != 2 or positions.shape[0] != tokens.shape[0]:

@@ -78,6 +78,7 @@ def trace_icl(
             logit_tokens=ids,
             progress=progress,
             desc=f"k = {k}: {n_prompts} prompts of up to {tokens.shape[1]} tokens",
+            keep=None if checkpoint is None else checkpoint / f"states-{k}-shots.pt",
         )
         assert logits is not None
         truth = torch.tensor([labels.index(y) for _, y in prompts])[order]

@@ -102,7 +102,10 @@ def trace_positions(
     recipe.check_samples(tokens.shape[0], f"{tokens.shape[0]} sequences")
     hooks = [f"blocks.{layer}.{hook}" for layer in layers]
     index = torch.tensor(positions).expand(tokens.shape[0], -1)
-    states, _ = gather_states(model, tokens, hooks, index, batch_size=batch_size, progress=progress)
+    keep = None if checkpoint is None else checkpoint / "states.pt"
+    states, _ = gather_states(
+        model, tokens, hooks, index, batch_size=batch_size, progress=progress, keep=keep
+    )
     cells = [(layer, j) for layer in layers for j in range(len(positions))]
     sets = [states[f"blocks.{layer}.{hook}"][:, j] for layer, j in cells]
     estimates = estimate_entropies(

@@ -115,6 +115,7 @@ def trace_two_token(
             batch_size=cfg.batch_size,
             progress=progress,
             desc=f"r = {r}",
+            keep=None if checkpoint is None else checkpoint / f"states-r{r}.pt",
         )
         sets.append(states[hook][:, 0])
         sample_entropies.append(sample_entropy)
