@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from jaxtyping import Float, Int
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -136,11 +136,22 @@ class CompressedStates:
 
     @classmethod
     def load(cls, path: str | Path) -> CompressedStates:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata()
-            data = {key: f.get_tensor(key).numpy().tobytes() for key in f.keys()}  # noqa: SIM118
-        n, total, n_bits = int(meta["n"]), int(meta["total"]), int(meta["n_bits"])
-        if meta.get("layout", "indices") == "bitmap":
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                data = {key: f.get_tensor(key).numpy().tobytes() for key in f.keys()}  # noqa: SIM118
+            n, total, n_bits = int(meta["n"]), int(meta["total"]), int(meta["n_bits"])
+            layout = meta.get("layout", "indices")
+            needed = ("bitmap",) if layout == "bitmap" else ("counts", "indices")
+            missing = [name for name in (*needed, "threshold") if name not in {**data, **meta}]
+            if missing:
+                raise KeyError(missing[0])
+        except (SafetensorError, KeyError, ValueError) as error:
+            raise ValueError(
+                f"{path} is not compressed states ({type(error).__name__}: {error}); "
+                "compress the states again (sae_lens_bae.compression.compress)"
+            ) from None
+        if layout == "bitmap":
             bits = np.unpackbits(np.frombuffer(data["bitmap"], dtype=np.uint8), bitorder="little")
             mask = torch.from_numpy(bits[: n * n_bits].reshape(n, n_bits).astype(bool))
             counts, indices = mask.sum(-1), mask.nonzero()[:, 1]

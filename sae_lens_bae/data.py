@@ -25,6 +25,8 @@ from datasets import Dataset, load_dataset
 from sae_lens.tokenization_and_batching import concat_and_batch_sequences
 from transformers import PreTrainedTokenizerBase
 
+from sae_lens_bae.reports import read_jsonl
+
 __all__ = [
     "LABEL_WORDS",
     "default_corpus",
@@ -86,6 +88,18 @@ def _pick_column(columns: Iterable[str], text_column: str | None, where: str) ->
 
 
 def _iter_file(path: Path, text_column: str | None) -> Iterator[str]:
+    texts = 0
+    try:
+        for text in _texts_of_file(path, text_column):
+            texts += 1
+            yield text
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text; give a text, TSV/CSV or JSONL file") from None
+    if texts == 0:
+        raise ValueError(f"{path} holds no text; give a file with at least one line of text")
+
+
+def _texts_of_file(path: Path, text_column: str | None) -> Iterator[str]:
     suffix = path.suffix.lower()
     if suffix in (".txt", ".cor"):
         content = path.read_text(encoding="utf-8")
@@ -110,7 +124,9 @@ def _iter_file(path: Path, text_column: str | None) -> Iterator[str]:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{number} is not valid JSON: {e}") from e
+                    raise ValueError(f"{path}:{number} is not valid JSON: {e}") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"{path}:{number} is not a JSON object; one per line")
                 column = _pick_column(record, text_column, f"{path}:{number}")
                 if str(record[column]).strip():
                     yield str(record[column]).strip()
@@ -274,6 +290,20 @@ def load_labelled_sentences(
     return pairs
 
 
+def _labelled_records(
+    path: Path, records: Iterable[dict], text_column: str | None, label_column: str
+) -> Iterator[tuple[str, str]]:
+    for number, record in enumerate(records, start=2):
+        if label_column not in record:
+            raise ValueError(
+                f"{path} has no label column {label_column!r}; its columns are "
+                f"{list(record)}. Name it with label_column=... (CLI: --label-column)."
+            )
+        column = _pick_column(record, text_column, f"{path}:{number}")
+        if str(record[column]).strip():
+            yield str(record[column]).strip(), str(record[label_column]).strip()
+
+
 def _labelled(
     source: str | Path, split: str, text_column: str | None, label_column: str
 ) -> Iterator[tuple[str, str]]:
@@ -298,9 +328,8 @@ def _labelled(
     if path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
-            records: Iterable[dict] = (
-                json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line
-            )
+            fix = "give one JSON object per line, with a text and a label field"
+            records: Iterable[dict] = read_jsonl(path, "labelled sentences", fix)
         elif suffix in (".tsv", ".csv"):
             records = csv.DictReader(
                 path.open(encoding="utf-8", newline=""), delimiter="\t" if suffix == ".tsv" else ","
@@ -309,16 +338,12 @@ def _labelled(
             raise ValueError(
                 f"Labelled sentences come from .tsv/.csv/.jsonl files, not {path.name}"
             )
-        for number, record in enumerate(records, start=2):
-            if label_column not in record:
-                raise ValueError(
-                    f"{path} has no label column {label_column!r}; its columns are "
-                    f"{list(record)}. Name it with label_column=... (CLI: --label-column)."
-                )
-            column = _pick_column(record, text_column, f"{path}:{number}")
-            if str(record[column]).strip():
-                yield str(record[column]).strip(), str(record[label_column]).strip()
+        try:
+            yield from _labelled_records(path, records, text_column, label_column)
+        except UnicodeDecodeError:
+            raise ValueError(f"{path} is not UTF-8 text; give a TSV/CSV or JSONL file") from None
         return
+
     if str(source).startswith((".", "/", "~")) or path.suffix.lower() in SUFFIXES:
         raise FileNotFoundError(f"No such file or folder: {path}")
     dataset = load_dataset(str(source), split=split)

@@ -280,7 +280,7 @@ def _bad_inputs(model, corpus, tmp):
     m, c = ["--model", str(model)], ["--dataset", str(corpus)]
     return [
         (["quickstart", *m, "--corpus", str(tmp / "missing.txt")], "No such file or folder"),
-        (["compare", *m, "--dataset", str(tmp / "empty.txt")], "fewer than context_size"),
+        (["compare", *m, "--dataset", str(tmp / "empty.txt")], "holds no text"),
         (["compare", "--model", str(tmp / "nowhere"), *c], "Cannot load a model"),
         (["compare", "--model", "no-such-model", *c], "unknown model name 'no-such-model'"),
         (["compress", *m, *c, "--layer", "9"], "Layers [9] do not exist"),

@@ -372,7 +372,7 @@ def test_reply_parsing_and_templates(tmp_path):
     assert overridden.explain_messages([])[0]["content"] == "CUSTOM INSTRUCTION"
     assert overridden.judge == templates.judge  # judge.json not overridden
     (custom / "judge.json").write_text('{"system": "x"}')
-    with pytest.raises(ValueError, match="lacks"):
+    with pytest.raises(ValueError, match="is not a ComSem template"):
         load_templates(custom)
     with pytest.raises(FileNotFoundError):
         load_templates(tmp_path / "missing")

@@ -150,6 +150,41 @@ def _gathered_states(folder: Path) -> tuple[Path, Callable[[], object]]:
     )
 
 
+def _compressed_states(folder: Path) -> tuple[Path, Callable[[], object]]:
+    from sae_lens_bae.compression import CompressedStates, compress
+
+    bae = BAE(BAEConfig(d_in=4, d_sae=8))
+    codes = compress(bae, torch.randn(16, 4), prior=torch.full((8,), 0.3))
+    codes.save(folder / "codes.safetensors")
+    return folder / "codes.safetensors", lambda: CompressedStates.load(folder / "codes.safetensors")
+
+
+def _comsem_template(folder: Path) -> tuple[Path, Callable[[], object]]:
+    from importlib import resources
+
+    from sae_lens_bae.comsem.prompts import load_templates
+
+    packaged = resources.files("sae_lens_bae.comsem").joinpath("templates", "judge.json")
+    (folder / "judge.json").write_text(packaged.read_text())
+    return folder / "judge.json", lambda: load_templates(folder)
+
+
+def _text_corpus(folder: Path) -> tuple[Path, Callable[[], object]]:
+    from sae_lens_bae.data import iter_texts
+
+    rows = [{"text": f"sentence number {i} " * (i % 5 + 1)} for i in range(9)]
+    (folder / "texts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder / "texts.jsonl", lambda: list(iter_texts(str(folder / "texts.jsonl")))
+
+
+def _labelled_sentences(folder: Path) -> tuple[Path, Callable[[], object]]:
+    from sae_lens_bae.data import load_labelled_sentences
+
+    rows = [{"sentence": f"w{i} " * (i % 4 + 1), "label": i % 2} for i in range(9)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder / "train.jsonl", lambda: load_labelled_sentences(str(folder / "train.jsonl"))
+
+
 LOADERS = {
     "feature records": _records,
     "saved SAE cfg.json": _sae_config,
@@ -165,6 +200,10 @@ LOADERS = {
     "training loss history": _loss_history,
     "finished transcoder": _finished_transcoder,
     "gathered states": _gathered_states,
+    "compressed states": _compressed_states,
+    "ComSem template": _comsem_template,
+    "text corpus (JSONL)": _text_corpus,
+    "labelled sentences (JSONL)": _labelled_sentences,
 }
 
 

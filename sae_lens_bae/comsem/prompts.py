@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sae_lens_bae.comsem.samples import Sample
+from sae_lens_bae.reports import read_json
 
 __all__ = ["Templates", "load_templates", "parse_explanation", "parse_judgement"]
 
@@ -67,22 +68,12 @@ class Templates:
 
 
 def _read(folder: Path | None, name: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The user's ``folder/name`` (checked for ``keys``) where it exists, else the package's."""
     if folder is not None and (Path(folder) / name).exists():
-        path = Path(folder) / name
-        text = path.read_text()
-    else:
-        path = Path(f"sae_lens_bae/comsem/templates/{name}")
-        text = resources.files("sae_lens_bae.comsem").joinpath("templates", name).read_text()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"Template {path} is not valid JSON: {e}") from e
-    missing = [key for key in keys if key not in data]
-    if missing:
-        raise ValueError(
-            f"Template {path} lacks {missing}; copy the package's templates/{name} and edit it"
-        )
-    return data
+        fix = f"copy the package's templates/{name} and edit it"
+        return read_json(Path(folder) / name, "a ComSem template", fix, keys)
+    packaged = resources.files("sae_lens_bae.comsem").joinpath("templates", name)
+    return json.loads(packaged.read_text())
 
 
 def load_templates(folder: str | Path | None = None) -> Templates:
