@@ -203,3 +203,19 @@ def test_declared_dependencies_are_exactly_the_third_party_imports():
     third_party -= set(OPTIONAL)
     assert third_party - declared == set(), "imported but not declared"
     assert declared - third_party - set(NOT_IMPORTED) == set(), "declared but never imported"
+
+
+def test_configs_keep_to_their_field_budgets():
+    """A knob earns its place (docs/research/consolidation.md): the BAE's training config adds at most 10 fields
+    to SAELens' TrainingSAEConfig, and an entropy recipe has at most 10."""
+    import dataclasses
+
+    from sae_lens.saes.sae import TrainingSAEConfig
+
+    from sae_lens_bae.entropy import EntropyRecipe
+    from sae_lens_bae.saes.bae_config import BAETrainingSAEConfig
+
+    saelens = {f.name for f in dataclasses.fields(TrainingSAEConfig)}
+    own = [f.name for f in dataclasses.fields(BAETrainingSAEConfig) if f.name not in saelens]
+    assert len(own) <= 10, own
+    assert len(dataclasses.fields(EntropyRecipe)) <= 10

@@ -163,11 +163,10 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     from_registry = TrainingSAE.from_dict({"architecture": "bae", "d_in": d_in}).cfg
     assert from_registry.entropy_coefficient == cfg.entropy_coefficient
     # a recipe of one's own, with its coefficients given at d = 2048
-    own = dataclasses.replace(recipe, entropy_coefficient=1e-4, resample_until_fraction=0.8)
+    own = dataclasses.replace(recipe, entropy_coefficient=1e-4, resample_every=40)
     mine = bae_config(d_in, preset=own)
     assert mine.entropy_coefficient == pytest.approx(1e-4 * scale)
-    assert mine.resample_until_fraction == 0.8
-    assert cfg.resample_until_fraction == recipe.resample_until_fraction
+    assert mine.resample_every == 40
     # the paper's preset keeps its fixed coefficients whatever d
     paper = bae_config(d_in, preset="paper")
     assert paper.entropy_coefficient == 1e-7 and paper.covariance_coefficient == 1e-7
@@ -202,12 +201,16 @@ def test_forward_is_binary_code_then_linear_decode():
     assert torch.allclose(bae(x), code @ bae.W_dec + bae.b_dec, atol=1e-6)
 
 
-def test_without_encoder_bias():
-    bae = make_bae(d_in=8, encoder_bias=False)
-    assert bae.b_enc is None
-    assert "b_enc" not in dict(bae.named_parameters())
-    x = torch.randn(4, 8)
-    assert torch.equal(bae.encode(x), ((x @ bae.W_enc) >= 0).float())
+def test_a_saved_bae_without_an_encoder_bias_is_refused(tmp_path):
+    """``encoder_bias`` is retired: every BAE has one. A cfg.json that recorded it true loads
+    as before; one trained without it is refused in one line."""
+    make_bae(d_in=8).save_inference_model(tmp_path)
+    cfg = json.loads((tmp_path / "cfg.json").read_text())
+    (tmp_path / "cfg.json").write_text(json.dumps({**cfg, "encoder_bias": True}))
+    assert isinstance(BAE.load_from_disk(tmp_path), BAE)
+    (tmp_path / "cfg.json").write_text(json.dumps({**cfg, "encoder_bias": False}))
+    with pytest.raises(ValueError, match="without an encoder bias"):
+        BAE.load_from_disk(tmp_path)
 
 
 def test_saelens_parameter_names():
@@ -404,9 +407,7 @@ def test_load_from_folder_without_cfg(tmp_path):
 # ------------------------------------------------------------------ save / load / folding
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{}, {"bits": 2, "d_sae": 12}, {"encoder_bias": False}], ids=["1bit", "2bit", "nob"]
-)
+@pytest.mark.parametrize("kwargs", [{}, {"bits": 2, "d_sae": 12}], ids=["1bit", "2bit"])
 def test_save_inference_model_then_load_from_disk_is_identical(tmp_path, kwargs):
     bae = make_bae(d_in=8, **kwargs)
     with torch.no_grad():
@@ -462,7 +463,6 @@ TRAINING_OPTIONS = dict(
     entropy_coefficient=0.02,
     covariance_off_final_fraction=0.1,
     resample_every=5,
-    resample_until_fraction=0.3,
     total_training_steps=50,
 )
 
@@ -528,30 +528,29 @@ def test_constant_channels_are_those_whose_rare_state_is_below_the_rarity():
 
 
 def test_resampling_stops_after_its_fraction_of_training():
-    cfg = BAETrainingSAEConfig(d_in=8, resample_every=10, resample_until_fraction=0.5,
-                               total_training_steps=100)  # fmt: skip
-    assert [n for n in range(100) if cfg.schedule().resampling_at(n)] == [9, 19, 29, 39, 49]
+    cfg = BAETrainingSAEConfig(d_in=8, resample_every=10, total_training_steps=40)
+    # RESAMPLE_UNTIL_FRACTION of 40 steps is 38: the window ending at step 39 resamples no more
+    assert [n for n in range(40) if cfg.schedule().resampling_at(n)] == [9, 19, 29]
     assert not BAETrainingSAEConfig(d_in=8, resample_every=0).schedule(100).resampling_at(9)
     unknown = BAETrainingSAEConfig(d_in=8, resample_every=10, entropy_off_fraction=0.0)
     assert unknown.schedule().resampling_at(10**6 - 1)  # no length: resampling never stops
 
 
 def test_codes_are_counted_only_in_windows_that_end_in_a_resampling():
-    cfg = BAETrainingSAEConfig(d_in=8, resample_every=10, resample_until_fraction=0.45,
-                               total_training_steps=100)  # fmt: skip
-    counted = [n for n in range(100) if cfg.schedule().window_counted(n)]
-    assert counted == list(range(40))  # the last resampling ends step 39
+    cfg = BAETrainingSAEConfig(d_in=8, resample_every=10, total_training_steps=40)
+    counted = [n for n in range(40) if cfg.schedule().window_counted(n)]
+    assert counted == list(range(30))  # the last resampling ends step 29
     unknown = BAETrainingSAEConfig(d_in=8, resample_every=10, entropy_off_fraction=0.0)
     assert unknown.schedule().window_counted(10**6)  # length unknown
     assert not BAETrainingSAEConfig(d_in=8, resample_every=0).schedule(100).window_counted(0)
     # a training BAE: its one resampling ends step 2; the steps after it count nothing
-    bae = make_bae(d_sae=6, resample_every=3, resample_until_fraction=0.5, total_training_steps=10)
+    bae = make_bae(d_sae=6, resample_every=3, total_training_steps=4)
     x = torch.randn(64, 8)
     samples = []
-    for n in range(7):
+    for n in range(4):
         bae.training_forward_pass(step_input(x, n_training_steps=n))
         samples.append(int(bae.window_samples))
-    assert samples == [64, 128, 192, 0, 0, 0, 0]
+    assert samples == [64, 128, 192, 0]
 
 
 @pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
@@ -577,17 +576,14 @@ def test_canonicalise_keeps_every_output_and_makes_the_rare_state_one(apply_b_de
         canonicalise(BAE(BAEConfig(d_in=6, bits=2)))
 
 
-@pytest.mark.parametrize(("apply_b_dec_to_input", "encoder_bias"),
-                         [(False, True), (True, True), (True, False)])  # fmt: skip
-def test_whitening_fold_keeps_outputs(apply_b_dec_to_input, encoder_bias):
+@pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
+def test_whitening_fold_keeps_outputs(apply_b_dec_to_input):
     torch.manual_seed(0)
-    bae = BAE(BAEConfig(d_in=6, d_sae=12, apply_b_dec_to_input=apply_b_dec_to_input,
-                        encoder_bias=encoder_bias)).double()  # fmt: skip
+    bae = BAE(BAEConfig(d_in=6, d_sae=12, apply_b_dec_to_input=apply_b_dec_to_input)).double()
     with torch.no_grad():
         bae.b_dec.normal_()
         bae.W_dec.normal_()
-        if encoder_bias:
-            bae.b_enc.normal_()
+        bae.b_enc.normal_()
     x = torch.randn(50, 6, dtype=torch.float64)
     mean, matrix = torch.randn(6, dtype=torch.float64), torch.randn(6, 6, dtype=torch.float64)
     inverse = torch.linalg.inv(matrix)
@@ -597,13 +593,6 @@ def test_whitening_fold_keeps_outputs(apply_b_dec_to_input, encoder_bias):
     bae.fold_activation_whitening(mean, matrix, inverse)
     assert torch.equal(bae.encode_bits(x), codes)
     assert torch.allclose(bae.decode(bae.encode(x)), expected)
-
-
-def test_whitening_fold_without_encoder_bias_is_refused():
-    bae = BAE(BAEConfig(d_in=6, d_sae=12, encoder_bias=False))
-    eye = torch.eye(6)
-    with pytest.raises(ValueError, match="no encoder bias"):
-        bae.fold_activation_whitening(torch.ones(6), eye, eye)
 
 
 def test_more_bit_encoder_starts_at_the_one_bit_scale():

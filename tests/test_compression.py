@@ -30,7 +30,7 @@ from sae_lens_bae.compression import (
 def _bae(bits: int = 1, d_in: int = 8, d_sae: int = 32) -> tuple[BAE, torch.Tensor]:
     """A BAE whose codes are sparse around a known prior (encoder bias pushes most bits off)."""
     torch.manual_seed(0)
-    bae = BAE(BAEConfig(d_in=d_in, d_sae=d_sae, bits=bits, encoder_bias=True))
+    bae = BAE(BAEConfig(d_in=d_in, d_sae=d_sae, bits=bits))
     with torch.no_grad():
         bae.b_enc.fill_(-1.5)
         bae.b_enc[:3] = 2.0  # three channels mostly on: their prior rounds to 1

@@ -49,7 +49,7 @@ def _config() -> BAETrainingSAEConfig:
     # batch: every part of the step runs in 20 steps
     return BAETrainingSAEConfig(
         d_in=D_IN, d_sae=D_SAE, entropy_off_fraction=0.15,
-        resample_every=5, resample_until_fraction=0.9, rescale_inputs_to=1.0,
+        resample_every=5, rescale_inputs_to=1.0,
     )  # fmt: skip
 
 

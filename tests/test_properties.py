@@ -68,7 +68,6 @@ def bae_configs(draw) -> BAEConfig:
         d_sae=draw(st.integers(1, 10)),
         bits=bits,
         apply_b_dec_to_input=draw(st.booleans()),
-        encoder_bias=draw(st.booleans()),
     )
 
 

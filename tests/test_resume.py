@@ -25,8 +25,7 @@ from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 def setup():
     activations = torch.randn(700, 16, generator=torch.Generator().manual_seed(0))
     activations[:, :4] *= 3.0
-    cfg = BAETrainingSAEConfig(d_in=16, d_sae=64, resample_every=6, resample_until_fraction=1.0,
-                               entropy_off_fraction=0.25)
+    cfg = BAETrainingSAEConfig(d_in=16, d_sae=64, resample_every=6, entropy_off_fraction=0.25)
     return activations, cfg
 """
 
@@ -107,24 +106,33 @@ def test_resume_without_a_complete_checkpoint_says_what_to_do(tmp_path):
         train_sae(activations, cfg, training_samples=BATCH * 4, batch_size=BATCH, resume=True)
 
 
-def test_a_checkpoint_trained_with_a_retired_term_is_refused(tmp_path):
-    """A checkpoint whose objective had a term this version does not have (the firing penalty)
-    would resume into another objective: refused by name; at the value every BAE now trains
-    with (or not recorded) it resumes."""
+def test_a_checkpoint_trained_with_a_retired_field_is_refused(tmp_path):
+    """A checkpoint recorded with a retired field at another value than every BAE now has (the
+    firing penalty, no encoder bias, another resampling horizon while resampling) would resume
+    into another model or schedule: refused by name; at today's value, not recorded, or (the
+    horizon) without resampling, it resumes."""
     import json
 
     from sae_lens_bae.training.checkpoints import check_resumable
 
     model = {"architecture": "bae", "d_in": 8, "d_sae": 32, "bits": 1}
-    for recorded, refused in ((1e-4, True), (0.0, False), (None, False)):
-        folder = tmp_path / str(recorded)
+    cases = [
+        ({"firing_coefficient": 1e-4}, "firing_coefficient=0.0001"),
+        ({"encoder_bias": False}, "encoder_bias=False"),
+        ({"resample_every": 10, "resample_until_fraction": 0.5}, "resample_until_fraction=0.5"),
+        ({"firing_coefficient": 0.0, "encoder_bias": True}, None),
+        ({"resample_every": 0, "resample_until_fraction": 0.5}, None),
+        ({"resample_every": 10, "resample_until_fraction": 0.95}, None),
+        ({}, None),
+    ]
+    for i, (recorded, refused) in enumerate(cases):
+        folder = tmp_path / str(i)
         folder.mkdir()
         mark_complete(folder, n_training_samples=512, global_batch_size=BATCH)
-        extra = {} if recorded is None else {"firing_coefficient": recorded}
-        (folder / "cfg.json").write_text(json.dumps({**model, **extra}))
+        (folder / "cfg.json").write_text(json.dumps({**model, **recorded}))
         run = {"global_batch_size": BATCH, "world_size": 1}
         if refused:
-            with pytest.raises(ValueError, match=r"firing_coefficient=0.0001, a term this version"):
+            with pytest.raises(ValueError, match=f"{refused}, which this version does not have"):
                 check_resumable(folder, run, model=model)
         else:
             assert check_resumable(folder, run, model=model)["n_training_samples"] == 512

@@ -33,7 +33,7 @@ def _planted_code_bae(basis, d_sae):
     """A BAE whose first r channels are the planted bits (pre-activations (x - centre) . u_k),
     the rest never firing."""
     r, d = basis.shape
-    bae = BAE(BAEConfig(d_in=d, d_sae=d_sae, encoder_bias=True, apply_b_dec_to_input=False))
+    bae = BAE(BAEConfig(d_in=d, d_sae=d_sae, apply_b_dec_to_input=False))
     with torch.no_grad():
         bae.W_enc.zero_()
         bae.W_enc[:, :r] = basis.T

@@ -166,12 +166,10 @@ def redundant_channels(
 @torch.no_grad()
 def knock_out_(bae: BAETrainingSAE, channels: list[int]) -> None:
     """Switch these code channels off for good: zero encoder columns and a bias of
-    ``KNOCKED_OUT_BIAS`` (needs an encoder bias: without one, a zero column sits on the
-    threshold, where the surrogate's gradient is largest)."""
+    ``KNOCKED_OUT_BIAS`` (a zero column alone would sit on the threshold, where the surrogate's
+    gradient is largest)."""
     if not channels:
         return
-    if bae.b_enc is None:
-        raise ValueError("knock_out_ needs a BAE with an encoder bias (encoder_bias=True)")
     bae.W_enc[:, channels] = 0.0
     bae.b_enc[channels] = KNOCKED_OUT_BIAS
 
@@ -232,8 +230,7 @@ def repair_baes(
     for _ in range(recipe.selection.repair_rounds):
         flagged = {}
         for g in candidates:
-            words = resolved_code_words(baes[g], sets[g]) if baes[g].b_enc is not None else None
-            channels = [] if words is None else redundant_channels(*words)
+            channels = redundant_channels(*resolved_code_words(baes[g], sets[g]))
             if channels:
                 flagged[g] = channels
         if not flagged:

@@ -87,7 +87,7 @@ training checkpoint read as an inference model."""
 
 
 def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
-    """Encoder of width bits * d_sae, optional encoder bias, and the running mean-code buffers."""
+    """Encoder of width bits * d_sae with its bias, and the running mean-code buffers."""
     cfg = sae.cfg
     if cfg.bits > 1:  # bits of one feature need distinct directions
         # bit 0 of feature k keeps SAELens' init (tied to decoder row k, scaled as configured);
@@ -98,10 +98,7 @@ def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
         w_enc = w_enc / w_enc.norm(dim=0, keepdim=True) * tied.norm(dim=0)[:, None]
         w_enc[:, :, 0] = tied
         sae.W_enc = nn.Parameter(w_enc.reshape(cfg.d_in, cfg.n_bits).contiguous())
-    if cfg.encoder_bias:
-        sae.b_enc = nn.Parameter(torch.zeros(cfg.n_bits, dtype=sae.dtype, device=sae.device))
-    else:
-        sae.register_parameter("b_enc", None)
+    sae.b_enc = nn.Parameter(torch.zeros(cfg.n_bits, dtype=sae.dtype, device=sae.device))
     sae.register_buffer(
         "code_mean", torch.zeros(cfg.n_bits, dtype=torch.float32, device=sae.device)
     )
@@ -115,7 +112,7 @@ class _BAEMixin(BAEFoldsMixin):
 
     cfg: BAEConfig | BAETrainingSAEConfig
     W_enc: nn.Parameter
-    b_enc: nn.Parameter | None
+    b_enc: nn.Parameter
     code_mean: Tensor
     code_mean_count: Tensor
     W_dec: nn.Parameter
@@ -183,10 +180,10 @@ class _BAEMixin(BAEFoldsMixin):
         return self.code_mean.clone()
 
     def _bae_histograms(self) -> dict[str, NDArray[Any]]:
-        out = {"weights/code_mean": self.code_mean.detach().cpu().numpy()}
-        if self.b_enc is not None:
-            out["weights/b_e"] = self.b_enc.detach().float().cpu().numpy()
-        return out
+        return {
+            "weights/code_mean": self.code_mean.detach().cpu().numpy(),
+            "weights/b_e": self.b_enc.detach().float().cpu().numpy(),
+        }
 
 
 # ----------------------------------------------------------------------------- inference
@@ -196,7 +193,7 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
     """Inference BAE. ``encode`` returns the decoder inputs h_R (= the binary code when
     ``bits = 1``); :meth:`encode_bits` returns the full binary code."""
 
-    b_enc: nn.Parameter | None
+    b_enc: nn.Parameter
 
     @override
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
@@ -231,7 +228,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     ``global_batch`` (set by ``sae_lens_bae.training.distributed``) makes every step's loss the
     one of the ranks' concatenated minibatch, and its output (but ``hidden_pre``) that batch's."""
 
-    b_enc: nn.Parameter | None
+    b_enc: nn.Parameter
     global_batch: GlobalBatch | None = None
     schedule: Schedule | None = None
 
@@ -327,11 +324,10 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         residuals = x.to(self.W_dec.dtype) - self.decode(self.encode(x))
         scale = current_input_scale(self)  # decoder rows live in the scaled units
         residuals = residuals if scale is None else residuals * scale
-        b_enc = None if self.b_enc is None else self.b_enc.data[None]
+        weights = (self.W_enc.data[None], self.b_enc.data[None], self.W_dec.data[None])
         return resample_members(
-            self.W_enc.data[None], b_enc, self.W_dec.data[None], self.process_sae_in(x)[None],
-            residuals[None], self.window_counts[None], self.window_samples,
-            self.code_mean[None], members=[0], bits_per_feature=self.cfg.bits,
+            *weights, self.process_sae_in(x)[None], residuals[None], self.window_counts[None],
+            self.window_samples, self.code_mean[None], members=[0], bits_per_feature=self.cfg.bits,
         )[0]  # fmt: skip
 
     @override

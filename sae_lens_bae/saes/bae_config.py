@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from sae_lens_bae.saes.bae_presets import BAE_PRESETS, BAEPreset
 from sae_lens_bae.saes.binary import SURROGATES
-from sae_lens_bae.saes.schedule import Schedule
+from sae_lens_bae.saes.schedule import RESAMPLE_UNTIL_FRACTION, Schedule
 
 __all__ = [
     "ARCHITECTURE",
@@ -27,6 +27,7 @@ __all__ = [
     "Schedule",
     "bae_config",
     "read_cfg_json",
+    "retired_differences",
     "validate_config_dict",
 ]
 
@@ -38,17 +39,33 @@ _RECIPE_FIELDS = (
     "entropy_coefficient",
     "covariance_coefficient",
     "resample_every",
-    "resample_until_fraction",
 )
 """Training fields whose default (None) resolves to the ``default`` recipe at the config's d_in."""
-RETIRED_FIELDS = {"firing_coefficient": 0.0}
-"""Training fields a BAE config once had, with the value every BAE now trains with: a checkpoint
-that recorded another value was trained with an objective this version does not have."""
+RETIRED_FIELDS = {
+    "firing_coefficient": 0.0,
+    "resample_until_fraction": RESAMPLE_UNTIL_FRACTION,
+    "encoder_bias": True,
+}
+"""Fields a BAE config once had, with the value every BAE now has: a checkpoint that recorded
+another value was trained otherwise than this version trains (see :func:`retired_differences`)."""
 _ADDED_FIELDS = {"rescale_inputs_to": None}
 """Inference fields added after BAEs were first saved: a cfg.json without one loads with this
 value (what those BAEs did)."""
 DEFAULT_BATCH_SIZE = 512
 """Minibatch size the paper uses; the entropy objective is measured on minibatches of this size."""
+
+
+def retired_differences(stored: dict[str, Any]) -> list[str]:
+    """The retired fields (``RETIRED_FIELDS``) that a saved config dict recorded with another
+    value than every BAE now has, where that value changed what it is or how it trained (the
+    resampling horizon only matters to a BAE that resampled)."""
+    differences = []
+    for key, now in RETIRED_FIELDS.items():
+        if key == "resample_until_fraction" and not stored.get("resample_every"):
+            continue
+        if stored.get(key, now) != now:
+            differences.append(key)
+    return differences
 
 
 def _check_positive_int(name: str, value: Any) -> None:
@@ -83,7 +100,6 @@ class BAEConfig(SAEConfig):
         d_in: width of the hidden state.
         d_sae: number of features (decoder rows). None means 4 * d_in, the paper's default.
         bits: code bits per feature (more-bit decoding); the encoder emits ``bits * d_sae`` bits.
-        encoder_bias: whether the encoder has a bias ``b_enc`` (a firing threshold per bit).
         apply_b_dec_to_input: SAELens' input centring; False, as in the paper.
         rescale_inputs_to: the BAE reads ``k (x + t)``: one factor (its ``input_scale``
             buffer) that brings its inputs to this total variance (mean squared distance from
@@ -95,7 +111,6 @@ class BAEConfig(SAEConfig):
 
     d_sae: int = None  # type: ignore[assignment]  # resolved to 4 * d_in in __post_init__
     bits: int = 1
-    encoder_bias: bool = True
     apply_b_dec_to_input: bool = False
     rescale_inputs_to: float | None = None
 
@@ -128,8 +143,8 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         covariance_coefficient: a_c, weight of the off-diagonal covariance penalty.
         entropy_off_fraction: first fraction of training with the entropy term off.
         covariance_off_final_fraction: last fraction of training with the covariance term off.
-        resample_every: steps between resamplings of constant channels (0: never).
-        resample_until_fraction: resampling stops after this fraction of training.
+        resample_every: steps between resamplings of constant channels (0: never); they stop
+            after ``RESAMPLE_UNTIL_FRACTION`` of training.
         total_training_steps: length of training, which resolves the fractions; set by
             ``train_sae`` and ``fill_training_schedule`` (SAELens never tells an SAE).
 
@@ -139,7 +154,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
 
     d_sae: int = None  # type: ignore[assignment]
     bits: int = 1
-    encoder_bias: bool = True
     apply_b_dec_to_input: bool = False
     rescale_inputs_to: float | None = None
     surrogate: Literal["sigmoid", "ste"] = "sigmoid"
@@ -149,7 +163,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     entropy_off_fraction: float = 0.25
     covariance_off_final_fraction: float = 0.0
     resample_every: int = None  # type: ignore[assignment]
-    resample_until_fraction: float = None  # type: ignore[assignment]
     total_training_steps: int | None = None
 
     @override
@@ -173,7 +186,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             "covariance_coefficient": self.covariance_coefficient >= 0,
             "entropy_off_fraction": 0.0 <= self.entropy_off_fraction <= 1.0,
             "covariance_off_final_fraction": 0.0 <= self.covariance_off_final_fraction <= 1.0,
-            "resample_until_fraction": 0.0 <= self.resample_until_fraction <= 1.0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -219,7 +231,7 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             covariance_off_from=covariance_off,
             resample_every=self.resample_every,
             # without a length, resampling never stops (nothing says when training ends)
-            resample_until=None if total is None else self.resample_until_fraction * total,
+            resample_until=None if total is None else RESAMPLE_UNTIL_FRACTION * total,
         )
 
     def coefficients(self) -> dict[str, float]:
@@ -259,6 +271,12 @@ def validate_config_dict(config_dict: dict[str, Any]) -> BAEConfig:
         raise ValueError(
             f"Config is for architecture {config_dict['architecture']!r}, not {ARCHITECTURE!r}"
         )
+    if config_dict.get("encoder_bias", True) is not True:
+        raise ValueError(
+            "This BAE was saved without an encoder bias, which every BAE of this version has; "
+            "train it again"
+        )
+    config_dict = {k: v for k, v in config_dict.items() if k != "encoder_bias"}
     known = {f.name for f in fields(BAEConfig)}
     extra = sorted(set(config_dict) - known - {"architecture"})
     missing = sorted(known - set(config_dict) - {"metadata"} - set(_ADDED_FIELDS))

@@ -31,20 +31,14 @@ class BAEFoldsMixin(InputFrameMixin):
 
     cfg: Any
     W_enc: nn.Parameter
-    b_enc: nn.Parameter | None
+    b_enc: nn.Parameter
     W_dec: nn.Parameter
     b_dec: nn.Parameter
 
     def fold_activation_whitening(
         self, mean: Tensor, whitening_matrix: Tensor, unwhitening_matrix: Tensor
     ) -> None:
-        """SAELens' exact whitening fold; a BAE without an encoder bias reading the raw input
-        has nowhere to put the mean's shift, so it is refused there (SAELens would skip it)."""
-        if self.b_enc is None and not self.cfg.apply_b_dec_to_input and bool(mean.any()):
-            raise ValueError(
-                "This BAE has no encoder bias, so a whitening with a non-zero mean cannot be "
-                "folded into it exactly; train it with encoder_bias=True or apply_b_dec_to_input"
-            )
+        """SAELens' exact whitening fold, after the input frame's own."""
         self.fold_input_scale()
         super().fold_activation_whitening(mean, whitening_matrix, unwhitening_matrix)  # type: ignore[misc]
 
@@ -65,15 +59,10 @@ class BAEFoldsMixin(InputFrameMixin):
         if scale is None:
             return
         shift = getattr(self, INPUT_SHIFT_BUFFER)
-        if self.b_enc is None and not self.cfg.apply_b_dec_to_input and bool(shift.any()):
-            raise ValueError(
-                "This BAE has no encoder bias, so its input shift cannot be folded into it "
-                "exactly; use it with its frame (it reads raw inputs as they are)"
-            )
         self.W_enc.data *= scale.to(self.W_enc.dtype)
         self.W_dec.data /= scale.to(self.W_dec.dtype)
         self.b_dec.data = self.b_dec.data / scale.to(self.b_dec.dtype) - shift.to(self.b_dec.dtype)
-        if self.b_enc is not None and not self.cfg.apply_b_dec_to_input:
+        if not self.cfg.apply_b_dec_to_input:
             self.b_enc.data += (shift @ self.W_enc.data.float()).to(self.b_enc.dtype)
         getattr(self, INPUT_SCALE_BUFFER).fill_(1.0)
         shift.zero_()

@@ -29,7 +29,6 @@ class BAEPreset:
     covariance_coefficient: float
     entropy_off_fraction: float = 0.25
     resample_every: int = 0
-    resample_until_fraction: float = 0.5
     scale_with_d: bool = True
     rescale_inputs_to: float | None = None
     """The total variance the recipe was calibrated at, which the BAE then scales (and places)
@@ -43,7 +42,6 @@ class BAEPreset:
             **self.coefficients(d_in),
             "surrogate_temperature": self.surrogate_temperature,
             "resample_every": self.resample_every,
-            "resample_until_fraction": self.resample_until_fraction,
             "rescale_inputs_to": self.rescale_inputs_to,
         }
 
@@ -66,7 +64,6 @@ BAE_PRESETS: dict[PresetName, BAEPreset] = {
         entropy_coefficient=5e-7,
         covariance_coefficient=8e-6,
         resample_every=125,
-        resample_until_fraction=0.95,
     ),
     # 0.1's short-run rule (the prototype's, tuned on the synthetic benchmark at d = 64 and 128;
     # the coefficients EntropyRecipe uses): the preset for entropy estimation through the registry

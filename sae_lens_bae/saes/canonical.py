@@ -51,11 +51,8 @@ def canonicalise(bae: Any, prior: Float[Tensor, " n_bits"] | None = None) -> Any
     out.b_dec.add_(shift)
     out.W_dec.mul_(sign[:, None])
     out.W_enc.mul_(sign)
-    if bae.b_enc is not None:
-        if bae.cfg.apply_b_dec_to_input:  # the encoder reads x - b_dec: keep its pre-activations
-            out.b_enc.add_(shift @ bae.W_enc)
-        out.b_enc.mul_(sign)
-    elif bae.cfg.apply_b_dec_to_input and bool(flip.any()):
-        raise ValueError("canonicalise needs an encoder bias when b_dec is applied to the input")
+    if bae.cfg.apply_b_dec_to_input:  # the encoder reads x - b_dec: keep its pre-activations
+        out.b_enc.add_(shift @ bae.W_enc)
+    out.b_enc.mul_(sign)
     out.code_mean.copy_(torch.where(flip, 1.0 - bae.code_mean, bae.code_mean))
     return out

@@ -48,7 +48,7 @@ def constant_channels(
 @torch.no_grad()
 def resample_constant_channels(
     W_enc: Float[Tensor, "d_in n_bits"],
-    b_enc: Float[Tensor, " n_bits"] | None,
+    b_enc: Float[Tensor, " n_bits"],
     W_dec: Float[Tensor, "d_sae d_in"],
     encoder_inputs: Float[Tensor, "batch d_in"],
     residuals: Float[Tensor, "batch d_in"],
@@ -64,7 +64,6 @@ def resample_constant_channels(
     other columns; its bias puts the threshold at the (1 - ``rate``) quantile of the minibatch's
     projections, so it fires on ``rate`` of the minibatch; its decoder row (``bits_per_feature``
     = 1 only; a wider feature shares its row) is the mean residual of the samples it fires on.
-    Without an encoder bias the column alone is set.
     """
     index = channels.nonzero()[:, 0]
     if index.numel() == 0:
@@ -80,12 +79,9 @@ def resample_constant_channels(
     columns = (directions * scale).T  # [d_in, m]
     W_enc[:, index] = columns
     projections = encoder_inputs.to(W_enc.dtype) @ columns  # [batch, m]
-    if b_enc is not None:
-        threshold = torch.quantile(projections.float(), 1.0 - rate, dim=0).to(b_enc.dtype)
-        b_enc[index] = -threshold
-        firing = projections >= threshold
-    else:
-        firing = projections >= 0
+    threshold = torch.quantile(projections.float(), 1.0 - rate, dim=0).to(b_enc.dtype)
+    b_enc[index] = -threshold
+    firing = projections >= threshold
     if bits_per_feature == 1:
         weights = firing.to(residuals.dtype)
         mean_residual = (weights.T @ residuals) / weights.sum(0).clamp_min(1.0)[:, None]
@@ -96,7 +92,7 @@ def resample_constant_channels(
 @torch.no_grad()
 def resample_members(
     W_enc: Float[Tensor, "G d_in n_bits"],
-    b_enc: Float[Tensor, "G n_bits"] | None,
+    b_enc: Float[Tensor, "G n_bits"],
     W_dec: Float[Tensor, "G d_sae d_in"],
     encoder_inputs: Float[Tensor, "members batch d_in"],
     residuals: Float[Tensor, "members batch d_in"],
@@ -118,7 +114,7 @@ def resample_members(
         counts.append(
             resample_constant_channels(
                 W_enc[g],
-                None if b_enc is None else b_enc[g],
+                b_enc[g],
                 W_dec[g],
                 encoder_inputs[i],
                 residuals[i],

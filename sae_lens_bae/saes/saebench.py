@@ -69,14 +69,7 @@ class SAEBenchBAE(nn.Module):
         if layer is None:
             raise ValueError(f"SAEBench needs a hook inside a block (blocks.L....), got {hook!r}")
         self.W_enc, self.W_dec, self.b_dec = bae.W_enc, bae.W_dec, bae.b_dec
-        self.b_enc = (
-            bae.b_enc
-            if bae.b_enc is not None
-            else nn.Parameter(
-                torch.zeros(bae.W_enc.shape[1], device=bae.W_enc.device, dtype=bae.W_enc.dtype),
-                requires_grad=False,
-            )
-        )
+        self.b_enc = bae.b_enc
         self.device: torch.device = bae.W_dec.device
         self.dtype: torch.dtype = bae.W_dec.dtype
         self.cfg = SAEBenchConfig(

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Schedule"]
+__all__ = ["RESAMPLE_UNTIL_FRACTION", "Schedule"]
+
+RESAMPLE_UNTIL_FRACTION = 0.95
+"""Resampling stops after this fraction of training: a channel resampled in the last steps
+would have no time to learn (the default recipe's choice, docs/research/code-notes.md)."""
 
 
 @dataclass(frozen=True)

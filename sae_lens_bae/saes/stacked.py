@@ -62,11 +62,8 @@ class StackedBAE(nn.Module):
                 torch.manual_seed(seed)
                 members.append(BAETrainingSAE(cfg))
         for name in _PARAMS:
-            tensors = [getattr(m, name) for m in members]
-            if tensors[0] is None:
-                self.register_parameter(name, None)
-            else:
-                setattr(self, name, nn.Parameter(torch.stack([t.detach() for t in tensors])))
+            stacked = torch.stack([getattr(m, name).detach() for m in members])
+            setattr(self, name, nn.Parameter(stacked))
         self.register_buffer("code_mean", torch.stack([m.code_mean for m in members]))
         self.register_buffer("code_mean_count", torch.zeros(()))
         self.n_models = len(members)
@@ -108,10 +105,10 @@ class StackedBAE(nn.Module):
         inputs = x - b_dec.unsqueeze(1) if self.cfg.apply_b_dec_to_input else x
         rows = range(self.n_models) if members is None else members.tolist()
         # a converged BAE keeps the counts it stopped with: only the members' rows restart
-        b_enc = None if self.b_enc is None else self.b_enc.data
+        weights = (self.W_enc.data, self.b_enc.data, self.W_dec.data)
         return resample_members(
-            self.W_enc.data, b_enc, self.W_dec.data, inputs, residuals, self.window_counts,
-            self.window_samples, self.code_mean, members=rows, bits_per_feature=self.cfg.bits,
+            *weights, inputs, residuals, self.window_counts, self.window_samples, self.code_mean,
+            members=rows, bits_per_feature=self.cfg.bits,
         )  # fmt: skip
 
     def hidden_pre(
@@ -127,8 +124,6 @@ class StackedBAE(nn.Module):
         if self.cfg.apply_b_dec_to_input:
             x = x - self._weight("b_dec", members).unsqueeze(1)
         w_enc = self._weight("W_enc", members)
-        if self.b_enc is None:
-            return torch.bmm(x, w_enc)
         return torch.baddbmm(self._weight("b_enc", members).unsqueeze(1), x, w_enc)  # one kernel
 
     def losses(
@@ -188,9 +183,7 @@ class StackedBAE(nn.Module):
         members = []
         for g in range(self.n_models):
             sae = BAETrainingSAE(self.cfg)
-            state = {
-                name: getattr(self, name)[g] for name in _PARAMS if getattr(self, name) is not None
-            }
+            state = {name: getattr(self, name)[g] for name in _PARAMS}
             state["code_mean"] = self.code_mean[g]
             state["code_mean_count"] = self.code_mean_count
             if self.cfg.resample_every > 0:

@@ -17,7 +17,7 @@ from typing import Any
 from torch import Tensor
 
 from sae_lens_bae.reports import read_json, write_json
-from sae_lens_bae.saes.bae_config import RETIRED_FIELDS
+from sae_lens_bae.saes.bae_config import retired_differences
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -104,7 +104,7 @@ def check_resumable(
     - another run where the run says what its inputs are (``run["inputs"]``: a fingerprint of
       its data and settings, against the marker's);
     - another model (``model``: the run's config dict against the checkpoint's ``cfg.json``),
-      or one trained with a term this version does not have (``RETIRED_FIELDS``).
+      or one trained otherwise than this version trains (``retired_differences``).
     """
     marker = read_marker(checkpoint)
     wanted = run.get("global_batch_size")
@@ -135,10 +135,11 @@ def check_resumable(
                     f"{checkpoint} holds a {key}={stored.get(key)} model, these options make "
                     f"{key}={model.get(key)}: resume with the options of the interrupted run"
                 )
-        for key, now in RETIRED_FIELDS.items():
-            if stored.get(key, now) != now:
-                raise ValueError(
-                    f"{checkpoint} was trained with {key}={stored[key]}, a term this version "
-                    "does not have: train again from the start"
-                )
+        retired = retired_differences(stored)
+        if retired:
+            key = retired[0]
+            raise ValueError(
+                f"{checkpoint} was trained with {key}={stored[key]}, which this version does "
+                "not have: train again from the start"
+            )
     return marker
