@@ -21,7 +21,8 @@ def ranged(
     below: float | None = None,
 ) -> Any:
     """A dataclass field with ``default`` whose value (when not None) must be at least ``low``
-    or above ``above``, and at most ``high`` or below ``below``; NaN is never in a range."""
+    or above ``above``, and at most ``high`` or below ``below``; NaN is never in a range. For a
+    list field every value must be, and the list must not be empty."""
     return dataclasses.field(default=default, metadata={"range": (low, above, high, below)})
 
 
@@ -40,24 +41,29 @@ def check_ranges(config: Any) -> None:
             kind, fix = field.metadata["exists"]
             if not (Path(value).is_file() if kind == "file" else Path(value).is_dir()):
                 raise FileNotFoundError(f"{field.name}: no {kind} {value}; {fix}")
-        if "range" not in field.metadata:
+        if "range" not in field.metadata or value is None:
             continue
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{field.name} must be a number, got {value!r}")
-        low, above, high, below = field.metadata["range"]
-        inside = not math.isnan(value) and all(
-            (
-                low is None or value >= low,
-                above is None or value > above,
-                high is None or value <= high,
-                below is None or value < below,
-            )
+        values = list(value) if isinstance(value, list | tuple) else [value]
+        if not values:
+            raise ValueError(f"{field.name} must list at least one value")
+        for number in values:
+            _check_number(field.name, number, field.metadata["range"])
+
+
+def _check_number(name: str, value: Any, bounds: tuple[float | None, ...]) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    low, above, high, below = bounds
+    inside = not math.isnan(value) and all(
+        (
+            low is None or value >= low,
+            above is None or value > above,
+            high is None or value <= high,
+            below is None or value < below,
         )
-        if not inside:
-            wanted = _describe(low, above, high, below)
-            raise ValueError(f"{field.name} must be {wanted}, got {value!r}")
+    )
+    if not inside:
+        raise ValueError(f"{name} must be {_describe(low, above, high, below)}, got {value!r}")
 
 
 def _describe(

@@ -206,8 +206,8 @@ def test_declared_dependencies_are_exactly_the_third_party_imports():
 
 
 def test_configs_keep_to_their_field_budgets():
-    """A knob earns its place (docs/research/consolidation.md): the BAE's training config adds at most 10 fields
-    to SAELens' TrainingSAEConfig, and an entropy recipe has at most 10."""
+    """A knob earns its place (docs/research/consolidation.md): the BAE's training config adds
+    at most 10 fields to SAELens' TrainingSAEConfig, and an entropy recipe has at most 10."""
     import dataclasses
 
     from sae_lens.saes.sae import TrainingSAEConfig

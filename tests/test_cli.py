@@ -311,11 +311,11 @@ def _bad_inputs(model, corpus, tmp):
             "File exists",
         ),  # an output folder that cannot be made
         (["bench", "synthetic", "--ranks", "100"], "ranks go up to d = 64"),
-        (["bench", "synthetic", "--drain-hold", "-1"], "--drain-hold must be at least 0"),
+        (["bench", "synthetic", "--drain-hold", "-1"], "drain_hold must be at least 0"),
         (["bench", "synthetic", "--preset", "test", "--out", str(tmp / "other_grid")],
          "holds the results of another grid or recipe; use another --out"),
         (["bench", "two-token", "--words", "yes"], "exactly two words"),
-        (["compress", "--thresholds", "-2"], "outside [log2 0.5, 0]"),
+        (["compress", "--thresholds", "-2"], "thresholds must be in [-1.0, 0.0]"),
         (["steer", "icl", "--dataset", "x", "--baselines", "transcoder"], "choose among"),
         (["bench", "recipes", "--variants", "fastest"], "unknown variants ['fastest']"),
         (["train", *m, *c, "--hook", "blocks.1.hook_resid_post", "--out", str(tmp / "run"),
@@ -459,7 +459,7 @@ def test_application_commands_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_
     assert result.exit_code == 0, result.output
     assert "ratio vs fp32" in result.output
     result = runner.invoke(app, ["compress", *common, "--thresholds", "-2"])
-    assert result.exit_code != 0 and "outside" in result.output
+    assert result.exit_code == 2 and "thresholds must be in [-1.0, 0.0], got -2.0" in result.output
     result = runner.invoke(app, ["bench", "more-bits", *common, "--bits", "1,2",
                                  "--out", str(tmp_path / "m")])  # fmt: skip
     assert result.exit_code == 0, result.output

@@ -5,8 +5,11 @@ it was."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -126,12 +129,21 @@ def _finished_transcoder(folder: Path) -> tuple[Path, Callable[[], object]]:
     return folder / "t.pt", lambda: train_transcoder(x, y, 8, **run)
 
 
+@functools.cache
+def _finished_test_grid() -> Path:
+    """A folder where the ``test`` grid ran to the end (made once, copied by each case)."""
+    folder = Path(tempfile.mkdtemp()) / "syn"
+    run_preset(PRESETS["test"], folder, progress=False)
+    return folder
+
+
 def _synthetic_dynamics(folder: Path) -> tuple[Path, Callable[[], object]]:
     from sae_lens_bae.experiments.synthetic_report import DYNAMICS
 
-    preset = PRESETS["test"]
-    run_preset(preset, folder / "syn", progress=False)
-    return folder / "syn" / DYNAMICS, lambda: run_preset(preset, folder / "syn", progress=False)
+    shutil.copytree(_finished_test_grid(), folder / "syn")
+    return folder / "syn" / DYNAMICS, lambda: run_preset(
+        PRESETS["test"], folder / "syn", progress=False
+    )
 
 
 def _gathered_states(folder: Path) -> tuple[Path, Callable[[], object]]:

@@ -5,8 +5,8 @@ The estimate sums the channels' entropies, so a channel whose value the other ch
 the states adds bits the code does not hold. The covariance term sees pairs only, and a BAE can
 settle in a code whose channels have no pairwise dependence yet hold fewer bits than their sum:
 three planted bits written as four fair threshold channels on a tetrahedron's normals (a 3-in-4
-code, docs/entropy.md) decode exactly and sit one bit over the axis code, a local minimum of
-the objective. ``redundant_channels`` finds such channels from the code words of a set;
+code, docs/research/entropy-log.md) decode exactly and sit one bit over the axis code, a local
+minimum of the objective. ``redundant_channels`` finds such channels from the code words of a set;
 ``knock_out_`` switches them off, so that the rest of the code must carry the states, with its
 refitted decoder or trained on (``repair_baes``, which ``estimate_entropies`` runs: a repaired
 BAE is kept only if its held-out objective is lower, the judge between restarts too).
@@ -230,7 +230,8 @@ def repair_baes(
     for _ in range(recipe.selection.repair_rounds):
         flagged = {}
         for g in candidates:
-            channels = redundant_channels(*resolved_code_words(baes[g], sets[g]))
+            words = resolved_code_words(baes[g], sets[g])
+            channels = [] if words is None else redundant_channels(*words)
             if channels:
                 flagged[g] = channels
         if not flagged:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sae_lens_bae.checks import check_ranges, ranged
-from sae_lens_bae.compression import LOSSLESS_THRESHOLD, compression_report, decoder_bytes
+from sae_lens_bae.compression import compression_report, decoder_bytes
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, markdown_table, write_json, write_text
@@ -31,7 +31,7 @@ class CompressionConfig(LayerData):
     """Training steps of the BAE."""
     batch_size: int = ranged(512, low=1)
     """Activations per training step."""
-    thresholds: Sequence[float] = (-1.0, -0.75, -0.5, -0.25, 0.0)
+    thresholds: Sequence[float] = ranged((-1.0, -0.75, -0.5, -0.25, 0.0), low=-1.0, high=0.0)
     """Burstiness thresholds in [log2 0.5, 0] = [-1, 0]; -1 keeps the code exactly."""
     seed: int = 0
     """Seed of the BAE's initialisation and data order."""
@@ -41,12 +41,6 @@ class CompressionConfig(LayerData):
     def __post_init__(self) -> None:
         check_ranges(self)
         super().__post_init__()
-        bad = [t for t in self.thresholds if not LOSSLESS_THRESHOLD <= t <= 0.0]
-        if bad or not self.thresholds:
-            raise ValueError(
-                f"thresholds {bad or '(none)'} outside [log2 0.5, 0] = [-1, 0]: give burstiness "
-                "thresholds such as -1,-0.5,0"
-            )
 
 
 def run(cfg: CompressionConfig, progress: bool = True) -> dict[str, Any]:

@@ -106,9 +106,9 @@ def trace_icl(
 class ICLTracingConfig(LabelledSentences):
     """What ``bae entropy icl`` runs; the defaults are the reduced grid for a 2-core CPU."""
 
-    layers: Sequence[int] = (5, 15, 25)
+    layers: Sequence[int] = ranged((5, 15, 25), low=0)
     """Layers traced."""
-    shots: Sequence[int] = (0, 1, 2, 4, 8)
+    shots: Sequence[int] = ranged((0, 1, 2, 4, 8), low=0)
     """Numbers of demonstrations k."""
     n_prompts: int = ranged(512, low=1)
     """Queries (the same for every k)."""

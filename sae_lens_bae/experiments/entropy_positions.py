@@ -48,7 +48,7 @@ class PositionTracingConfig:
     """Text file, folder or HF dataset (default: the embedded corpus)."""
     text_column: str | None = None
     """Text column of a table/JSONL dataset."""
-    layers: Sequence[int] = (5, 15, 25)
+    layers: Sequence[int] = ranged((5, 15, 25), low=0)
     """Layers traced."""
     hook: str = "hook_resid_post"
     """Hook point inside each block."""

@@ -37,7 +37,7 @@ class MoreBitsConfig(LayerData):
     """What ``bae bench more-bits`` runs; the defaults fit a 2-core CPU (decoder width d_sae =
     d_in, so that C = 4 has as many code bits as a 4x BAE)."""
 
-    bits: Sequence[int] = (1, 2, 3, 4)
+    bits: Sequence[int] = ranged((1, 2, 3, 4), low=1)
     """Code bits per feature C, one BAE each."""
     expansion: int = ranged(1, low=1)
     """Decoder width d_sae / d_in, the same for every C."""

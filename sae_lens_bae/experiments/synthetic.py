@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.entropy import estimate_entropies
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT
 from sae_lens_bae.experiments.synthetic_presets import PRESETS, SyntheticPreset, tolerance
@@ -56,19 +57,19 @@ class SyntheticConfig:
     preset: Literal["cpu", "mid", "paper", "test"] = "cpu"
     """cpu (d = 64, a 2-core machine, about 16 minutes), mid (d = 256, r up to 128, about 26
     minutes on 2 cores), paper (d = 2048, for a GPU) or test (seconds)."""
-    steps: int | None = None
+    steps: int | None = ranged(None, low=1)
     """Training steps of every BAE (default: the preset's)."""
-    ranks: Sequence[int] | None = None
+    ranks: Sequence[int] | None = ranged(None, low=0)
     """Ranks r (bits of the data), e.g. 0,8,64 (default: the preset's)."""
-    expansions: Sequence[int] | None = None
+    expansions: Sequence[int] | None = ranged(None, low=1)
     """Expansion rates d_sae / d, e.g. 4 (default: the preset's)."""
-    seeds: Sequence[int] | None = None
+    seeds: Sequence[int] | None = ranged(None, low=0)
     """Seeds, e.g. 0,1 (default: the preset's)."""
-    restarts: int | None = None
+    restarts: int | None = ranged(None, low=1)
     """BAEs per cell, of which the one with the lowest held-out objective is kept (default: the
     preset's; ``EntropyRecipe.restarts``): runs from other starts can stay in a worse minimum.
     Multiplies the training cost."""
-    drain_hold: float | None = None
+    drain_hold: float | None = ranged(None, low=0.0)
     """Hold the learning-rate schedule while a code still drains, for at most this fraction of
     the steps more (default: the preset's, 1 for paper, 0 elsewhere; ``EntropyRecipe.drain_hold``):
     0 gives a fixed-length schedule."""
@@ -84,6 +85,7 @@ class SyntheticConfig:
     """Folder for the JSON, the table and the plots."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose from {sorted(PRESETS)}")
         chosen = self.grid()
@@ -102,12 +104,8 @@ class SyntheticConfig:
                 )
             chosen = replace(chosen, recipe=chosen.recipe.changed(steps=self.steps))
         if self.restarts is not None:
-            if self.restarts < 1:
-                raise ValueError(f"--restarts must be at least 1, got {self.restarts}")
             chosen = replace(chosen, recipe=chosen.recipe.changed(restarts=self.restarts))
         if self.drain_hold is not None:
-            if self.drain_hold < 0:
-                raise ValueError(f"--drain-hold must be at least 0, got {self.drain_hold}")
             chosen = replace(chosen, recipe=chosen.recipe.changed(drain_hold=self.drain_hold))
         for name in ("ranks", "expansions", "seeds"):
             values = getattr(self, name)

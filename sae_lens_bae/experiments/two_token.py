@@ -68,7 +68,7 @@ class TwoTokenConfig:
     """Hook point inside the block."""
     words: Sequence[str] = ("yes", "no")
     """The two words whose first tokens make the sequences (each its own first token)."""
-    ranks: Sequence[int] = (0, 1, 2, 4, 6, 8, 10, 12)
+    ranks: Sequence[int] = ranged((0, 1, 2, 4, 6, 8, 10, 12), low=0)
     """Sequence lengths r."""
     n_samples: int = ranged(4096, low=1)
     """Sequences per r."""
