@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install quickstart test test-fast demo lint bench notebooks gpu-checks gpu-paper-cells gpu-paper-lr
+.PHONY: install quickstart test test-fast demo lint bench notebooks docs gpu-checks gpu-paper-cells gpu-paper-lr
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,10 @@ lint: install
 notebooks: install
 	$(BIN)/jupytext --to ipynb tutorials/[0-9][0-9]_*.py
 
+# the documentation site (mkdocs-material) in site/; `$(BIN)/mkdocs serve` to browse it
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: install
 	$(BIN)/python benchmarks/train_step.py
 
@@ -62,10 +66,10 @@ gpu-checks:
 
 # The `paper` synthetic preset's open cells (issue 15), one run each (--restarts 1): PAPER_RANKS
 # on seed 0 at PAPER_EXPANSIONS, with the planted bits each code recovers. The preset holds its
-# schedule while the code drains (up to 90000 steps a cell; docs/entropy.md, "The drain hold").
+# schedule while the code drains (up to 90000 steps a cell; docs/research/entropy-log.md, "The drain hold").
 # On the H200s of 2026-11-28 the 2x cells read r = 512 on seeds 0 and 1 (24800 and 17600 held
 # steps, about 270 and 234 s, data and refit included) and r = 256 on seed 0 (12200 held, 224
-# s; docs/entropy.md, "The drain hold on a GPU"). Next: PAPER_RANKS=512 PAPER_SEEDS=2, then
+# s; docs/research/entropy-log.md, "The drain hold on a GPU"). Next: PAPER_RANKS=512 PAPER_SEEDS=2, then
 # PAPER_RANKS=128 PAPER_EXPANSIONS=2 (about 49600 steps at 220 steps/s: 4 minutes), then lower
 # ranks. One cell a call and nothing beside it on the GPU: two cells side by side ran at 45
 # steps/s each against 300 alone.

@@ -183,7 +183,7 @@ def bae_at_density(
     """A fresh BAE; with ``density``, its encoder bias set to every channel's (1 - density)
     quantile on ``batch`` so that each channel fires on that fraction of it (None: as initialised,
     about half). A trained default BAE at d_sae = 2304 fires 16% of its bits (L0 369 in
-    docs/features.md)."""
+    docs/research/feature-study.md)."""
     cfg = BAETrainingSAEConfig(
         d_in=d_in,
         d_sae=d_sae,

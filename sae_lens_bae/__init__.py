@@ -5,6 +5,8 @@ SAELens, so ``SAE.load_from_disk``, ``LanguageModelSAETrainingRunner`` and
 ``MultiSAETrainingRunner`` accept BAEs like any built-in architecture.
 """
 
+from importlib import metadata
+
 from sae_lens_bae.activations import ActivationCache, harvest_activations
 from sae_lens_bae.compression import compress, decompress
 from sae_lens_bae.entropy import EntropyEstimate, estimate_entropy
@@ -38,7 +40,7 @@ from sae_lens_bae.training import (
 
 _register_all()
 
-__version__ = "0.1.0"
+__version__ = metadata.version("sae-lens-bae")  # one version: pyproject.toml's
 
 __all__ = [
     "BAE",

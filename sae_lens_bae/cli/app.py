@@ -21,7 +21,7 @@ from sae_lens_bae.dashboard import site
 from sae_lens_bae.experiments import EXPERIMENTS, command_help
 from sae_lens_bae.training import live
 
-__all__ = ["COMMANDS", "app", "build_app", "main"]
+__all__ = ["COMMANDS", "app", "build_app", "click_command", "main"]
 
 GROUPS = {
     "bench": "Benchmarks with known answers.",
@@ -110,6 +110,8 @@ def build_app(
 
 
 app = build_app()
+click_command = typer.main.get_command(app)
+"""The command line as a click command (what the documentation's CLI reference renders)."""
 
 
 def main() -> None:

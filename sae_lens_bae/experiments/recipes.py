@@ -285,8 +285,9 @@ def _report(summary: dict[str, Any]) -> str:
         "",
         f"{summary['train_tokens']} training tokens, {summary['held_out_tokens']} held-out tokens, "
         f"{config['expansion']}x, {config['steps']} steps of {config['batch_size']} (a variant "
-        "may multiply them). Columns as in `bae compare` (docs/features.md). Target: EV within "
-        "0.02 of topk15's, activated >= every baseline's, constant < 1% of channels, no dead.",
+        "may multiply them). Columns as in `bae compare` (docs/research/feature-study.md). "
+        "Target: EV within 0.02 of topk15's, activated >= every baseline's, "
+        "constant < 1% of channels, no dead.",
         "",
         described,
         models_table(summary["models"], first="model"),

@@ -1,6 +1,6 @@
 """Per-model feature statistics: the columns of the BAE-vs-SAE comparison table.
 
-Which definition each count follows (see also ``docs/features.md``):
+Which definition each count follows (see also ``docs/research/feature-study.md``):
 
 * ``activated``: the paper's ComSem definition: every token's top-k features over *all*
   channels by the model's magnitude (``top_k_records(..., candidates="all")``: for a BAE the

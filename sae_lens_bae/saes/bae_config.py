@@ -94,10 +94,9 @@ def _validate_bae_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
 
 @dataclass
 class BAEConfig(SAEConfig):
-    """Inference configuration of a BAE.
+    """Inference configuration of a BAE (``d_in``, the width of the hidden state, is SAELens').
 
     Args:
-        d_in: width of the hidden state.
         d_sae: number of features (decoder rows). None means 4 * d_in, the paper's default.
         bits: code bits per feature (more-bit decoding); the encoder emits ``bits * d_sae`` bits.
         apply_b_dec_to_input: SAELens' input centring; False, as in the paper.

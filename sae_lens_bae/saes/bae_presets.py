@@ -5,7 +5,7 @@ Coefficients are given at d = 2048 and used as a * 2048 / d_in (``scale_with_d``
 reconstruction loss is a mean over d_in while the entropy and covariance terms are sums
 over channels, so a fixed coefficient would weigh the penalties d_in times more at a small width
 than at a large one. How ``default`` was chosen, with the table of every recipe tried, is in
-``docs/features.md`` (``bae bench recipes``).
+``docs/research/feature-study.md`` (``bae bench recipes``).
 """
 
 from __future__ import annotations

@@ -229,11 +229,12 @@ def train_sae(
 
     Args:
         activations: a ``[n, d_in]`` tensor (iterated in reshuffled epochs, ``seed`` fixing the
-            order), an ``ActivationCache`` (its ``hook``; the only one by default) or any
-            iterator of ``[batch_size, d_in]`` batches.
+            order), an ``ActivationCache`` (its ``hook``, the only one by default, which the SAE
+            then names as its hook point) or any iterator of ``[batch_size, d_in]`` batches.
         cfg: the training config of the SAE (e.g. ``BAETrainingSAEConfig``,
             ``TopKTrainingSAEConfig``).
-        training_samples / epochs: length of training; give one (epochs needs a tensor or cache).
+        training_samples: length of training in rows (give this or ``epochs``).
+        epochs: length of training in passes over a tensor or cache.
         batch_size: rows per step (per rank when ``distributed``).
         checkpoint_dir: write ``n_checkpoints`` checkpoints there during training.
         resume: continue from the newest complete checkpoint in ``checkpoint_dir``, on the
@@ -318,6 +319,8 @@ def train_sae(
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         sae = TrainingSAE.from_dict(cfg.to_dict())
+    if hook is not None and sae.cfg.metadata.hook_name is None:  # so it splices where it read
+        sae.cfg.metadata.hook_name = hook
     trainer = RecordingTrainer(
         cfg=trainer_cfg, sae=sae, data_provider=data, record_every=record_every
     )

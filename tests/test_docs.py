@@ -1,0 +1,82 @@
+"""The documentation: a short README, a site that builds without a warning, research notes kept
+apart, one version everywhere, and no words about how the work was organised."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sae_lens_bae
+
+ROOT = Path(__file__).resolve().parents[1]
+PROSE = [
+    ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
+    ROOT / "Makefile",
+    *sorted((ROOT / "docs").rglob("*.md")),
+]
+
+
+def test_the_readme_is_short_and_cites_the_paper():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    assert "arxiv.org/abs/2509.20997" in readme and "@article" in readme
+
+
+@pytest.mark.parametrize("path", PROSE, ids=[str(p.relative_to(ROOT)) for p in PROSE])
+def test_prose_has_no_session_words(path):
+    assert not re.search(r"\bsessions?\b", path.read_text(), flags=re.IGNORECASE)
+
+
+def test_one_version_everywhere():
+    project = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    changelog = re.search(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert project and changelog
+    assert sae_lens_bae.__version__ == project.group(1) == changelog.group(1)
+
+
+def test_research_notes_stay_out_of_the_navigation():
+    config = (ROOT / "mkdocs.yml").read_text()
+    nav = config.split("nav:")[1].split("not_in_nav:")[0]
+    assert "research/" not in nav
+    pages = set(re.findall(r":\s*(\S+\.md)", nav))
+    assert pages == {p.name for p in (ROOT / "docs").glob("*.md")}  # every page in it
+
+
+@pytest.mark.slow
+def test_the_site_builds_strictly(tmp_path):
+    """``mkdocs build --strict``: every link, anchor and API docstring resolves."""
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # material's notice of its successor
+    )
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING")]
+    assert result.returncode == 0 and not warnings, "\n".join(warnings) or result.stderr[-2000:]
+    assert (tmp_path / "cli" / "index.html").read_text().count("bae entropy") > 0
+
+
+@pytest.mark.slow
+def test_the_readme_example_runs(tmp_path, monkeypatch):
+    """The README's Python example, on a small text and one epoch instead of the user's texts
+    and ten."""
+    from sae_lens_bae.data import default_corpus
+
+    readme = (ROOT / "README.md").read_text()
+    code = readme.split("## In Python")[1].split("```python")[1].split("```")[0]
+    (tmp_path / "my_texts").mkdir()
+    lines = default_corpus().read_text().splitlines()[:40]
+    (tmp_path / "my_texts" / "texts.txt").write_text("\n".join(lines) + "\n")
+    assert "epochs=10" in code
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {}
+    exec(compile(code.replace("epochs=10", "epochs=1"), "README.md", "exec"), namespace)  # noqa: S102
+    assert namespace["logits"].shape[:2] == (8, 128)
