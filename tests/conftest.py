@@ -145,3 +145,22 @@ class TrainingSteps:
 @pytest.fixture
 def training_steps(monkeypatch) -> TrainingSteps:
     return TrainingSteps(monkeypatch)
+
+
+@pytest.fixture
+def count_calls(monkeypatch):
+    """``count_calls(owner, name)``: a list that gets one entry per call of ``owner.name``
+    (which still runs) for the rest of the test."""
+
+    def install(owner: object, name: str) -> list[int]:
+        calls: list[int] = []
+        original = getattr(owner, name)
+
+        def counted(*args: object, **kwargs: object) -> object:
+            calls.append(1)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+        return calls
+
+    return install

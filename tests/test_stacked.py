@@ -223,7 +223,7 @@ class _AlwaysDraining(DrainHold):
         return True
 
 
-def test_a_held_schedule_stands_still_then_runs_its_full_course(monkeypatch):
+def test_a_held_schedule_stands_still_then_runs_its_full_course(count_calls):
     """40 schedule steps, at most 20 held, a check every 5 steps: held from the check after
     step 5 while the rest of the schedule (35 steps) still fits in what is left after the next
     5, i.e. through the check after step 20, so steps 6-25 train at step 5's learning rate and
@@ -231,14 +231,7 @@ def test_a_held_schedule_stands_still_then_runs_its_full_course(monkeypatch):
     the first held step's (computed before its update), and differ after it; the covariance-off
     final fifth is the last 8 steps in both; a resampling window is read once, not once per held
     step."""
-    calls = []
-    original = StackedBAE.resample
-
-    def counting(self, *args, **kwargs):
-        calls.append(1)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(StackedBAE, "resample", counting)
+    calls = count_calls(StackedBAE, "resample")
     resampling = {"resample_every": 5}
     plain = _drain_run(None, **resampling)
     resamples = len(calls)

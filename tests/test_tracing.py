@@ -167,7 +167,7 @@ def test_position_tracing_writes_json_table_and_plot(tiny_hf_llama_dir, tiny_cor
 
 
 def test_a_killed_position_trace_does_not_train_its_baes_again(
-    tiny_hf_llama_dir, tiny_corpus, tmp_path, training_steps, monkeypatch
+    tiny_hf_llama_dir, tiny_corpus, tmp_path, training_steps, count_calls
 ):
     """Killed while its BAEs train, the same command goes on from the last checkpoint and writes
     the rows an uninterrupted run writes, taking only the steps the killed run had not and no
@@ -177,14 +177,7 @@ def test_a_killed_position_trace_does_not_train_its_baes_again(
 
     from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT
 
-    passes = []
-    run_with_hooks = HookedTransformer.run_with_hooks
-
-    def counted(model, *args, **kwargs):
-        passes.append(1)
-        return run_with_hooks(model, *args, **kwargs)
-
-    monkeypatch.setattr(HookedTransformer, "run_with_hooks", counted)
+    passes = count_calls(HookedTransformer, "run_with_hooks")
 
     recipe = QUICK.changed(converge=False, steps=20, seeds=1, repair_rounds=0)  # one training
     common = dict(model=str(tiny_hf_llama_dir), dataset=str(tiny_corpus), layers=(1,),
