@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 __all__ = [
     "Stopwatch",
     "cell",
@@ -16,6 +18,7 @@ __all__ = [
     "read_json",
     "read_json_list",
     "read_jsonl",
+    "read_torch",
     "write_json",
     "write_text",
 ]
@@ -77,6 +80,18 @@ def read_json_list(path: str | Path, what: str, fix: str) -> list[Any]:
     if not isinstance(data, list):
         raise ValueError(f"{path} is not {what} (not a JSON array); {fix}")
     return data
+
+
+def read_torch(path: str | Path, what: str, fix: str, **load: Any) -> Any:
+    """What ``torch.load(path, **load)`` reads from a file that should be ``what``; a file that
+    is not a torch save (empty, cut short, random bytes, another format) raises ValueError in
+    one line naming it and saying ``fix``. A missing file raises FileNotFoundError."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no {what} at {path}")
+    try:
+        return torch.load(path, **load)
+    except Exception as error:  # a damaged pickle fails in many ways, none of them the user's bug
+        raise ValueError(f"{path} is not {what} ({type(error).__name__}); {fix}") from None
 
 
 def _parse(path: Path, text: bytes, what: str, fix: str) -> Any:

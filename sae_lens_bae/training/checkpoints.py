@@ -33,13 +33,18 @@ COMPLETE_MARKER = "checkpoint_complete.json"
 """Written last into a checkpoint folder: ``{"n_training_samples", "n_training_steps", ...}``."""
 
 
+FINGERPRINT_ROWS = 4096
+"""Rows of a data set read for its fingerprint, evenly spaced: a set of any size (a memory-mapped
+cache included) costs a fixed read, and another set differs in them."""
+
+
 def fingerprint(sets: Sequence[Tensor], settings: dict[str, Any]) -> str:
     """What makes two training calls the same run (``run["inputs"]`` of ``check_resumable``):
-    the settings and every data set's shape and sums."""
+    the settings, and every data set's shape and the sums of ``FINGERPRINT_ROWS`` of its rows."""
     digest = hashlib.sha256(repr(sorted(settings.items())).encode())
     for x in sets:
-        sums = (x.double().sum().item(), x.double().abs().sum().item())
-        digest.update(repr((tuple(x.shape), sums)).encode())
+        rows = x[:: max(1, x.shape[0] // FINGERPRINT_ROWS)].double()
+        digest.update(repr((tuple(x.shape), rows.sum().item(), rows.abs().sum().item())).encode())
     return digest.hexdigest()[:16]
 
 

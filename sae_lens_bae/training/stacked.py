@@ -14,7 +14,6 @@ there, to the weights of a run that was never interrupted, or returns the finish
 from __future__ import annotations
 
 import math
-import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -28,6 +27,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sae_lens_bae.losses import binary_entropy
+from sae_lens_bae.reports import read_torch
 from sae_lens_bae.saes.bae import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
@@ -126,16 +126,9 @@ class _Checkpoint:
         if not (self.folder / COMPLETE_MARKER).is_file():
             return None
         self.finished = bool(check_resumable(self.folder, self.run).get("finished"))
-        path = self.folder / _STATE_FILE
-        try:
-            state = torch.load(path, weights_only=False)
-        except (pickle.UnpicklingError, EOFError, RuntimeError, OSError) as error:
-            raise ValueError(
-                f"{path} is not a readable checkpoint ({type(error).__name__}); delete "
-                f"{self.folder} to train again"
-            ) from None
+        path, fix = self.folder / _STATE_FILE, f"delete {self.folder} to train again"
+        state = read_torch(path, "a readable checkpoint", fix, weights_only=False)
         if not isinstance(state, dict) or set(state) != _STATE_KEYS:
-            fix = f"delete {self.folder} to train again"
             raise ValueError(f"{path} is not a stacked training checkpoint; {fix}")
         return state
 

@@ -10,8 +10,6 @@ Adam with gradients clipped to norm 1, as ``SAETrainer`` does.
 from __future__ import annotations
 
 import os
-import pickle
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from torch import Tensor
 from tqdm.auto import trange
 
 from sae_lens_bae.losses import reconstruction_loss
+from sae_lens_bae.reports import read_torch
 from sae_lens_bae.training.checkpoints import fingerprint
 from sae_lens_bae.training.trainer import activation_batches
 
@@ -107,21 +106,17 @@ def train_transcoder(
     return transcoder, history
 
 
-_UNREADABLE = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile)
-"""What ``torch.load`` raises on a file that is not a torch save."""
-
-
 def _load_finished(
     path: Path, inputs: str, device: str
 ) -> tuple[Transcoder, list[dict[str, float]]]:
     fix = "delete it to train the transcoder again"
+    state = read_torch(path, "a finished transcoder", fix, map_location=device, weights_only=True)
     try:
-        state = torch.load(path, map_location=device, weights_only=True)
         d_in, d_sae, d_out = state["cfg"]
         config = TranscoderConfig(d_in=d_in, d_sae=d_sae, d_out=d_out, apply_b_dec_to_input=False)
         transcoder = Transcoder(config).to(device)
         transcoder.load_state_dict(state["weights"])
-    except (*_UNREADABLE, KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
         raise ValueError(
             f"{path} is not a finished transcoder ({type(error).__name__}); {fix}"
         ) from None
