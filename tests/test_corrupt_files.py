@@ -108,16 +108,21 @@ def _comsem_features(folder: Path) -> tuple[Path, Callable[[], object]]:
     return folder / "features.jsonl", lambda: comsem_results(folder)
 
 
-def _loss_history(folder: Path) -> tuple[Path, Callable[[], object]]:
-    from sae_lens_bae.saes.bae import BAETrainingSAEConfig
-    from sae_lens_bae.training import train_sae
+def _train_sae_checkpoint(name: str) -> Callable[[Path], tuple[Path, Callable[[], object]]]:
+    """A file ``name`` of the checkpoint ``train_sae`` resumes from (SAELens' or ours)."""
 
-    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
-    cfg = BAETrainingSAEConfig(d_in=4, d_sae=8, entropy_off_fraction=0.0)
-    run = dict(training_samples=64, batch_size=16, checkpoint_dir=folder / "ckpt")
-    train_sae(x, cfg, n_checkpoints=0, save_final_checkpoint=True, **run)
-    (history,) = (folder / "ckpt").rglob("history.json")
-    return history, lambda: train_sae(x, cfg, resume=True, **run)
+    def make(folder: Path) -> tuple[Path, Callable[[], object]]:
+        from sae_lens_bae.saes.bae import BAETrainingSAEConfig
+        from sae_lens_bae.training import train_sae
+
+        x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+        cfg = BAETrainingSAEConfig(d_in=4, d_sae=8, entropy_off_fraction=0.0)
+        run = dict(training_samples=64, batch_size=16, checkpoint_dir=folder / "ckpt")
+        train_sae(x, cfg, n_checkpoints=0, save_final_checkpoint=True, **run)
+        (path,) = (folder / "ckpt").rglob(name)
+        return path, lambda: train_sae(x, cfg, resume=True, **run)
+
+    return make
 
 
 def _finished_transcoder(folder: Path) -> tuple[Path, Callable[[], object]]:
@@ -197,6 +202,25 @@ def _labelled_sentences(folder: Path) -> tuple[Path, Callable[[], object]]:
     return folder / "train.jsonl", lambda: load_labelled_sentences(str(folder / "train.jsonl"))
 
 
+def _activation_store_state(folder: Path) -> tuple[Path, Callable[[], object]]:
+    """The state ``bae train --resume`` reads back into its activation store (checked before the
+    store is touched, so a bare store reads it here)."""
+    from safetensors.torch import save_file
+
+    from sae_lens_bae.activations.store import ResumableActivationsStore
+
+    state = {
+        "mixing_storage": torch.zeros(4, 2),
+        "mixing_serving": torch.zeros(4, 2),
+        "mixing_rng": torch.Generator().get_state(),
+        "n_dataset_processed": torch.tensor(0),
+    }
+    save_file(state, str(folder / "activations_store_state.safetensors"))
+    store = object.__new__(ResumableActivationsStore)
+    path = folder / "activations_store_state.safetensors"
+    return path, lambda: store.load(str(path))
+
+
 LOADERS = {
     "feature records": _records,
     "saved SAE cfg.json": _sae_config,
@@ -209,9 +233,12 @@ LOADERS = {
     "synthetic dynamics": _synthetic_dynamics,
     "ComSem reply cache": _comsem_cache,
     "ComSem features (dashboard)": _comsem_features,
-    "training loss history": _loss_history,
+    "training loss history": _train_sae_checkpoint("history.json"),
+    "training checkpoint weights": _train_sae_checkpoint("sae_weights.safetensors"),
+    "training checkpoint optimiser": _train_sae_checkpoint("trainer_state.pt"),
     "finished transcoder": _finished_transcoder,
     "gathered states": _gathered_states,
+    "activation store state": _activation_store_state,
     "compressed states": _compressed_states,
     "ComSem template": _comsem_template,
     "text corpus (JSONL)": _text_corpus,

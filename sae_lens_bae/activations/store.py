@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from sae_lens import LanguageModelSAERunnerConfig
 from sae_lens.training.activations_store import ActivationsStore
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 from transformer_lens.hook_points import HookedRootModule
@@ -106,15 +107,22 @@ class ResumableActivationsStore(ActivationsStore):
         return Path(checkpoint_path) / f"rank_{self.rank}" if self.rank else Path(checkpoint_path)
 
     def load(self, file_path: str) -> None:
-        """Fast-forward the token stream (SAELens) and restore the buffer and generator."""
-        super().load(file_path)
-        state = load_file(file_path)
+        """Fast-forward the token stream (SAELens) and restore the buffer and generator; a
+        damaged file, or one without this store's state, is refused first, in one line."""
+        try:
+            state = load_file(file_path)
+        except (SafetensorError, OSError) as error:
+            raise ValueError(
+                f"{file_path} is not an activation store's state ({type(error).__name__}); "
+                "delete that checkpoint folder and resume from an earlier one, or start again"
+            ) from None
         missing = [name for name in _STATE if name not in state]
         if missing:
             raise ValueError(
                 f"{file_path} was written by SAELens' own ActivationsStore (no {missing[0]}): "
                 "it cannot resume this run exactly; start it again or resume with SAELens' runner"
             )
+        super().load(file_path)
         self.storage = state["mixing_storage"].to(self.device)
         self.serving = state["mixing_serving"].to(self.device)
         self.generator.set_state(state["mixing_rng"])

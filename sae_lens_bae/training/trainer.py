@@ -165,11 +165,19 @@ class RecordingTrainer(SAETrainer[Any, Any]):
         checkpoint (see ``latest_checkpoint``); returns its marker (``batches_read``...)."""
         checkpoint = Path(checkpoint)
         marker = read_marker(checkpoint)
-        self.load_trainer_state(checkpoint)
-        self.sae.load_weights_from_checkpoint(checkpoint)
+        fix = "delete that checkpoint folder and resume from an earlier one, or start again"
+        try:  # SAELens' files: its optimiser and scheduler state, then the weights
+            self.load_trainer_state(checkpoint)
+            self.sae.load_weights_from_checkpoint(checkpoint)
+        except FileNotFoundError as error:
+            lacks = Path(str(error.filename)).name
+            raise ValueError(f"{checkpoint} lacks {lacks}; {fix}") from None
+        except Exception as error:  # a damaged file fails in many ways, none the user's bug
+            raise ValueError(
+                f"{checkpoint} holds a damaged file ({type(error).__name__}); {fix}"
+            ) from None
         self.n_training_steps = int(marker["n_training_steps"])
         history = checkpoint / HISTORY_FILE
-        fix = "delete that checkpoint folder and resume from an earlier one, or start again"
         self.history = (
             read_json_list(history, "a training loss history", fix) if history.is_file() else []
         )
