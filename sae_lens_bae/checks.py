@@ -26,9 +26,12 @@ def ranged(
     return dataclasses.field(default=default, metadata={"range": (low, above, high, below)})
 
 
-def existing(kind: Literal["file", "folder"], fix: str, default: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field holding a path (or None) that must name an existing ``kind`` when
-    given; ``fix`` says where such a path comes from. No ``default``: a required field."""
+def existing(
+    kind: Literal["file", "folder", "path"], fix: str, default: Any = dataclasses.MISSING
+) -> Any:
+    """A dataclass field holding a path (or None, or a list of paths) that must name an existing
+    ``kind`` (``path``: a file or a folder) when given; ``fix`` says where such a path comes
+    from. No ``default``: a required field."""
     return dataclasses.field(default=default, metadata={"exists": (kind, fix)})
 
 
@@ -39,8 +42,13 @@ def check_ranges(config: Any) -> None:
         value = getattr(config, field.name)
         if "exists" in field.metadata and value is not None:
             kind, fix = field.metadata["exists"]
-            if not (Path(value).is_file() if kind == "file" else Path(value).is_dir()):
-                raise FileNotFoundError(f"{field.name}: no {kind} {value}; {fix}")
+            paths = list(value) if isinstance(value, list | tuple) else [value]
+            if not paths:
+                raise ValueError(f"{field.name} must list at least one path")
+            for path in map(Path, paths):
+                found = {"file": path.is_file(), "folder": path.is_dir(), "path": path.exists()}
+                if not found[kind]:
+                    raise FileNotFoundError(f"{field.name}: no {kind} {path}; {fix}")
         if "range" not in field.metadata or value is None:
             continue
         values = list(value) if isinstance(value, list | tuple) else [value]

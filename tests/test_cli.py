@@ -24,6 +24,7 @@ REQUIRED = {
     ("train",): ["--out", "somewhere", "--dataset", "texts.txt"],
     ("interpret",): ["--records", "records.safetensors"],
     ("dashboard",): ["--records", "records.safetensors"],
+    ("entropy", "estimate"): ["--states", "a_file"],
     ("entropy", "icl"): ["--dataset", "sentences.tsv"],
     ("steer", "icl"): ["--dataset", "sentences.tsv"],
 }
@@ -104,7 +105,7 @@ def _other_value(option, cls=None):
 
 def _paths_here(folder):
     """The paths the command lines of these tests name, made in ``folder``."""
-    for name in ("records.safetensors", "a_file"):
+    for name in ("records.safetensors", "a_file", "a_path"):
         (folder / name).write_bytes(b"")
     (folder / "a_folder").mkdir()
 
@@ -160,6 +161,8 @@ def test_cli_defaults_and_options_are_the_config_fields(path, tmp_path, monkeypa
 
 def _typed(cls, name, text):
     hint = typing.get_type_hints(cls)[name]
+    if typing.get_origin(hint) is not None and typing.get_args(hint) == (Path,):  # a list
+        return tuple(Path(part) for part in text.split(","))
     return Path(text) if Path in (hint, *typing.get_args(hint)) else text
 
 
