@@ -236,6 +236,7 @@ LOADERS = {
     "training loss history": _train_sae_checkpoint("history.json"),
     "training checkpoint weights": _train_sae_checkpoint("sae_weights.safetensors"),
     "training checkpoint optimiser": _train_sae_checkpoint("trainer_state.pt"),
+    "training checkpoint activation scaler": _train_sae_checkpoint("activation_scaler.json"),
     "finished transcoder": _finished_transcoder,
     "gathered states": _gathered_states,
     "activation store state": _activation_store_state,

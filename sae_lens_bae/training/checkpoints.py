@@ -14,13 +14,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import Tensor
 
-from sae_lens_bae.reports import read_json, write_json
+from sae_lens_bae.reports import read_json, read_torch, write_json
 from sae_lens_bae.saes.bae_config import retired_differences
 
 __all__ = [
     "COMPLETE_MARKER",
+    "check_checkpoint_files",
     "check_resumable",
     "fingerprint",
     "latest_checkpoint",
@@ -78,6 +81,24 @@ def latest_checkpoint(path: str | Path) -> Path:
             "on: n_checkpoints / --checkpoints); start the run again without resuming"
         )
     return max(complete, key=lambda folder: int(read_marker(folder)["n_training_samples"]))
+
+
+def check_checkpoint_files(checkpoint: Path) -> None:
+    """Refuse, in one line naming it, a checkpoint whose SAELens files (weights, optimiser and
+    scheduler state, activation scaler) are missing or damaged: SAELens reads them with no check
+    of its own, and a damaged one would end a resumed run in a traceback."""
+    fix = "delete that checkpoint folder and resume from an earlier one, or start again"
+    for name in ("sae_weights.safetensors", "trainer_state.pt", "activation_scaler.json"):
+        if not (checkpoint / name).is_file():
+            raise ValueError(f"{checkpoint} lacks {name}; {fix}")
+    try:
+        load_file(checkpoint / "sae_weights.safetensors")
+    except SafetensorError as error:
+        raise ValueError(f"{checkpoint}'s weights are damaged ({error}); {fix}") from None
+    state = read_torch(checkpoint / "trainer_state.pt", "SAELens' trainer state", fix)
+    if not isinstance(state, dict) or {"optimizer", "lr_scheduler"} - set(state):
+        raise ValueError(f"{checkpoint}'s trainer_state.pt is not SAELens' trainer state; {fix}")
+    read_json(checkpoint / "activation_scaler.json", "SAELens' activation scaler", fix)
 
 
 def refuse_other_ranks(marker: dict[str, Any], world: int, where: str, why: str) -> None:

@@ -29,6 +29,7 @@ from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
 from sae_lens_bae.saes.bae_presets import PresetName
 from sae_lens_bae.training.checkpoints import (
+    check_checkpoint_files,
     check_resumable,
     latest_checkpoint,
     mark_complete,
@@ -287,6 +288,7 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
             rank_streams="a live run resumes on the ranks' own activation streams",
             model=sae_cfg.to_dict(),
         )
+        check_checkpoint_files(checkpoint)
         runner_cfg.resume_from_checkpoint = str(checkpoint)
         if rank == 0:
             print(f"Resuming from {checkpoint}")

@@ -34,6 +34,7 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAEConfig,
 )
 from sae_lens_bae.training.checkpoints import (
+    check_checkpoint_files,
     check_resumable,
     fingerprint,
     latest_checkpoint,
@@ -165,17 +166,13 @@ class RecordingTrainer(SAETrainer[Any, Any]):
         checkpoint (see ``latest_checkpoint``); returns its marker (``batches_read``...)."""
         checkpoint = Path(checkpoint)
         marker = read_marker(checkpoint)
+        check_checkpoint_files(checkpoint)
         fix = "delete that checkpoint folder and resume from an earlier one, or start again"
-        try:  # SAELens' files: its optimiser and scheduler state, then the weights
+        try:  # files that read, but were written for another model or trainer
             self.load_trainer_state(checkpoint)
             self.sae.load_weights_from_checkpoint(checkpoint)
-        except FileNotFoundError as error:
-            lacks = Path(str(error.filename)).name
-            raise ValueError(f"{checkpoint} lacks {lacks}; {fix}") from None
-        except Exception as error:  # a damaged file fails in many ways, none the user's bug
-            raise ValueError(
-                f"{checkpoint} holds a damaged file ({type(error).__name__}); {fix}"
-            ) from None
+        except (RuntimeError, KeyError, ValueError) as error:
+            raise ValueError(f"{checkpoint} holds another model's state ({error}); {fix}") from None
         self.n_training_steps = int(marker["n_training_steps"])
         history = checkpoint / HISTORY_FILE
         self.history = (
