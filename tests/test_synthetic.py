@@ -161,6 +161,7 @@ def test_a_grid_killed_inside_a_group_goes_on_from_its_checkpoint(tmp_path, trai
     assert not (tmp_path / "b" / TRAINING_CHECKPOINT).exists()
 
 
+@pytest.mark.slow
 def test_an_interrupted_grid_keeps_its_finished_groups_and_resumes(tmp_path, monkeypatch):
     """The outputs are written after each (expansion, objective) group; run again, the same grid
     trains only the groups the file lacks; another grid is refused unless told not to resume."""
