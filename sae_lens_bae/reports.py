@@ -21,6 +21,7 @@ __all__ = [
     "read_torch",
     "write_json",
     "write_text",
+    "write_torch",
 ]
 
 
@@ -42,10 +43,20 @@ class Stopwatch:
 def write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, then rename it into place: a crash or
     a full disk midway leaves the previous file (or none), never a truncated one."""
-    path = Path(path)
+    _replace_whole(Path(path), lambda partial: partial.write_text(text))
+
+
+def write_torch(path: str | Path, obj: Any) -> None:
+    """``torch.save(obj, path)`` as :func:`write_text` writes: whole or not at all (its folder
+    made if need be)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    _replace_whole(Path(path), lambda partial: torch.save(obj, partial))
+
+
+def _replace_whole(path: Path, write: Callable[[Path], object]) -> None:
     partial = path.with_name(f".{path.name}.partial")
     try:
-        partial.write_text(text)
+        write(partial)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)

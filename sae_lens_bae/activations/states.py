@@ -9,7 +9,6 @@ needed.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations.hooks import check_hooks, stop_layer
-from sae_lens_bae.reports import read_torch
+from sae_lens_bae.reports import read_torch, write_torch
 
 __all__ = ["gather_states", "prompt_states"]
 
@@ -57,10 +56,7 @@ def gather_states(
     if Path(keep).exists():
         return _read_kept(Path(keep), key)
     states, logits = _gather(*call, batch_size, progress, desc)
-    partial = Path(keep).with_name(f".{Path(keep).name}.partial")  # renamed once whole
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"key": key, "states": states, "logits": logits}, partial)
-    os.replace(partial, keep)
+    write_torch(keep, {"key": key, "states": states, "logits": logits})
     return states, logits
 
 

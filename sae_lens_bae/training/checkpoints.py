@@ -23,6 +23,7 @@ from sae_lens_bae.saes.bae_config import retired_differences
 
 __all__ = [
     "COMPLETE_MARKER",
+    "DAMAGED_CHECKPOINT_FIX",
     "check_checkpoint_files",
     "check_resumable",
     "fingerprint",
@@ -32,6 +33,10 @@ __all__ = [
     "refuse_other_ranks",
 ]
 
+DAMAGED_CHECKPOINT_FIX = (
+    "delete that checkpoint folder and resume from an earlier one, or start again"
+)
+"""What a refusal of a damaged checkpoint tells the user to do."""
 COMPLETE_MARKER = "checkpoint_complete.json"
 """Written last into a checkpoint folder: ``{"n_training_samples", "n_training_steps", ...}``."""
 
@@ -61,7 +66,7 @@ def read_marker(checkpoint: str | Path) -> dict[str, Any]:
     return read_json(
         Path(checkpoint) / COMPLETE_MARKER,
         "a checkpoint's completion marker",
-        "delete that checkpoint folder and resume from an earlier one, or start again",
+        DAMAGED_CHECKPOINT_FIX,
         ("n_training_samples",),
     )
 
@@ -87,7 +92,7 @@ def check_checkpoint_files(checkpoint: Path) -> None:
     """Refuse, in one line naming it, a checkpoint whose SAELens files (weights, optimiser and
     scheduler state, activation scaler) are missing or damaged: SAELens reads them with no check
     of its own, and a damaged one would end a resumed run in a traceback."""
-    fix = "delete that checkpoint folder and resume from an earlier one, or start again"
+    fix = DAMAGED_CHECKPOINT_FIX
     for name in ("sae_weights.safetensors", "trainer_state.pt", "activation_scaler.json"):
         if not (checkpoint / name).is_file():
             raise ValueError(f"{checkpoint} lacks {name}; {fix}")
@@ -153,7 +158,7 @@ def check_resumable(
         stored = read_json(
             checkpoint / "cfg.json",
             "an SAE config",
-            "delete that checkpoint folder and resume from an earlier one, or start again",
+            DAMAGED_CHECKPOINT_FIX,
         )
         for key in ("architecture", "d_in", "d_sae", "bits"):
             if stored.get(key) != model.get(key):

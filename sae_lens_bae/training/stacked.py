@@ -27,7 +27,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sae_lens_bae.losses import binary_entropy
-from sae_lens_bae.reports import read_torch
+from sae_lens_bae.reports import read_torch, write_torch
 from sae_lens_bae.saes.bae import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
@@ -137,10 +137,7 @@ class _Checkpoint:
 
     def save(self, state: dict[str, Any], finished: bool) -> None:
         """The state file replaced whole (a kill leaves the last one), then the marker."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        partial = self.folder / (_STATE_FILE + ".partial")
-        torch.save(state, partial)
-        partial.replace(self.folder / _STATE_FILE)
+        write_torch(self.folder / _STATE_FILE, state)
         steps = state["progress"].n
         samples = steps * self.run["global_batch_size"]
         info = {"n_training_steps": steps, "n_training_samples": samples}

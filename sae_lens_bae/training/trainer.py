@@ -34,6 +34,7 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAEConfig,
 )
 from sae_lens_bae.training.checkpoints import (
+    DAMAGED_CHECKPOINT_FIX,
     check_checkpoint_files,
     check_resumable,
     fingerprint,
@@ -167,7 +168,7 @@ class RecordingTrainer(SAETrainer[Any, Any]):
         checkpoint = Path(checkpoint)
         marker = read_marker(checkpoint)
         check_checkpoint_files(checkpoint)
-        fix = "delete that checkpoint folder and resume from an earlier one, or start again"
+        fix = DAMAGED_CHECKPOINT_FIX
         try:  # files that read, but were written for another model or trainer
             self.load_trainer_state(checkpoint)
             self.sae.load_weights_from_checkpoint(checkpoint)

@@ -9,7 +9,6 @@ Adam with gradients clipped to norm 1, as ``SAETrainer`` does.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from torch import Tensor
 from tqdm.auto import trange
 
 from sae_lens_bae.losses import reconstruction_loss
-from sae_lens_bae.reports import read_torch
+from sae_lens_bae.reports import read_torch, write_torch
 from sae_lens_bae.training.checkpoints import fingerprint
 from sae_lens_bae.training.trainer import activation_batches
 
@@ -92,17 +91,14 @@ def train_transcoder(
             row["reconstruction_loss"] = reconstruction_loss(out.detach(), y).item()
             history.append(row)
     transcoder.eval()
-    if checkpoint is not None:  # a temporary name, then renamed: a kill leaves no half file
-        partial = Path(checkpoint).with_name(f".{Path(checkpoint).name}.partial")
-        partial.parent.mkdir(parents=True, exist_ok=True)
+    if checkpoint is not None:  # whole or not at all: a kill leaves no half file
         state = {
             "inputs": inputs_key,
             "cfg": (d_in, d_sae, targets.shape[1]),
             "weights": transcoder.state_dict(),
             "history": history,
         }
-        torch.save(state, partial)
-        os.replace(partial, checkpoint)
+        write_torch(checkpoint, state)
     return transcoder, history
 
 
