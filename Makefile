@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install quickstart test test-fast demo lint bench notebooks docs gpu-checks gpu-paper-cells gpu-paper-lr
+.PHONY: install quickstart test test-fast demo lint bench notebooks docs gpu-checks gpu-grid-cells gpu-grid-lr
 
 install: $(VENV)/.installed
 
@@ -46,14 +46,11 @@ docs: install
 bench: install
 	$(BIN)/python benchmarks/train_step.py
 
-# On a machine with a CUDA GPU where this project imports (installed, or on PYTHONPATH; no
-# install step here): a torch.profiler look at the eager 576 / 2304 steps of standard and the
-# BAE (where the last 1.33x over standard goes: host or device; Chrome traces beside the JSON),
-# the tests that only run on a GPU, then the step benchmark at issue 16's two sizes (at 576 also
-# with the steps compiled, in torch's default mode and as CUDA graphs, as SAELens' compile_sae
-# and `bae train --compile [--compile-mode reduce-overhead]` do), JSON written under GPU_OUT.
-# One command at a time: a timing shares the GPU with nothing
+# GPU runs, on a machine with a CUDA GPU where this project imports; one at a time (a timing
+# shares the GPU with nothing); JSON under GPU_OUT. The results are in docs/research/.
 GPU_OUT ?= runs/gpu-checks
+# a profile of the eager 576 / 2304 steps, the GPU-only tests, the step benchmark at 576 (also
+# compiled) and at 2048
 gpu-checks:
 	mkdir -p $(GPU_OUT)
 	$(PYTHON) benchmarks/train_step.py --device cuda --profile 20 \
@@ -64,36 +61,26 @@ gpu-checks:
 	$(PYTHON) benchmarks/train_step.py --device cuda --steps 50 --d-in 2048 --memory-sizes '' \
 		--out $(GPU_OUT)/train_step_2048.json
 
-# The `paper` synthetic preset's open cells (issue 15), one run each (--restarts 1): PAPER_RANKS
-# on seed 0 at PAPER_EXPANSIONS, with the planted bits each code recovers. The preset holds its
-# schedule while the code drains (up to 90000 steps a cell; docs/research/entropy-log.md, "The drain hold").
-# On the H200s of 2026-11-28 the 2x cells read r = 512 on seeds 0 and 1 (24800 and 17600 held
-# steps, about 270 and 234 s, data and refit included) and r = 256 on seed 0 (12200 held, 224
-# s; docs/research/entropy-log.md, "The drain hold on a GPU"). Next: PAPER_RANKS=512 PAPER_SEEDS=2, then
-# PAPER_RANKS=128 PAPER_EXPANSIONS=2 (about 49600 steps at 220 steps/s: 4 minutes), then lower
-# ranks. One cell a call and nothing beside it on the GPU: two cells side by side ran at 45
-# steps/s each against 300 alone.
-# PAPER_STEPS empty: the preset's 45000
-PAPER_RANKS ?= 256
-PAPER_SEEDS ?= 0
-PAPER_EXPANSIONS ?= 1,2
-PAPER_STEPS ?=
+# cells of the synthetic gpu grid (d = 2048), one run each: GRID_RANKS planted bits on
+# GRID_SEEDS at GRID_EXPANSIONS; GRID_STEPS empty: the grid's 45000 (held while the code drains)
+GRID_RANKS ?= 256
+GRID_SEEDS ?= 0
+GRID_EXPANSIONS ?= 1,2
+GRID_STEPS ?=
 comma := ,
-gpu-paper-cells:
-	$(PYTHON) -m sae_lens_bae bench synthetic --preset paper --ranks $(PAPER_RANKS) \
-		--seeds $(PAPER_SEEDS) --expansions $(PAPER_EXPANSIONS) --no-ablation --restarts 1 \
-		$(if $(PAPER_STEPS),--steps $(PAPER_STEPS)) --device cuda \
-		--out $(GPU_OUT)/paper-r$(subst $(comma),-,$(PAPER_RANKS))-s$(subst $(comma),-,$(PAPER_SEEDS))$(if $(PAPER_STEPS),-steps$(PAPER_STEPS))
+gpu-grid-cells:
+	$(PYTHON) -m sae_lens_bae bench synthetic --grid gpu --planted-bits $(GRID_RANKS) \
+		--seeds $(GRID_SEEDS) --expansions $(GRID_EXPANSIONS) --no-ablation --restarts 1 \
+		$(if $(GRID_STEPS),--steps $(GRID_STEPS)) --device cuda \
+		--out $(GPU_OUT)/gpu-r$(subst $(comma),-,$(GRID_RANKS))-s$(subst $(comma),-,$(GRID_SEEDS))$(if $(GRID_STEPS),-steps$(GRID_STEPS))
 
-# The `paper` preset's cell at d = 2048 with another lr (issue 15: r = 512 stayed over-coded at
-# the rule's 2e-3, as d = 1024 did at 2e-3 where 2.83e-3 read r): one benchmarks/synthetic_cell.py
-# run per rank of PAPER_RANKS, seed 0, 2x, 2 r^2 states, the preset's recipe with lr PAPER_LR
-# (lr_end a tenth of it). About 200 s a cell of r = 512 on an H200.
-PAPER_LR ?= 2.83e-3
-gpu-paper-lr:
-	for r in $(subst $(comma), ,$(PAPER_RANKS)); do \
+# one gpu-grid cell per GRID_RANKS at another lr (GRID_LR; lr_end a tenth of it), seed 0, 2x,
+# 2 r^2 states (benchmarks/synthetic_cell.py)
+GRID_LR ?= 2.83e-3
+gpu-grid-lr:
+	for r in $(subst $(comma), ,$(GRID_RANKS)); do \
 		$(PYTHON) benchmarks/synthetic_cell.py --d 2048 --r $$r --n-train $$((2 * r * r)) \
-			--steps $(or $(PAPER_STEPS),45000) --seed 0 --expansion 2 --recipe-base paper \
-			--variant "lr$(PAPER_LR)={\"lr\": $(PAPER_LR)}" --device cuda \
-			--out $(GPU_OUT)/d2048-r$$r-lr$(PAPER_LR) || exit 1; \
+			--steps $(or $(GRID_STEPS),45000) --seed 0 --expansion 2 --recipe-base long_run \
+			--variant "lr$(GRID_LR)={\"lr\": $(GRID_LR)}" --device cuda \
+			--out $(GPU_OUT)/d2048-r$$r-lr$(GRID_LR) || exit 1; \
 	done

@@ -1,7 +1,7 @@
 """Entropy of held-out fair-bit sets made outside the synthetic presets' generator, read through
 both paths a user takes: ``estimate_entropies`` with its default ``EntropyRecipe``, and a BAE of
 the registry's ``entropy`` preset trained by SAELens' ``SAETrainer`` (``train_sae``), then
-``estimate_entropy``. The check behind docs/research/entropy-log.md's held-out tables: defaults
+``code_entropy``. The check behind docs/research/entropy-log.md's held-out tables: defaults
 that are right on sets no recipe was tuned on, whatever their scale and wherever they sit.
 
     python benchmarks/heldout_entropy.py --cases 16:3,32:6,48:12 --shifts 0,10 --out DIR
@@ -9,7 +9,7 @@ that are right on sets no recipe was tuned on, whatever their scale and wherever
 A case ``d:r`` is x = b W + o: b uniform on {0,1}^r, W an r x d Gaussian matrix (its bit
 directions are not orthonormal, unlike ``directional_data``), o a Gaussian offset of scale 0.5;
 ``--n-train`` training and ``--n-test`` held-out states. The recipe path trains with the default
-``EntropyRecipe`` or, with ``--recipe-base paper``, ``EntropyRecipe.paper(d)``; ``--recipe
+``EntropyRecipe`` or, with ``--recipe-base long_run``, ``EntropyRecipe.long_run(d)``; ``--recipe
 '{"lr": 2e-3}'`` changes its fields. A shift s moves every state by s times the
 set's root mean squared norm along a random direction (entropy does not change). Writes
 ``DIR/heldout_entropy.json`` and ``.md`` after each row, so an interrupted run keeps its rows.
@@ -26,10 +26,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, estimate_entropy
-from sae_lens_bae.experiments.synthetic import recovered_bits
+from sae_lens_bae.entropy import EntropyRecipe, code_entropy, estimate_entropies, recovered_bits
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
-from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
+from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
 from sae_lens_bae.training import train_sae
 
 COLUMNS = [
@@ -108,9 +107,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--n-test", type=int, default=4096)
     parser.add_argument(
         "--recipe-base",
-        choices=("default", "paper"),
+        choices=("default", "long_run"),
         default="default",
-        help="EntropyRecipe() or EntropyRecipe.paper(d) for the recipe path",
+        help="EntropyRecipe() or EntropyRecipe.long_run(d) for the recipe path",
     )
     parser.add_argument(
         "--recipe-steps",
@@ -160,11 +159,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         copied = recovered_bits(estimate.codes(test).cpu(), test_bits)
                     else:
                         steps, repaired, repair_steps = args.registry_steps, None, 0
-                        cfg = bae_config(d, preset="entropy", total_training_steps=steps)
+                        cfg = bae_config(d, recipe="entropy", total_training_steps=steps)
                         run = train_sae(train, cfg, training_samples=steps * 512, batch_size=512,
-                                        lr=BAE_PRESETS["entropy"].lr, seed=seed)  # fmt: skip
+                                        lr=BAE_RECIPES["entropy"].lr, seed=seed)  # fmt: skip
                         bae = run.sae.eval()
-                        estimate = estimate_entropy(bae, test)
+                        estimate = code_entropy(bae, test)
                         with torch.no_grad():
                             copied = recovered_bits(bae.encode_bits(test).cpu(), test_bits)
                     report["rows"].append({

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sae_lens_bae.experiments.synthetic import RECOVERED, bit_agreement, planted_cell
+from sae_lens_bae.entropy.planted import RECOVERED, bit_agreement, planted_cell
 from sae_lens_bae.reports import markdown_table, write_json
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.bae_config import BAETrainingSAEConfig

@@ -36,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 import sae_lens_bae  # noqa: F401  (registers the BAE with SAELens)
 from sae_lens_bae.data import default_corpus, load_token_dataset
 from sae_lens_bae.models import load_model
-from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
+from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
 from sae_lens_bae.training import fill_training_schedule
 
 REGIONS = {
@@ -91,7 +91,7 @@ def sae_config(architecture: str, d_in: int, d_sae: int, device: str) -> tuple[A
         return StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae, device=device), 5e-4
     if architecture == "topk":
         return TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=32, device=device), 5e-4
-    return bae_config(d_in, d_sae, device=device), BAE_PRESETS["default"].lr
+    return bae_config(d_in, d_sae, device=device), BAE_RECIPES["default"].lr
 
 
 def run_one(

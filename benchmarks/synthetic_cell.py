@@ -1,20 +1,20 @@
 """One synthetic cell (``directional_data``: r fair bits in d dimensions) read by BAEs trained
 with several ``EntropyRecipe`` variants, one after the other in this process: the probe behind
-the notes on the ``paper`` preset in docs/research/entropy-log.md, where a d = 2048 grid does not
-fit a CPU but a d = 512 cell with the same failure does.
+the notes on the ``gpu`` grid (once ``paper``) in docs/research/entropy-log.md, where a
+d = 2048 grid does not fit a CPU but a d = 512 cell with the same failure does.
 
     python benchmarks/synthetic_cell.py --d 512 --r 256 --steps 40000 \\
         --variant 'preset={}' --variant 'warm-up={"lr_warm_up_steps": 1000}' --out DIR
 
 Each variant is a name and a JSON object of ``EntropyRecipe`` fields replacing the base recipe
 (expansion 2, ``--steps``, lr 4e-3, the states at their own scale as the synthetic presets train
-them); ``--recipe-base paper`` starts from ``EntropyRecipe.paper(d)`` instead (its lr rule for
+them); ``--recipe-base long_run`` starts from ``EntropyRecipe.long_run(d)`` instead (its lr rule for
 d, T, beta2, schedule and final phase; an lr given alone moves its lr_end with it), so that
 
     python benchmarks/synthetic_cell.py --d 2048 --r 512 --n-train 524288 --steps 45000 \\
-        --recipe-base paper --variant 'lr2.83e-3={"lr": 0.00283}' --device cuda --out DIR
+        --recipe-base long_run --variant 'lr2.83e-3={"lr": 0.00283}' --device cuda --out DIR
 
-is the ``paper`` preset's cell at another lr. Writes ``DIR/synthetic_cell.json`` (every
+is the ``gpu`` grid's cell at another lr. Writes ``DIR/synthetic_cell.json`` (every
 variant's recipe and estimate, held-out error (and the error with the decoder as trained, before
 the recipe's least-squares refit), the planted bits some channel copies (``recovered_bits``),
 steps used, seconds, and its minibatch entropy and reconstruction every ``--every`` steps) and
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
-from sae_lens_bae.experiments.synthetic import PRESETS, passes_bar, planted_cell, recovered_bits
+from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, planted_cell, recovered_bits
+from sae_lens_bae.experiments.synthetic import GRIDS, passes_bar
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
 
 COLUMNS = [
@@ -71,13 +71,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--expansion", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40000)
     parser.add_argument(
-        "--lr", type=float, default=None, help="base lr (default: 4e-3, or the paper base's rule)"
+        "--lr",
+        type=float,
+        default=None,
+        help="base lr (default: 4e-3, or the long_run base's rule)",
     )
     parser.add_argument(
         "--recipe-base",
-        choices=("plain", "paper"),
+        choices=("plain", "long_run"),
         default="plain",
-        help="plain: EntropyRecipe.of(expansion, steps, lr 4e-3); paper: EntropyRecipe.paper(d)",
+        help="plain: EntropyRecipe.of(expansion, steps, lr 4e-3); long_run: .long_run(d)",
     )
     parser.add_argument("--every", type=int, default=500, help="trajectory stride in steps")
     parser.add_argument("--variant", type=parse_variant, action="append", required=True)
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.lr is not None or args.recipe_base == "plain":
         fixed["lr"] = 4e-3 if args.lr is None else args.lr
 
-    base = "paper" if args.recipe_base == "paper" else "default"  # plain: the default, fixed
+    base = "long_run" if args.recipe_base == "long_run" else "default"  # plain: the default, fixed
     recipes = {}
     for name, overrides in args.variant:  # every recipe checked before any training
         try:
@@ -145,8 +148,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row = {"r": args.r, "expansion": recipe.expansion, "objective": True,
                "estimate_bits": estimate.bits, "relative_error": estimate.relative_error,
                "reconstruction_mse": estimate.reconstruction_mse}  # fmt: skip
-        # the synthetic grids' own bar, at the paper preset's tolerance (0.05 r)
-        verdict = passes_bar([row], min_seeds=1, bar=PRESETS["paper"].tolerance)
+        # the synthetic grids' own bar, at the gpu grid's tolerance (0.05 r)
+        verdict = passes_bar([row], min_seeds=1, bar=GRIDS["gpu"].tolerance)
         report["variants"].append({
             "name": name, "overrides": overrides, "recipe": recipe.record(), "bits": estimate.bits,
             "relative_error": estimate.relative_error, "steps": estimate.steps,

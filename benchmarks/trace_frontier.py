@@ -25,7 +25,7 @@ keep 80% of the variance (the most error a reliable cell may leave).
 And between the two, what a BAE's own encoder (one halfspace per channel) makes of the same
 centroids: for each K and each ``--halfspace-margins`` value a, a ``saes.BAE`` whose channel k
 fires iff (x - mean) . u_k > a |u_k|^2 (u_k = centroid k - mean; a = 1/2: nearer the centroid
-than the mean), with the least-squares decoder of those codes, read by ``estimate_entropy``
+than the mean), with the least-squares decoder of those codes, read by ``code_entropy``
 untrained. A quantizer's cell is an intersection of halfspaces; these rows say how far one
 halfspace per channel gets to it (``l0``: channels firing per state; ``silent``: the share of
 states that fire none and decode to the mean).
@@ -49,7 +49,7 @@ from torch import Tensor
 
 from sae_lens_bae.activations import gather_states
 from sae_lens_bae.data import default_corpus, document_windows, iter_texts
-from sae_lens_bae.entropy import TRACING_RECIPE, estimate_entropies, estimate_entropy
+from sae_lens_bae.entropy import TRACING_RECIPE, code_entropy, estimate_entropies
 from sae_lens_bae.entropy.estimate import DEFAULT_MAX_RELATIVE_ERROR
 from sae_lens_bae.entropy.reference import quantizer_reading
 from sae_lens_bae.entropy.tables import CELL_COLUMNS
@@ -122,9 +122,9 @@ def halfspace_bae(
 def halfspace_row(
     x: Float[Tensor, "n d"], centroids: Float[Tensor, "k d"], margin: float
 ) -> dict[str, Any]:
-    """``estimate_entropy`` of ``halfspace_bae`` on ``x``, with its channels per state."""
+    """``code_entropy`` of ``halfspace_bae`` on ``x``, with its channels per state."""
     bae, codes = halfspace_bae(x, centroids, margin)
-    estimate = estimate_entropy(bae, x)
+    estimate = code_entropy(bae, x)
     active = codes.sum(-1)
     return {
         "k": centroids.shape[0],

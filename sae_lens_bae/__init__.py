@@ -5,70 +5,104 @@ SAELens, so ``SAE.load_from_disk``, ``LanguageModelSAETrainingRunner`` and
 ``MultiSAETrainingRunner`` accept BAEs like any built-in architecture.
 """
 
+import importlib
 from importlib import metadata
+from typing import Any
 
 from sae_lens_bae.activations import ActivationCache, harvest_activations
+from sae_lens_bae.checks import warn_renamed
 from sae_lens_bae.compression import compress, decompress
-from sae_lens_bae.entropy import EntropyEstimate, estimate_entropy
-from sae_lens_bae.features import burstiness
-from sae_lens_bae.losses import (
-    bae_objective,
-    covariance_penalty,
-    minibatch_entropy,
-    reconstruction_loss,
+from sae_lens_bae.data import load_token_dataset
+from sae_lens_bae.entropy import (
+    CellEntropy,
+    EntropyEstimate,
+    EntropyRecipe,
+    code_entropy,
+    estimate_entropies,
 )
+from sae_lens_bae.features import burstiness, code_prior, top_k_records
 from sae_lens_bae.models import load_model
 from sae_lens_bae.registry import register_all as _register_all
 from sae_lens_bae.saes.bae import (
     BAE,
-    DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
     BAEConfig,
     BAETrainingSAE,
     BAETrainingSAEConfig,
 )
-from sae_lens_bae.saes.binary import bits_to_values
+from sae_lens_bae.saes.bae_config import bae_config
+from sae_lens_bae.saes.bae_recipes import BAE_RECIPES
 from sae_lens_bae.saes.loading import load_sae
 from sae_lens_bae.steering import steer, steering_hook, task_vector
-from sae_lens_bae.training import (
-    TrainingRun,
-    activation_batches,
-    fill_training_schedule,
-    train_bae,
-    train_sae,
-)
+from sae_lens_bae.training import TrainingRun, fill_training_schedule, train_bae, train_sae
 
 _register_all()
 
 __version__ = metadata.version("sae-lens-bae")  # one version: pyproject.toml's
 
 __all__ = [
-    "BAE",
-    "ActivationCache",
-    "EntropyEstimate",
-    "TrainingRun",
-    "burstiness",
-    "compress",
-    "decompress",
-    "estimate_entropy",
-    "harvest_activations",
+    # models and text
     "load_model",
-    "load_sae",
-    "steer",
-    "steering_hook",
-    "task_vector",
-    "train_sae",
-    "DEFAULT_BATCH_SIZE",
-    "DEFAULT_LR",
+    "load_token_dataset",
+    "harvest_activations",
+    "ActivationCache",
+    # the BAE as a SAELens architecture
+    "BAE",
     "BAEConfig",
     "BAETrainingSAE",
     "BAETrainingSAEConfig",
-    "activation_batches",
-    "bae_objective",
-    "bits_to_values",
-    "covariance_penalty",
+    "BAE_RECIPES",
+    "bae_config",
+    "load_sae",
+    # training
+    "DEFAULT_LR",
+    "TrainingRun",
     "fill_training_schedule",
-    "minibatch_entropy",
-    "reconstruction_loss",
     "train_bae",
+    "train_sae",
+    # entropy
+    "CellEntropy",
+    "EntropyEstimate",
+    "EntropyRecipe",
+    "code_entropy",
+    "estimate_entropies",
+    # features, ComSem, steering, compression
+    "burstiness",
+    "code_prior",
+    "top_k_records",
+    "ClientConfig",
+    "ComSemConfig",
+    "comsem",
+    "steer",
+    "steering_hook",
+    "task_vector",
+    "compress",
+    "decompress",
 ]
+
+_MOVED = {
+    "bae_objective": "sae_lens_bae.losses",
+    "covariance_penalty": "sae_lens_bae.losses",
+    "minibatch_entropy": "sae_lens_bae.losses",
+    "reconstruction_loss": "sae_lens_bae.losses",
+    "bits_to_values": "sae_lens_bae.saes.binary",
+    "DEFAULT_BATCH_SIZE": "sae_lens_bae.saes.bae",
+    "activation_batches": "sae_lens_bae.training",
+}
+"""Internals the top level exported before 0.2.0: still importable from it for one release."""
+
+
+_LAZY = {name: "sae_lens_bae.comsem" for name in ("ClientConfig", "ComSemConfig", "comsem")}
+"""Imported on first use: the LLM client's packages take seconds to import."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name == "estimate_entropy":
+        warn_renamed("sae_lens_bae.estimate_entropy", "sae_lens_bae.code_entropy")
+        return code_entropy
+    if name in _MOVED:
+        warn_renamed(f"sae_lens_bae.{name}", f"{_MOVED[name]}.{name}")
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunne
 
 from sae_lens_bae import BAETrainingSAEConfig, fill_training_schedule
 from sae_lens_bae.activations import ActivationCache, drop_outliers, harvest_activations
-from sae_lens_bae.entropy import estimate_entropy
+from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.training import train_sae
 
@@ -146,7 +146,7 @@ def test_training_from_cache_matches_live_training(
         assert result["explained_variance"] > 0.5
     ev = [r["explained_variance"] for r in results.values()]
     assert abs(ev[0] - ev[1]) < 0.15, results
-    entropies = [estimate_entropy(sae, acts).bits for sae in (from_cache, live)]
+    entropies = [code_entropy(sae, acts).bits for sae in (from_cache, live)]
     assert abs(entropies[0] - entropies[1]) < 0.25 * max(entropies), entropies
 
 

@@ -16,9 +16,9 @@ from safetensors.torch import save_file
 import sae_lens_bae.activations.cache as cache_module
 from sae_lens_bae import (
     ActivationCache,
+    code_entropy,
     compress,
     decompress,
-    estimate_entropy,
     harvest_activations,
     load_model,
     load_sae,
@@ -85,9 +85,9 @@ def cases(tmp: Path, tiny_llama: object) -> list[tuple[str, Callable[[], object]
         ("train_sae resume, nothing saved", lambda: _train(torch.randn(64, 8), resume=True,
                                                            checkpoint_dir=tmp),
          "no complete checkpoint under"),
-        ("estimate_entropy wrong d_in", lambda: estimate_entropy(bae, torch.randn(9, 3)),
+        ("code_entropy wrong d_in", lambda: code_entropy(bae, torch.randn(9, 3)),
          "last dimension d_in=8, got shape (9, 3)"),
-        ("estimate_entropy NaN", lambda: estimate_entropy(bae, _nan()), "1 NaN/Inf values"),
+        ("code_entropy NaN", lambda: code_entropy(bae, _nan()), "1 NaN/Inf values"),
         ("top_k_records rows mismatch", lambda: _records(10, 7),
          "10 activation rows but 7 token positions"),
         ("compress wrong d_in", lambda: compress(bae, torch.randn(4, 6)),

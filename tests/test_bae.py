@@ -10,12 +10,12 @@ from sae_lens.registry import SAE_CLASS_REGISTRY, SAE_TRAINING_CLASS_REGISTRY
 from sae_lens.saes.sae import TrainStepInput
 
 import sae_lens_bae
-from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig, bits_to_values
+from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.entropy import EntropyRecipe
 from sae_lens_bae.losses import covariance_penalty, minibatch_entropy
-from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
-from sae_lens_bae.saes.bae_presets import PresetName
-from sae_lens_bae.saes.binary import step
+from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
+from sae_lens_bae.saes.bae_recipes import RecipeName
+from sae_lens_bae.saes.binary import bits_to_values, step
 from sae_lens_bae.saes.canonical import canonicalise
 from sae_lens_bae.saes.resampling import RESAMPLE_RATE
 
@@ -152,7 +152,7 @@ def test_a_default_bae_is_the_papers_shape_and_reads_raw_states(d_in):
 
 @pytest.mark.parametrize("d_in", [16, 576, 2048])
 def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
-    recipe = BAE_PRESETS["default"]
+    recipe = BAE_RECIPES["default"]
     scale = 2048 / d_in  # the penalties are sums over channels, the reconstruction a mean over d
     cfg = BAETrainingSAEConfig(d_in=d_in)
     assert cfg.entropy_coefficient == pytest.approx(recipe.entropy_coefficient * scale)
@@ -164,29 +164,29 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     assert from_registry.entropy_coefficient == cfg.entropy_coefficient
     # a recipe of one's own, with its coefficients given at d = 2048
     own = dataclasses.replace(recipe, entropy_coefficient=1e-4, resample_every=40)
-    mine = bae_config(d_in, preset=own)
+    mine = bae_config(d_in, recipe=own)
     assert mine.entropy_coefficient == pytest.approx(1e-4 * scale)
     assert mine.resample_every == 40
     # the paper's preset keeps its fixed coefficients whatever d
-    paper = bae_config(d_in, preset="paper")
+    paper = bae_config(d_in, recipe="paper")
     assert paper.entropy_coefficient == 1e-7 and paper.covariance_coefficient == 1e-7
-    assert paper.surrogate_temperature == 1.0 and BAE_PRESETS["paper"].lr == 5e-4
+    assert paper.surrogate_temperature == 1.0 and BAE_RECIPES["paper"].lr == 5e-4
     assert bae_config(d_in, coefficient_scale=4.0).entropy_coefficient == pytest.approx(
         4 * cfg.entropy_coefficient
     )
     explicit = BAETrainingSAEConfig(d_in=d_in, entropy_coefficient=0.5)
     assert explicit.entropy_coefficient == 0.5
-    with pytest.raises(ValueError, match="unknown BAE preset"):
-        bae_config(d_in, preset="fast")
+    with pytest.raises(ValueError, match="unknown BAE recipe"):
+        bae_config(d_in, recipe="fast")
     # estimate_entropies trains with the registry's entropy preset: one rule for both paths
-    through_registry = bae_config(d_in, preset="entropy", total_training_steps=16000)
+    through_registry = bae_config(d_in, recipe="entropy", total_training_steps=16000)
     through_recipe = EntropyRecipe().config(d_in)
     for name in ("entropy_coefficient", "covariance_coefficient", "surrogate_temperature",
                  "entropy_off_fraction", "resample_every"):  # fmt: skip
         assert getattr(through_recipe, name) == getattr(through_registry, name), name
     assert through_registry.entropy_coefficient == pytest.approx(5e-7 * scale)
-    assert EntropyRecipe().optimiser.lr == BAE_PRESETS["entropy"].lr == 4e-3
-    assert set(typing.get_args(PresetName)) == set(BAE_PRESETS)  # the CLIs' choices
+    assert EntropyRecipe().optimiser.lr == BAE_RECIPES["entropy"].lr == 4e-3
+    assert set(typing.get_args(RecipeName)) == set(BAE_RECIPES)  # the CLIs' choices
 
 
 def test_forward_is_binary_code_then_linear_decode():

@@ -51,8 +51,7 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
     stride, its estimate is the library's (``estimate_entropies`` on the same cell and recipe),
     and a bad variant is refused with one line (exit 2) before any training."""
 
-    from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
-    from sae_lens_bae.experiments.synthetic import planted_cell, recovered_bits
+    from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, planted_cell, recovered_bits
 
     out = tmp_path / "cell"
     script = str(BENCHMARKS / "synthetic_cell.py")
@@ -96,21 +95,20 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
 
 
 def test_synthetic_cell_on_the_paper_base_takes_variants_through_the_preset(tmp_path):
-    """``--recipe-base paper``: a variant's lr alone goes through ``EntropyRecipe.paper(d)``
+    """``--recipe-base long_run``: a variant's lr alone goes through ``EntropyRecipe.long_run(d)``
     (lr_end a tenth of it, the preset's T and beta2 kept), and the estimate is the library's
     with that recipe."""
-    from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
-    from sae_lens_bae.experiments.synthetic import planted_cell
+    from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, planted_cell
 
     out = tmp_path / "paper"
     subprocess.run(
         [sys.executable, str(BENCHMARKS / "synthetic_cell.py"), "--d", "16", "--r", "2",
-         "--n-train", "2048", "--n-test", "512", "--steps", "200", "--recipe-base", "paper",
+         "--n-train", "2048", "--n-test", "512", "--steps", "200", "--recipe-base", "long_run",
          "--variant", 'low={"lr": 0.001, "lr_warm_up_steps": 20}', "--out", str(out)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     [variant] = json.loads((out / "synthetic_cell.json").read_text())["variants"]
-    recipe = EntropyRecipe.paper(16, expansion=2, steps=200, lr=0.001, lr_warm_up_steps=20)
+    recipe = EntropyRecipe.long_run(16, expansion=2, steps=200, lr=0.001, lr_warm_up_steps=20)
     assert variant["recipe"]["lr_end"] == pytest.approx(1e-4)
     assert variant["recipe"]["surrogate_temperature"] == 0.15
     assert variant["recipe"] == json.loads(json.dumps(recipe.record()))
@@ -122,7 +120,7 @@ def test_synthetic_cell_on_the_paper_base_takes_variants_through_the_preset(tmp_
     # the preset's 1000-step warm-up does not fit 200 steps: one line, exit 2, nothing trained
     bad = subprocess.run(
         [sys.executable, str(BENCHMARKS / "synthetic_cell.py"), "--d", "16", "--steps", "200",
-         "--recipe-base", "paper", "--variant", 'x={"lr": 0.001}', "--out", str(tmp_path / "x")],
+         "--recipe-base", "long_run", "--variant", 'x={"lr": 0.001}', "--out", str(tmp_path / "x")],
         capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
@@ -136,8 +134,7 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
     ``train_sae``: each row is what the library gives on the same set, with the planted bits its
     code copies; a shifted set is the same set moved (its variance unchanged), and a bad case or
     recipe field is refused with one line (exit 2)."""
-    from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, estimate_entropy
-    from sae_lens_bae.experiments.synthetic import recovered_bits
+    from sae_lens_bae.entropy import EntropyRecipe, code_entropy, estimate_entropies, recovered_bits
     from sae_lens_bae.saes.bae_config import bae_config
     from sae_lens_bae.training import train_sae
 
@@ -167,9 +164,9 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
     assert torch.equal(same_test, test)
     assert rows[2]["recovered_bits"] == recovered_bits(cell.codes(test), test_bits)
     assert rows[2]["typical_relative_error"] == pytest.approx(cell.typical_relative_error)
-    cfg = bae_config(8, preset="entropy", total_training_steps=200)
+    cfg = bae_config(8, recipe="entropy", total_training_steps=200)
     run = train_sae(train, cfg, training_samples=200 * 512, batch_size=512, lr=4e-3, seed=0)
-    direct = estimate_entropy(run.sae.eval(), test)
+    direct = code_entropy(run.sae.eval(), test)
     assert rows[3]["bits"] == pytest.approx(direct.bits, rel=1e-6)
     assert rows[3]["relative_error"] == pytest.approx(direct.relative_error, rel=1e-6)
     assert rows[3]["recovered_bits"] == recovered_bits(run.sae.eval().encode_bits(test), test_bits)
@@ -185,8 +182,8 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
 
 
 def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_path):
-    """``--recipe-base paper`` reads each case with ``EntropyRecipe.paper(d)`` (its lr rule for
-    that d), ``--recipe`` changing its fields; a budget its warm-up does not fit is refused
+    """``--recipe-base long_run`` reads each case with ``EntropyRecipe.long_run(d)`` (its lr
+    rule for that d), ``--recipe`` changing its fields; a budget its warm-up does not fit is refused
     before any training, in one line (exit 2)."""
     from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
 
@@ -195,13 +192,13 @@ def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_pa
     out = tmp_path / "paper"
     subprocess.run(
         [sys.executable, script, "--cases", "8:2,12:2", "--paths", "recipe", "--n-train", "1024",
-         "--n-test", "256", "--recipe-base", "paper", "--recipe-steps", "200", "--recipe",
+         "--n-test", "256", "--recipe-base", "long_run", "--recipe-steps", "200", "--recipe",
          '{"lr_warm_up_steps": 20}', "--out", str(out)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     rows = json.loads((out / "heldout_entropy.json").read_text())["rows"]
     for row, d in zip(rows, (8, 12), strict=True):
-        recipe = EntropyRecipe.paper(d, steps=200, lr_warm_up_steps=20)
+        recipe = EntropyRecipe.long_run(d, steps=200, lr_warm_up_steps=20)
         assert recipe.optimiser.lr == pytest.approx(4e-3 * (512 / d) ** 0.5)
         train, test = benchmark.fair_bit_set(d, 2, 1024, 256, seed=0, shift=0.0)
         [cell] = estimate_entropies([train], recipe, eval_sets=[test], seeds=[0], progress=False)
@@ -209,9 +206,9 @@ def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_pa
         assert row["relative_error"] == pytest.approx(cell.relative_error, rel=1e-6)
         assert row["steps"] == 200  # no convergence stop in this recipe
     lowered = benchmark.recipe_for(16, "paper", None, {"lr": 1e-3})
-    # as EntropyRecipe.paper(16, lr=1e-3): the cosine ends at a tenth of the lr given
+    # as EntropyRecipe.long_run(16, lr=1e-3): the cosine ends at a tenth of the lr given
     assert (lowered.optimiser.lr, lowered.optimiser.lr_end) == (1e-3, 1e-4)
-    bad = subprocess.run([sys.executable, script, "--recipe-base", "paper", "--recipe-steps",
+    bad = subprocess.run([sys.executable, script, "--recipe-base", "long_run", "--recipe-steps",
                           "500", "--out", str(tmp_path / "bad")],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "lr_warm_up_steps must be in [0, steps=500)" in bad.stderr

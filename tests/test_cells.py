@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from sae_lens_bae import train_sae
-from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
+from sae_lens_bae.entropy import EntropyRecipe, directional_data, estimate_entropies
 from sae_lens_bae.entropy.tables import reliability_note
-from sae_lens_bae.experiments.synthetic import directional_data
 from sae_lens_bae.losses import binary_entropy
 from sae_lens_bae.training import Convergence, ConvergenceMonitor
 
@@ -191,7 +190,7 @@ def test_held_out_objective_is_the_loss_the_bae_trains_on():
 def test_restarts_keep_the_restart_of_lowest_held_out_objective():
     """``restarts`` trains that many BAEs per seed (seed b + 1000 s + 100000 q, stacked) and
     keeps the one whose held-out objective is lowest; every restart's objective is reported."""
-    from sae_lens_bae.entropy import estimate_entropy
+    from sae_lens_bae.entropy import code_entropy
     from sae_lens_bae.evaluation import held_out_objective
     from sae_lens_bae.saes.decoder_refit import refit_decoder
     from sae_lens_bae.training import train_stacked_baes
@@ -213,9 +212,9 @@ def test_restarts_keep_the_restart_of_lowest_held_out_objective():
     best = [min(range(3), key=objectives.__getitem__), 3 + min(range(3),
             key=objectives[3:].__getitem__)]  # fmt: skip
     assert torch.equal(cell.bae.W_enc, direct.baes[best[0]].W_enc)
-    assert cell.bits_per_seed == [pytest.approx(estimate_entropy(direct.baes[g], test).bits)
+    assert cell.bits_per_seed == [pytest.approx(code_entropy(direct.baes[g], test).bits)
                                   for g in best]  # fmt: skip
-    assert cell.restart_bits == [[pytest.approx(estimate_entropy(direct.baes[g], test).bits)
+    assert cell.restart_bits == [[pytest.approx(code_entropy(direct.baes[g], test).bits)
                                   for g in range(3 * s, 3 * s + 3)] for s in range(2)]  # fmt: skip
     assert cell.summary()["restart_objectives"] == cell.restart_objectives
     [plain] = estimate_entropies([x], EntropyRecipe.of(expansion=2, steps=60, batch_size=64,

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import math
+import re
 import typing
 from pathlib import Path
 
@@ -13,9 +14,10 @@ from typer.testing import CliRunner
 
 from sae_lens_bae import BAE, BAETrainingSAE
 from sae_lens_bae.cli import COMMANDS, app
+from sae_lens_bae.cli.app import build_app
 from sae_lens_bae.cli.options import config_class, config_command, options_of
 from sae_lens_bae.entropy.estimate import is_reliable
-from sae_lens_bae.experiments.synthetic import PRESETS
+from sae_lens_bae.experiments.synthetic import GRIDS
 
 runner = CliRunner(env={"COLUMNS": "300"})  # wide enough that rich wraps no message
 
@@ -31,7 +33,7 @@ REQUIRED = {
 # options that the config only accepts with other required options
 INSTEAD = {("interpret",): {"sae": ["--dataset", "texts.txt"]}}
 # fields whose generic "other value" would be out of range: lr_end must lie in (0, lr]
-VALID = {"lr_end": "0.0001"}
+VALID = {"lr_end": "0.0001", "grid": "mid"}
 IDS = [" ".join(path) for path, *_ in COMMANDS]
 
 
@@ -47,8 +49,62 @@ def test_every_command_has_help_with_every_config_field(path):
     result = runner.invoke(app, [*path, "--help"])
     assert result.exit_code == 0, result.output
     run = next(run for p, run, *_ in COMMANDS if p == path)
-    for option in options_of(config_class(run)):
-        assert option.flag in result.output, option.flag
+    for option in options_of(config_class(run)):  # an old name works but is not offered
+        shown = re.search(rf"^  {option.flag}\b", result.output, re.MULTILINE) is not None
+        assert shown == (option.renamed_to is None), option.flag
+
+
+@pytest.mark.parametrize("path", [(), *[path for path, *_ in COMMANDS]], ids=["bae", *IDS])
+def test_help_reads_at_80_columns(path):
+    """Every line fits 80 columns, and an option's help starts by column 34: the text gets at
+    least 46 columns (rich's boxes left it about 20 beside the long option names)."""
+    narrow = CliRunner(env={"COLUMNS": "80"})
+    result = narrow.invoke(app, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) <= 80
+    option_lines = [line for line in lines if line.startswith("  --")]
+    starts = [re.match(r"  --\S+(?: <\w+>)?\s+", line).end() for line in option_lines]
+    assert not starts or max(s for s in starts if s < 80) <= 34
+    assert not any(re.search(r"[╭│╰]", line) for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "value"),
+    [
+        (["quickstart", "--corpus", "{text}"], ["quickstart", "--dataset", "{text}"], "dataset",
+         None),
+        (["compare", "--bae-preset", "paper"], ["compare", "--recipe", "paper"], "recipe", "paper"),
+        (["train", "--dataset", "x", "--out", "o", "--preset", "entropy"],
+         ["train", "--dataset", "x", "--out", "o", "--recipe", "entropy"], "recipe", "entropy"),
+        (["bench", "synthetic", "--preset", "test", "--ranks", "0,2"],
+         ["bench", "synthetic", "--grid", "test", "--planted-bits", "0,2"], "planted_bits", (0, 2)),
+        (["bench", "two-token", "--ranks", "0,3"], ["bench", "two-token", "--planted-bits", "0,3"],
+         "planted_bits", (0, 3)),
+    ],
+)  # fmt: skip
+def test_an_old_option_name_builds_the_same_config_with_a_warning(
+    old, new, field, value, tiny_corpus
+):
+    seen = []
+
+    def recorder(run):
+        def record(cfg, progress=True):  # noqa: ARG001
+            seen.append(cfg)
+
+        record.__annotations__ = {"cfg": config_class(run), "progress": bool}
+        return record
+
+    app_ = build_app(recorder)
+    old = [str(tiny_corpus) if part == "{text}" else part for part in old]
+    new = [str(tiny_corpus) if part == "{text}" else part for part in new]
+    by_old = CliRunner().invoke(app_, old)
+    by_new = CliRunner().invoke(app_, new)
+    assert by_old.exit_code == by_new.exit_code == 0, by_old.output + by_new.output
+    assert seen[0] == seen[1] and getattr(seen[0], field) == (value or str(tiny_corpus))
+    for flag in (part for part in old if part.startswith("--") and part not in new):
+        assert f"Warning: {flag} is deprecated and goes in 0.3.0: use --" in by_old.output
+    assert "deprecated" not in by_new.output
 
 
 def _recording_app(run):
@@ -137,6 +193,8 @@ def test_cli_defaults_and_options_are_the_config_fields(path, tmp_path, monkeypa
     assert seen.pop() == expected  # the defaults of the CLI are the config's
 
     for option in options:
+        if option.renamed_to is not None:
+            continue  # an old name: test_an_old_option_name_builds_the_same_config_with_a_warning
         text = _other_value(option, cls)
         if text is None:
             default = option.default
@@ -166,10 +224,12 @@ def _typed(cls, name, text):
     return Path(text) if Path in (hint, *typing.get_args(hint)) else text
 
 
-def test_synthetic_presets_are_the_options_choices():
+def test_every_synthetic_grid_is_a_choice_and_no_other_name_is():
     from sae_lens_bae.experiments.synthetic import SyntheticConfig
 
-    assert set(typing.get_args(typing.get_type_hints(SyntheticConfig)["preset"])) == set(PRESETS)
+    assert all(SyntheticConfig(grid=name).chosen_grid() == GRIDS[name] for name in GRIDS)
+    with pytest.raises(ValueError, match="unknown grid 'huge'; choose from"):
+        SyntheticConfig(grid="huge")
 
 
 def test_bad_values_end_with_one_line_and_exit_code_2(tmp_path):
@@ -177,9 +237,11 @@ def test_bad_values_end_with_one_line_and_exit_code_2(tmp_path):
     assert result.exit_code == 2 and "--layers takes comma-separated values" in result.output
     result = runner.invoke(app, ["compare", "--prior", "later"])
     assert result.exit_code == 2 and "--prior takes one of training, evaluation" in result.output
-    result = runner.invoke(app, ["bench", "synthetic", "--ranks", "100", "--out", str(tmp_path)])
+    result = runner.invoke(
+        app, ["bench", "synthetic", "--planted-bits", "100", "--out", str(tmp_path)]
+    )
     assert result.exit_code == 2
-    assert result.output == "Error: ranks go up to d = 64 for preset 'cpu'\n"
+    assert result.output == "Error: planted bits go up to d = 64 in grid 'cpu'\n"
     result = runner.invoke(app, ["compare", "--bae-kwargs", "entropy_coefficient"])
     assert result.exit_code == 2 and "key=value pairs" in result.output
     # usage errors (an unknown option or command, a value of the wrong type) are one line too
@@ -282,7 +344,7 @@ def _bad_inputs(model, corpus, tmp):
     (tmp / "other_grid" / "synthetic.json").write_text('{"preset": {"d": 3}, "results": []}')
     m, c = ["--model", str(model)], ["--dataset", str(corpus)]
     return [
-        (["quickstart", *m, "--corpus", str(tmp / "missing.txt")], "No such file or folder"),
+        (["quickstart", *m, "--dataset", str(tmp / "missing.txt")], "No such file or folder"),
         (["compare", *m, "--dataset", str(tmp / "empty.txt")], "holds no text"),
         (["compare", "--model", str(tmp / "nowhere"), *c], "Cannot load a model"),
         (["compare", "--model", "no-such-model", *c], "unknown model name 'no-such-model'"),
@@ -313,9 +375,9 @@ def _bad_inputs(model, corpus, tmp):
             ],
             "File exists",
         ),  # an output folder that cannot be made
-        (["bench", "synthetic", "--ranks", "100"], "ranks go up to d = 64"),
+        (["bench", "synthetic", "--planted-bits", "100"], "planted bits go up to d = 64"),
         (["bench", "synthetic", "--drain-hold", "-1"], "drain_hold must be at least 0"),
-        (["bench", "synthetic", "--preset", "test", "--out", str(tmp / "other_grid")],
+        (["bench", "synthetic", "--grid", "test", "--out", str(tmp / "other_grid")],
          "holds the results of another grid or recipe; use another --out"),
         (["bench", "two-token", "--words", "yes"], "exactly two words"),
         (["compress", "--thresholds", "-2"], "thresholds must be in [-1.0, 0.0]"),
@@ -366,7 +428,7 @@ def test_quickstart_pipeline_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_p
     out = tmp_path / "report"
     result = runner.invoke(
         app,
-        ["quickstart", "--model", str(tiny_hf_llama_dir), "--corpus", str(tiny_corpus),
+        ["quickstart", "--model", str(tiny_hf_llama_dir), "--dataset", str(tiny_corpus),
          "--steps", "30", "--context-size", "32", "--out", str(out)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -423,7 +485,7 @@ def test_entropy_and_bench_commands_on_tiny_model(tiny_hf_llama_dir, tiny_corpus
     result = runner.invoke(
         app,
         ["bench", "two-token", "--model", str(tiny_hf_llama_dir), "--layer", "1",
-         "--words", "w5,w6", "--ranks", "0,2", "--n-samples", "64", *quick,
+         "--words", "w5,w6", "--planted-bits", "0,2", "--n-samples", "64", *quick,
          "--out", str(tmp_path / "tt")],
     )  # fmt: skip
     assert result.exit_code == 0, result.output

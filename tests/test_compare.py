@@ -122,7 +122,7 @@ def test_recipe_study_on_the_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path
     table = (tmp_path / "recipes.md").read_text()
     assert "| cosine_lr |" in table and "| activated |" in table.replace("activated (firing)", "")
     saved = json.loads((tmp_path / "recipes.json").read_text())
-    assert saved["models"] == rows and saved["variants"]["paper"]["preset"] == "paper"
+    assert saved["models"] == rows and saved["variants"]["paper"]["recipe"] == "paper"
     for png in ("active_frequency.png", "ev_vs_activated.png", "training_curves.png"):
         assert matplotlib.image.imread(tmp_path / png).shape[0] > 100
     with pytest.raises(ValueError, match="unknown variants"):

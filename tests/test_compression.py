@@ -13,7 +13,6 @@ from sae_lens_bae import (
     BAE,
     BAEConfig,
     BAETrainingSAEConfig,
-    bits_to_values,
     compress,
     decompress,
 )
@@ -25,6 +24,7 @@ from sae_lens_bae.compression import (
     prior_fingerprint,
     unpack_uints,
 )
+from sae_lens_bae.saes.binary import bits_to_values
 
 
 def _bae(bits: int = 1, d_in: int = 8, d_sae: int = 32) -> tuple[BAE, torch.Tensor]:

@@ -18,8 +18,8 @@ import torch
 
 from sae_lens_bae import BAE, BAEConfig, load_sae
 from sae_lens_bae.activations import ActivationCache
-from sae_lens_bae.experiments.synthetic import run_preset
-from sae_lens_bae.experiments.synthetic_presets import PRESETS
+from sae_lens_bae.experiments.synthetic import run_grid
+from sae_lens_bae.experiments.synthetic_grids import GRIDS
 from sae_lens_bae.features import FeatureRecords, top_k_records
 from sae_lens_bae.training import train_stacked_baes
 from sae_lens_bae.training.checkpoints import check_resumable, mark_complete
@@ -84,10 +84,10 @@ def _stacked_state(folder: Path) -> tuple[Path, Callable[[], object]]:
 
 
 def _synthetic_results(folder: Path) -> tuple[Path, Callable[[], object]]:
-    preset = PRESETS["test"]
+    preset = GRIDS["test"]
     (folder / "syn").mkdir()
     (folder / "syn" / "synthetic.json").write_text(json.dumps({"preset": {}, "results": []}))
-    return folder / "syn" / "synthetic.json", lambda: run_preset(preset, folder / "syn",
+    return folder / "syn" / "synthetic.json", lambda: run_grid(preset, folder / "syn",
                                                                 progress=False)  # fmt: skip
 
 
@@ -138,7 +138,7 @@ def _finished_transcoder(folder: Path) -> tuple[Path, Callable[[], object]]:
 def _finished_test_grid() -> Path:
     """A folder where the ``test`` grid ran to the end (made once, copied by each case)."""
     folder = Path(tempfile.mkdtemp()) / "syn"
-    run_preset(PRESETS["test"], folder, progress=False)
+    run_grid(GRIDS["test"], folder, progress=False)
     return folder
 
 
@@ -146,8 +146,8 @@ def _synthetic_dynamics(folder: Path) -> tuple[Path, Callable[[], object]]:
     from sae_lens_bae.experiments.synthetic_report import DYNAMICS
 
     shutil.copytree(_finished_test_grid(), folder / "syn")
-    return folder / "syn" / DYNAMICS, lambda: run_preset(
-        PRESETS["test"], folder / "syn", progress=False
+    return folder / "syn" / DYNAMICS, lambda: run_grid(
+        GRIDS["test"], folder / "syn", progress=False
     )
 
 

@@ -5,8 +5,7 @@ better on training states held back."""
 import pytest
 import torch
 
-from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, estimate_entropy
-from sae_lens_bae.experiments.synthetic import directional_data
+from sae_lens_bae.entropy import EntropyRecipe, code_entropy, directional_data, estimate_entropies
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.decoder_refit import least_squares_decoder, refit_decoder
 
@@ -179,6 +178,6 @@ def test_the_recipe_refits_and_reports_the_error_as_trained():
     assert plain.trained_relative_error is None
     assert refitted.trained_relative_error == pytest.approx(plain.relative_error, rel=1e-6)
     assert refitted.relative_error < plain.relative_error
-    assert refitted.relative_error == estimate_entropy(refitted.bae, test).relative_error
+    assert refitted.relative_error == code_entropy(refitted.bae, test).relative_error
     assert torch.equal(refitted.bae.W_enc, plain.bae.W_enc)
     assert refitted.summary()["trained_relative_error"] == refitted.trained_relative_error

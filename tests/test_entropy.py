@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from sae_lens_bae import BAE, BAEConfig, estimate_entropy
+from sae_lens_bae import BAE, BAEConfig, code_entropy
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.saes.decoder_refit import least_squares_decoder
 
@@ -29,7 +29,7 @@ def test_entropy_of_hand_made_codes_over_the_whole_set():
     codes = torch.zeros(8, 3)
     codes[:4, 0] = 1  # p = 1/2
     codes[:2, 1] = 1  # p = 1/4
-    estimate = estimate_entropy(FixedCodes(), codes, batch_size=3)  # batches of 3, 3, 2
+    estimate = code_entropy(FixedCodes(), codes, batch_size=3)  # batches of 3, 3, 2
     assert estimate.bits == pytest.approx(1 + H(0.25))
     assert estimate.firing_rates.tolist() == [0.5, 0.25, 0.0]
     assert estimate.n_samples == 8
@@ -37,7 +37,7 @@ def test_entropy_of_hand_made_codes_over_the_whole_set():
     assert estimate.code_bits == pytest.approx(-(2 * 0.25 * math.log2(0.25) + 0.5 * math.log2(0.5)))
     # channel 1 fires only with channel 0: the sum of marginals (1.81) exceeds log2 3 = 1.58
     assert estimate.relative_error == 0.0 and not estimate.reliable
-    streamed = estimate_entropy(FixedCodes(), iter([codes[:5], codes[5:]]))
+    streamed = code_entropy(FixedCodes(), iter([codes[:5], codes[5:]]))
     assert streamed.bits == pytest.approx(estimate.bits)
 
 
@@ -46,12 +46,12 @@ def test_the_ceiling_holds_on_a_set_of_8_distinct_states():
     index = torch.arange(8).repeat(50)
     bits = ((index[:, None] >> torch.arange(3)) & 1).float()
     codes = torch.cat([bits, bits], dim=1)
-    estimate = estimate_entropy(FixedCodes(), codes, batch_size=64)
+    estimate = code_entropy(FixedCodes(), codes, batch_size=64)
     assert estimate.n_samples == 400 and estimate.n_distinct == 8
     assert estimate.ceiling_bits == 3.0 and estimate.code_bits == pytest.approx(3.0)
     assert estimate.bits == pytest.approx(6.0)  # sum over 6 fair channels: twice the truth
     assert not estimate.reliable  # above the ceiling, though the reconstruction is exact
-    halves = estimate_entropy(FixedCodes(), codes[:, :3])
+    halves = code_entropy(FixedCodes(), codes[:, :3])
     assert halves.bits == pytest.approx(3.0) and halves.reliable
 
 
@@ -76,18 +76,18 @@ def test_dependent_channels_below_the_ceiling_are_flagged_by_their_excess():
     index = torch.arange(64).repeat(20)
     states = ((index[:, None] >> torch.arange(6)) & 1).float() * torch.tensor([1, 1] + [0.05] * 4)
     correction = 3 / (2 * 1280 * math.log(2))  # Miller-Madow: 4 codes in 1280 states
-    single = estimate_entropy(TwoBitCodes(1), states)
+    single = code_entropy(TwoBitCodes(1), states)
     assert single.n_codes == 4 and single.code_bits == pytest.approx(2.0)
     assert single.excess_bits == pytest.approx(-correction) and single.reliable
     # SSE: the 4 small coordinates' squares (c^2 / 2 each); variance: 1/4 and c^2 / 4 each
     assert single.relative_error == pytest.approx((4 * 0.05**2 / 2) / (2 / 4 + 4 * 0.05**2 / 4))
-    twice = estimate_entropy(TwoBitCodes(2), states)
+    twice = code_entropy(TwoBitCodes(2), states)
     assert twice.bits == pytest.approx(4.0) and twice.bits < twice.ceiling_bits == 6.0
     assert twice.excess_bits == pytest.approx(2.0 - correction)
     assert not twice.reliable  # within the ceiling, reconstructed: only the excess catches it
     # too few states per code to measure the joint entropy: no excess, no verdict from it
     codes = torch.randint(0, 2, (300, 8), generator=torch.Generator().manual_seed(0)).float()
-    unresolved = estimate_entropy(FixedCodes(), codes)
+    unresolved = code_entropy(FixedCodes(), codes)
     assert unresolved.n_codes > 300 / 16 and unresolved.excess_bits is None
 
 
@@ -118,11 +118,11 @@ def test_a_three_in_four_code_reconstructs_exactly_and_only_its_excess_flags_it(
     codes = _halfspace_bae(tetrahedron, states).encode_bits(states)
     assert torch.cov(codes.T).tolist() == torch.diag(torch.full((4,), 0.25 * 4000 / 3999)).tolist()
     correction = 7 / (2 * 4000 * math.log(2))  # Miller-Madow: 8 code words
-    four = estimate_entropy(_halfspace_bae(tetrahedron, states), states)
+    four = code_entropy(_halfspace_bae(tetrahedron, states), states)
     assert four.bits == pytest.approx(4.0) and four.code_bits == pytest.approx(3.0)
     assert four.bits < four.ceiling_bits and four.relative_error < 5e-4  # the noise: 4e-4
     assert four.excess_bits == pytest.approx(1.0 - correction) and not four.reliable
-    three = estimate_entropy(_halfspace_bae(torch.eye(3), states), states)  # the bits themselves
+    three = code_entropy(_halfspace_bae(torch.eye(3), states), states)  # the bits themselves
     assert three.bits == pytest.approx(3.0)
     assert three.relative_error == pytest.approx(four.relative_error, rel=1e-3)  # as exact
     assert three.excess_bits == pytest.approx(-correction) and three.reliable
@@ -151,7 +151,7 @@ def outlier_set(copies: int = 1) -> torch.Tensor:
 
 
 def test_a_code_of_a_few_outlier_states_is_not_reliable():
-    estimate = estimate_entropy(OutlierCodes(), outlier_set(), batch_size=16)
+    estimate = code_entropy(OutlierCodes(), outlier_set(), batch_size=16)
     # SSE: 96 states lose all 0.01 of theirs; variance: 96 * 0.01 + 4 * 100 (the mean is 0)
     assert estimate.relative_error == pytest.approx(0.96 / 400.96)
     # the median state loses 0.01, its squared distance from the median (0, 0): all of it
@@ -160,7 +160,7 @@ def test_a_code_of_a_few_outlier_states_is_not_reliable():
     assert estimate.ceiling_bits == pytest.approx(math.log2(98))
     assert estimate.excess_bits < 0.1  # within the ceiling, no excess: only the typical error
     assert not estimate.reliable
-    exact = estimate_entropy(FixedCodes(), outlier_set())
+    exact = code_entropy(FixedCodes(), outlier_set())
     assert exact.typical_relative_error == 0.0 and exact.relative_error == 0.0
 
 
@@ -168,11 +168,11 @@ def test_the_typical_error_is_read_on_a_uniform_sample_of_a_stream(monkeypatch):
     import sae_lens_bae.entropy.estimate as module
 
     states = outlier_set(copies=40)  # 4000 states
-    whole = estimate_entropy(OutlierCodes(), states)
-    streamed = estimate_entropy(OutlierCodes(), iter(states.split(16)))
+    whole = code_entropy(OutlierCodes(), states)
+    streamed = code_entropy(OutlierCodes(), iter(states.split(16)))
     assert streamed.typical_relative_error == whole.typical_relative_error  # all kept: the same
     monkeypatch.setattr(module, "TYPICAL_SAMPLE", 50)
-    sampled = estimate_entropy(OutlierCodes(), iter(states.split(16)), seed=3)
+    sampled = code_entropy(OutlierCodes(), iter(states.split(16)), seed=3)
     assert sampled.typical_relative_error > 0.2 and not sampled.reliable  # on 50 of 4000 too
     reservoir = module._Reservoir(1000, torch.Generator().manual_seed(0))
     for batch in torch.arange(10000.0).split(333):
@@ -185,22 +185,22 @@ def test_the_typical_error_is_read_on_a_uniform_sample_of_a_stream(monkeypatch):
 
 
 def test_bootstrap_spread_is_zero_on_a_constant_set_and_positive_on_a_random_one():
-    constant = estimate_entropy(FixedCodes(), torch.ones(300, 4), bootstrap=20, seed=1)
+    constant = code_entropy(FixedCodes(), torch.ones(300, 4), bootstrap=20, seed=1)
     assert constant.bootstrap_std == 0.0 and constant.bits == 0.0
     assert constant.relative_error is None and constant.reliable  # no variance; 0 <= 0 bits
     random = torch.randint(0, 2, (300, 4), generator=torch.Generator().manual_seed(0)).float()
-    spread = estimate_entropy(FixedCodes(), random, batch_size=70, bootstrap=20, seed=1)
+    spread = code_entropy(FixedCodes(), random, batch_size=70, bootstrap=20, seed=1)
     assert spread.bootstrap_std > 0
-    again = estimate_entropy(FixedCodes(), random, batch_size=70, bootstrap=20, seed=1)
+    again = code_entropy(FixedCodes(), random, batch_size=70, bootstrap=20, seed=1)
     assert again.bootstrap_std == spread.bootstrap_std  # seeded
-    assert estimate_entropy(FixedCodes(), random).bootstrap_std is None
+    assert code_entropy(FixedCodes(), random).bootstrap_std is None
 
 
 def test_relative_error_of_a_real_bae_matches_its_explained_variance():
     torch.manual_seed(0)
     bae = BAE(BAEConfig(d_in=6, d_sae=10))
     x = torch.randn(200, 6)
-    estimate = estimate_entropy(bae, x, batch_size=64, max_relative_error=10.0)
+    estimate = code_entropy(bae, x, batch_size=64, max_relative_error=10.0)
     stats = evaluate_sae(bae, x)
     assert estimate.relative_error == pytest.approx(1.0 - stats["explained_variance"], rel=1e-6)
     # one definition of the name: the entropy estimate's and the evaluation's agree
@@ -209,13 +209,13 @@ def test_relative_error_of_a_real_bae_matches_its_explained_variance():
     assert shifted["relative_error"] == pytest.approx(1.0 - shifted["explained_variance"])
     assert shifted["relative_error"] > 0.5
     assert estimate.reliable == (estimate.bits <= estimate.ceiling_bits)
-    strict = estimate_entropy(bae, x, max_relative_error=estimate.relative_error / 2)
+    strict = code_entropy(bae, x, max_relative_error=estimate.relative_error / 2)
     assert not strict.reliable
 
 
 def test_entropy_of_empty_set_is_an_error():
     with pytest.raises(ValueError, match="at least one"):
-        estimate_entropy(FixedCodes(), iter([]))
+        code_entropy(FixedCodes(), iter([]))
 
 
 def test_evaluate_sae_statistics_match_direct_computation():
@@ -232,7 +232,7 @@ def test_evaluate_sae_statistics_match_direct_computation():
     assert stats["l0"] == pytest.approx(codes.sum(1).mean().item(), rel=1e-6)
     assert stats["dead"] == int((rates == 0).sum()) and stats["dense"] == int((rates > 0.5).sum())
     assert stats["dense"] > 0  # the bias ramp makes some features fire on most inputs
-    assert stats["entropy_bits"] == pytest.approx(estimate_entropy(bae, x).bits, rel=1e-6)
+    assert stats["entropy_bits"] == pytest.approx(code_entropy(bae, x).bits, rel=1e-6)
     sse, sst = ((out - x) ** 2).sum(), ((x - x.mean(0)) ** 2).sum()
     assert stats["explained_variance"] == pytest.approx((1 - sse / sst).item(), rel=1e-5)
 

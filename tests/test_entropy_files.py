@@ -12,9 +12,8 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from sae_lens_bae.cli import app
-from sae_lens_bae.entropy import EntropyRecipe
+from sae_lens_bae.entropy import EntropyRecipe, directional_data
 from sae_lens_bae.entropy.files import EstimateConfig, estimate, read_state_sets
-from sae_lens_bae.experiments.synthetic import directional_data
 
 RECIPE = EntropyRecipe.of(expansion=2, steps=2000, batch_size=256, lr=4e-3, seeds=1)
 

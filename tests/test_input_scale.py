@@ -11,7 +11,7 @@ from sae_lens.saes.sae import TrainStepInput
 from safetensors.torch import load_file, save_file
 
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
-from sae_lens_bae.entropy import estimate_entropy
+from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.saes.bae_config import bae_config
 from sae_lens_bae.saes.input_scale import frame_input
 from sae_lens_bae.training import train_sae
@@ -26,7 +26,7 @@ def fair_bits(n: int = 1024, d: int = 12, r: int = 4, seed: int = 0) -> torch.Te
 
 
 def trained(x: torch.Tensor, **overrides) -> BAETrainingSAE:
-    cfg = bae_config(x.shape[-1], preset="entropy", total_training_steps=40, **overrides)
+    cfg = bae_config(x.shape[-1], recipe="entropy", total_training_steps=40, **overrides)
     run = train_sae(x, cfg, training_samples=40 * 64, batch_size=64, lr=4e-3, seed=0)
     return run.sae
 
@@ -82,10 +82,10 @@ def test_a_moved_set_reads_the_same_entropy_through_the_registry():
     x = fair_bits(n=2048)
     move = 100.0 * torch.randn(12, generator=torch.Generator().manual_seed(5))
     for states in (x, x + move):
-        cfg = bae_config(12, preset="entropy", total_training_steps=2000)
+        cfg = bae_config(12, recipe="entropy", total_training_steps=2000)
         run = train_sae(states, cfg, training_samples=2000 * 512, batch_size=512, lr=4e-3,
                         seed=0)  # fmt: skip
-        estimate = estimate_entropy(run.sae.eval(), states)
+        estimate = code_entropy(run.sae.eval(), states)
         assert estimate.bits == pytest.approx(4.0, abs=0.05) and estimate.relative_error < 0.01
 
 
@@ -189,7 +189,7 @@ def test_a_bad_target_is_refused(value):
 
 
 def test_the_entropy_preset_scales_and_the_stacked_trainer_refuses_it():
-    cfg = bae_config(8, preset="entropy")
+    cfg = bae_config(8, recipe="entropy")
     assert cfg.rescale_inputs_to == 0.5  # the variance of fair bits at unit mean squared norm
     assert bae_config(8).rescale_inputs_to is None  # the feature default reads states as given
     with pytest.raises(ValueError, match="scale them beforehand"):
@@ -199,7 +199,7 @@ def test_the_entropy_preset_scales_and_the_stacked_trainer_refuses_it():
 def _first_step(x: torch.Tensor) -> BAETrainingSAE:
     """A BAE of the entropy preset after one training step on the first 64 states."""
     torch.manual_seed(0)
-    bae = BAETrainingSAE(bae_config(12, preset="entropy", total_training_steps=40))
+    bae = BAETrainingSAE(bae_config(12, recipe="entropy", total_training_steps=40))
     bae.training_forward_pass(_step(x[:64], 0))
     return bae
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from sae_lens_bae.entropy import EntropyRecipe, estimate_entropy
+from sae_lens_bae.entropy import EntropyRecipe, code_entropy
 from sae_lens_bae.entropy.repair import (
     KNOCKED_OUT_BIAS,
     conditional_entropies,
@@ -136,13 +136,13 @@ def test_repair_turns_a_three_in_four_code_into_the_axis_code():
     states, check = _cube(), _cube(seed=1)
     recipe = EntropyRecipe.of(steps=8000)  # a repair budget of 2000 steps
     bae = _three_in_four_bae(states, recipe)
-    before = estimate_entropy(bae, check)
+    before = code_entropy(bae, check)
     assert before.bits == pytest.approx(4.0, abs=1e-3) and not before.reliable
     baes = [bae]
     repairs = repair_baes(baes, [states], [check], recipe, seeds=[0], progress=False)
     assert list(repairs) == [0] and len(repairs[0].channels) == 1
     assert repairs[0].channels[0] in range(4) and baes[0] is not bae
-    after = estimate_entropy(baes[0], check)
+    after = code_entropy(baes[0], check)
     assert after.bits == pytest.approx(3.0, abs=1e-3)
     assert after.relative_error < 1e-3 and after.reliable
     assert 0 < repairs[0].steps <= 2000 * recipe.selection.repair_rounds

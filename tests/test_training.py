@@ -15,11 +15,11 @@ from sae_lens_bae import (
     BAE,
     BAETrainingSAE,
     BAETrainingSAEConfig,
-    activation_batches,
     fill_training_schedule,
     train_bae,
 )
 from sae_lens_bae.losses import reconstruction_loss
+from sae_lens_bae.training import activation_batches
 
 HOOK = "blocks.1.hook_resid_post"
 

@@ -26,8 +26,7 @@ import torch
 
 from sae_lens_bae import load_model
 from sae_lens_bae.data import default_corpus, load_token_dataset
-from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
-from sae_lens_bae.experiments.synthetic import directional_data
+from sae_lens_bae.entropy import EntropyRecipe, directional_data, estimate_entropies
 
 torch.manual_seed(0)
 

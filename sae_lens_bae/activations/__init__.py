@@ -6,7 +6,13 @@
 """
 
 from sae_lens_bae.activations.cache import META_FILE, ActivationCache, harvest_activations
-from sae_lens_bae.activations.hooks import check_hooks, check_layers, layer_of, stop_layer
+from sae_lens_bae.activations.hooks import (
+    check_hooks,
+    check_layers,
+    hook_point,
+    layer_of,
+    stop_layer,
+)
 from sae_lens_bae.activations.layer import (
     LayerActivations,
     drop_outliers,
@@ -26,6 +32,7 @@ __all__ = [
     "gather_states",
     "harvest_activations",
     "harvest_layer",
+    "hook_point",
     "layer_of",
     "norm_scale",
     "outlier_mask",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from transformer_lens import HookedTransformer
 
-__all__ = ["check_hooks", "check_layers", "layer_of", "stop_layer"]
+__all__ = ["check_hooks", "check_layers", "hook_point", "layer_of", "stop_layer"]
 
 
 def check_hooks(model: HookedTransformer, hooks: Sequence[str]) -> None:
@@ -29,6 +29,23 @@ def check_layers(model: HookedTransformer, layers: Sequence[int]) -> None:
         raise ValueError(
             f"Layers {bad} do not exist: the model has layers 0..{model.cfg.n_layers - 1}"
         )
+
+
+def hook_point(model: HookedTransformer, hook: str, layer: int | None = None) -> str:
+    """The one hook point a ``--hook``/``--layer`` pair names, checked against ``model``: a full
+    name (``blocks.3.hook_mlp_out``, ``hook_embed``) as it is, a name inside a block
+    (``hook_resid_post``, ``attn.hook_z``) in block ``layer`` (None: the middle one). A full
+    name in another block than ``layer`` is refused."""
+    if hook in model.hook_dict or hook.startswith("blocks."):
+        check_hooks(model, [hook])
+        if layer is not None and layer_of(hook) != layer:
+            raise ValueError(f"hook {hook} is not in layer {layer}; give one of --hook, --layer")
+        return hook
+    layer = model.cfg.n_layers // 2 if layer is None else layer
+    check_layers(model, [layer])
+    full = f"blocks.{layer}.{hook}"
+    check_hooks(model, [full])
+    return full
 
 
 def layer_of(hook: str) -> int | None:

@@ -17,7 +17,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from sae_lens_bae.activations.cache import harvest_activations
-from sae_lens_bae.activations.hooks import check_hooks, check_layers
+from sae_lens_bae.activations.hooks import check_hooks, hook_point, layer_of
 from sae_lens_bae.data import default_corpus, load_token_dataset
 from sae_lens_bae.models import load_model
 
@@ -84,6 +84,7 @@ def harvest_layer(
     layer: int | None,
     out_dir: str | Path,
     *,
+    hook: str = "hook_resid_post",
     extra_hooks: Sequence[str] = (),
     text_column: str | None = None,
     context_size: int = 128,
@@ -93,16 +94,14 @@ def harvest_layer(
     device: str = "cpu",
     progress: bool = True,
 ) -> LayerActivations:
-    """Load the model and the text (``None``: the embedded corpus), harvest
-    ``blocks.{layer}.hook_resid_post`` (``None``: the middle layer) and ``extra_hooks`` (names
-    inside that layer after ``blocks.{layer}.``) once, then drop, scale and split."""
+    """Load the model and the text (``None``: the embedded corpus), harvest the hook point
+    ``hook``/``layer`` name (``hook_point``: by default ``hook_resid_post`` of the middle layer)
+    and ``extra_hooks`` (names inside the same block) once, then drop, scale and split."""
     if not 0.0 < held_out_fraction < 1.0:
         raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
     model = load_model(model_name, device=device)
-    layer = model.cfg.n_layers // 2 if layer is None else layer
-    check_layers(model, [layer])
-    hook = f"blocks.{layer}.hook_resid_post"
-    hooks = [hook, *[f"blocks.{layer}.{name}" for name in extra_hooks]]
+    hook = hook_point(model, hook, layer)
+    hooks = [hook, *[f"blocks.{layer_of(hook)}.{name}" for name in extra_hooks]]
     check_hooks(model, hooks)
     source = dataset if dataset is not None else str(default_corpus())
     tokens = load_token_dataset(

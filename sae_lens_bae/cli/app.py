@@ -98,11 +98,12 @@ def build_app(
         help="Binary Autoencoders (BAE) on TransformerLens models, trained with SAELens.",
         no_args_is_help=True,
         add_completion=False,
+        rich_markup_mode=None,  # click's own layout: help text gets the width rich gives the flags
     )
     root.callback()(_options)
     groups: dict[str, typer.Typer] = {}
     for name, help_text in GROUPS.items():
-        groups[name] = typer.Typer(help=help_text, no_args_is_help=True)
+        groups[name] = typer.Typer(help=help_text, no_args_is_help=True, rich_markup_mode=None)
         root.add_typer(groups[name], name=name)
     for path, run, report, help_text in COMMANDS:
         parent = root if len(path) == 1 else groups[path[0]]

@@ -18,6 +18,7 @@ import dataclasses
 import inspect
 import types
 import typing
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any, Literal, NoReturn, Union
 import typer
 from simple_parsing.docstring import get_attribute_docstring
 
+from sae_lens_bae.checks import REMOVED_IN
 from sae_lens_bae.comsem import ComSemAPIError
 
 __all__ = [
@@ -55,6 +57,8 @@ class Option:
     """The config's default, in the form typer is given it (``...``: required)."""
     help: str
     parser: Callable[[Any], Any] | None = None
+    renamed_to: str | None = None
+    """For a field kept under its old name (``checks.renamed``): the option to use instead."""
 
     @property
     def flag(self) -> str:
@@ -62,7 +66,11 @@ class Option:
 
     def typer_option(self) -> Any:
         decls = [f"{self.flag}/--no-{self.flag[2:]}" if self.annotation is bool else self.flag]
-        kwargs: dict[str, Any] = {"help": self.help, "show_default": True}
+        kwargs: dict[str, Any] = {
+            "help": self.help,
+            "show_default": True,
+            "hidden": self.renamed_to is not None,
+        }
         if self.parser is not None:
             kwargs["parser"] = self.parser
         return typer.Option(self.default, *decls, **kwargs)
@@ -215,8 +223,14 @@ def options_of(
         if parser is not None and value is not ...:
             value = "none" if value is None and annotation is str and optional else value
             value = format_default(value)
+        renamed_to = None
+        if "renamed" in field.metadata:
+            new, fix = field.metadata["renamed"]
+            renamed_to = "--" + new.replace("_", "-") if new else fix
         options.append(
-            Option((*path, field.name), name, annotation, value, help_text.strip(), parser)
+            Option(
+                (*path, field.name), name, annotation, value, help_text.strip(), parser, renamed_to
+            )
         )
     seen: dict[str, Option] = {}
     for option in options:
@@ -305,8 +319,17 @@ def config_command(
     options = options_of(config_cls)
 
     def command(**values: Any) -> None:
+        for option in options:
+            if option.renamed_to is not None and values[option.name] not in (None, "none"):
+                typer.echo(
+                    f"Warning: {option.flag} is deprecated and goes in {REMOVED_IN}: "
+                    f"use {option.renamed_to}",
+                    err=True,
+                )
         try:
-            config = build_config(config_cls, options, values)
+            with warnings.catch_warnings():  # said above, in the command line's own words
+                warnings.simplefilter("ignore", DeprecationWarning)
+                config = build_config(config_cls, options, values)
         except (ValueError, FileNotFoundError) as e:  # a value out of range, a path to nothing
             fail(e)
         try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sae_lens_bae.activations.hooks import check_hooks
+from sae_lens_bae.activations.hooks import hook_point
 from sae_lens_bae.checks import check_ranges, existing, ranged
 from sae_lens_bae.comsem.client import ClientConfig
 from sae_lens_bae.comsem.estimate import estimate_run
@@ -34,7 +34,9 @@ class InterpretConfig:
     dataset: str | None = None
     """With --sae: text file, folder or HF dataset."""
     hook: str | None = None
-    """With --sae: hook point (default: the SAE's)."""
+    """With --sae: hook point, a full name or one inside block --layer (default: the SAE's)."""
+    layer: int | None = ranged(None, low=0)
+    """With --sae: block of a --hook inside a block."""
     sentences: int = ranged(8192, low=1)
     """With --sae: evaluation rows (N)."""
     context_size: int = ranged(64, low=1)
@@ -100,7 +102,7 @@ def records_from_sae(cfg: InterpretConfig) -> FeatureRecords:
     if hook is None:
         raise ValueError("this SAE does not name its hook point: pass --hook")
     model = load_model(name)
-    check_hooks(model, [hook])
+    hook = hook_point(model, hook, cfg.layer)
     tokens = load_token_dataset(
         cfg.dataset, model.tokenizer, cfg.context_size, max_sequences=cfg.sentences
     )

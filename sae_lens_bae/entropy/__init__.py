@@ -1,16 +1,18 @@
-"""Entropy of sets of hidden states, estimated by BAEs: one set (``estimate_entropy``) or a grid of
+"""Entropy of sets of hidden states, estimated by BAEs: one set (``code_entropy``) or a grid of
 sets, one BAE each, trained together (``estimate_entropies``); beside them the k-means reference
 that tells a cell no code reads at its sample size from one a BAE misses
-(``reference_reading``)."""
+(``reference_reading``); and states of known entropy to check them on (``planted_cell``)."""
 
+from sae_lens_bae.checks import warn_renamed
 from sae_lens_bae.entropy.cells import (
     TRACING_RECIPE,
     CellEntropy,
     EntropyRecipe,
     estimate_entropies,
 )
-from sae_lens_bae.entropy.estimate import EntropyEstimate, estimate_entropy
+from sae_lens_bae.entropy.estimate import EntropyEstimate, code_entropy
 from sae_lens_bae.entropy.frame import normalise_scale, placement_shift
+from sae_lens_bae.entropy.planted import directional_data, planted_cell, recovered_bits
 from sae_lens_bae.entropy.reference import QuantizerReading, reference_reading
 
 __all__ = [
@@ -20,8 +22,18 @@ __all__ = [
     "EntropyRecipe",
     "QuantizerReading",
     "estimate_entropies",
-    "estimate_entropy",
+    "code_entropy",
+    "directional_data",
     "normalise_scale",
+    "planted_cell",
+    "recovered_bits",
     "placement_shift",
     "reference_reading",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "estimate_entropy":  # the old name, for one release
+        warn_renamed("sae_lens_bae.entropy.estimate_entropy", "code_entropy")
+        return code_entropy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from sae_lens_bae.entropy.estimate import (
     DEFAULT_MAX_RELATIVE_ERROR,
     EntropyEstimate,
-    estimate_entropy,
+    code_entropy,
     is_reliable,
 )
 from sae_lens_bae.entropy.frame import normalise_scale, placement_shift
@@ -308,7 +308,7 @@ def estimate_entropies(
         members = [g for g, _ in chosen]
         objectives = [costs for _, costs in chosen if costs is not None] or None
         estimated = {  # every BAE once; the bootstrap on the first seed's kept one
-            g: estimate_entropy(
+            g: code_entropy(
                 training.baes[g],
                 states,
                 bootstrap=bootstrap if g == members[0] else 0,

@@ -49,7 +49,7 @@ __all__ = [
     "RESOLVED_SAMPLES_PER_CODE",
     "TYPICAL_SAMPLE",
     "EntropyEstimate",
-    "estimate_entropy",
+    "code_entropy",
     "excess_bits",
     "is_reliable",
     "plugin_entropy",
@@ -184,7 +184,7 @@ def _row_keys(rows: Tensor) -> list[int]:
 
 
 @torch.no_grad()
-def estimate_entropy(
+def code_entropy(
     bae: torch.nn.Module,
     activations: Float[Tensor, "n d_in"] | Iterable[Float[Tensor, "batch d_in"]],
     batch_size: int = 4096,
@@ -239,7 +239,7 @@ def estimate_entropy(
         codes.update(_row_keys(bits.bool()))
         n += bits.shape[0]
     if counts is None or n == 0 or sums is None:
-        raise ValueError("estimate_entropy needs at least one activation")
+        raise ValueError("code_entropy needs at least one activation")
     # in [0, 1] for 0/1 codes; a stand-in whose "codes" are not 0/1 (the tests' exact decoder)
     # gets a number that means nothing rather than binary_entropy's refusal
     rates = (counts / n).float().clamp(0.0, 1.0)

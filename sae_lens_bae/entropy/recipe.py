@@ -8,10 +8,10 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.checks import check_ranges, ranged, warn_renamed
 from sae_lens_bae.entropy.frame import TARGET_VARIANCE
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
-from sae_lens_bae.saes.bae_presets import BAE_PRESETS
+from sae_lens_bae.saes.bae_recipes import BAE_RECIPES
 from sae_lens_bae.training.convergence import Convergence, DrainHold
 
 __all__ = [
@@ -48,7 +48,7 @@ def lr_scheduler_name_for(lr_end: float | None) -> str:
     return "constant" if lr_end is None else "cosineannealing"
 
 
-_PRESET = BAE_PRESETS["entropy"]
+_PRESET = BAE_RECIPES["entropy"]
 """The registry recipe that ``EntropyRecipe`` trains with (one rule for both paths)."""
 
 
@@ -229,8 +229,8 @@ class EntropyRecipe:
         return out
 
     @classmethod
-    def paper(cls, d_in: int, **changes: Any) -> EntropyRecipe:
-        """The synthetic ``paper`` preset's recipe for states of dimension ``d_in``: 45000 steps
+    def long_run(cls, d_in: int, **changes: Any) -> EntropyRecipe:
+        """The synthetic ``gpu`` grid's recipe for states of dimension ``d_in``: 45000 steps
         (no convergence stop), a 1000-step warm-up, a cosine from lr 4e-3 sqrt(512 / d_in) to a
         tenth of it, Adam's beta2 at 0.99, T = 0.15, entropy off for the first 5% and the
         covariance term off for the last 10%, 2x, and the schedule held while the code still
@@ -256,14 +256,23 @@ class EntropyRecipe:
     @classmethod
     def based_on(cls, base: str, d_in: int, **changes: Any) -> EntropyRecipe:
         """The recipe a command line's ``--recipe-base`` names, with ``changes`` (flat names):
-        ``"default"`` is ``EntropyRecipe.of(**changes)``, ``"paper"`` is ``paper(d_in,
+        ``"default"`` is ``EntropyRecipe.of(**changes)``, ``"long_run"`` is ``long_run(d_in,
         **changes)`` (an lr alone moves the cosine's end with it). Raises ValueError on another
         base or a bad change."""
         if base == "paper":
-            return cls.paper(d_in, **changes)
+            warn_renamed("the recipe base paper", "long_run")
+            base = "long_run"
+        if base == "long_run":
+            return cls.long_run(d_in, **changes)
         if base == "default":
             return cls.of(**changes)
-        raise ValueError(f"the recipe base is 'default' or 'paper', got {base!r}")
+        raise ValueError(f"the recipe base is 'default' or 'long_run', got {base!r}")
+
+    @classmethod
+    def paper(cls, d_in: int, **changes: Any) -> EntropyRecipe:
+        """Old name of :meth:`long_run`."""
+        warn_renamed("EntropyRecipe.paper", "EntropyRecipe.long_run")
+        return cls.long_run(d_in, **changes)
 
     @staticmethod
     def changes_from_json(text: str) -> dict[str, Any]:

@@ -28,15 +28,18 @@ def recipe_field(default: EntropyRecipe) -> Any:
 
 @dataclass
 class LayerData:
-    """The states a one-layer experiment trains and evaluates on: ``blocks.L.hook_resid_post``
-    of a model over a text, harvested once, cleaned, scaled and split (``harvest_layer``)."""
+    """The states a one-layer experiment trains and evaluates on: one hook point of a model over a
+    text (``hook_resid_post`` of the middle layer by default), harvested once, cleaned, scaled and
+    split (``harvest_layer``)."""
 
     dataset: str | None = None
     """Text file, folder or HF dataset (default: the embedded corpus)."""
     model: str = "smollm2-135m"
     """Embedded name, local HF directory or TransformerLens name."""
-    layer: int | None = None
-    """Layer whose hook_resid_post is read (default: the middle layer)."""
+    hook: str = "hook_resid_post"
+    """Hook point: a full TransformerLens name, or a name inside block --layer."""
+    layer: int | None = ranged(None, low=0)
+    """Block of a --hook inside a block (default: the middle one)."""
     text_column: str | None = None
     """Text column of a table/JSONL dataset."""
     context_size: int = ranged(128, low=1)
@@ -64,6 +67,7 @@ class LayerData:
             self.dataset,
             self.layer,
             Path(out) / "activations",
+            hook=self.hook,
             extra_hooks=extra_hooks,
             text_column=self.text_column,
             context_size=self.context_size,

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.checks import check_ranges, ranged, renamed
 from sae_lens_bae.comsem import ClientConfig, comsem_columns
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, LayerData
 from sae_lens_bae.experiments.layer_study import (
@@ -41,8 +41,8 @@ from sae_lens_bae.plots import (
     plot_training_curves,
 )
 from sae_lens_bae.reports import Stopwatch, write_json, write_text
-from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
-from sae_lens_bae.saes.bae_presets import PresetName
+from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
+from sae_lens_bae.saes.bae_recipes import RecipeName
 from sae_lens_bae.saes.canonical import canonicalise
 from sae_lens_bae.training import (
     BASELINES,
@@ -90,8 +90,8 @@ class CompareConfig(LayerData):
     """Flip the BAE's mostly-on bits first, so that every bit's 1 is its rare state (exact)."""
     spliced_sequences: int = ranged(64, low=0)
     """Held-out sequences on which each model is spliced into the LM (CE, KL); 0: skip."""
-    bae_preset: PresetName = "default"
-    """The BAE's training recipe (sae_lens_bae.saes.bae_presets)."""
+    recipe: RecipeName = "default"
+    """The BAE's training recipe (sae_lens_bae.saes.bae_recipes)."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
     """BAE config fields that replace the recipe's, e.g. entropy_coefficient=1e-6."""
     comsem_llm: str | None = None
@@ -104,6 +104,9 @@ class CompareConfig(LayerData):
     """Seed of the models' initialisation and data order."""
     out: Path = Path("runs/compare")
     """Report folder."""
+
+    bae_preset: RecipeName | None = renamed("recipe")
+    """Old name of recipe."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -154,8 +157,8 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
 
     runs: dict[str, Any] = {}
     histories: dict[str, list[dict[str, float]]] = {}
-    bae_cfg = bae_config(d_in, cfg.expansion * d_in, preset=cfg.bae_preset, **cfg.bae_kwargs)
-    run = fit("bae", bae_cfg, BAE_PRESETS[cfg.bae_preset].lr)
+    bae_cfg = bae_config(d_in, cfg.expansion * d_in, recipe=cfg.recipe, **cfg.bae_kwargs)
+    run = fit("bae", bae_cfg, BAE_RECIPES[cfg.recipe].lr)
     runs["bae"], histories["bae"] = run.sae, run.history
     if cfg.canonicalise:
         runs["bae"] = canonicalise(run.sae)

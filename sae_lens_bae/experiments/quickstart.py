@@ -3,7 +3,7 @@
 Loads the embedded SmolLM2-135M, harvests the residual stream of its middle layer on the embedded
 Lee news corpus, trains a BAE and a topk SAE on the same cached activations with SAELens'
 trainer, evaluates both on held-out sequences and writes ``report.md``, ``metrics.json`` and PNG
-plots. Every stage is swappable (model, corpus, layer, steps) through :class:`QuickstartConfig`.
+plots. Every stage is swappable (model, dataset, hook, steps) through :class:`QuickstartConfig`.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from typing import Any
 
 from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 
-from sae_lens_bae.activations import drop_outliers, harvest_activations
-from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.activations import drop_outliers, harvest_activations, hook_point
+from sae_lens_bae.checks import check_ranges, ranged, renamed
 from sae_lens_bae.data import default_corpus, load_token_dataset
-from sae_lens_bae.entropy import estimate_entropy
+from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.evaluation import evaluate_sae, spliced_losses
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
 from sae_lens_bae.reports import Stopwatch, cell, write_json, write_text
-from sae_lens_bae.saes.bae_config import BAE_PRESETS, BAETrainingSAEConfig, bae_config
-from sae_lens_bae.saes.bae_presets import PresetName
+from sae_lens_bae.saes.bae_config import BAE_RECIPES, BAETrainingSAEConfig, bae_config
+from sae_lens_bae.saes.bae_recipes import RecipeName
 from sae_lens_bae.training import TrainingRun, train_sae
 
 __all__ = ["REPORT", "QuickstartConfig", "run"]
@@ -40,16 +40,18 @@ class QuickstartConfig:
     """Report folder."""
     model: str = "smollm2-135m"
     """Embedded name, local HF directory or TransformerLens name."""
-    layer: int | None = None
-    """Layer whose hook_resid_post is read (default: the middle layer)."""
-    corpus: str | None = None
+    hook: str = "hook_resid_post"
+    """Hook point: a full TransformerLens name, or a name inside block --layer."""
+    layer: int | None = ranged(None, low=0)
+    """Block of a --hook inside a block (default: the middle one)."""
+    dataset: str | None = None
     """Text file, folder or HF dataset (default: the embedded Lee corpus, gensim's test data)."""
     text_column: str | None = None
-    """Text column of a table/JSONL corpus."""
+    """Text column of a table/JSONL dataset."""
     context_size: int = ranged(128, low=1)
     """Tokens per harvested sequence."""
     max_sequences: int | None = ranged(None, low=1)
-    """Cap on harvested sequences (default: the whole corpus)."""
+    """Cap on harvested sequences (default: the whole dataset)."""
     held_out_fraction: float = ranged(0.1, above=0.0, below=1.0)
     """Fraction of sequences held out for evaluation."""
     expansion: int = ranged(4, low=1)
@@ -58,8 +60,8 @@ class QuickstartConfig:
     """Training steps per model."""
     batch_size: int = ranged(512, low=1)
     """Activations per training step."""
-    bae_preset: PresetName = "default"
-    """The BAE's training recipe (sae_lens_bae.saes.bae_presets); its lr unless --bae-lr."""
+    recipe: RecipeName = "default"
+    """The BAE's training recipe (sae_lens_bae.saes.bae_recipes); its lr unless --bae-lr."""
     bae_lr: float | None = ranged(None, above=0.0)
     """Adam learning rate of the BAE (default: its recipe's)."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -77,6 +79,11 @@ class QuickstartConfig:
     seed: int = 0
     """Seed of the models' initialisation and data order."""
 
+    corpus: str | None = renamed("dataset")
+    """Old name of dataset."""
+    bae_preset: RecipeName | None = renamed("recipe")
+    """Old name of recipe."""
+
     def __post_init__(self) -> None:
         self.out = Path(self.out)
         check_ranges(self)
@@ -87,7 +94,7 @@ def _bae_config(d_in: int, cfg: QuickstartConfig) -> BAETrainingSAEConfig:
     return bae_config(
         d_in,
         cfg.expansion * d_in,
-        preset=cfg.bae_preset,
+        recipe=cfg.recipe,
         normalize_activations="expected_average_only_in",
         **cfg.bae_kwargs,
     )
@@ -101,9 +108,8 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
     lap = watch.lap
 
     model = load_model(cfg.model, device=cfg.device)
-    layer = model.cfg.n_layers // 2 if cfg.layer is None else cfg.layer
-    hook = f"blocks.{layer}.hook_resid_post"
-    corpus = cfg.corpus or str(default_corpus())
+    hook = hook_point(model, cfg.hook, cfg.layer)
+    corpus = cfg.dataset or str(default_corpus())
     lap("load model")
 
     dataset = load_token_dataset(
@@ -137,7 +143,7 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         seed=cfg.seed,
         n_batches_for_norm_estimate=100,
     )
-    bae_lr = cfg.bae_lr or BAE_PRESETS[cfg.bae_preset].lr
+    bae_lr = cfg.bae_lr or BAE_RECIPES[cfg.recipe].lr
     runs["bae"] = train_sae(train_acts, _bae_config(d_in, cfg), lr=bae_lr, **trainer_args)
     lap("train bae")
     topk_cfg = TopKTrainingSAEConfig(
@@ -157,7 +163,7 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         evaluation = evaluate_sae(run.sae, test_acts)
         rates[name] = evaluation.pop("firing_rates")
         metrics[name] = evaluation
-    estimate = estimate_entropy(runs["bae"].sae, test_acts)
+    estimate = code_entropy(runs["bae"].sae, test_acts)
     metrics["bae"]["entropy_estimate_bits"] = estimate.bits
     metrics["bae"]["entropy_ceiling_bits"] = estimate.ceiling_bits
     metrics["bae"]["distinct_states"] = estimate.n_distinct
@@ -192,7 +198,7 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
         "model": cfg.model,
         "hook": hook,
-        "corpus": corpus,
+        "dataset": corpus,
         "sequences": n_seq,
         "context_size": cfg.context_size,
         "train_tokens": int(train_acts.shape[0]),
@@ -254,7 +260,7 @@ def _report(summary: dict[str, Any]) -> str:
     seconds = ", ".join(f"{k} {v:.0f} s" for k, v in summary["seconds"].items())
     return f"""# BAE quickstart report
 
-Model `{summary["model"]}`, hook `{summary["hook"]}`, corpus `{summary["corpus"]}`:
+Model `{summary["model"]}`, hook `{summary["hook"]}`, dataset `{summary["dataset"]}`:
 {summary["sequences"]} sequences of {summary["context_size"]} tokens, {summary["train_tokens"]}
 training and {summary["held_out_tokens"]} held-out token activations (BOS positions dropped;
 activations with a norm above {summary["config"]["outlier_norm_ratio"]}x the median, the

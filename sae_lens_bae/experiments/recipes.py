@@ -31,7 +31,7 @@ from sae_lens_bae.experiments.layer_study import (
 from sae_lens_bae.features.records import Magnitude
 from sae_lens_bae.plots import plot_training_curves, save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json, write_text
-from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
+from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
 from sae_lens_bae.saes.canonical import canonicalise
 from sae_lens_bae.training import TRAINED_BASELINES, baseline_configs, train_sae
 
@@ -42,12 +42,12 @@ REPORT = "recipes.md"
 
 @dataclass(frozen=True)
 class Variant:
-    """A BAE recipe: a preset of ``BAE_PRESETS`` with config fields replaced (``overrides``),
+    """A BAE recipe: one of ``BAE_RECIPES`` with config fields replaced (``overrides``),
     SAELens trainer settings (an LR schedule), a multiple of the study's steps, and whether the
     trained BAE is canonicalised before it is read."""
 
     description: str
-    preset: str = "default"
+    recipe: str = "default"
     overrides: dict[str, Any] = field(default_factory=dict)
     trainer: dict[str, Any] = field(default_factory=dict)
     steps_factor: float = 1.0
@@ -56,8 +56,8 @@ class Variant:
 
 VARIANTS: dict[str, Variant] = {
     "default": Variant("the default recipe (BAETrainingSAEConfig's defaults)"),
-    "short_run": Variant("0.1's short-run recipe", preset="short_run"),
-    "paper": Variant("the paper's coefficients and lr 5e-4", preset="paper"),
+    "short_run": Variant("0.1's short-run recipe", recipe="short_run"),
+    "paper": Variant("the paper's coefficients and lr 5e-4", recipe="paper"),
     "long_x2": Variant("the default, 2x the steps", steps_factor=2.0),
     "coefficients_x2": Variant("a_e, a_c x2", overrides={"coefficient_scale": 2.0}),
     "coefficients_x0.5": Variant("a_e, a_c x0.5", overrides={"coefficient_scale": 0.5}),
@@ -181,21 +181,21 @@ def run(cfg: RecipeStudyConfig, progress: bool = True) -> dict[str, Any]:
     for name in cfg.variants:
         variant = VARIANTS[name]
         steps = round(cfg.steps * variant.steps_factor)
-        preset = BAE_PRESETS[variant.preset]
+        recipe = BAE_RECIPES[variant.recipe]
         bae_cfg = bae_config(
             d_in,
             cfg.expansion * d_in,
-            preset=preset,
+            recipe=recipe,
             total_training_steps=steps,
             **variant.overrides,
         )
-        trainer = _trainer_settings(variant, preset.lr, steps)
+        trainer = _trainer_settings(variant, recipe.lr, steps)
         result = train_sae(
             train,
             bae_cfg,
             training_samples=steps * cfg.batch_size,
             batch_size=cfg.batch_size,
-            lr=preset.lr,
+            lr=recipe.lr,
             device=cfg.device,
             seed=cfg.seed,
             **trainer,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from sae_lens_bae.activations import check_layers, norm_scale, prompt_states
+from sae_lens_bae.activations import hook_point, norm_scale, prompt_states
 from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.experiments.common import LabelledSentences
 from sae_lens_bae.models import load_model
@@ -45,10 +45,10 @@ REPORT = "steer.md"
 class SteerICLConfig(LabelledSentences):
     """What ``bae steer icl`` runs; the defaults fit 30 minutes on a 2-core CPU with SmolLM2."""
 
-    layer: int = 15
-    """Layer whose residual stream is steered."""
+    layer: int | None = ranged(None, low=0)
+    """Block of a --hook inside a block (default: the middle one)."""
     hook: str = "hook_resid_post"
-    """Hook point within the layer."""
+    """Hook point that is steered: a full TransformerLens name, or a name inside block --layer."""
     shots: int = ranged(8, low=0)
     """Demonstrations in the positive prompts."""
     vector_prompts: int = ranged(128, low=1)
@@ -107,8 +107,7 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
             f"{cfg.vector_prompts} vector queries + {cfg.shots} demonstrations are needed"
         )
     model = load_model(cfg.model, device=cfg.device)
-    check_layers(model, [cfg.layer])
-    hook = f"blocks.{cfg.layer}.{cfg.hook}"
+    hook = hook_point(model, cfg.hook, cfg.layer)
     labels = sorted({label for _, label in pairs})
     label_ids = first_token_ids(model.tokenizer, labels)
 

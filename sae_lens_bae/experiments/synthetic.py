@@ -12,16 +12,13 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import torch
-from jaxtyping import Float
-from torch import Tensor
-
-from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.checks import check_ranges, ranged, renamed, warn_renamed
 from sae_lens_bae.entropy import estimate_entropies
+from sae_lens_bae.entropy.planted import planted_cell, recovered_bits
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT
-from sae_lens_bae.experiments.synthetic_presets import PRESETS, SyntheticPreset, tolerance
+from sae_lens_bae.experiments.synthetic_grids import GRIDS, SyntheticGrid, tolerance
 from sae_lens_bae.experiments.synthetic_report import (
     earlier_rows,
     passes_bar,
@@ -31,75 +28,77 @@ from sae_lens_bae.experiments.synthetic_report import (
 )
 
 __all__ = [
-    "PRESETS",
+    "GRIDS",
     "REPORT",
     "SyntheticConfig",
-    "SyntheticPreset",
-    "bit_agreement",
-    "directional_data",
+    "SyntheticGrid",
     "passes_bar",
-    "planted_cell",
-    "recovered_bits",
     "run",
-    "run_preset",
+    "run_grid",
     "tolerance",
 ]
 
 REPORT = "synthetic.md"
-RECOVERED = 0.99
-"""A planted bit counts as recovered when a channel agrees with it on this fraction of states."""
 
 
 @dataclass
 class SyntheticConfig:
-    """What ``bae bench synthetic`` runs: a preset, optionally with parts of its grid replaced."""
+    """What ``bae bench synthetic`` runs: a grid, optionally with parts of it replaced."""
 
-    preset: Literal["cpu", "mid", "paper", "test"] = "cpu"
+    grid: str = "cpu"
     """cpu (d = 64, a 2-core machine, about 16 minutes), mid (d = 256, r up to 128, about 26
-    minutes on 2 cores), paper (d = 2048, for a GPU) or test (seconds)."""
+    minutes on 2 cores), gpu (d = 2048, the paper's scale) or test (seconds)."""
     steps: int | None = ranged(None, low=1)
-    """Training steps of every BAE (default: the preset's)."""
-    ranks: Sequence[int] | None = ranged(None, low=0)
-    """Ranks r (bits of the data), e.g. 0,8,64 (default: the preset's)."""
+    """Training steps of every BAE (default: the grid's)."""
+    planted_bits: Sequence[int] | None = ranged(None, low=0)
+    """Planted bits r (the data's entropy), e.g. 0,8,64 (default: the grid's)."""
     expansions: Sequence[int] | None = ranged(None, low=1)
-    """Expansion rates d_sae / d, e.g. 4 (default: the preset's)."""
+    """Expansion rates d_sae / d, e.g. 4 (default: the grid's)."""
     seeds: Sequence[int] | None = ranged(None, low=0)
-    """Seeds, e.g. 0,1 (default: the preset's)."""
+    """Seeds, e.g. 0,1 (default: the grid's)."""
     restarts: int | None = ranged(None, low=1)
     """BAEs per cell, of which the one with the lowest held-out objective is kept (default: the
     preset's; ``EntropyRecipe.restarts``): runs from other starts can stay in a worse minimum.
     Multiplies the training cost."""
     drain_hold: float | None = ranged(None, low=0.0)
     """Hold the learning-rate schedule while a code still drains, for at most this fraction of
-    the steps more (default: the preset's, 1 for paper, 0 elsewhere; ``EntropyRecipe.drain_hold``):
+    the steps more (default: the grid's, 1 for gpu, 0 elsewhere; ``EntropyRecipe.drain_hold``):
     0 gives a fixed-length schedule."""
     ablation: bool | None = None
     """Also train every cell without the objective, to show it is what makes the estimate right
-    (default: the preset's; --no-ablation halves the run)."""
+    (default: the grid's; --no-ablation halves the run)."""
     resume: bool = True
     """Keep the groups an earlier run of this same grid wrote to --out and train only the rest
     (--no-resume trains everything again)."""
     device: str = "cpu"
-    """Torch device (the paper preset wants a GPU)."""
+    """Torch device (the gpu grid wants one)."""
     out: Path = Path("runs/synthetic")
     """Folder for the JSON, the table and the plots."""
 
+    preset: str | None = renamed("grid")
+    """Old name of grid."""
+    ranks: Sequence[int] | None = renamed("planted_bits")
+    """Old name of planted_bits."""
+
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; choose from {sorted(PRESETS)}")
-        chosen = self.grid()
+        if self.grid == "paper":
+            warn_renamed("the grid name paper", "gpu")
+            self.grid = "gpu"
+        if self.grid not in GRIDS:
+            raise ValueError(f"unknown grid {self.grid!r}; choose from {sorted(GRIDS)}")
+        chosen = self.chosen_grid()
         if max(chosen.ranks) > chosen.d:
-            raise ValueError(f"ranks go up to d = {chosen.d} for preset {self.preset!r}")
+            raise ValueError(f"planted bits go up to d = {chosen.d} in grid {self.grid!r}")
 
-    def grid(self) -> SyntheticPreset:
-        """The preset with this config's replacements."""
-        chosen = PRESETS[self.preset]
+    def chosen_grid(self) -> SyntheticGrid:
+        """The grid with this config's replacements."""
+        chosen = GRIDS[self.grid]
         if self.steps is not None:
             warm = chosen.recipe.optimiser.lr_warm_up_steps
             if self.steps <= warm:
                 raise ValueError(
-                    f"--steps {self.steps} does not pass the {self.preset} preset's "
+                    f"--steps {self.steps} does not pass the {self.grid} grid's "
                     f"{warm} lr warm-up steps; use more than {warm}"
                 )
             chosen = replace(chosen, recipe=chosen.recipe.changed(steps=self.steps))
@@ -107,71 +106,30 @@ class SyntheticConfig:
             chosen = replace(chosen, recipe=chosen.recipe.changed(restarts=self.restarts))
         if self.drain_hold is not None:
             chosen = replace(chosen, recipe=chosen.recipe.changed(drain_hold=self.drain_hold))
-        for name in ("ranks", "expansions", "seeds"):
+        for name, field_name in (
+            ("planted_bits", "ranks"),
+            ("expansions", "expansions"),
+            ("seeds", "seeds"),
+        ):
             values = getattr(self, name)
             if values is not None:
-                chosen = replace(chosen, **{name: tuple(values)})
+                chosen = replace(chosen, **{field_name: tuple(values)})
         if self.ablation is not None:
             chosen = replace(chosen, ablation=self.ablation)
         return chosen
 
 
-def planted_cell(
-    r: int, d: int, n_train: int, n_test: int, seed: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Train and test instances c M of one basis M (orthonormal rows), c uniform on {0,1}^r, and
-    their bits c (``recovered_bits`` compares a code with them)."""
-    if r > d:
-        raise ValueError(f"rank r={r} cannot exceed the dimension d={d}")
-    generator = torch.Generator().manual_seed(seed)
-    basis = torch.linalg.qr(torch.randn(d, max(r, 1), generator=generator))[0].T[:r]
-    bits = torch.randint(0, 2, (n_train + n_test, r), generator=generator).float()
-    data = bits @ basis if r else torch.zeros(n_train + n_test, d)
-    train, test = data[:n_train].clone(), data[n_train:].clone()
-    # copies, not views: a caller that drops a part (the train bits, n x r) frees its memory
-    return train, test, bits[:n_train].clone(), bits[n_train:].clone()
-
-
-def directional_data(r: int, d: int, n_train: int, n_test: int, seed: int) -> tuple[Tensor, Tensor]:
-    """Train and test instances c M of one basis M (orthonormal rows), c uniform on {0,1}^r."""
-    train, test, _, _ = planted_cell(r, d, n_train, n_test, seed)
-    return train, test
-
-
-@torch.no_grad()
-def bit_agreement(
-    codes: Float[Tensor, "n n_bits"], bits: Float[Tensor, "n r"]
-) -> Float[Tensor, "r n_bits"]:
-    """The fraction of the states on which each code channel copies or negates each planted bit
-    (whichever is more), in fp64 on the codes' device."""
-    codes, bits = codes.double(), bits.to(codes.device).double()
-    same = (bits.T @ codes + (1 - bits).T @ (1 - codes)) / len(bits)
-    return torch.maximum(same, 1 - same)
-
-
-@torch.no_grad()
-def recovered_bits(
-    codes: Float[Tensor, "n n_bits"], bits: Float[Tensor, "n r"], agreement: float = RECOVERED
-) -> int:
-    """How many planted bits some code channel copies (or negates) on at least ``agreement`` of
-    the states: an estimate near r could come from a code of other bits with the same sum of
-    entropies; this says whether the BAE found the planted ones."""
-    if bits.shape[1] == 0 or codes.shape[1] == 0:
-        return 0
-    return int((bit_agreement(codes, bits).amax(1) >= agreement).sum())
-
-
 def run(cfg: SyntheticConfig, progress: bool = True) -> dict[str, Any]:
     """Run the config's grid and write ``synthetic.json``/``.md`` and the plots to ``cfg.out``;
     returns the JSON summary (preset, one row per BAE, the accuracy bar's verdict)."""
-    preset = cfg.grid()
+    preset = cfg.chosen_grid()
     Path(cfg.out).mkdir(parents=True, exist_ok=True)  # before any work: an unusable folder fails
-    rows = run_preset(preset, cfg.out, progress=progress, device=cfg.device, resume=cfg.resume)
+    rows = run_grid(preset, cfg.out, progress=progress, device=cfg.device, resume=cfg.resume)
     return summarise(preset, rows)
 
 
-def run_preset(
-    preset: SyntheticPreset,
+def run_grid(
+    preset: SyntheticGrid,
     out_dir: str | Path | None = None,
     progress: bool = True,
     device: str = "cpu",

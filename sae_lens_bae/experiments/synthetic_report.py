@@ -12,7 +12,7 @@ import numpy as np
 
 from sae_lens_bae.entropy import EntropyRecipe
 from sae_lens_bae.entropy.recipe import FIXED_FIELDS, lr_scheduler_name_for
-from sae_lens_bae.experiments.synthetic_presets import SyntheticPreset, tolerance
+from sae_lens_bae.experiments.synthetic_grids import SyntheticGrid, tolerance
 from sae_lens_bae.plots import legend_marker, save_figure, subplots
 from sae_lens_bae.reports import read_json, write_json, write_text
 
@@ -70,7 +70,7 @@ def _with_new_fields(recorded: Any) -> Any:
 
 
 def earlier_rows(
-    preset: SyntheticPreset, out: Path, cells: list[tuple[int, int]]
+    preset: SyntheticGrid, out: Path, cells: list[tuple[int, int]]
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[float]]]]:
     """The complete groups of an earlier run of this grid in ``out`` and their dynamics (nothing if
     there is none); refuses a folder holding another grid's results, which this run would
@@ -142,7 +142,7 @@ def passes_bar(
     return verdict
 
 
-def summarise(preset: SyntheticPreset, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(preset: SyntheticGrid, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """What ``synthetic.json`` holds: the preset, the rows, ``passes_bar``'s verdict (a cell
     passing on 2 seeds, 1 for a one-seed grid) and the (expansion, objective) groups not trained
     yet (``missing``: the verdict covers only the others)."""
@@ -157,7 +157,7 @@ def summarise(preset: SyntheticPreset, rows: list[dict[str, Any]]) -> dict[str, 
 
 
 def write_outputs(
-    preset: SyntheticPreset,
+    preset: SyntheticGrid,
     rows: list[dict[str, Any]],
     dynamics: dict[str, dict[str, list[float]]],
     out: Path,

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from transformer_lens import HookedTransformer
 
-from sae_lens_bae.activations import check_layers, gather_states
-from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.activations import gather_states, hook_point
+from sae_lens_bae.checks import check_ranges, ranged, renamed
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.tables import reliability_note
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, recipe_field
@@ -62,14 +62,14 @@ class TwoTokenConfig:
 
     model: str = "smollm2-135m"
     """Embedded name, local HF directory or TransformerLens name."""
-    layer: int = 15
-    """Layer whose hook is read."""
+    layer: int | None = ranged(None, low=0)
+    """Block of a --hook inside a block (default: the middle one)."""
     hook: str = "hook_resid_post"
-    """Hook point inside the block."""
+    """Hook point: a full TransformerLens name, or a name inside block --layer."""
     words: Sequence[str] = ("yes", "no")
     """The two words whose first tokens make the sequences (each its own first token)."""
-    ranks: Sequence[int] = ranged((0, 1, 2, 4, 6, 8, 10, 12), low=0)
-    """Sequence lengths r."""
+    planted_bits: Sequence[int] = ranged((0, 1, 2, 4, 6, 8, 10, 12), low=0)
+    """Sequence lengths r (each sequence carries r planted bits)."""
     n_samples: int = ranged(4096, low=1)
     """Sequences per r."""
     recipe: EntropyRecipe = recipe_field(TRACING_RECIPE)
@@ -82,6 +82,9 @@ class TwoTokenConfig:
     """Seed of the sequences and the BAEs."""
     out: Path = Path("runs/two_token")
     """Folder for the JSON, the table and the plot."""
+
+    ranks: Sequence[int] | None = renamed("planted_bits")
+    """Old name of planted_bits."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -97,13 +100,12 @@ def trace_two_token(
 ) -> list[dict[str, Any]]:
     """One row per r: BAE estimate, the ceilings r and sample entropy, reconstruction quality.
     ``checkpoint``: where the BAEs' training saves itself (``estimate_entropies``)."""
-    check_layers(model, [cfg.layer])
     cfg.recipe.check_samples(cfg.n_samples, f"n_samples={cfg.n_samples}")
     ids = first_token_ids(model.tokenizer, list(cfg.words))
     bos = model.tokenizer.bos_token_id
-    hook = f"blocks.{cfg.layer}.{cfg.hook}"
+    hook = hook_point(model, cfg.hook, cfg.layer)
     sets, sample_entropies = [], []
-    for r in cfg.ranks:
+    for r in cfg.planted_bits:
         rows, sample_entropy = two_token_sequences(
             (ids[0], ids[1]), r, cfg.n_samples, bos, cfg.seed
         )
@@ -134,7 +136,7 @@ def trace_two_token(
             **cell.summary(),
             "within_ceiling": cell.bits <= min(r, h) + max(1.0, 0.1 * r),
         }
-        for r, h, cell in zip(cfg.ranks, sample_entropies, estimates, strict=True)
+        for r, h, cell in zip(cfg.planted_bits, sample_entropies, estimates, strict=True)
     ]
 
 
@@ -148,7 +150,7 @@ def run(cfg: TwoTokenConfig, progress: bool = True) -> dict[str, Any]:
     summary = {"config": asdict(cfg), "results": rows}
     write_json(out / "two_token.json", summary)
     plot_two_token_benchmark(
-        rows, out / "two_token.png", title=f"{cfg.model}, blocks.{cfg.layer}.{cfg.hook}"
+        rows, out / "two_token.png", title=f"{cfg.model}, {hook_point(model, cfg.hook, cfg.layer)}"
     )
     table = markdown_table(
         rows,

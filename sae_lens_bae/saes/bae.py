@@ -38,7 +38,7 @@ from sae_lens_bae.losses import LOSS_TERMS, bae_objective
 from sae_lens_bae.saes import binary
 from sae_lens_bae.saes.bae_config import (
     ARCHITECTURE,
-    BAE_PRESETS,
+    BAE_RECIPES,
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
     BAEConfig,
@@ -65,7 +65,7 @@ from sae_lens_bae.saes.schedule import Schedule
 __all__ = [
     "ARCHITECTURE",
     "BAE",
-    "BAE_PRESETS",
+    "BAE_RECIPES",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_LR",
     "BAEConfig",

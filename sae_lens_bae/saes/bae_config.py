@@ -1,5 +1,5 @@
 """The BAE's configs: inference and training fields, validated; strict loading of a saved
-``cfg.json``; and ``bae_config``, a training config from a named recipe (``saes.bae_presets``)."""
+``cfg.json``; and ``bae_config``, a training config from a named recipe (``saes.bae_recipes``)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,18 @@ from sae_lens.constants import SAE_CFG_FILENAME
 from sae_lens.saes.sae import SAEConfig, SAEMetadata, TrainingSAEConfig
 from typing_extensions import override
 
-from sae_lens_bae.saes.bae_presets import BAE_PRESETS, BAEPreset
+from sae_lens_bae.checks import warn_renamed
+from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, BAERecipe
 from sae_lens_bae.saes.binary import SURROGATES
 from sae_lens_bae.saes.schedule import RESAMPLE_UNTIL_FRACTION, Schedule
 
 __all__ = [
     "ARCHITECTURE",
-    "BAE_PRESETS",
+    "BAE_RECIPES",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_LR",
     "BAEConfig",
-    "BAEPreset",
+    "BAERecipe",
     "BAETrainingSAEConfig",
     "Schedule",
     "bae_config",
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 ARCHITECTURE = "bae"
-DEFAULT_LR = BAE_PRESETS["default"].lr
+DEFAULT_LR = BAE_RECIPES["default"].lr
 """Adam learning rate of the default recipe (a trainer setting, not part of the config)."""
 _RECIPE_FIELDS = (
     "surrogate_temperature",
@@ -148,7 +149,7 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             ``train_sae`` and ``fill_training_schedule`` (SAELens never tells an SAE).
 
     The coefficients, ``surrogate_temperature`` and the resampling fields default to None: the
-    ``default`` recipe of ``saes.bae_presets`` at this ``d_in``.
+    ``default`` recipe of ``saes.bae_recipes`` at this ``d_in``.
     """
 
     d_sae: int = None  # type: ignore[assignment]
@@ -171,7 +172,7 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
 
     def __post_init__(self) -> None:
         _validate_bae_fields(self)
-        defaults = BAE_PRESETS["default"].config_fields(self.d_in)
+        defaults = BAE_RECIPES["default"].config_fields(self.d_in)
         for name in _RECIPE_FIELDS:
             if getattr(self, name) is None:
                 setattr(self, name, defaults[name])
@@ -300,20 +301,22 @@ def bae_config(
     d_in: int,
     d_sae: int | None = None,
     *,
-    preset: str | BAEPreset = "default",
+    recipe: str | BAERecipe = "default",
     coefficient_scale: float = 1.0,
     total_training_steps: int | None = None,
+    preset: str | BAERecipe | None = None,
     **overrides: Any,
 ) -> BAETrainingSAEConfig:
-    """A training config from a named recipe of ``BAE_PRESETS``, or a ``BAEPreset`` of one's own
+    """A training config from a named recipe of ``BAE_RECIPES``, or a ``BAERecipe`` of one's own
     (train it with the recipe's ``lr``). ``coefficient_scale`` multiplies a_e and a_c;
-    ``overrides`` replace any config field."""
-    if isinstance(preset, BAEPreset):
+    ``overrides`` replace any config field. ``preset`` is ``recipe``'s old name."""
+    if preset is not None:
+        warn_renamed("bae_config(recipe=...)", "recipe=")
         recipe = preset
-    elif preset in BAE_PRESETS:
-        recipe = BAE_PRESETS[preset]
-    else:
-        raise ValueError(f"unknown BAE preset {preset!r}; choose from {sorted(BAE_PRESETS)}")
+    if not isinstance(recipe, BAERecipe):
+        if recipe not in BAE_RECIPES:
+            raise ValueError(f"unknown BAE recipe {recipe!r}; choose from {sorted(BAE_RECIPES)}")
+        recipe = BAE_RECIPES[recipe]
     settings: dict[str, Any] = {
         **recipe.config_fields(d_in),
         "entropy_off_fraction": recipe.entropy_off_fraction,

@@ -21,13 +21,13 @@ from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunne
 from sae_lens.saes.sae import SAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
 
-from sae_lens_bae.activations.hooks import check_hooks
+from sae_lens_bae.activations.hooks import hook_point
 from sae_lens_bae.activations.store import ResumableActivationsStore
-from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.checks import check_ranges, ranged, renamed
 from sae_lens_bae.data import load_token_dataset, token_rows
 from sae_lens_bae.models import load_model
-from sae_lens_bae.saes.bae_config import BAE_PRESETS, bae_config
-from sae_lens_bae.saes.bae_presets import PresetName
+from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
+from sae_lens_bae.saes.bae_recipes import RecipeName
 from sae_lens_bae.training.checkpoints import (
     check_checkpoint_files,
     check_resumable,
@@ -58,8 +58,10 @@ class LiveTrainingConfig:
     """Text file, folder of files, or HF dataset name."""
     model: str = "smollm2-135m"
     """Embedded name, local HF directory or TransformerLens name."""
-    hook: str = "blocks.15.hook_resid_post"
-    """TransformerLens hook point."""
+    hook: str = "hook_resid_post"
+    """Hook point: a full TransformerLens name, or a name inside block --layer."""
+    layer: int | None = ranged(None, low=0)
+    """Block of a --hook inside a block (default: the middle one)."""
     text_column: str | None = None
     """Text column of a table/JSONL dataset."""
     context_size: int = ranged(128, low=1)
@@ -68,12 +70,12 @@ class LiveTrainingConfig:
     """Activations (tokens) to train on."""
     batch_size: int = ranged(512, low=1)
     """Activations per training step (the minibatch of the entropy term)."""
-    preset: PresetName = "default"
-    """Training recipe (sae_lens_bae.saes.bae_presets); the options below replace its values."""
+    recipe: RecipeName = "default"
+    """Training recipe (sae_lens_bae.saes.bae_recipes); the options below replace its values."""
     lr: float | None = ranged(None, above=0.0)
     """Adam learning rate (default: the recipe's)."""
-    d_sae: int | None = ranged(None, low=1)
-    """Features (default: 4 x d_in)."""
+    expansion: int = ranged(4, low=1)
+    """d_sae / d_in."""
     bits: int = ranged(1, low=1)
     """Bits per feature (more-bit decoding)."""
     entropy_coefficient: float | None = ranged(None, low=0.0)
@@ -111,6 +113,11 @@ class LiveTrainingConfig:
     """torch.compile's mode for the step (SAELens' sae_compilation_mode; implies --compile):
     reduce-overhead replays the step as a CUDA graph, one launch for a step whose cost on a GPU
     is the host's launching of its kernels (a BAE of d_sae 2304); None: torch's default."""
+
+    preset: RecipeName | None = renamed("recipe")
+    """Old name of recipe."""
+    d_sae: int | None = renamed(None, "--expansion (d_sae / d_in)")
+    """Features; old form of expansion."""
 
     @property
     def compiles(self) -> bool:
@@ -229,15 +236,15 @@ def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa:
 def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
     rank, world = rank_world() if cfg.distributed else (0, 1)
     model = load_model(cfg.model, device=device)
-    check_hooks(model, [cfg.hook])
+    hook = hook_point(model, cfg.hook, cfg.layer)
     tokens = load_token_dataset(
         cfg.dataset, model.tokenizer, cfg.context_size, text_column=cfg.text_column
     )
     with torch.no_grad():
         _, cache = model.run_with_cache(
-            token_rows(tokens.select(range(1))), names_filter=cfg.hook, prepend_bos=False
+            token_rows(tokens.select(range(1))), names_filter=hook, prepend_bos=False
         )
-    d_in = cache[cfg.hook].shape[-1]
+    d_in = cache[hook].shape[-1]
     if world > 1:  # every rank reads its own contiguous shard of the sequences
         tokens = tokens.shard(num_shards=world, index=rank, contiguous=True)
     out = Path(cfg.out)
@@ -248,8 +255,8 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
     }
     sae_cfg = bae_config(
         d_in,
-        cfg.d_sae,
-        preset=cfg.preset,
+        cfg.d_sae or cfg.expansion * d_in,
+        recipe=cfg.recipe,
         bits=cfg.bits,
         surrogate=cfg.surrogate,
         normalize_activations=cfg.normalize_activations,
@@ -258,7 +265,7 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
     runner_cfg = LanguageModelSAERunnerConfig(
         sae=sae_cfg,
         model_name=str(cfg.model),
-        hook_name=cfg.hook,
+        hook_name=hook,
         dataset_path="",
         is_dataset_tokenized=True,
         streaming=False,
@@ -266,7 +273,7 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         prepend_bos=False,  # the rows already start with BOS (see sae_lens_bae.data)
         training_tokens=cfg.training_tokens,
         train_batch_size_tokens=cfg.batch_size,
-        lr=cfg.lr or BAE_PRESETS[cfg.preset].lr,
+        lr=cfg.lr or BAE_RECIPES[cfg.recipe].lr,
         device=device,
         seed=cfg.seed,
         logger=LoggingConfig(log_to_wandb=cfg.wandb and rank == 0, wandb_project=cfg.wandb_project),

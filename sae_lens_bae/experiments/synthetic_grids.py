@@ -1,4 +1,4 @@
-"""The synthetic benchmark's grids (``bae bench synthetic --preset ...``): data sizes, ranks,
+"""The synthetic benchmark's grids (``bae bench synthetic --grid ...``): data sizes, ranks,
 seeds and the ``EntropyRecipe`` each grid trains with. What each grid was measured to do, and
 how its recipe was found: docs/research/synthetic-presets.md."""
 
@@ -11,11 +11,11 @@ from typing import Any
 
 from sae_lens_bae.entropy import EntropyRecipe
 
-__all__ = ["PRESETS", "SyntheticPreset", "tolerance"]
+__all__ = ["GRIDS", "SyntheticGrid", "tolerance"]
 
 
 @dataclass(frozen=True)
-class SyntheticPreset:
+class SyntheticGrid:
     """One benchmark grid: data size and the recipe every BAE of the grid is trained with (its
     ``expansion`` is replaced by each of ``expansions``)."""
 
@@ -56,9 +56,9 @@ class SyntheticPreset:
 _PAPER_D = 2048
 """The paper's hidden-state dimension, that of its synthetic preset."""
 
-PRESETS: dict[str, SyntheticPreset] = {
+GRIDS: dict[str, SyntheticGrid] = {
     # d = 64, r up to 32, 2x and 4x, with the ablation: the CPU grid
-    "cpu": SyntheticPreset(
+    "cpu": SyntheticGrid(
         d=64,
         ranks=(0, 1, 2, 4, 8, 16, 32),
         expansions=(2, 4),
@@ -68,7 +68,7 @@ PRESETS: dict[str, SyntheticPreset] = {
         recipe=EntropyRecipe.of(steps=4000, lr=4e-3),
     ),
     # d = 256, r up to 128 at the paper's bar (0.05 r bits at < 2% held-out error)
-    "mid": SyntheticPreset(
+    "mid": SyntheticGrid(
         d=256,
         ranks=(0, 1, 4, 16, 64, 128),
         expansions=(2,),
@@ -81,20 +81,20 @@ PRESETS: dict[str, SyntheticPreset] = {
         ablation=False,
     ),
     # the paper's scale (d = 2048, r up to 512), for a GPU
-    "paper": SyntheticPreset(
+    "gpu": SyntheticGrid(
         d=_PAPER_D,
         ranks=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
         expansions=(2, 4),
         seeds=(0, 1, 2),
         n_train=65536,
         n_test=8192,
-        recipe=EntropyRecipe.paper(_PAPER_D, restarts=3),  # the grid sets each expansion
+        recipe=EntropyRecipe.long_run(_PAPER_D, restarts=3),  # the grid sets each expansion
         tolerance_fraction=0.05,
         tolerance_floor=0.0,
         states_per_rank_squared=2.0,
     ),
     # seconds, for tests
-    "test": SyntheticPreset(
+    "test": SyntheticGrid(
         d=16,
         ranks=(0, 2, 4),
         expansions=(2,),
