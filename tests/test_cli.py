@@ -26,7 +26,6 @@ REQUIRED = {
     ("train",): ["--out", "somewhere", "--dataset", "texts.txt"],
     ("interpret",): ["--records", "records.safetensors"],
     ("dashboard",): ["--records", "records.safetensors"],
-    ("entropy", "estimate"): ["--states", "a_file"],
     ("entropy", "icl"): ["--dataset", "sentences.tsv"],
     ("steer", "icl"): ["--dataset", "sentences.tsv"],
 }

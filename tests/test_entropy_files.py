@@ -1,10 +1,12 @@
-"""``bae entropy estimate``: the entropy of states read from the user's own files."""
+"""``bae entropy estimate``: the entropy of the user's own states, from files or a model."""
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
+import matplotlib.image
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from typer.testing import CliRunner
 
 from sae_lens_bae.cli import app
 from sae_lens_bae.entropy import EntropyRecipe, directional_data
-from sae_lens_bae.entropy.files import EstimateConfig, estimate, read_state_sets
+from sae_lens_bae.entropy.files import EstimateConfig, estimate, harvest_state_sets, read_state_sets
 
 RECIPE = EntropyRecipe.of(expansion=2, steps=2000, batch_size=256, lr=4e-3, seeds=1)
 
@@ -58,3 +60,51 @@ def test_bad_state_files_are_refused_in_one_line(tmp_path):
     result = CliRunner().invoke(app, ["entropy", "estimate", "--states", str(tmp_path / "flat.pt"),
                                       "--out", str(tmp_path / "out")])  # fmt: skip
     assert result.exit_code == 2 and "is not a set of states" in result.output
+
+
+def test_estimate_harvests_a_models_states_end_to_end(tiny_hf_llama_dir, tiny_corpus, tmp_path):
+    """Without --states the command reads the model: each of --positions is a set of one state
+    per sequence, equal to what run_with_cache gives there; the report, JSON and plot are
+    written; no --positions pools every position after BOS into one set."""
+    from sae_lens_bae import load_model
+    from sae_lens_bae.data import load_token_dataset, token_rows
+
+    quick = ["--steps", "30", "--batch-size", "32", "--expansion", "1", "--seeds", "2",
+             "--no-converge", "--restarts", "1", "--repair-rounds", "0",
+             "--no-refit-decoder"]  # fmt: skip
+    common = ["entropy", "estimate", "--model", str(tiny_hf_llama_dir), "--dataset",
+              str(tiny_corpus), "--context-size", "9", "--max-sequences", "40"]  # fmt: skip
+    out = tmp_path / "positions"
+    result = CliRunner().invoke(app, [*common, "--layer", "0", "--positions", "1,8",
+                                      *quick, "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "entropy.json").read_text())
+    rows = {row["set"]: row for row in summary["sets"]}
+    assert list(rows) == ["blocks.0.hook_resid_post@1", "blocks.0.hook_resid_post@8"]
+    assert all((row["n"], row["d"]) == (40, 32) for row in rows.values())
+    for row in rows.values():  # 30 steps cannot code 32 dims: flagged, never passed as a reading
+        assert row["bits"] >= 0.0 and row["ceiling_bits"] == pytest.approx(np.log2(40), abs=1.0)
+        assert not row["reliable"] and (row["bits"] > row["ceiling_bits"]) == (
+            "over its ceiling" in result.output.split(row["set"] + ":")[1].split("\n")[0]
+        )
+    assert all(len(row["bits_per_seed"]) == 2 for row in rows.values())
+    assert "| blocks.0.hook_resid_post@8 |" in result.output  # the report, printed
+    assert matplotlib.image.imread(out / "entropy.png").shape[-1] in (3, 4)
+
+    model = load_model(str(tiny_hf_llama_dir))
+    tokens = token_rows(load_token_dataset(tiny_corpus, model.tokenizer, 9, max_sequences=40))
+    cfg = EstimateConfig(model=str(tiny_hf_llama_dir), dataset=str(tiny_corpus), layer=0,
+                         context_size=9, max_sequences=40, positions=(1, 8))  # fmt: skip
+    sets = harvest_state_sets(cfg, progress=False)
+    _, cache = model.run_with_cache(tokens, names_filter="blocks.0.hook_resid_post")
+    expected = cache["blocks.0.hook_resid_post"]
+    torch.testing.assert_close(sets["blocks.0.hook_resid_post@8"], expected[:, 8])
+    pooled = harvest_state_sets(replace(cfg, positions=None), progress=False)
+    torch.testing.assert_close(pooled["blocks.0.hook_resid_post"], expected[:, 1:].reshape(-1, 32))
+
+    too_far = CliRunner().invoke(app, [*common, "--positions", "9", "--out", str(tmp_path / "x")])
+    assert too_far.exit_code == 2
+    assert too_far.output == (
+        "Error: positions go up to 8 in sequences of 9 tokens; ask for smaller ones or a "
+        "larger --context-size\n"
+    )

@@ -1,11 +1,13 @@
-"""``bae entropy estimate``: the entropy of hidden states you already have, read from files.
+"""``bae entropy estimate``: the entropy of your own hidden states, from files or from a model.
 
-Each file holds one or more sets of states, each ``[n, d]``: a ``.pt`` tensor (or a dict of
-named tensors), an ``.npy`` array, a ``.safetensors`` file (every tensor a set, named by its key)
-or an activation cache folder (``harvest_activations``; every hook a set). ``estimate_entropies``
-trains one BAE per set with ``--recipe``'s settings and writes ``entropy.json`` and
-``entropy.md``: each set's bits with the trust columns that say whether the reading is an
-estimate or only a bound.
+The states come from files (``--states``), each holding one or more sets ``[n, d]``: a ``.pt``
+tensor (or a dict of named tensors), an ``.npy`` array, a ``.safetensors`` file (every tensor a
+set, named by its key) or an activation cache folder (``harvest_activations``; every hook a set).
+Without files they are harvested: the hook point ``--hook``/``--layer`` of ``--model`` over
+``--dataset``, every position but BOS's as one set, or each of ``--positions`` as its own.
+``estimate_entropies`` trains one BAE per set with the recipe's settings and writes
+``entropy.json``, ``entropy.md`` and ``entropy.png``: each set's bits, with error bars over seeds
+and the trust columns that say whether the reading is an estimate or only a bound.
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from sae_lens_bae.activations.cache import ActivationCache
-from sae_lens_bae.checks import check_ranges, existing
+from sae_lens_bae.activations.hooks import hook_point
+from sae_lens_bae.activations.states import gather_states
+from sae_lens_bae.checks import check_ranges, existing, ranged
+from sae_lens_bae.data import default_corpus, load_token_dataset, token_rows
 from sae_lens_bae.entropy.cells import estimate_entropies
 from sae_lens_bae.entropy.recipe import EntropyRecipe
 from sae_lens_bae.entropy.tables import cell_columns, reliability_note
+from sae_lens_bae.models import load_model
+from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import markdown_table, read_torch, write_json, write_text
 
-__all__ = ["REPORT", "EstimateConfig", "estimate", "read_state_sets"]
+__all__ = ["REPORT", "EstimateConfig", "estimate", "harvest_state_sets", "read_state_sets"]
 
 REPORT = "entropy.md"
 
@@ -40,8 +47,24 @@ _FIX = "give [n, d] states as .pt, .npy or .safetensors files, or an activation 
 class EstimateConfig:
     """What ``bae entropy estimate`` reads and how it trains its BAEs."""
 
-    states: Sequence[Path] = existing("path", _FIX)
-    """Files (or activation cache folders) of hidden states, each [n, d]: one set per tensor."""
+    states: Sequence[Path] | None = existing("path", _FIX, default=None)
+    """Files (or activation cache folders) of states [n, d], a set per tensor (default: harvest)."""
+    model: str = "smollm2-135m"
+    """Without --states: embedded name, local HF directory or TransformerLens name."""
+    dataset: str | None = None
+    """Without --states: text file, folder or HF dataset (default: the embedded corpus)."""
+    hook: str = "hook_resid_post"
+    """Hook point: a full TransformerLens name, or a name inside block --layer."""
+    layer: int | None = ranged(None, low=0)
+    """Block of a --hook inside a block (default: the middle one)."""
+    text_column: str | None = None
+    """Text column of a table/JSONL dataset."""
+    context_size: int = ranged(64, low=2)
+    """Tokens per harvested sequence, BOS included."""
+    max_sequences: int = ranged(256, low=1)
+    """Cap on harvested sequences."""
+    positions: Sequence[int] | None = ranged(None, low=1)
+    """Token positions after BOS, each its own set, e.g. 1,4,16 (default: all, one set)."""
     recipe: EntropyRecipe = field(default_factory=EntropyRecipe)
     """How each set's BAEs train (sae_lens_bae.entropy.EntropyRecipe)."""
     seed: int = 0
@@ -53,6 +76,11 @@ class EstimateConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.positions and max(self.positions) >= self.context_size:
+            raise ValueError(
+                f"positions go up to {self.context_size - 1} in sequences of "
+                f"{self.context_size} tokens; ask for smaller ones or a larger --context-size"
+            )
 
 
 def read_state_sets(paths: Sequence[str | Path]) -> dict[str, Tensor]:
@@ -95,11 +123,55 @@ def _read(path: Path) -> dict[str | None, Any]:
     raise ValueError(f"{path}: states come in .pt, .npy or .safetensors files or cache folders")
 
 
+def harvest_state_sets(cfg: EstimateConfig, progress: bool = True) -> dict[str, Tensor]:
+    """The sets ``cfg`` asks a model for: its hook point's states over the dataset's sequences,
+    every position after BOS as one set, or one set per position of ``cfg.positions``."""
+    model = load_model(cfg.model, device=cfg.device)
+    hook = hook_point(model, cfg.hook, cfg.layer)
+    source = cfg.dataset if cfg.dataset is not None else str(default_corpus())
+    tokens = token_rows(
+        load_token_dataset(
+            source,
+            model.tokenizer,
+            cfg.context_size,
+            text_column=cfg.text_column,
+            max_sequences=cfg.max_sequences,
+        )
+    )
+    wanted = list(cfg.positions) if cfg.positions else list(range(1, tokens.shape[1]))
+    positions = torch.tensor(wanted).expand(tokens.shape[0], -1)
+    states = gather_states(model, tokens, [hook], positions, progress=progress)[0][hook]
+    if not cfg.positions:
+        return {hook: states.reshape(-1, states.shape[-1]).float()}
+    return {f"{hook}@{p}": states[:, j].float() for j, p in enumerate(wanted)}
+
+
+def plot_bits(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Bits per set with the seeds' spread; a reading the trust columns refuse is drawn hollow."""
+    fig, ax = subplots(figsize=(max(4.0, 0.6 * len(rows) + 2), 3.2))
+    x = np.arange(len(rows))
+    bits = np.array([r["bits"] for r in rows], dtype=float)
+    spread = np.array([r["bits_std"] or 0.0 for r in rows], dtype=float)
+    trusted = np.array([bool(r["reliable"]) for r in rows])
+    ax.bar(x[trusted], bits[trusted], yerr=spread[trusted], color="tab:blue", capsize=3)
+    ax.bar(x[~trusted], bits[~trusted], yerr=spread[~trusted], capsize=3, fill=False,
+           edgecolor="tab:gray", hatch="//", label="not reliable (see entropy.md)")  # fmt: skip
+    ax.set_xticks(x, [r["set"] for r in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("entropy (bits)")
+    if not trusted.all():
+        ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
 def estimate(cfg: EstimateConfig, progress: bool = True) -> dict[str, Any]:
-    """Read the sets, estimate their entropy and write ``entropy.json`` and ``entropy.md`` to
-    ``cfg.out``; returns the summary."""
-    sets = read_state_sets(cfg.states)
+    """Read or harvest the sets, estimate their entropy and write ``entropy.json``,
+    ``entropy.md`` and ``entropy.png`` to ``cfg.out``; returns the summary."""
     out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)  # before any work: an unusable folder fails now
+    if cfg.states is not None:
+        sets = read_state_sets(cfg.states)
+    else:
+        sets = harvest_state_sets(cfg, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
     for name, states in sets.items():
         cfg.recipe.check_samples(states.shape[0], f"{name}'s {states.shape[0]} states")
@@ -120,4 +192,5 @@ def estimate(cfg: EstimateConfig, progress: bool = True) -> dict[str, Any]:
     keys = [("set", lambda r: r["set"]), ("n", lambda r: str(r["n"])), ("d", lambda r: str(r["d"]))]
     table = markdown_table(rows, [*keys, *cell_columns(rows)])
     write_text(out / REPORT, table + "\n" + reliability_note(rows, lambda r: r["set"]))
+    plot_bits(rows, out / "entropy.png")
     return summary
