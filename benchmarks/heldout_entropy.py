@@ -1,7 +1,7 @@
 """Entropy of held-out fair-bit sets made outside the synthetic presets' generator, read through
 both paths a user takes: ``estimate_entropies`` with its default ``EntropyRecipe``, and a BAE of
 the registry's ``entropy`` preset trained by SAELens' ``SAETrainer`` (``train_sae``), then
-``code_entropy``. The check behind docs/research/entropy-log.md's held-out tables: defaults
+``code_entropy``. The check behind docs/research/heldout-sets.md's held-out tables: defaults
 that are right on sets no recipe was tuned on, whatever their scale and wherever they sit.
 
     python benchmarks/heldout_entropy.py --cases 16:3,32:6,48:12 --shifts 0,10 --out DIR

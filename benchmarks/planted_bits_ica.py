@@ -4,8 +4,8 @@ what a ``planted_cell`` set is once centred and whitened.
 
 Each of ``--starts`` independent unit vectors is iterated ``--iterations`` times; a start counts as
 found once its overlap with some planted direction passes ``--overlap``. The BAE that reads
-these sets learns from the same higher-order statistics; docs/research/entropy-log.md compares the
-two walls.
+these sets learns from the same higher-order statistics; docs/research/synthetic-entropy.md
+compares the two walls.
 
     python benchmarks/planted_bits_ica.py --ranks 128 256 512 --per-rank-squared 0.25 0.5 1 2 \\
         --out runs/planted-bits-ica

@@ -1,6 +1,6 @@
 """One synthetic cell (``directional_data``: r fair bits in d dimensions) read by BAEs trained
 with several ``EntropyRecipe`` variants, one after the other in this process: the probe behind
-the notes on the ``gpu`` grid (once ``paper``) in docs/research/entropy-log.md, where a
+the notes on the ``gpu`` grid (once ``paper``) in docs/research/synthetic-entropy.md, where a
 d = 2048 grid does not fit a CPU but a d = 512 cell with the same failure does.
 
     python benchmarks/synthetic_cell.py --d 512 --r 256 --steps 40000 \\

@@ -1,7 +1,7 @@
 """One cell of the position trace (a layer's hidden states at one token position) read by BAEs of
 the tracing recipe at several strengths of the entropy and covariance terms: how many bits a code
 spends at each reconstruction error, against the cell's ceiling log2(distinct states). The probe
-behind docs/research/entropy-log.md's reading of why the LLM traces' cells are not reliable: a cell
+behind docs/research/llm-traces.md's reading of why the LLM traces' cells are not reliable: a cell
 is reliable only if some strength gives both errors <= 20% and an estimate under the ceiling.
 
     python benchmarks/trace_frontier.py --dataset ../shared/data/text/wikitext-2 --layer 15 \\

@@ -89,8 +89,9 @@ def held_out_objective(
     would not be a minibatch's; a set smaller than one minibatch is one).
 
     What compares two BAEs trained for the same set: the objective is non-convex, and runs from
-    different initialisations can end in minima of different cost (docs/research/entropy-log.md),
-    so the one with the lower held-out objective is the better fit by the BAE's own definition.
+    different initialisations can end in minima of different cost
+    (docs/research/synthetic-entropy.md), so the one with the lower held-out objective is the
+    better fit by the BAE's own definition.
     """
     n = activations.shape[0]
     if n == 0:

@@ -466,6 +466,34 @@ def test_quickstart_pipeline_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_p
     for png in ("training_curves.png", "firing_frequency.png"):
         image = matplotlib.image.imread(out / png)
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    # the columns it shares with bae compare: what compare's evaluation gives the same models
+    from sae_lens_bae.activations import LayerActivations, outlier_mask
+    from sae_lens_bae.experiments.layer_study import EvaluationSettings, evaluate_model
+
+    cache = ActivationCache.load(out / "activations")
+    first = tokens.shape[0] - n_held_out
+    raw = cache.activations(metrics["hook"], sequences=slice(first, None))
+    keep = outlier_mask(raw, 10.0)
+    rows = cache.token_positions()
+    held = rows[rows[:, 0] >= first][keep]
+    assert held.shape[0] == metrics["held_out_tokens"]
+    data = LayerActivations(
+        hook=metrics["hook"], train={}, test={metrics["hook"]: raw[keep]},
+        scales={metrics["hook"]: 1.0}, positions=held, token_ids=tokens[held[:, 0], held[:, 1]],
+        sequences=tokens, tokenizer=None, model="tiny", dataset="tiny", outliers_dropped=0,
+    )  # fmt: skip
+    for name in ("bae", "topk"):
+        stats, _, _ = evaluate_model(
+            name, saved[name], data, EvaluationSettings(prior="evaluation")
+        )
+        ours = metrics["models"][name]
+        shared = {k for k, v in stats.items() if k in ours and not isinstance(v, torch.Tensor)}
+        assert shared >= {"dead", "dense", "constant", "l0", "relative_error", "firing_over_half"}
+        for key in shared:
+            assert ours[key] == pytest.approx(stats[key], rel=1e-6), (name, key)
+    headline = "**Entropy of the held-out hidden states"
+    assert (headline in report) == bae["entropy_reliable"]
+    assert ("No entropy headline" in report) == (not bae["entropy_reliable"])
 
 
 def test_entropy_and_bench_commands_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):

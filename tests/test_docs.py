@@ -28,9 +28,36 @@ def test_the_readme_is_short_and_cites_the_paper():
     assert "arxiv.org/abs/2509.20997" in readme and "@article" in readme
 
 
-@pytest.mark.parametrize("path", PROSE, ids=[str(p.relative_to(ROOT)) for p in PROSE])
-def test_prose_has_no_session_words(path):
-    assert not re.search(r"\bsessions?\b", path.read_text(), flags=re.IGNORECASE)
+def _tracked_text_files() -> list[Path]:
+    """The repository's tracked files (every file under ROOT where git is missing), text only."""
+    try:
+        listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+        names = listed.stdout.split() if listed.returncode == 0 else []
+    except OSError:
+        names = []
+    paths = [ROOT / n for n in names] or [p for p in ROOT.rglob("*") if ".venv" not in p.parts]
+    return [p for p in paths if p.is_file() and p.suffix not in {".png", ".gguf", ".ipynb"}]
+
+
+def test_no_tracked_file_has_session_words():
+    """pytest's fixture scope (scope="session") is the one use of the word allowed."""
+    offending = []
+    for path in _tracked_text_files():
+        text = path.read_text(errors="ignore").replace('scope="session"', "")
+        if re.search(r"\bsessions?\b", text, flags=re.IGNORECASE):
+            offending.append(str(path.relative_to(ROOT)))
+    assert not offending
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "docs" / "research").glob("*.md")), ids=lambda p: p.name
+)
+def test_every_research_note_opens_with_its_conclusions(path):
+    """A note per study: its title, at most 30 lines of current conclusions, then the record."""
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith("# ") and lines[2] == "## Current conclusions"
+    following = next(i for i, line in enumerate(lines[3:], 3) if line.startswith("## "))
+    assert following - 3 <= 30 and lines[following].startswith("## The record")
 
 
 def test_one_version_everywhere():

@@ -106,7 +106,7 @@ def _halfspace_bae(normals: torch.Tensor, states: torch.Tensor) -> BAE:
 
 def test_a_three_in_four_code_reconstructs_exactly_and_only_its_excess_flags_it():
     """The code ``EntropyRecipe`` settles in on a third to a half of sets of 8 planted bits at
-    d = 64 (docs/research/entropy-log.md): 3 bits written as 4 fair threshold channels, the
+    d = 64 (docs/research/heldout-sets.md): 3 bits written as 4 fair threshold channels, the
     tetrahedron's normals. They are pairwise uncorrelated (the covariance term does not see them)
     and decode to the bits linearly, so the reconstruction is exact, and the sum of their entropies
     is 4 bits for 3. Each state here is distinct (ceiling log2 4000), so only the excess over the

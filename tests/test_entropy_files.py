@@ -94,7 +94,8 @@ def test_estimate_harvests_a_models_states_end_to_end(tiny_hf_llama_dir, tiny_co
     model = load_model(str(tiny_hf_llama_dir))
     tokens = token_rows(load_token_dataset(tiny_corpus, model.tokenizer, 9, max_sequences=40))
     cfg = EstimateConfig(model=str(tiny_hf_llama_dir), dataset=str(tiny_corpus), layer=0,
-                         context_size=9, max_sequences=40, positions=(1, 8))  # fmt: skip
+                         context_size=9, max_sequences=40, positions=(1, 8),
+                         recipe=RECIPE.changed(batch_size=32))  # fmt: skip
     sets = harvest_state_sets(cfg, progress=False)
     _, cache = model.run_with_cache(tokens, names_filter="blocks.0.hook_resid_post")
     expected = cache["blocks.0.hook_resid_post"]

@@ -337,7 +337,7 @@ def test_recipe_changes_from_json_name_fields_or_say_what_is_wrong():
 def test_the_gpu_grid_trains_its_last_tenth_without_the_covariance_term():
     """With the term to the end the d = 512 and d = 1024 proxies missed the 2% bar (the term
     holds thresholds at the firing class's edge); off for the last 10% they read r at
-    0.002-0.02% (docs/research/entropy-log.md). The preset's BAEs pay it up to step 40500 of
+    0.002-0.02% (docs/research/synthetic-entropy.md). The preset's BAEs pay it up to step 40500 of
     45000."""
     cfg = GRIDS["gpu"].recipe.config(2048)
     assert cfg.total_training_steps == 45000

@@ -44,7 +44,7 @@ torch.manual_seed(0)
 # recipe then repairs the code (`repair_rounds`, `entropy.repair`): any one of the 4 channels is
 # fixed by the rest of the code on the set's states, so it is switched off and the BAE trains on
 # without it, and the retrained BAE is kept because its objective is lower. `repaired_channels`
-# lists the channel switched off (docs/research/entropy-log.md, "A 3-in-4 code").
+# lists the channel switched off (docs/research/heldout-sets.md, "A 3-in-4 code").
 
 # %%
 ranks = (3, 8)
@@ -88,7 +88,7 @@ print(
 # per cell the ceiling is 9 bits and, past the first positions, the states are nearly as many as
 # they are distinct and far from a cube, so expect the later cells to be flagged. A real trace
 # is `bae entropy positions` (more sequences, 3 seeds, larger budgets:
-# docs/research/entropy-log.md).
+# docs/research/llm-traces.md).
 
 # %%
 model = load_model("smollm2-135m")

@@ -61,8 +61,8 @@ class EstimateConfig:
     """Text column of a table/JSONL dataset."""
     context_size: int = ranged(64, low=2)
     """Tokens per harvested sequence, BOS included."""
-    max_sequences: int = ranged(256, low=1)
-    """Cap on harvested sequences."""
+    max_sequences: int = ranged(1024, low=1)
+    """Cap on harvested sequences (with --positions: the states of each set)."""
     positions: Sequence[int] | None = ranged(None, low=1)
     """Token positions after BOS, each its own set, e.g. 1,4,16 (default: all, one set)."""
     recipe: EntropyRecipe = field(default_factory=EntropyRecipe)
@@ -81,6 +81,8 @@ class EstimateConfig:
                 f"positions go up to {self.context_size - 1} in sequences of "
                 f"{self.context_size} tokens; ask for smaller ones or a larger --context-size"
             )
+        if self.states is None and self.positions:  # a state per sequence and position
+            self.recipe.check_samples(self.max_sequences, f"--max-sequences {self.max_sequences}")
 
 
 def read_state_sets(paths: Sequence[str | Path]) -> dict[str, Tensor]:

@@ -5,7 +5,7 @@ The estimate sums the channels' entropies, so a channel whose value the other ch
 the states adds bits the code does not hold. The covariance term sees pairs only, and a BAE can
 settle in a code whose channels have no pairwise dependence yet hold fewer bits than their sum:
 three planted bits written as four fair threshold channels on a tetrahedron's normals (a 3-in-4
-code, docs/research/entropy-log.md) decode exactly and sit one bit over the axis code, a local
+code, docs/research/heldout-sets.md) decode exactly and sit one bit over the axis code, a local
 minimum of the objective. ``redundant_channels`` finds such channels from the code words of a set;
 ``knock_out_`` switches them off, so that the rest of the code must carry the states, with its
 refitted decoder or trained on (``repair_baes``, which ``estimate_entropies`` runs: a repaired

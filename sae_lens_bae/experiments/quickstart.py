@@ -18,12 +18,14 @@ from sae_lens_bae.activations import drop_outliers, harvest_activations, hook_po
 from sae_lens_bae.checks import check_ranges, ranged, renamed
 from sae_lens_bae.data import default_corpus, load_token_dataset
 from sae_lens_bae.entropy import code_entropy
-from sae_lens_bae.evaluation import evaluate_sae, spliced_losses
+from sae_lens_bae.evaluation import spliced_losses
+from sae_lens_bae.features import feature_statistics
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
 from sae_lens_bae.reports import Stopwatch, cell, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_RECIPES, BAETrainingSAEConfig, bae_config
 from sae_lens_bae.saes.bae_recipes import RecipeName
+from sae_lens_bae.saes.loading import load_sae
 from sae_lens_bae.training import TrainingRun, train_sae
 
 __all__ = ["REPORT", "QuickstartConfig", "run"]
@@ -157,13 +159,16 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
 
     metrics: dict[str, Any] = {}
     rates = {}
+    saved = {}  # what a user loads: the inference models, the training scale folded in
     for name, run in runs.items():
         run.sae.eval()
         run.sae.save_inference_model(out / name)
-        evaluation = evaluate_sae(run.sae, test_acts)
+        saved[name] = load_sae(out / name, device=cfg.device)
+        evaluation = feature_statistics(saved[name], test_acts)  # compare's columns and rules
         rates[name] = evaluation.pop("firing_rates")
+        evaluation.pop("active_frequency")
         metrics[name] = evaluation
-    estimate = code_entropy(runs["bae"].sae, test_acts)
+    estimate = code_entropy(saved["bae"], test_acts)
     metrics["bae"]["entropy_estimate_bits"] = estimate.bits
     metrics["bae"]["entropy_ceiling_bits"] = estimate.ceiling_bits
     metrics["bae"]["distinct_states"] = estimate.n_distinct
@@ -176,7 +181,7 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         held_out_rows = cache.tokens()[n_seq - n_held_out :][: cfg.spliced_sequences]
         spliced = spliced_losses(
             load_model(cfg.model, device=cfg.device),
-            {name: run.sae for name, run in runs.items()},
+            saved,
             held_out_rows,
             hook,
             outlier_norm_ratio=cfg.outlier_norm_ratio,
@@ -214,18 +219,24 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
     return summary
 
 
-def _verdict(bae: dict[str, Any]) -> str:
+def _entropy_paragraph(bae: dict[str, Any]) -> str:
+    """The held-out set's entropy as this BAE reads it: a headline only where the reading passes
+    the trust rule; otherwise what the code spends, and why it is not the set's entropy."""
+    spent = (
+        f"the sum of the code channels' entropies over the held-out set is "
+        f"{bae['entropy_estimate_bits']:.1f} bits; no set of {bae['distinct_states']} distinct "
+        f"states holds more than log2 of their number, {bae['entropy_ceiling_bits']:.1f} bits"
+    )
     if bae["entropy_reliable"]:
         return (
-            "The estimate is reliable (reconstruction error <= 20% in total and for the "
-            "typical state, within the ceiling)."
+            f"**Entropy of the held-out hidden states: {bae['entropy_estimate_bits']:.1f} bits** "
+            f"({spent}; reconstruction error <= 20% in total and for the typical state)."
         )
     return (
-        "The estimate is **not reliable** as the set's entropy (above the ceiling, dependent "
-        "channels counted twice, or the reconstruction is poor in total or for the typical "
-        "state): read it as the number of bits "
-        "this code spends, and use "
-        "`estimate_entropies` with a recipe trained for entropy on a set this size."
+        f"No entropy headline: this BAE, trained for features, does not read the set's entropy "
+        f"({spent}, and the reading fails the trust rule: over the ceiling, dependent channels "
+        "counted twice, or a poor reconstruction). `bae entropy estimate` trains BAEs for it "
+        "and says which readings to trust."
     )
 
 
@@ -242,8 +253,10 @@ def _report(summary: dict[str, Any]) -> str:
         ("explained variance", "explained_variance", ".4f"),
         ("mean active features per token (L0)", "l0", ".1f"),
         ("entropy of firing rates (bits)", "entropy_bits", ".1f"),
-        ("dead features (never fire on held-out)", "dead", ""),
-        ("dense features (fire on > 50% of tokens)", "dense", ""),
+        ("dead features (never active on held-out)", "dead", ""),
+        ("constant features (active on < 0.01% of tokens)", "constant", ""),
+        ("dense features (active on > 50% of tokens)", "dense", ""),
+        ("features that fire on > 50% of tokens", "firing_over_half", ""),
         ("features", "d_sae", ""),
     ]
     if "ce_loss_score" in bae:
@@ -274,11 +287,10 @@ to mean norm sqrt(d_in) during training and the scale folded back afterwards.
 |---|---|---|
 {table}
 
-**BAE entropy estimate of the held-out hidden states: {bae["entropy_estimate_bits"]:.1f} bits**
-(the sum of the code channels' entropies over the whole held-out set: an upper bound, tight only
-when the channels are independent). No set of {bae["distinct_states"]} distinct states holds more
-than log2 of their number, {bae["entropy_ceiling_bits"]:.1f} bits; the codes actually seen hold
-{bae["entropy_code_bits"]:.1f} bits. {_verdict(bae)}
+Active: a SAE latent that fires; a BAE bit in its rarer state (a bit on for 90% of tokens is
+active on the other 10%), as `bae compare` counts them.
+
+{_entropy_paragraph(bae)}
 
 ![training curves](training_curves.png)
 

@@ -1,6 +1,6 @@
 """The synthetic benchmark's grids (``bae bench synthetic --grid ...``): data sizes, ranks,
 seeds and the ``EntropyRecipe`` each grid trains with. What each grid was measured to do, and
-how its recipe was found: docs/research/synthetic-presets.md."""
+how its recipe was found: docs/research/synthetic-entropy.md."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class SyntheticGrid:
     states_per_rank_squared: float = 0.0
     """The training set of rank r holds at least this many times r^2 states (0: ``n_train`` at
     every r). From a random start r planted bits are found only from about r^2 states or more,
-    by a BAE as by FastICA (docs/research/synthetic-presets.md)."""
+    by a BAE as by FastICA (docs/research/synthetic-entropy.md)."""
 
     def train_states(self, r: int) -> int:
         """Training states of the cells of rank r."""

@@ -68,7 +68,7 @@ BAE_RECIPES: dict[RecipeName, BAERecipe] = {
         resample_every=125,
     ),
     # 0.1's short-run rule (the prototype's, tuned on the synthetic benchmark at d = 64 and 128;
-    # the coefficients EntropyRecipe uses): the preset for entropy estimation through the registry
+    # the coefficients EntropyRecipe uses)
     "short_run": BAERecipe(
         lr=2e-3, surrogate_temperature=0.3, entropy_coefficient=5e-7, covariance_coefficient=1e-6
     ),

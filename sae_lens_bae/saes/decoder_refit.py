@@ -4,7 +4,7 @@ Once the encoder is trained the code is fixed, and the decoder that reconstructs
 from it is a linear regression with a closed form. Gradient training stops short of it: the
 decoder chases an encoder that is still moving, under a learning rate that never reaches zero.
 On a d = 512 set of 256 fair bits the refit took a fifth of the BAE's held-out error off
-(docs/research/entropy-log.md). The code, and so every entropy estimate read from it, is
+(docs/research/synthetic-entropy.md). The code, and so every entropy estimate read from it, is
 unchanged: only how much of the state the code is shown to keep moves.
 
 A regression overfits where it has few states per weight: with as many weights per output as

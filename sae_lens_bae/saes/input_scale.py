@@ -3,7 +3,7 @@ batch, that bring its inputs to the total variance and the place its recipe was 
 (``rescale_inputs_to``): the encoder reads ``k (x + t)``, the decoder's output is divided by k
 and t is subtracted again.
 
-A BAE's training is not scale-invariant (docs/research/entropy-log.md): its penalties weigh
+A BAE's training is not scale-invariant (docs/research/entropy-reading.md): its penalties weigh
 against a reconstruction error that grows with the square of the states' scale, and Adam's steps
 have one size whatever the scale the weights need. Multiplying the input by a constant k before the
 encoder, dividing the reconstruction by k after the decoder, and measuring the reconstruction
