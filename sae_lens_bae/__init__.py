@@ -7,7 +7,7 @@ SAELens, so ``SAE.load_from_disk``, ``LanguageModelSAETrainingRunner`` and
 
 import importlib
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sae_lens_bae.activations import ActivationCache, harvest_activations
 from sae_lens_bae.checks import warn_renamed
@@ -35,6 +35,9 @@ from sae_lens_bae.saes.bae_recipes import BAE_RECIPES
 from sae_lens_bae.saes.loading import load_sae
 from sae_lens_bae.steering import steer, steering_hook, task_vector
 from sae_lens_bae.training import TrainingRun, fill_training_schedule, train_bae, train_sae
+
+if TYPE_CHECKING:  # imported on first use (``__getattr__``); named here for checkers and docs
+    from sae_lens_bae.comsem import ClientConfig, ComSemConfig, comsem
 
 _register_all()
 
