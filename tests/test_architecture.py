@@ -176,6 +176,7 @@ IMPORT_NAMES = {
     "transformer_lens": "transformer-lens",
     "typing_extensions": "typing-extensions",
     "simple_parsing": "simple-parsing",
+    "sklearn": "scikit-learn",
 }
 NOT_IMPORTED = {"gguf": "read by transformers' GGUF loader (the embedded model)"}
 OPTIONAL = {"triton": "ships with torch's CUDA wheels; the dev extra brings it for CPU tests"}

@@ -19,6 +19,7 @@ from sae_lens_bae.activations.layer import (
     harvest_layer,
     norm_scale,
     outlier_mask,
+    sequence_splits,
 )
 from sae_lens_bae.activations.states import gather_states, prompt_states
 
@@ -37,5 +38,6 @@ __all__ = [
     "norm_scale",
     "outlier_mask",
     "prompt_states",
+    "sequence_splits",
     "stop_layer",
 ]

@@ -7,7 +7,7 @@ share one loss unit, and split by sequence into training and held-out rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,14 @@ from sae_lens_bae.activations.hooks import check_hooks, hook_point, layer_of
 from sae_lens_bae.data import default_corpus, load_token_dataset
 from sae_lens_bae.models import load_model
 
-__all__ = ["LayerActivations", "drop_outliers", "harvest_layer", "norm_scale", "outlier_mask"]
+__all__ = [
+    "LayerActivations",
+    "drop_outliers",
+    "harvest_layer",
+    "norm_scale",
+    "outlier_mask",
+    "sequence_splits",
+]
 
 
 def outlier_mask(
@@ -78,6 +85,24 @@ class LayerActivations:
     outliers_dropped: int
 
 
+def sequence_splits(n_sequences: int, held_out: Mapping[str, float]) -> dict[str, range]:
+    """Disjoint, contiguous blocks of sequence indices: ``train`` first, then each named held-out
+    split with its fraction of the sequences (at least one), in the order given. Whole sequences
+    go to one split, so no split sees a token of another's text."""
+    sizes = {name: max(1, round(fraction * n_sequences)) for name, fraction in held_out.items()}
+    bad = [name for name, fraction in held_out.items() if not 0.0 < fraction < 1.0]
+    n_train = n_sequences - sum(sizes.values())
+    if bad or n_train < 1:
+        raise ValueError(
+            f"held-out fractions {dict(held_out)} of {n_sequences} sequences leave no training "
+            "sequence; give fractions in (0, 1) that sum to less than 1, or more text"
+        )
+    splits, start = {"train": range(n_train)}, n_train
+    for name, size in sizes.items():
+        splits[name], start = range(start, start + size), start + size
+    return splits
+
+
 def harvest_layer(
     model_name: str,
     dataset: str | None,
@@ -114,7 +139,7 @@ def harvest_layer(
     del model
 
     n_seq = cache.meta["n_sequences"]
-    n_train_seq = n_seq - max(1, round(held_out_fraction * n_seq))
+    n_train_seq = len(sequence_splits(n_seq, {"test": held_out_fraction})["train"])
     acts = {h: cache.activations(h) for h in hooks}
     per_seq = acts[hook].shape[0] // n_seq
     keep = outlier_mask(acts[hook], outlier_norm_ratio)  # the same rows of every hook

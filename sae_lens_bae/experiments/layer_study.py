@@ -48,6 +48,7 @@ TABLE_COLUMNS = (
     ("explained_variance", "EV", ".3f"),
     ("l0", "L0", ".1f"),
     ("activated", "activated", ""),
+    ("activated_strict", "activated (>8)", ""),
     ("activated_firing", "activated (firing)", ""),
     ("constant", "constant", ""),
     ("dead", "dead", ""),

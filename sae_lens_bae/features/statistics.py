@@ -5,8 +5,9 @@ Which definition each count follows (see also ``docs/research/feature-study.md``
 * ``activated``: the paper's ComSem definition: every token's top-k features over *all*
   channels by the model's magnitude (``top_k_records(..., candidates="all")``: for a BAE the
   two-sided burstiness log2|h_B - p|, so a mostly-on channel that is off counts), and a feature is
-  activated with at least ``n_explain + 1`` records. ``activated_firing``: ours before, top-k over
-  firing channels only and more than ``activated_min_samples`` records.
+  activated with at least ``n_explain + 1`` records (Algorithm 1). ``activated_strict``: the same
+  records, more than ``TABLE_1_MIN_RECORDS`` = 8 of them (Table 1's caption). ``activated_firing``:
+  ours before, top-k over firing channels only and more than ``activated_min_samples`` records.
 * ``active_frequency`` per channel: how often a channel is in its informative state: an SAE
   latent's firing frequency, a BAE bit's rarity ``min(p, 1 - p)`` (its rare state, whichever of
   0/1 that is; see ``saes.canonical``). ``dead`` (never active), ``constant`` (active on fewer
@@ -30,7 +31,15 @@ from sae_lens_bae.features.burstiness import code_prior
 from sae_lens_bae.features.records import FeatureRecords
 from sae_lens_bae.saes.resampling import CONSTANT_RARITY
 
-__all__ = ["active_frequency", "decoder_covariance_norm", "feature_statistics"]
+__all__ = [
+    "TABLE_1_MIN_RECORDS",
+    "active_frequency",
+    "decoder_covariance_norm",
+    "feature_statistics",
+]
+
+TABLE_1_MIN_RECORDS = 8
+"""The paper's Table 1 counts a feature activated with more than this many records."""
 
 
 @torch.no_grad()
@@ -96,8 +105,9 @@ def feature_statistics(
         "n_explain": n_explain,
         "activated_min_samples": activated_min_samples,
     }
-    if records is not None:
+    if records is not None:  # at least n_explain + 1 records (Algorithm 1); more than 8 (Table 1)
         stats["activated"] = records.activated(n_explain)
+        stats["activated_strict"] = records.activated(TABLE_1_MIN_RECORDS)
     if firing_records is not None:
         stats["activated_firing"] = firing_records.activated(activated_min_samples)
     return stats
