@@ -9,7 +9,10 @@ A source is a Hugging Face dataset name (streamed from the hub), a local file or
 
 ``default_corpus()`` is the quickstart's embedded corpus: the Lee news corpus (300 documents,
 ~60k words) that the ``gensim`` wheel ships in ``gensim/test/test_data``, found without importing
-gensim (``pip install "sae-lens-bae[corpus]"``).
+gensim (``pip install "sae-lens-bae[corpus]"``). ``default_labelled_sentences()`` is the 200
+labelled movie-review sentences beside it (Pang and Lee's polarity data, fastText's
+``__label__neg text`` lines): labelled sentences for probing, and, their sentences alone, an
+out-of-distribution text for models trained on the news corpus.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -30,6 +34,7 @@ from sae_lens_bae.reports import read_jsonl
 __all__ = [
     "LABEL_WORDS",
     "default_corpus",
+    "default_labelled_sentences",
     "document_windows",
     "iter_texts",
     "load_labelled_sentences",
@@ -57,19 +62,32 @@ def token_rows(dataset: Dataset | torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.as_tensor(row) for row in rows])
 
 
-def default_corpus() -> Path:
-    """Path of the embedded default corpus (gensim's ``lee_background.cor``)."""
+def _gensim_test_file(name: str) -> Path:
     spec = importlib.util.find_spec("gensim")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
-            "The default corpus ships inside the gensim wheel, which is not installed. Install it "
+            "The default texts ship inside the gensim wheel, which is not installed. Install it "
             'with: pip install "sae-lens-bae[corpus]" (or pass your own --dataset).'
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / "test" / "test_data"
-    path = path / "lee_background.cor"
+    path = Path(next(iter(spec.submodule_search_locations))) / "test" / "test_data" / name
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing from the installed gensim package")
     return path
+
+
+def default_corpus() -> Path:
+    """Path of the embedded default corpus (gensim's ``lee_background.cor``)."""
+    return _gensim_test_file("lee_background.cor")
+
+
+def default_labelled_sentences() -> Path:
+    """Path of the embedded labelled sentences (gensim's ``pang_lee_polarity.cor``: 200 movie-review
+    sentences, 100 negative and 100 positive)."""
+    return _gensim_test_file("pang_lee_polarity.cor")
+
+
+FASTTEXT_LABEL = re.compile(r"^__label__(\S+)\s+")
+"""A fastText line's label prefix (``__label__neg simplistic , silly ...``)."""
 
 
 def _pick_column(columns: Iterable[str], text_column: str | None, where: str) -> str:
@@ -327,6 +345,18 @@ def _labelled(
         return
     if path.is_file():
         suffix = path.suffix.lower()
+        if suffix in (".txt", ".cor"):  # fastText's __label__<label> <text> lines
+            text = path.read_text(encoding="utf-8", errors="replace")  # as MR's files are read
+            for number, line in enumerate(text.splitlines(), 1):
+                label = FASTTEXT_LABEL.match(line)
+                if line.strip() and label is None:
+                    raise ValueError(
+                        f"{path}:{number} has no __label__ prefix; labelled text files hold "
+                        "fastText lines (__label__<label> <sentence>)"
+                    )
+                if label is not None and line[label.end() :].strip():
+                    yield line[label.end() :].strip(), label.group(1)
+            return
         if suffix == ".jsonl":
             fix = "give one JSON object per line, with a text and a label field"
             records: Iterable[dict] = read_jsonl(path, "labelled sentences", fix)
@@ -336,7 +366,8 @@ def _labelled(
             )
         else:
             raise ValueError(
-                f"Labelled sentences come from .tsv/.csv/.jsonl files, not {path.name}"
+                f"Labelled sentences come from .tsv/.csv/.jsonl or fastText .txt files, not "
+                f"{path.name}"
             )
         try:
             yield from _labelled_records(path, records, text_column, label_column)

@@ -92,3 +92,21 @@ def test_default_corpus_is_gensims_lee_corpus():
     assert path.name == "lee_background.cor"
     texts = list(iter_texts(path))
     assert len(texts) == 300 and "bushfire" in texts[0]
+
+
+def test_fasttext_labelled_lines_and_the_embedded_labelled_sentences(tmp_path):
+    """fastText's ``__label__<label> <sentence>`` lines are labelled sentences; the 200 movie-review
+    sentences gensim ships read as 100 negative and 100 positive, none with its prefix."""
+    from sae_lens_bae.data import default_labelled_sentences, load_labelled_sentences
+
+    path = tmp_path / "labelled.txt"
+    path.write_text("__label__neg dull and slow .\n\n__label__pos a small joy .\n")
+    assert load_labelled_sentences(path) == [("dull and slow .", "negative"),
+                                             ("a small joy .", "positive")]  # fmt: skip
+    path.write_text("__label__neg dull .\nno label here\n")
+    with pytest.raises(ValueError, match=r"labelled.txt:2 has no __label__ prefix"):
+        load_labelled_sentences(path)
+    pairs = load_labelled_sentences(default_labelled_sentences())
+    assert len(pairs) == 200 and [label for _, label in pairs].count("negative") == 100
+    assert pairs[0] == ("simplistic , silly and tedious .", "negative")
+    assert not any(text.startswith("__label__") for text, _ in pairs)
