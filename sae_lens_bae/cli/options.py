@@ -319,19 +319,19 @@ def config_command(
     options = options_of(config_cls)
 
     def command(**values: Any) -> None:
-        for option in options:
+        try:
+            with warnings.catch_warnings():  # said below, in the command line's own words
+                warnings.simplefilter("ignore", DeprecationWarning)
+                config = build_config(config_cls, options, values)
+        except (ValueError, FileNotFoundError) as e:  # a value out of range, a path to nothing
+            fail(e)
+        for option in options:  # once the config stands: a refused one ends in one line only
             if option.renamed_to is not None and values[option.name] not in (None, "none"):
                 typer.echo(
                     f"Warning: {option.flag} is deprecated and goes in {REMOVED_IN}: "
                     f"use {option.renamed_to}",
                     err=True,
                 )
-        try:
-            with warnings.catch_warnings():  # said above, in the command line's own words
-                warnings.simplefilter("ignore", DeprecationWarning)
-                config = build_config(config_cls, options, values)
-        except (ValueError, FileNotFoundError) as e:  # a value out of range, a path to nothing
-            fail(e)
         try:
             result = run(config)
         except USER_ERRORS as e:
