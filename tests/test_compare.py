@@ -56,6 +56,7 @@ def test_compare_trains_every_baseline_and_writes_the_table(
     summary = compare.run(cfg, progress=False)
     assert list(summary["models"]) == ["bae", *BASELINES]
     table = (tmp_path / "compare.md").read_text()
+    assert "probe k=20" in table and "EV (OOD)" in table and "activated (>8)" in table
     for name in ["bae", *BASELINES]:
         assert f"| {name} |" in table
         stats = summary["models"][name]
@@ -64,8 +65,13 @@ def test_compare_trains_every_baseline_and_writes_the_table(
                 "explained_variance", "d_sae"} <= set(stats)  # fmt: skip
         assert 0 <= stats["dead"] <= stats["constant"] <= stats["channels"]
         assert stats["activated"] <= stats["d_sae"]
+        assert stats["activated_strict"] <= stats["activated"]  # > 8 records, not >= 6
         if name != "transcoder":  # spliced into the model: SAELens' CE and KL columns
             assert stats["kl_div_with_sae"] >= 0 and "ce_loss_score" in stats
+            # the labelled movie-review sentences: probing and out-of-distribution columns
+            assert set(stats["probe_accuracy"]) == {"1", "5", "20"}
+            assert all(0.0 <= a <= 1.0 for a in stats["probe_accuracy"].values())
+            assert stats["ood_dead"] <= stats["d_sae"] and stats["ood_l0"] >= 0
     assert summary["models"]["bae"]["magnitude"] == "burstiness"
     assert summary["models"]["standard_rescaled"]["magnitude"] == "rescaled"
     # the rescaled view reads the same SAE: same reconstruction, other records

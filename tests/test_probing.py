@@ -4,7 +4,12 @@ paper's `activated` counts."""
 import pytest
 import torch
 
-from sae_lens_bae.features.probing import k_sparse_probe_accuracy, sentence_features, top_latents
+from sae_lens_bae.features.probing import (
+    k_sparse_probe_accuracy,
+    sentence_features,
+    sentence_states,
+    top_latents,
+)
 from sae_lens_bae.features.records import FeatureRecords
 from sae_lens_bae.features.statistics import TABLE_1_MIN_RECORDS
 
@@ -71,7 +76,12 @@ def test_sentence_features_average_the_codes_over_the_tokens_after_bos(tiny_llam
     sae = BAE(BAEConfig(d_in=tiny_llama.cfg.d_model, d_sae=16))
     hook = "blocks.0.hook_resid_post"
     sentences = [torch.tensor([1, 5, 6, 7]), torch.tensor([1, 9])]
-    features = sentence_features(tiny_llama, sae, hook, sentences, input_scale=2.0)
+    states = sentence_states(tiny_llama, hook, sentences)
+    assert [tuple(s.shape) for s in states] == [
+        (3, tiny_llama.cfg.d_model),
+        (1, tiny_llama.cfg.d_model),
+    ]
+    features = sentence_features(sae, states, input_scale=2.0)
     for row, tokens in zip(features, sentences, strict=True):
         _, cache = tiny_llama.run_with_cache(tokens[None], names_filter=hook)
         expected = sae.encode(cache[hook][0, 1:] * 2.0).mean(0)

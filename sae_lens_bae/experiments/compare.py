@@ -12,6 +12,7 @@ All activations are scaled once by sqrt(d) / (mean training norm), as SAELens'
 
 from __future__ import annotations
 
+import random
 import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,6 +23,7 @@ from torch import Tensor
 
 from sae_lens_bae.checks import check_ranges, ranged, renamed
 from sae_lens_bae.comsem import ClientConfig, comsem_columns
+from sae_lens_bae.data import default_labelled_sentences, load_labelled_sentences
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, LayerData
 from sae_lens_bae.experiments.layer_study import (
     EvaluationSettings,
@@ -29,6 +31,7 @@ from sae_lens_bae.experiments.layer_study import (
     heat_map,
     models_table,
     plot_active_frequencies,
+    sentence_columns,
     spliced_columns,
 )
 from sae_lens_bae.features import FeatureRecords
@@ -90,6 +93,10 @@ class CompareConfig(LayerData):
     """Flip the BAE's mostly-on bits first, so that every bit's 1 is its rare state (exact)."""
     spliced_sequences: int = ranged(64, low=0)
     """Held-out sequences on which each model is spliced into the LM (CE, KL); 0: skip."""
+    probe_dataset: str | None = None
+    """Labelled sentences of another text: probing and OOD columns (default: gensim's reviews)."""
+    probe_sentences: int = ranged(200, low=0)
+    """Labelled sentences read (a seeded sample; the default set has 200); 0: skip."""
     recipe: RecipeName = "default"
     """The BAE's training recipe (sae_lens_bae.saes.bae_recipes)."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -224,6 +231,15 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         if name == "standard" and "standard_rescaled" in rows:
             rows["standard_rescaled"].update(metrics)
     lap("spliced into the model")
+    if cfg.probe_sentences > 0:  # the transcoder reads another hook point
+        pairs = load_labelled_sentences(cfg.probe_dataset or default_labelled_sentences())
+        pairs = random.Random(cfg.seed).sample(pairs, min(cfg.probe_sentences, len(pairs)))
+        read = sentence_columns(spliced, data, pairs, settings, cfg.device, seed=cfg.seed)
+        for name, metrics in read.items():
+            rows[name].update(metrics)
+            if name == "standard" and "standard_rescaled" in rows:
+                rows["standard_rescaled"].update(metrics)
+        lap("probing and out-of-distribution sentences")
     comsem_scores: dict[str, list[float]] = {}
     if cfg.comsem_llm is not None:
         client = ClientConfig(model=cfg.comsem_llm, base_url=cfg.comsem_base_url)
@@ -279,7 +295,11 @@ def _report(summary: dict[str, Any]) -> str:
         "dense, active >10%: on each channel's active frequency (BAE bit: rarity min(p, 1 - p); "
         f"SAE latent: firing rate): below 1e-4, never, above {config['dense_threshold']:.0%}, "
         "above 10%. CE recovered and KL: spliced into the model on "
-        f"{config['spliced_sequences']} held-out sequences (SAELens' definitions).",
+        f"{config['spliced_sequences']} held-out sequences (SAELens' definitions). OOD: the "
+        f"tokens of {config['probe_sentences']} labelled sentences of another text (the probing "
+        "set); probe k: held-out accuracy of a logistic-regression probe on the k latents whose "
+        "class means differ most on the other half of those sentences (SAEBench's k-sparse "
+        "probing).",
         "",
     ]
     return "\n".join(lines) + "\n" + models_table(summary["models"])

@@ -4,7 +4,9 @@ trained BAEs and SAEs on the same held-out tokens, and the table and figures of 
 Every model gets the same columns (definitions in ``sae_lens_bae.features.statistics``): the
 paper's ``activated`` beside ours, ``constant``/``dead``/``dense``/``frequent`` on each channel's
 active frequency, explained variance, L0, and, with the language model at hand, the next-token
-loss and KL it costs spliced into the model (``sae_lens_bae.evaluation.spliced_losses``).
+loss and KL it costs spliced into the model (``sae_lens_bae.evaluation.spliced_losses``), and on
+labelled sentences of another text the statistics of their tokens (``ood_*``) and k-sparse
+probing accuracy (``sae_lens_bae.features.probing``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sae_lens_bae.activations import LayerActivations
+from sae_lens_bae.activations import LayerActivations, outlier_mask, sequence_splits
 from sae_lens_bae.comsem import COMSEM_COLUMNS
 from sae_lens_bae.evaluation import spliced_losses
 from sae_lens_bae.features import (
@@ -28,6 +30,12 @@ from sae_lens_bae.features import (
     top_k_records,
 )
 from sae_lens_bae.features.burstiness import PriorSource
+from sae_lens_bae.features.probing import (
+    PROBE_KS,
+    k_sparse_probe_accuracy,
+    sentence_features,
+    sentence_states,
+)
 from sae_lens_bae.features.records import Candidates, Magnitude
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import save_figure, subplots
@@ -35,12 +43,14 @@ from sae_lens_bae.reports import cell, markdown_table
 from sae_lens_bae.saes.protocols import BinaryEncoder
 
 __all__ = [
+    "OOD_COLUMNS",
     "TABLE_COLUMNS",
     "EvaluationSettings",
     "evaluate_model",
     "heat_map",
     "models_table",
     "plot_active_frequencies",
+    "sentence_columns",
     "spliced_columns",
 ]
 
@@ -147,14 +157,75 @@ def heat_map(
     return values[:, channels]
 
 
+OOD_COLUMNS = (
+    ("ood_explained_variance", "EV (OOD)", ".3f"),
+    ("ood_l0", "L0 (OOD)", ".1f"),
+    ("ood_dead", "dead (OOD)", ""),
+)
+"""(key, title, format) of the out-of-distribution columns (``sentence_columns``)."""
+
+
+@torch.no_grad()
+def sentence_columns(
+    models: dict[str, Any],
+    data: LayerActivations,
+    sentences: list[tuple[str, str]],
+    settings: EvaluationSettings,
+    device: str,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Per model, on labelled sentences of a text none was trained on: the statistics of their
+    tokens (``ood_`` + ``explained_variance``, ``l0``, ``dead``, ``constant``; outliers dropped
+    as in training) and ``probe_accuracy`` (k -> held-out accuracy of the k-sparse probe, fitted
+    on a seeded half of the sentences, scored on the other half). Two labels are needed."""
+    labels = sorted({label for _, label in sentences})
+    if len(labels) != 2:
+        raise ValueError(f"probing needs sentences of two labels, got {labels}")
+    model = load_model(data.model, device=device)
+    tokens = [model.to_tokens(text, prepend_bos=True)[0] for text, _ in sentences]
+    states = sentence_states(model, data.hook, tokens)
+    del model
+    y = torch.tensor([labels.index(label) for _, label in sentences])
+    order = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(seed))
+    halves = sequence_splits(len(sentences), {"test": 0.5})
+    train, test = order[list(halves["train"])], order[list(halves["test"])]
+    scale = data.scales[data.hook]
+    ood = torch.cat(states) * scale
+    ood = ood[outlier_mask(ood, settings.outlier_norm_ratio)]
+    columns = {}
+    for name, sae in models.items():
+        features = sentence_features(sae, states, scale)
+        probe = k_sparse_probe_accuracy(features[train], y[train], features[test], y[test])
+        stats = feature_statistics(sae, ood, dense_threshold=settings.dense_threshold)
+        keys = ("explained_variance", "l0", "dead", "constant")
+        columns[name] = {
+            "probe_accuracy": {str(k): accuracy for k, accuracy in probe.items()},  # JSON's keys
+            **{f"ood_{k}": stats[k] for k in keys},
+        }
+    return columns
+
+
 def models_table(rows: dict[str, dict[str, Any]], first: str = "model") -> str:
-    """The markdown table of ``TABLE_COLUMNS`` (and ComSem's columns when the rows have them)."""
-    with_comsem = any("comsem_score" in row for row in rows.values())
+    """The markdown table of ``TABLE_COLUMNS`` (with ComSem's, the out-of-distribution and the
+    probing columns when the rows have them)."""
+    present = list(rows.values())
+    with_comsem = any("comsem_score" in row for row in present)
+    with_sentences = any("probe_accuracy" in row for row in present)
     columns = [(first, lambda row: row["name"])]
     columns += [
         (title, lambda row, key=key, spec=spec: cell(row.get(key), spec))
-        for key, title, spec in TABLE_COLUMNS + (COMSEM_COLUMNS if with_comsem else ())
+        for key, title, spec in TABLE_COLUMNS
+        + (COMSEM_COLUMNS if with_comsem else ())
+        + (OOD_COLUMNS if with_sentences else ())
     ]
+    if with_sentences:
+        columns += [
+            (
+                f"probe k={k}",
+                lambda row, k=k: cell(row.get("probe_accuracy", {}).get(str(k)), ".3f"),
+            )
+            for k in PROBE_KS
+        ]
     return markdown_table([{"name": name, **row} for name, row in rows.items()], columns)
 
 
