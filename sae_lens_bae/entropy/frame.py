@@ -9,7 +9,7 @@ sets of fair bits (``directional_data``), whose total variance is half their mea
 and whose mean is as far from the origin as their spread. ``estimate_entropies`` brings every
 set there: scaled to a total variance (``normalise_scale``) and moved so that its mean sits at
 ``sqrt(variance)`` along the diagonal (``placement_shift``). Both are measured on the training
-set and applied to its evaluation set too. The registry's ``entropy`` preset does the same inside
+set and applied to its evaluation set too. The registry's ``entropy`` recipe does the same inside
 the BAE (``saes.input_scale``).
 """
 

@@ -1,5 +1,5 @@
 """How each cell's BAE is trained for entropy estimation: ``EntropyRecipe`` (the registry's
-``entropy`` preset, to convergence within a step budget, seeds and restarts) and
+``entropy`` recipe, to convergence within a step budget, seeds and restarts) and
 ``TRACING_RECIPE``, the LLM traces' CPU-sized default. ``entropy.cells`` trains by it."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ _PRESET = BAE_RECIPES["entropy"]
 
 @dataclass(frozen=True)
 class Loss:
-    """The objective each BAE trains with: the registry's ``entropy`` preset (sigmoid surrogate,
+    """The objective each BAE trains with: the registry's ``entropy`` recipe (sigmoid surrogate,
     the paper's d = 2048 coefficients rescaled by 2048 / d, since the reconstruction loss is a mean
     over d dimensions while the penalties are sums over channels)."""
 
@@ -340,4 +340,4 @@ def flat_fields() -> dict[str, str | None]:
 TRACING_RECIPE = EntropyRecipe.of(expansion=1, steps=1500, batch_size=256, lr=4e-3, seeds=3)
 """The LLM-tracing default, sized for a 2-core CPU: d_sae = d_in is room enough for the few
 dozen bits a set of a few thousand states can show, a batch of 256 halves the step cost, lr 4e-3
-(as in the synthetic ``cpu`` preset), at most 1500 steps, and 3 seeds per cell for error bars."""
+(as in the synthetic ``cpu`` grid), at most 1500 steps, and 3 seeds per cell for error bars."""

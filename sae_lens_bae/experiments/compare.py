@@ -76,7 +76,7 @@ class CompareConfig(LayerData):
     batch_size: int = ranged(512, low=1)
     """Activations per training step."""
     lr: float = ranged(5e-4, above=0.0)
-    """Adam learning rate of the SAEs (the BAE trains with its preset's)."""
+    """Adam learning rate of the SAEs (the BAE trains with its recipe's)."""
     l1_coefficient: float = ranged(5.0, low=0.0)
     """L1 coefficient of standard, gated_relu and the transcoder."""
     records_k: int = ranged(10, low=1)

@@ -58,7 +58,7 @@ class SyntheticConfig:
     """Seeds, e.g. 0,1 (default: the grid's)."""
     restarts: int | None = ranged(None, low=1)
     """BAEs per cell, of which the one with the lowest held-out objective is kept (default: the
-    preset's; ``EntropyRecipe.restarts``): runs from other starts can stay in a worse minimum.
+    grid's; ``EntropyRecipe.restarts``): runs from other starts can stay in a worse minimum.
     Multiplies the training cost."""
     drain_hold: float | None = ranged(None, low=0.0)
     """Hold the learning-rate schedule while a code still drains, for at most this fraction of
@@ -121,15 +121,15 @@ class SyntheticConfig:
 
 def run(cfg: SyntheticConfig, progress: bool = True) -> dict[str, Any]:
     """Run the config's grid and write ``synthetic.json``/``.md`` and the plots to ``cfg.out``;
-    returns the JSON summary (preset, one row per BAE, the accuracy bar's verdict)."""
-    preset = cfg.chosen_grid()
+    returns the JSON summary (grid, one row per BAE, the accuracy bar's verdict)."""
+    grid = cfg.chosen_grid()
     Path(cfg.out).mkdir(parents=True, exist_ok=True)  # before any work: an unusable folder fails
-    rows = run_grid(preset, cfg.out, progress=progress, device=cfg.device, resume=cfg.resume)
-    return summarise(preset, rows)
+    rows = run_grid(grid, cfg.out, progress=progress, device=cfg.device, resume=cfg.resume)
+    return summarise(grid, rows)
 
 
 def run_grid(
-    preset: SyntheticGrid,
+    grid: SyntheticGrid,
     out_dir: str | Path | None = None,
     progress: bool = True,
     device: str = "cpu",
@@ -140,20 +140,20 @@ def run_grid(
     The outputs are rewritten after each (expansion, objective) group, one stacked training of
     every cell: a paper-scale grid takes hours on a GPU, and an interrupted run keeps the groups it
     finished. With ``resume``, groups that ``out_dir/synthetic.json`` already holds for this same
-    grid (preset and recipe equal) are kept and not trained again, and the group that was training
+    grid (the same grid and recipe) are kept and not trained again, and the group that was training
     goes on from its last checkpoint (``out_dir/training-checkpoint``, removed once the group's
     rows are written)."""
     out = Path(out_dir) if out_dir is not None else None
-    cells = [(r, seed) for r in preset.ranks for seed in preset.seeds]
-    groups = preset.groups
-    rows, dynamics = earlier_rows(preset, out, cells) if out is not None and resume else ([], {})
+    cells = [(r, seed) for r in grid.ranks for seed in grid.seeds]
+    groups = grid.groups
+    rows, dynamics = earlier_rows(grid, out, cells) if out is not None and resume else ([], {})
     done = {(row["expansion"], row["objective"]) for row in rows}
     if done and progress:
         print(f"resuming from {out}/synthetic.json: {len(done)} of {len(groups)} groups kept")
     data = {}  # train, test, test bits: the train bits (n x r each) are not kept
     for r, seed in cells:
         train, test, _, test_bits = planted_cell(
-            r, preset.d, preset.train_states(r), preset.n_test, 1000 * r + seed
+            r, grid.d, grid.train_states(r), grid.n_test, 1000 * r + seed
         )
         data[(r, seed)] = train, test, test_bits
     checkpoint = None if out is None else out / TRAINING_CHECKPOINT
@@ -162,7 +162,7 @@ def run_grid(
     for expansion, objective in groups:
         if (expansion, objective) in done:
             continue
-        recipe = preset.recipe.changed(expansion=expansion, objective=objective)
+        recipe = grid.recipe.changed(expansion=expansion, objective=objective)
         estimates = estimate_entropies(
             [data[cell][0] for cell in cells],
             recipe,
@@ -197,14 +197,14 @@ def run_grid(
                     "repair_steps": cell.repair_steps,  # trained by the repairs, beyond steps
                 }
             )
-            if seed == preset.seeds[0] and r == max(preset.ranks):
+            if seed == grid.seeds[0] and r == max(grid.ranks):
                 label = f"{'with' if objective else 'without'} objective, {expansion}x"
                 dynamics[label] = thin_history(cell.history)
         rows.sort(key=lambda row: groups.index((row["expansion"], row["objective"])))
         if out is not None:
-            write_outputs(preset, rows, dynamics, out)
+            write_outputs(grid, rows, dynamics, out)
         if checkpoint is not None:
             shutil.rmtree(checkpoint, ignore_errors=True)  # the group's rows are written
     if out is not None and len(done) == len(groups):  # nothing trained: the report, rewritten
-        write_outputs(preset, rows, dynamics, out)
+        write_outputs(grid, rows, dynamics, out)
     return rows

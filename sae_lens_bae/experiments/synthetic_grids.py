@@ -43,7 +43,7 @@ class SyntheticGrid:
         return max(self.tolerance_floor, self.tolerance_fraction * r)
 
     def record(self) -> dict[str, Any]:
-        """The preset as JSON values, its recipe flat (what ``synthetic.json`` records)."""
+        """The grid as JSON values, its recipe flat (what ``synthetic.json`` records)."""
         return json.loads(json.dumps({**asdict(self), "recipe": self.recipe.record()}))
 
     @property
@@ -54,7 +54,7 @@ class SyntheticGrid:
 
 
 _PAPER_D = 2048
-"""The paper's hidden-state dimension, that of its synthetic preset."""
+"""The paper's hidden-state dimension, that of its synthetic grid."""
 
 GRIDS: dict[str, SyntheticGrid] = {
     # d = 64, r up to 32, 2x and 4x, with the ablation: the CPU grid
@@ -107,5 +107,5 @@ GRIDS: dict[str, SyntheticGrid] = {
 
 
 def tolerance(r: int) -> float:
-    """The ``cpu`` preset's accuracy bar: within max(1, 0.1 r) bits."""
+    """The ``cpu`` grid's accuracy bar: within max(1, 0.1 r) bits."""
     return max(1.0, 0.1 * r)

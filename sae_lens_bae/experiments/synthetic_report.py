@@ -55,8 +55,8 @@ def _inlined_as_now(recipe: dict[str, Any]) -> dict[str, Any]:
 
 
 def _with_new_fields(recorded: Any) -> Any:
-    """A recorded preset with the fields added since it was written (the recipe's ``restarts``,
-    ..., the preset's ``states_per_rank_squared``) at what that run trained with (their
+    """A recorded grid with the fields added since it was written (the recipe's ``restarts``,
+    ..., the grid's ``states_per_rank_squared``) at what that run trained with (their
     defaults, or ``BEFORE_THE_FIELD``): so a folder is the same grid exactly when it was
     trained as this run would train it."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("recipe"), dict):
@@ -70,7 +70,7 @@ def _with_new_fields(recorded: Any) -> Any:
 
 
 def earlier_rows(
-    preset: SyntheticGrid, out: Path, cells: list[tuple[int, int]]
+    grid: SyntheticGrid, out: Path, cells: list[tuple[int, int]]
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[float]]]]:
     """The complete groups of an earlier run of this grid in ``out`` and their dynamics (nothing if
     there is none); refuses a folder holding another grid's results, which this run would
@@ -84,7 +84,7 @@ def earlier_rows(
         "use another --out (or --no-resume to overwrite it)",
         ("preset", "results"),
     )
-    if _with_new_fields(saved.get("preset")) != preset.record():
+    if _with_new_fields(saved.get("preset")) != grid.record():
         raise ValueError(
             f"{path} holds the results of another grid or recipe; use another --out "
             f"(or --no-resume to overwrite them)"
@@ -142,28 +142,28 @@ def passes_bar(
     return verdict
 
 
-def summarise(preset: SyntheticGrid, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """What ``synthetic.json`` holds: the preset, the rows, ``passes_bar``'s verdict (a cell
+def summarise(grid: SyntheticGrid, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``synthetic.json`` holds: the grid, the rows, ``passes_bar``'s verdict (a cell
     passing on 2 seeds, 1 for a one-seed grid) and the (expansion, objective) groups not trained
     yet (``missing``: the verdict covers only the others)."""
-    verdict = passes_bar(rows, min_seeds=min(2, len(preset.seeds)), bar=preset.tolerance)
+    verdict = passes_bar(rows, min_seeds=min(2, len(grid.seeds)), bar=grid.tolerance)
     trained = {(row["expansion"], row["objective"]) for row in rows}
     missing = [
         {"expansion": expansion, "objective": objective}
-        for expansion, objective in preset.groups
+        for expansion, objective in grid.groups
         if (expansion, objective) not in trained
     ]
-    return {"preset": preset.record(), "results": rows, "bar": verdict, "missing": missing}
+    return {"preset": grid.record(), "results": rows, "bar": verdict, "missing": missing}
 
 
 def write_outputs(
-    preset: SyntheticGrid,
+    grid: SyntheticGrid,
     rows: list[dict[str, Any]],
     dynamics: dict[str, dict[str, list[float]]],
     out: Path,
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarise(preset, rows)
+    summary = summarise(grid, rows)
     verdict = summary["bar"]
     write_json(out / DYNAMICS, dynamics)  # before the rows: a resumed run needs both
     write_json(out / "synthetic.json", summary)
@@ -191,10 +191,10 @@ def write_outputs(
             f"| {error} | {recovered} |"
         )
     line = (
-        f"\nBar met with the objective (every cell, >= {min(2, len(preset.seeds))} seeds): "
+        f"\nBar met with the objective (every cell, >= {min(2, len(grid.seeds))} seeds): "
         f"{verdict['objective_ok']}"
     )
-    if preset.ablation:
+    if grid.ablation:
         line += (
             f"; ablation above r + tolerance for every r >= 1 (same count of seeds): "
             f"{verdict['ablation_ok']}; on every seed: "
