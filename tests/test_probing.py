@@ -4,12 +4,7 @@ paper's `activated` counts."""
 import pytest
 import torch
 
-from sae_lens_bae.features.probing import (
-    k_sparse_probe_accuracy,
-    sentence_features,
-    sentence_states,
-    top_latents,
-)
+from sae_lens_bae.features.probing import k_sparse_probe_accuracy, sentence_features, top_latents
 from sae_lens_bae.features.records import FeatureRecords
 from sae_lens_bae.features.statistics import TABLE_1_MIN_RECORDS
 
@@ -69,19 +64,20 @@ def test_both_activated_definitions_on_hand_made_records():
     assert records.activated(TABLE_1_MIN_RECORDS) == 2  # 9 and 30
 
 
-def test_sentence_features_average_the_codes_over_the_tokens_after_bos(tiny_llama):
+def test_sentence_features_average_each_sentences_codes_over_its_tokens_after_bos(tiny_llama):
+    """Fed the rows of ``prompt_states`` (right-padded sentences), each sentence's vector is the
+    mean of its own tokens' codes, as one forward pass of that sentence alone gives them."""
     from sae_lens_bae import BAE, BAEConfig
+    from sae_lens_bae.activations import prompt_states
 
     torch.manual_seed(0)
     sae = BAE(BAEConfig(d_in=tiny_llama.cfg.d_model, d_sae=16))
     hook = "blocks.0.hook_resid_post"
     sentences = [torch.tensor([1, 5, 6, 7]), torch.tensor([1, 9])]
-    states = sentence_states(tiny_llama, hook, sentences)
-    assert [tuple(s.shape) for s in states] == [
-        (3, tiny_llama.cfg.d_model),
-        (1, tiny_llama.cfg.d_model),
-    ]
-    features = sentence_features(sae, states, input_scale=2.0)
+    padded = torch.tensor([[1, 5, 6, 7], [1, 9, 1, 1]])  # right-padded with BOS
+    states, where, _ = prompt_states(tiny_llama, padded, torch.tensor([3, 1]), hook, progress=False)
+    assert where.tolist() == [[0, 1], [0, 2], [0, 3], [1, 1]]
+    features = sentence_features(sae, states, where[:, 0], 2, input_scale=2.0)
     for row, tokens in zip(features, sentences, strict=True):
         _, cache = tiny_llama.run_with_cache(tokens[None], names_filter=hook)
         expected = sae.encode(cache[hook][0, 1:] * 2.0).mean(0)

@@ -27,6 +27,7 @@ from sae_lens_bae.data import default_labelled_sentences, load_labelled_sentence
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, LayerData
 from sae_lens_bae.experiments.layer_study import (
     EvaluationSettings,
+    add_columns,
     evaluate_model,
     heat_map,
     models_table,
@@ -36,6 +37,7 @@ from sae_lens_bae.experiments.layer_study import (
 )
 from sae_lens_bae.features import FeatureRecords
 from sae_lens_bae.features.records import Magnitude
+from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import (
     plot_comsem_scores,
     plot_firing_frequencies,
@@ -225,21 +227,22 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             save = getattr(sae, "save_inference_model", None) or sae.save_model
             save(out / "models" / name)
     lap("evaluate")
+    # the models that read and write the studied hook (the transcoder reads another), spliced
+    # into the language model and read on the probing sentences: the model loaded once for both
     spliced = {n: runs[n] for n in ["bae", *cfg.baselines] if n in runs and n != "transcoder"}
-    for name, metrics in spliced_columns(spliced, data, settings, cfg.device).items():
-        rows[name].update(metrics)
-        if name == "standard" and "standard_rescaled" in rows:
-            rows["standard_rescaled"].update(metrics)
+    language_model = None
+    if spliced and (cfg.spliced_sequences > 0 or cfg.probe_sentences > 0):
+        language_model = load_model(data.model, device=cfg.device)
+    if cfg.spliced_sequences > 0 and language_model is not None:
+        add_columns(rows, spliced_columns(spliced, data, settings, language_model))
     lap("spliced into the model")
-    if cfg.probe_sentences > 0:  # the transcoder reads another hook point
+    if cfg.probe_sentences > 0 and language_model is not None:
         pairs = load_labelled_sentences(cfg.probe_dataset or default_labelled_sentences())
         pairs = random.Random(cfg.seed).sample(pairs, min(cfg.probe_sentences, len(pairs)))
-        read = sentence_columns(spliced, data, pairs, settings, cfg.device, seed=cfg.seed)
-        for name, metrics in read.items():
-            rows[name].update(metrics)
-            if name == "standard" and "standard_rescaled" in rows:
-                rows["standard_rescaled"].update(metrics)
+        read = sentence_columns(spliced, data, pairs, settings, language_model, seed=cfg.seed)
+        add_columns(rows, read)
         lap("probing and out-of-distribution sentences")
+    del language_model
     comsem_scores: dict[str, list[float]] = {}
     if cfg.comsem_llm is not None:
         client = ClientConfig(model=cfg.comsem_llm, base_url=cfg.comsem_base_url)

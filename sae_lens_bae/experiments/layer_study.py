@@ -18,8 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from transformer_lens import HookedTransformer
 
-from sae_lens_bae.activations import LayerActivations, outlier_mask, sequence_splits
+from sae_lens_bae.activations import (
+    LayerActivations,
+    outlier_mask,
+    prompt_states,
+    sequence_splits,
+)
 from sae_lens_bae.comsem import COMSEM_COLUMNS
 from sae_lens_bae.evaluation import spliced_losses
 from sae_lens_bae.features import (
@@ -30,15 +36,10 @@ from sae_lens_bae.features import (
     top_k_records,
 )
 from sae_lens_bae.features.burstiness import PriorSource
-from sae_lens_bae.features.probing import (
-    PROBE_KS,
-    k_sparse_probe_accuracy,
-    sentence_features,
-    sentence_states,
-)
+from sae_lens_bae.features.probing import PROBE_KS, k_sparse_probe_accuracy, sentence_features
 from sae_lens_bae.features.records import Candidates, Magnitude
-from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import save_figure, subplots
+from sae_lens_bae.prompts import encode_prompts
 from sae_lens_bae.reports import cell, markdown_table
 from sae_lens_bae.saes.protocols import BinaryEncoder
 
@@ -46,6 +47,7 @@ __all__ = [
     "OOD_COLUMNS",
     "TABLE_COLUMNS",
     "EvaluationSettings",
+    "add_columns",
     "evaluate_model",
     "heat_map",
     "models_table",
@@ -128,14 +130,25 @@ def evaluate_model(
     return stats, records, prior
 
 
+def add_columns(rows: dict[str, dict[str, Any]], columns: dict[str, dict[str, Any]]) -> None:
+    """Add each model's ``columns`` to its table row; ``standard_rescaled``, the standard SAE
+    read with other magnitudes, shares the standard SAE's."""
+    for name, values in columns.items():
+        rows[name].update(values)
+        if name == "standard" and "standard_rescaled" in rows:
+            rows["standard_rescaled"].update(values)
+
+
 def spliced_columns(
-    models: dict[str, Any], data: LayerActivations, settings: EvaluationSettings, device: str
+    models: dict[str, Any],
+    data: LayerActivations,
+    settings: EvaluationSettings,
+    model: HookedTransformer,
 ) -> dict[str, dict[str, float | None]]:
     """``spliced_losses`` of every model that reads and writes the studied hook, on the first
-    ``settings.spliced_sequences`` held-out sequences (the model is loaded again)."""
+    ``settings.spliced_sequences`` held-out sequences of the language model ``model``."""
     if not models or settings.spliced_sequences <= 0:
         return {}
-    model = load_model(data.model, device=device)
     held_out = data.sequences[int(data.positions[0, 0]) :][: settings.spliced_sequences]
     return spliced_losses(
         model,
@@ -171,7 +184,7 @@ def sentence_columns(
     data: LayerActivations,
     sentences: list[tuple[str, str]],
     settings: EvaluationSettings,
-    device: str,
+    model: HookedTransformer,
     seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Per model, on labelled sentences of a text none was trained on: the statistics of their
@@ -181,20 +194,18 @@ def sentence_columns(
     labels = sorted({label for _, label in sentences})
     if len(labels) != 2:
         raise ValueError(f"probing needs sentences of two labels, got {labels}")
-    model = load_model(data.model, device=device)
-    tokens = [model.to_tokens(text, prepend_bos=True)[0] for text, _ in sentences]
-    states = sentence_states(model, data.hook, tokens)
-    del model
+    tokens, last = encode_prompts([text for text, _ in sentences], model.tokenizer)
+    states, where, _ = prompt_states(model, tokens, last[:, 0], data.hook, progress=False)
     y = torch.tensor([labels.index(label) for _, label in sentences])
     order = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(seed))
     halves = sequence_splits(len(sentences), {"test": 0.5})
     train, test = order[list(halves["train"])], order[list(halves["test"])]
     scale = data.scales[data.hook]
-    ood = torch.cat(states) * scale
+    ood = states * scale
     ood = ood[outlier_mask(ood, settings.outlier_norm_ratio)]
     columns = {}
     for name, sae in models.items():
-        features = sentence_features(sae, states, scale)
+        features = sentence_features(sae, states, where[:, 0], len(sentences), scale)
         probe = k_sparse_probe_accuracy(features[train], y[train], features[test], y[test])
         stats = feature_statistics(sae, ood, dense_threshold=settings.dense_threshold)
         keys = ("explained_variance", "l0", "dead", "constant")

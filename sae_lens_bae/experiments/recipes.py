@@ -23,12 +23,14 @@ from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.experiments.layer_study import (
     EvaluationSettings,
+    add_columns,
     evaluate_model,
     models_table,
     plot_active_frequencies,
     spliced_columns,
 )
 from sae_lens_bae.features.records import Magnitude
+from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_training_curves, save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
@@ -237,10 +239,10 @@ def run(cfg: RecipeStudyConfig, progress: bool = True) -> dict[str, Any]:
         stats["steps"] = steps_used["standard" if name == "standard_rescaled" else name]
         rows[name] = stats
     watch.lap("evaluate")
-    for name, metrics in spliced_columns(models, data, settings, cfg.device).items():
-        rows[name].update(metrics)
-        if name == "standard" and "standard_rescaled" in rows:
-            rows["standard_rescaled"].update(metrics)
+    if models and cfg.spliced_sequences > 0:
+        language_model = load_model(data.model, device=cfg.device)
+        add_columns(rows, spliced_columns(models, data, settings, language_model))
+        del language_model
     watch.lap("spliced into the model")
     for name in cfg.variants:
         rows[name]["meets_target"] = meets_target(rows, name, cfg.baselines)

@@ -14,17 +14,8 @@ import torch
 from jaxtyping import Float, Int
 from sklearn.linear_model import LogisticRegression
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
-from sae_lens_bae.activations.hooks import stop_layer
-
-__all__ = [
-    "PROBE_KS",
-    "k_sparse_probe_accuracy",
-    "sentence_features",
-    "sentence_states",
-    "top_latents",
-]
+__all__ = ["PROBE_KS", "k_sparse_probe_accuracy", "sentence_features", "top_latents"]
 
 PROBE_KS = (1, 5, 20)
 """The k of the probes (SAEBench reads 1, 2, 5 and more; 1, 5 and 20 span a small dictionary)."""
@@ -63,27 +54,17 @@ def k_sparse_probe_accuracy(
 
 
 @torch.no_grad()
-def sentence_states(
-    model: HookedTransformer, hook: str, sentences: Sequence[Int[Tensor, " tokens"]]
-) -> list[Float[Tensor, "tokens d"]]:
-    """The hook's states of each sentence (its tokens after BOS), one forward pass a sentence,
-    stopping after the hook's block: read once, then encoded by every model."""
-    device = next(model.parameters()).device
-    states = []
-    for tokens in sentences:
-        _, cache = model.run_with_cache(
-            tokens.to(device)[None], names_filter=hook, stop_at_layer=stop_layer([hook])
-        )
-        states.append(cache[hook][0, 1:].float().cpu())
-    return states
-
-
-@torch.no_grad()
 def sentence_features(
-    sae: Any, states: Sequence[Float[Tensor, "tokens d"]], input_scale: float = 1.0
+    sae: Any,
+    states: Float[Tensor, "rows d"],
+    sentence_of_row: Int[Tensor, " rows"],
+    n_sentences: int,
+    input_scale: float = 1.0,
 ) -> Float[Tensor, "n d_sae"]:
-    """One feature vector per sentence: ``sae.encode`` of its states (times ``input_scale``,
-    the scale the SAE was trained at), averaged over its tokens."""
-    dtype, device = sae.W_dec.dtype, sae.W_dec.device
-    rows = [sae.encode((s * input_scale).to(device, dtype)).float().mean(0).cpu() for s in states]
-    return torch.stack(rows)
+    """One feature vector per sentence: ``sae.encode`` of its token states (rows of ``states``
+    whose ``sentence_of_row`` is the sentence, as ``activations.prompt_states`` gives them),
+    times ``input_scale`` (the scale the SAE was trained at), averaged over its tokens."""
+    codes = sae.encode((states * input_scale).to(sae.W_dec.device, sae.W_dec.dtype)).float().cpu()
+    sums = torch.zeros(n_sentences, codes.shape[1]).index_add_(0, sentence_of_row, codes)
+    tokens = torch.bincount(sentence_of_row, minlength=n_sentences).clamp(min=1)
+    return sums / tokens[:, None]
