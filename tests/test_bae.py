@@ -145,7 +145,7 @@ def test_a_default_bae_is_the_papers_shape_and_reads_raw_states(d_in):
     schedule = cfg.schedule(1000)
     assert 0 < schedule.entropy_on_from < 1000
     assert not schedule.entropy_on(0) and schedule.entropy_on(999)
-    bits, _ = bae.encode_bits_with_grad(x)
+    bits, _ = bae.encode_with_hidden_pre(x)
     bits.sum().backward()
     assert bae.W_enc.grad is not None and (bae.W_enc.grad != 0).any()
 

@@ -23,6 +23,8 @@ from typer.testing import CliRunner
 
 from sae_lens_bae import BAETrainingSAEConfig, harvest_activations, train_sae
 from sae_lens_bae.activations.cache import ActivationCache
+from sae_lens_bae.global_batch import GlobalBatch
+from sae_lens_bae.saes.stacked import StackedBAE
 from sae_lens_bae.training.checkpoints import (
     COMPLETE_MARKER,
     latest_checkpoint,
@@ -76,8 +78,40 @@ def _train(out: Path, batch_size: int, distributed: bool, **kwargs: Any) -> dict
     return result
 
 
+def _stacked_steps(rank: int | None, steps: int = 10) -> dict[str, Any]:
+    """``steps`` steps of a stack of two BAEs (the input frame, resampling every 5, the entropy
+    term on after 2): with ``rank``, that rank's half of every global minibatch of 64 rows,
+    gradients averaged over the ranks as ``DistributedDataParallel`` averages them."""
+    cfg = BAETrainingSAEConfig(
+        d_in=D_IN, d_sae=D_SAE, entropy_off_fraction=0.15, resample_every=5,
+        rescale_inputs_to=1.0, total_training_steps=steps,
+    )  # fmt: skip
+    model = StackedBAE(cfg, seeds=[3, 4])
+    if rank is not None:
+        model.global_batch = GlobalBatch.of()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sets = torch.stack([_activations(), 2 * _activations() + 1])
+    terms, grads = [], []
+    for n in range(steps):
+        x = sets[:, n * WORLD * BATCH : (n + 1) * WORLD * BATCH]
+        if rank is not None:
+            x = x[:, rank * BATCH : (rank + 1) * BATCH]
+        losses = model.losses(x, n)
+        losses["loss"].sum().backward()
+        for parameter in model.parameters():
+            if rank is not None:
+                torch.distributed.all_reduce(parameter.grad)
+                parameter.grad /= WORLD
+        grads.append([parameter.grad.clone() for parameter in model.parameters()])
+        terms.append({name: losses[name].detach().clone() for name in TERMS})
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"terms": terms, "grads": grads, "state": model.state_dict()}
+
+
 def _worker(rank: int, tmp: str, cache_path: str) -> None:
     torch.set_num_threads(1)
+    torch.save(_stacked_steps(rank), Path(tmp) / f"stacked{rank}.pt")
     _train(Path(tmp) / f"rank{rank}.pt", BATCH, True,
            checkpoint_dir=Path(tmp) / "ckpt", n_checkpoints=1)  # fmt: skip
     ids = torch.arange(100, dtype=torch.float32)[:, None]  # row i holds i
@@ -126,6 +160,25 @@ def test_two_ranks_train_the_bae_of_one_process_on_the_concatenated_batch(two_ra
         assert _close(ranks[0]["state"][name], value), name
     assert int(ranks[0]["state"]["window_samples"]) == int(single["state"]["window_samples"])
     assert float(ranks[0]["state"]["input_scale"]) > 0  # set (and equal, above) on every rank
+
+
+def test_two_ranks_train_a_stack_of_baes_as_one_process_on_the_concatenated_batch(two_ranks):
+    """The one BAE step with a stack dimension is data-parallel too: per member, the same loss
+    terms, gradients, input frames and resampling as one process on the global minibatch."""
+    ranks = [torch.load(two_ranks / f"stacked{r}.pt") for r in range(WORLD)]
+    single = _stacked_steps(None)
+    for mine, other in zip(ranks[0]["terms"], single["terms"], strict=True):
+        for term in TERMS:
+            assert _close(mine[term], other[term]), (term, mine, other)
+    assert (ranks[0]["terms"][5]["entropy_loss"] > 0).all()  # the entropy term was on
+    for step_grads, single_grads in zip(ranks[0]["grads"], single["grads"], strict=True):
+        for mine, other in zip(step_grads, single_grads, strict=True):
+            assert _close(mine, other)
+    for name, value in single["state"].items():
+        assert torch.equal(ranks[0]["state"][name], ranks[1]["state"][name]), name  # in sync
+        assert _close(ranks[0]["state"][name], value), name
+    scale = single["state"]["input_scale"]
+    assert (scale > 0).all() and _close(scale[0], 2 * scale[1])  # each member its own frame
 
 
 def test_each_rank_reads_its_rows_and_together_they_cover_every_row_once(two_ranks):

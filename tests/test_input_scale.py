@@ -15,7 +15,6 @@ from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.saes.bae_config import bae_config
 from sae_lens_bae.saes.input_scale import frame_input
 from sae_lens_bae.training import train_sae
-from sae_lens_bae.training.stacked import StackedBAE
 
 
 def fair_bits(n: int = 1024, d: int = 12, r: int = 4, seed: int = 0) -> torch.Tensor:
@@ -188,12 +187,9 @@ def test_a_bad_target_is_refused(value):
         BAETrainingSAEConfig(d_in=8, rescale_inputs_to=value)
 
 
-def test_the_entropy_preset_scales_and_the_stacked_trainer_refuses_it():
-    cfg = bae_config(8, recipe="entropy")
-    assert cfg.rescale_inputs_to == 0.5  # the variance of fair bits at unit mean squared norm
+def test_the_entropy_preset_frames_its_inputs_and_the_feature_default_does_not():
+    assert bae_config(8, recipe="entropy").rescale_inputs_to == 0.5  # fair bits' variance
     assert bae_config(8).rescale_inputs_to is None  # the feature default reads states as given
-    with pytest.raises(ValueError, match="scale them beforehand"):
-        StackedBAE(cfg, [0])
 
 
 def _first_step(x: torch.Tensor) -> BAETrainingSAE:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from sae_lens_bae import BAETrainingSAEConfig, train_sae
+from sae_lens_bae.saes import bae_step
 from sae_lens_bae.training import DrainHold, StackedBAE, train_stacked_baes
 
 
@@ -33,6 +34,8 @@ OPTIONS = {
     # the codes of these sets decorrelate by step 20: off for the last 30 of 40 steps
     "covariance off at the end": ({"resample_every": 0, "covariance_off_final_fraction": 0.75},
                                   {}),
+    # each BAE frames its own set on its first minibatch, and resamples in that frame
+    "input frame": ({"resample_every": 7, "rescale_inputs_to": 0.5}, {}),
 }  # fmt: skip
 
 
@@ -66,6 +69,25 @@ def test_stacked_training_equals_separate_trainings(bits, dtype, options):
             )
         first = BAETrainingSAEConfig(d_in=8, d_sae=12, bits=bits, dtype=dtype)
         assert not torch.allclose(alone.W_enc, StackedBAE(first, [seed]).W_enc[0])  # it trained
+
+
+def test_each_bae_of_a_stack_reads_its_set_in_its_own_input_frame():
+    """A set and the same set scaled by 10 and moved: in one stack, the second BAE's frame
+    absorbs the change (k a tenth of the first's), and both train the same weights up to
+    rounding, as two separate runs of a framed BAE would."""
+    x = binary_mixtures(1, dtype=torch.float64)[0]
+    cfg = BAETrainingSAEConfig(
+        d_in=8, d_sae=12, dtype="float64", rescale_inputs_to=0.5, resample_every=0,
+        entropy_off_fraction=0.25, entropy_coefficient=1e-2, covariance_coefficient=1e-3,
+    )  # fmt: skip
+    near, far = train_stacked_baes(
+        [x, 10 * x + 3], cfg, seeds=[5, 5], training_samples=40 * 64, batch_size=64,
+        progress=False,
+    ).baes  # fmt: skip
+    assert far.input_scale.item() == pytest.approx(near.input_scale.item() / 10, rel=1e-9)
+    for name in ("W_enc", "b_enc", "W_dec"):
+        assert torch.allclose(getattr(far, name), getattr(near, name), atol=1e-6), name
+    assert torch.equal(far.encode_bits(10 * x + 3), near.encode_bits(x))
 
 
 def test_the_stacked_trainer_drops_the_covariance_term_for_the_last_fraction():
@@ -231,7 +253,7 @@ def test_a_held_schedule_stands_still_then_runs_its_full_course(count_calls):
     the first held step's (computed before its update), and differ after it; the covariance-off
     final fifth is the last 8 steps in both; a resampling window is read once, not once per held
     step."""
-    calls = count_calls(StackedBAE, "resample")
+    calls = count_calls(bae_step, "resample_members")
     resampling = {"resample_every": 5}
     plain = _drain_run(None, **resampling)
     resamples = len(calls)

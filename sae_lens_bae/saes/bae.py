@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from sae_lens_bae.global_batch import GlobalBatch
-from sae_lens_bae.losses import LOSS_TERMS, bae_objective
+from sae_lens_bae.losses import LOSS_TERMS
 from sae_lens_bae.saes import binary
 from sae_lens_bae.saes.bae_config import (
     ARCHITECTURE,
@@ -49,17 +49,16 @@ from sae_lens_bae.saes.bae_config import (
 )
 from sae_lens_bae.saes.bae_folds import BAEFoldsMixin
 from sae_lens_bae.saes.bae_input import check_activations
-from sae_lens_bae.saes.binary import bits_to_values, record_codes, step
+from sae_lens_bae.saes.bae_step import Stack, framed_objective, train_step
+from sae_lens_bae.saes.binary import bits_to_values, step
 from sae_lens_bae.saes.input_scale import (
     INPUT_SCALE_BUFFER,
     INPUT_SHIFT_BUFFER,
-    current_input_scale,
-    fix_input_frame,
-    frame_input,
+    frame,
+    module_frame,
     register_input_scale,
     unframe_output,
 )
-from sae_lens_bae.saes.resampling import resample_members
 from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = [
@@ -143,26 +142,26 @@ class _BAEMixin(BAEFoldsMixin):
         sae_out = self.hook_sae_recons(unframe_output(self, sae_out))  # type: ignore[arg-type]
         return self.run_time_activation_norm_fn_out(sae_out)
 
-    def process_sae_in(self, sae_in: Tensor) -> Tensor:
-        """SAELens' input processing, the input frame (if any: k (x + t)) before the centring."""
+    def read_inputs(self, sae_in: Tensor) -> Tensor:
+        """SAELens' input processing (dtype, reshape, input hook, run-time normalisation): the
+        inputs as the BAE reads them, before its input frame and centring."""
         check_activations(
             sae_in,
             self.cfg.d_in,
             self.cfg.metadata.hook_name,
             on_device=isinstance(self, TrainingSAE),
         )
-        scaled = current_input_scale(self) is not None  # type: ignore[arg-type]
-        if not scaled and self.cfg.apply_b_dec_to_input:
-            return SAE.process_sae_in(self, sae_in)
-        # the dtype SAELens' "x.to(cfg dtype) - b_dec * 0" gives (a BAE cast with .double()
-        # keeps cfg.dtype "float32"), with no kernel where it is the input's already
+        # the dtype SAELens' "x.to(cfg dtype) - b_dec" gives (a BAE cast with .double() keeps
+        # cfg.dtype "float32"), with no kernel where it is the input's already
         dtype = torch.promote_types(self.dtype, self.b_dec.dtype)  # type: ignore[attr-defined]
         sae_in = self.reshape_fn_in(sae_in.to(dtype))  # type: ignore[attr-defined]
-        sae_in = self.run_time_activation_norm_fn_in(self.hook_sae_input(sae_in))
-        if scaled:
-            sae_in = frame_input(self, sae_in)  # type: ignore[arg-type]
-        # without centring, no "- b_dec * 0" (SAELens' form): two kernels less each way
-        return sae_in - self.b_dec if self.cfg.apply_b_dec_to_input else sae_in
+        return self.run_time_activation_norm_fn_in(self.hook_sae_input(sae_in))
+
+    def process_sae_in(self, sae_in: Tensor) -> Tensor:
+        """What the encoder reads: the inputs in the BAE's frame (if any: k (x + t)), less the
+        decoder bias when centring."""
+        x = frame(self.read_inputs(sae_in), module_frame(self))
+        return x - self.b_dec if self.cfg.apply_b_dec_to_input else x
 
     def hidden_pre(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... n_bits"]:
         """Encoder pre-activations of every code bit (their sign is the code)."""
@@ -263,42 +262,33 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         for name in _RESAMPLING_BUFFERS:  # training state, not part of the inference model
             state_dict.pop(name, None)
 
-    def encode_bits_with_grad(self, x: Float[Tensor, "... d_in"]) -> tuple[Tensor, Tensor]:
-        """(bits, pre-activations), with surrogate gradients through the bits."""
-        pre = self.hidden_pre(x)
-        return step(pre, self.cfg.surrogate, self.cfg.surrogate_temperature), pre
+    def as_stack(self) -> Stack:
+        """This BAE's parameters and buffers as ``saes.bae_step``'s stack (with no stack
+        dimension): what its training step updates."""
+        window = None
+        if self.cfg.resample_every > 0:
+            window = (self.window_counts, self.window_samples)
+        return Stack(
+            self.W_enc, self.b_enc, self.W_dec, self.b_dec, self.code_mean, self.code_mean_count,
+            window, module_frame(self),
+        )  # fmt: skip
 
     @override
     def encode_with_hidden_pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        bits, pre = self.encode_bits_with_grad(x)
+        pre = self.hidden_pre(x)
+        bits = step(pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
         return self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits)), pre
 
     def objective(
-        self,
-        sae_in: Tensor,
-        sae_out: Tensor,
-        bits: Tensor,
-        coefficients: dict[str, float],
-        *,
-        entropy_on: bool = True,
-        covariance_on: bool = True,
-        global_bits: Tensor | None = None,
+        self, sae_in: Tensor, sae_out: Tensor, bits: Tensor, coefficients: dict[str, float]
     ) -> dict[str, Tensor]:
-        """The loss terms (``sae_lens_bae.losses.bae_objective``) with these coefficients and
-        phases; the reconstruction is measured in the units of the input scale, if any."""
-        scale = current_input_scale(self)
-        if scale is not None:
-            sae_in, sae_out = sae_in * scale, sae_out * scale
-        return bae_objective(
-            sae_in.reshape(-1, sae_in.shape[-1]),
-            sae_out.reshape(-1, sae_out.shape[-1]),
-            bits.reshape(-1, bits.shape[-1]),
-            entropy_coefficient=coefficients["entropy"],
-            covariance_coefficient=coefficients["covariance"] * covariance_on,
-            entropy_on=entropy_on,
-            batch=self.global_batch,
-            global_bits=global_bits,
-        )
+        """The loss terms (``saes.bae_step.framed_objective``) of a reconstruction, as at the end
+        of training: every term on."""
+        d_in, n_bits = sae_in.shape[-1], bits.shape[-1]
+        return framed_objective(
+            sae_in.reshape(-1, d_in), sae_out.reshape(-1, d_in), bits.reshape(-1, n_bits),
+            coefficients, module_frame(self),
+        )  # fmt: skip
 
     @override
     def calculate_aux_loss(
@@ -308,82 +298,57 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         hidden_pre: Tensor,
         sae_out: Tensor,
     ) -> dict[str, Tensor]:
-        bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
+        """Not called by this BAE's own step; SAELens' generic step gets the BAE's penalties."""
         schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
-        terms = self.objective(
-            step_input.sae_in, sae_out, bits, step_input.coefficients,
+        bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
+        d_in = sae_out.shape[-1]
+        terms = framed_objective(
+            step_input.sae_in.reshape(-1, d_in), sae_out.reshape(-1, d_in),
+            bits.reshape(-1, bits.shape[-1]), step_input.coefficients, module_frame(self),
             entropy_on=schedule.entropy_on(n), covariance_on=schedule.covariance_on(n),
         )  # fmt: skip
         return {name: terms[name] for name in LOSS_TERMS if name != "reconstruction_loss"}
 
-    @torch.no_grad()
-    def resample(self, sae_in: Tensor) -> int:
-        """Re-initialise the channels that were constant since the last resampling, on this
-        minibatch (see ``sae_lens_bae.saes.resampling``); returns how many were."""
-        x = sae_in.reshape(-1, sae_in.shape[-1])
-        residuals = x.to(self.W_dec.dtype) - self.decode(self.encode(x))
-        scale = current_input_scale(self)  # decoder rows live in the scaled units
-        residuals = residuals if scale is None else residuals * scale
-        weights = (self.W_enc.data[None], self.b_enc.data[None], self.W_dec.data[None])
-        return resample_members(
-            *weights, self.process_sae_in(x)[None], residuals[None], self.window_counts[None],
-            self.window_samples, self.code_mean[None], members=[0], bits_per_feature=self.cfg.bits,
-        )[0]  # fmt: skip
-
     @override
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:
-        """Reconstruction (mean over batch and d_in) + entropy + covariance, each
-        logged; first, at the end of a resampling window, the constant channels are resampled."""
-        sae_in, n = step_input.sae_in, step_input.n_training_steps
-        # what this step does, from the schedule resolved once and the data-parallel group
-        schedule = self.schedule or self.resolve_schedule()
+        """``saes.bae_step.train_step`` on this BAE: reconstruction (mean over batch and d_in) +
+        entropy + covariance, each logged; first, at the end of a resampling window, the
+        constant channels are resampled."""
+        sae_in = step_input.sae_in
+        x = self.read_inputs(sae_in)
+        x = x.reshape(-1, x.shape[-1])
         batch = self.global_batch or GlobalBatch.local()
-        # every rank frames from the first global batch; later only if that had no variance
-        framing = self.cfg.rescale_inputs_to is not None and (n == 0 or batch.world == 1)
-        resampling, counting = schedule.resamples_before(n), schedule.window_counted(n)
-        if framing or resampling:
-            global_in = batch.gather(sae_in)
-            if framing:
-                fix_input_frame(self, global_in, self.cfg.rescale_inputs_to)
-            if resampling:
-                self.resample(global_in)
-        bits, hidden_pre = self.encode_bits_with_grad(sae_in)
-        feature_acts = self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits))
-        sae_out = self.decode(feature_acts)
-        global_bits = batch.gather(bits.reshape(-1, bits.shape[-1]), codes=True)  # one gather
-        losses = self.objective(
-            sae_in, sae_out, bits, step_input.coefficients, global_bits=global_bits,
-            entropy_on=schedule.entropy_on(n), covariance_on=schedule.covariance_on(n),
+        out = train_step(
+            self.as_stack(), x, self.cfg, self.schedule or self.resolve_schedule(),
+            step_input.n_training_steps, coefficients=step_input.coefficients, batch=batch,
         )  # fmt: skip
+        losses = dict(out.terms)
         loss, entropy_bits = losses.pop("loss"), losses.pop("batch_entropy_bits")
-        mean_code = losses.pop("batch_mean_code")  # of the global minibatch
-        flat_bits = global_bits.detach()
-        window = (self.window_counts[None], self.window_samples) if counting else None
-        record_codes(
-            self.code_mean[None], self.code_mean_count, flat_bits[None], mean_code[None], window
-        )  # this BAE as a stack of one
+        batch_mean = out.mean_code
+        feature_acts = self.hook_sae_acts_post(out.values)
+        sae_out = self.run_time_activation_norm_fn_out(self.hook_sae_recons(out.output))
         if batch.world > 1:  # the output covers the global minibatch too (firing statistics)
             sae_in, sae_out = batch.gather(sae_in), batch.gather(sae_out.detach())
-            feature_acts = bits_to_values(flat_bits, self.cfg.bits)
+            feature_acts = bits_to_values(out.global_bits, self.cfg.bits)
         dead_mask = step_input.dead_neuron_mask
 
         def dead_fraction() -> float:
             # SAELens' window-based mask when training under SAETrainer, else this batch.
             if dead_mask is not None:
                 return dead_mask.float().mean().item()
-            return (mean_code == 0).float().mean().item()
+            return (batch_mean == 0).float().mean().item()
 
         return TrainStepOutput(
             sae_in=sae_in,
             sae_out=sae_out,
             feature_acts=feature_acts,
-            hidden_pre=hidden_pre,
+            hidden_pre=self.hook_sae_acts_pre(out.hidden_pre),
             loss=loss,
             losses=losses,
             metrics={
                 "batch_entropy_bits": entropy_bits,
                 "dead_fraction": dead_fraction,
-                "dense_fraction": lambda: (mean_code > DENSE_FIRING_RATE).float().mean().item(),
+                "dense_fraction": lambda: (batch_mean > DENSE_FIRING_RATE).float().mean().item(),
             },
         )
 

@@ -35,11 +35,16 @@ __all__ = [
     "INPUT_SCALE_BUFFER",
     "INPUT_SHIFT_BUFFER",
     "InputFrameMixin",
+    "Frame",
     "current_input_scale",
+    "fix_frame",
     "fix_input_frame",
+    "frame",
     "frame_input",
+    "module_frame",
     "placement",
     "register_input_scale",
+    "unframe",
     "unframe_output",
 ]
 
@@ -48,18 +53,49 @@ INPUT_SCALE_BUFFER = "input_scale"
 INPUT_SHIFT_BUFFER = "input_shift"
 """The buffer holding t (fp32, d_in; 0 until the first training batch sets it)."""
 
+Frame = tuple[Tensor, Tensor]
+"""(k, t) of a BAE, or of each BAE of a stack: k of shape [*stack] (0 while unset), t of shape
+[*stack, d_in]."""
 
-def register_input_scale(module: nn.Module, target: float | None) -> None:
-    """Give a BAE its (unset) input frame when its config asks for one (``target`` not None)."""
+
+def register_input_scale(module: nn.Module, target: float | None, stack: int | None = None) -> None:
+    """Give a BAE (or a stack of ``stack`` BAEs) its unset input frame when its config asks for
+    one (``target`` not None)."""
     if target is not None:
         device = next(module.parameters()).device
-        module.register_buffer(
-            INPUT_SCALE_BUFFER, torch.zeros((), dtype=torch.float32, device=device)
-        )
+        lead = () if stack is None else (stack,)
         d_in = module.cfg.d_in  # type: ignore[union-attr]
-        module.register_buffer(
-            INPUT_SHIFT_BUFFER, torch.zeros(d_in, dtype=torch.float32, device=device)
-        )
+        for name, shape in ((INPUT_SCALE_BUFFER, lead), (INPUT_SHIFT_BUFFER, (*lead, d_in))):
+            module.register_buffer(name, torch.zeros(shape, dtype=torch.float32, device=device))
+
+
+def module_frame(module: nn.Module) -> Frame | None:
+    """The module's (k, t) buffers; None without a frame."""
+    scale = getattr(module, INPUT_SCALE_BUFFER, None)
+    return None if scale is None else (scale, getattr(module, INPUT_SHIFT_BUFFER))
+
+
+def _factors(frame: Frame, like: Tensor) -> tuple[Tensor, Tensor]:
+    """k (1 while unset) and t, shaped to broadcast over ``like``'s [*stack, batch, d_in]."""
+    scale, shift = frame
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return scale[..., None, None].to(like.dtype), shift.unsqueeze(-2).to(like.dtype)
+
+
+def frame(x: Tensor, frame: Frame | None) -> Tensor:
+    """``k (x + t)``: inputs [*stack, batch, d_in] in the frame their BAE trains in."""
+    if frame is None:
+        return x
+    scale, shift = _factors(frame, x)
+    return (x + shift) * scale
+
+
+def unframe(y: Tensor, frame: Frame | None) -> Tensor:
+    """``y / k - t``: reconstructions [*stack, batch, d_in] back in the inputs' own units."""
+    if frame is None:
+        return y
+    scale, shift = _factors(frame, y)
+    return y / scale - shift
 
 
 def current_input_scale(module: nn.Module) -> Tensor | None:
@@ -71,47 +107,46 @@ def current_input_scale(module: nn.Module) -> Tensor | None:
 
 
 def frame_input(module: nn.Module, x: Tensor) -> Tensor:
-    """``k (x + t)``: the input in the frame the BAE trains in (``x`` without a frame)."""
-    scale = current_input_scale(module)
-    if scale is None:
-        return x
-    shift = getattr(module, INPUT_SHIFT_BUFFER, None)
-    return (x if shift is None else x + shift.to(x.dtype)) * scale.to(x.dtype)
+    """``k (x + t)`` with the module's frame (``x`` without one)."""
+    return frame(x, module_frame(module))
 
 
 def unframe_output(module: nn.Module, y: Tensor) -> Tensor:
-    """``y / k - t``: a reconstruction back in the input's own units."""
-    scale = current_input_scale(module)
-    if scale is None:
-        return y
-    shift = getattr(module, INPUT_SHIFT_BUFFER, None)
-    y = y / scale.to(y.dtype)
-    return y if shift is None else y - shift.to(y.dtype)
+    """``y / k - t`` with the module's frame (``y`` without one)."""
+    return unframe(y, module_frame(module))
 
 
-def placement(rows: Float[Tensor, "n d_in"]) -> tuple[Tensor, Tensor]:
-    """(total variance, shift t) of states, in their dtype: the mean squared distance from their
-    mean, and the vector that puts their mean at ``sqrt(variance)`` along the unit diagonal (the
-    one rule for a BAE's frame and for ``entropy.frame``'s sets)."""
-    mean = rows.mean(0)
-    variance = (rows - mean).pow(2).sum(-1).mean()
-    return variance, variance.sqrt() / rows.shape[-1] ** 0.5 - mean
+def placement(rows: Float[Tensor, "*stack n d_in"]) -> tuple[Tensor, Tensor]:
+    """(total variance, shift t) of states (of each set of a stack), in their dtype: the mean
+    squared distance from their mean, and the vector that puts their mean at ``sqrt(variance)``
+    along the unit diagonal (the one rule for a BAE's frame and for ``entropy.frame``'s sets)."""
+    mean = rows.mean(-2)
+    variance = (rows - mean.unsqueeze(-2)).pow(2).sum(-1).mean(-1)
+    return variance, variance.sqrt().unsqueeze(-1) / rows.shape[-1] ** 0.5 - mean
 
 
 @torch.no_grad()
-def fix_input_frame(module: nn.Module, x: Float[Tensor, "... d_in"], target: float) -> None:
-    """Set the module's unset k so that ``k x`` has total variance ``target``, and in the same
-    call its shift t (``placement``); a set frame is kept (a resumed or continued run keeps the
-    frame its weights were learnt for), and a batch without variance leaves it unset. On the
-    device, without a host sync."""
-    scale, shift = getattr(module, INPUT_SCALE_BUFFER), getattr(module, INPUT_SHIFT_BUFFER)
-    rows = x.detach().float().reshape(-1, x.shape[-1])
+def fix_frame(frame: Frame, x: Float[Tensor, "*stack batch d_in"], target: float) -> None:
+    """Set each unset k so that ``k x`` has total variance ``target``, and in the same call its
+    shift t (``placement``); a set frame is kept (a resumed or continued run keeps the frame its
+    weights were learnt for), and a batch without variance leaves it unset. On the device,
+    without a host sync."""
+    scale, shift = frame
+    rows = x.detach().float()
     variance, fresh_shift = placement(rows)
-    flat = variance <= 1e-12 * rows.pow(2).sum(-1).mean()
+    flat = variance <= 1e-12 * rows.pow(2).sum(-1).mean(-1)
     fresh = torch.sqrt(target / variance.clamp_min(torch.finfo(torch.float32).tiny))
     setting = (scale <= 0) & ~flat
     scale.copy_(torch.where(setting, fresh, scale))
-    shift.copy_(torch.where(setting, fresh_shift, shift))
+    shift.copy_(torch.where(setting.unsqueeze(-1), fresh_shift, shift))
+
+
+def fix_input_frame(module: nn.Module, x: Float[Tensor, "... d_in"], target: float) -> None:
+    """``fix_frame`` on the module's frame, from states of any leading shape."""
+    module_frame_ = module_frame(module)
+    if module_frame_ is None:
+        raise ValueError("this BAE has no input frame (its config's rescale_inputs_to is None)")
+    fix_frame(module_frame_, x.reshape(-1, x.shape[-1]), target)
 
 
 class InputFrameMixin:
