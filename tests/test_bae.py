@@ -182,7 +182,7 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     through_registry = bae_config(d_in, recipe="entropy", total_training_steps=16000)
     through_recipe = EntropyRecipe().config(d_in)
     for name in ("entropy_coefficient", "covariance_coefficient", "surrogate_temperature",
-                 "entropy_off_fraction", "resample_every"):  # fmt: skip
+                 "entropy_off_fraction", "resample_every", "rescale_inputs_to"):  # fmt: skip
         assert getattr(through_recipe, name) == getattr(through_registry, name), name
     assert through_registry.entropy_coefficient == pytest.approx(5e-7 * scale)
     assert EntropyRecipe().optimiser.lr == BAE_RECIPES["entropy"].lr == 4e-3

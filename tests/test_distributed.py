@@ -141,6 +141,17 @@ def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> bool:
     return bool(((a.double() - b.double()).abs().max() / scale) <= rel)
 
 
+def _assert_same_run(ranks: list[dict[str, Any]], single: dict[str, Any]) -> None:
+    """Every step's gradients and the final state of rank 0 are the single process's, and the
+    ranks end in sync."""
+    for step_grads, single_grads in zip(ranks[0]["grads"], single["grads"], strict=True):
+        for mine, other in zip(step_grads, single_grads, strict=True):
+            assert _close(mine, other)
+    for name, value in single["state"].items():
+        assert torch.equal(ranks[0]["state"][name], ranks[1]["state"][name]), name  # in sync
+        assert _close(ranks[0]["state"][name], value), name
+
+
 def test_two_ranks_train_the_bae_of_one_process_on_the_concatenated_batch(two_ranks, tmp_path):
     ranks = [torch.load(two_ranks / f"rank{r}.pt") for r in range(WORLD)]
     single = _train(tmp_path / "single.pt", WORLD * BATCH, False)
@@ -152,12 +163,7 @@ def test_two_ranks_train_the_bae_of_one_process_on_the_concatenated_batch(two_ra
                       torch.tensor(sum(other[t] for t in TERMS)))  # fmt: skip
     assert ranks[0]["history"][5]["entropy_loss"] > 0  # the entropy term was on
     assert len(ranks[0]["grads"]) == len(single["grads"]) == STEPS
-    for step_grads, single_grads in zip(ranks[0]["grads"], single["grads"], strict=True):
-        for mine, other in zip(step_grads, single_grads, strict=True):
-            assert _close(mine, other)
-    for name, value in single["state"].items():
-        assert torch.equal(ranks[0]["state"][name], ranks[1]["state"][name]), name  # in sync
-        assert _close(ranks[0]["state"][name], value), name
+    _assert_same_run(ranks, single)
     assert int(ranks[0]["state"]["window_samples"]) == int(single["state"]["window_samples"])
     assert float(ranks[0]["state"]["input_scale"]) > 0  # set (and equal, above) on every rank
 
@@ -171,12 +177,7 @@ def test_two_ranks_train_a_stack_of_baes_as_one_process_on_the_concatenated_batc
         for term in TERMS:
             assert _close(mine[term], other[term]), (term, mine, other)
     assert (ranks[0]["terms"][5]["entropy_loss"] > 0).all()  # the entropy term was on
-    for step_grads, single_grads in zip(ranks[0]["grads"], single["grads"], strict=True):
-        for mine, other in zip(step_grads, single_grads, strict=True):
-            assert _close(mine, other)
-    for name, value in single["state"].items():
-        assert torch.equal(ranks[0]["state"][name], ranks[1]["state"][name]), name  # in sync
-        assert _close(ranks[0]["state"][name], value), name
+    _assert_same_run(ranks, single)
     scale = single["state"]["input_scale"]
     assert (scale > 0).all() and _close(scale[0], 2 * scale[1])  # each member its own frame
 

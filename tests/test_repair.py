@@ -93,7 +93,7 @@ def _three_in_four_bae(states: torch.Tensor, recipe: EntropyRecipe) -> BAETraini
     """A BAE of ``recipe``'s config (12 channels at d = 3) whose channels 0-3 are the
     tetrahedron's threshold channels on the cube and 4-11 are knocked out, with the
     least-squares decoder of that code."""
-    bae = BAETrainingSAE(recipe.config(3))
+    bae = BAETrainingSAE(recipe.config(3, framed=False))
     with torch.no_grad():
         bae.W_enc[:, :4] = 2 * TETRAHEDRON.T
         bae.b_enc[:4] = -TETRAHEDRON.sum(1)
@@ -108,8 +108,9 @@ def test_a_knocked_out_channel_stays_off_through_training():
     states = _cube()
     recipe = EntropyRecipe.of(steps=400)
     bae = _three_in_four_bae(states, recipe)
-    training = train_stacked_baes([states], recipe.config(3), training_samples=200 * 512,
-                                  lr=4e-3, progress=False, init=[bae])  # fmt: skip
+    cfg = recipe.config(3, framed=False)
+    training = train_stacked_baes([states], cfg, training_samples=200 * 512, lr=4e-3,
+                                  progress=False, init=[bae])  # fmt: skip
     trained = training.baes[0]
     assert trained.encode_bits(states)[:, 4:].sum().item() == 0.0
     # the CPU surrogate's floor (4e-13 of its peak) moves them by Adam's eps-sized steps only
@@ -121,10 +122,10 @@ def test_a_knocked_out_channel_stays_off_through_training():
 def test_a_stack_starts_from_the_baes_it_is_given():
     recipe = EntropyRecipe()
     bae = _three_in_four_bae(_cube(), recipe)
-    stack = StackedBAE(recipe.config(3), [7], init=[bae])
+    stack = StackedBAE(recipe.config(3, framed=False), [7], init=[bae])
     assert torch.equal(stack.W_enc[0], bae.W_enc) and torch.equal(stack.W_dec[0], bae.W_dec)
     with pytest.raises(ValueError, match="2 seeds but 1 BAEs"):
-        StackedBAE(recipe.config(3), [7, 8], init=[bae])
+        StackedBAE(recipe.config(3, framed=False), [7, 8], init=[bae])
 
 
 @pytest.mark.slow
@@ -151,7 +152,7 @@ def test_repair_turns_a_three_in_four_code_into_the_axis_code():
 def test_an_axis_code_is_left_as_it_is():
     states = _cube()
     recipe = EntropyRecipe()
-    bae = BAETrainingSAE(recipe.config(3))
+    bae = BAETrainingSAE(recipe.config(3, framed=False))
     with torch.no_grad():
         bae.W_enc[:, :3] = 2 * torch.eye(3)
         bae.b_enc[:3] = -1.0

@@ -5,6 +5,7 @@ import torch
 
 from sae_lens_bae import BAETrainingSAEConfig, train_sae
 from sae_lens_bae.saes import bae_step
+from sae_lens_bae.saes.input_scale import placement
 from sae_lens_bae.training import DrainHold, StackedBAE, train_stacked_baes
 
 
@@ -34,8 +35,6 @@ OPTIONS = {
     # the codes of these sets decorrelate by step 20: off for the last 30 of 40 steps
     "covariance off at the end": ({"resample_every": 0, "covariance_off_final_fraction": 0.75},
                                   {}),
-    # each BAE frames its own set on its first minibatch, and resamples in that frame
-    "input frame": ({"resample_every": 7, "rescale_inputs_to": 0.5}, {}),
 }  # fmt: skip
 
 
@@ -84,10 +83,37 @@ def test_each_bae_of_a_stack_reads_its_set_in_its_own_input_frame():
         [x, 10 * x + 3], cfg, seeds=[5, 5], training_samples=40 * 64, batch_size=64,
         progress=False,
     ).baes  # fmt: skip
-    assert far.input_scale.item() == pytest.approx(near.input_scale.item() / 10, rel=1e-9)
+    assert far.input_scale.item() == pytest.approx(near.input_scale.item() / 10, rel=1e-6)
     for name in ("W_enc", "b_enc", "W_dec"):
         assert torch.allclose(getattr(far, name), getattr(near, name), atol=1e-6), name
     assert torch.equal(far.encode_bits(10 * x + 3), near.encode_bits(x))
+
+
+def test_a_stack_that_frames_its_sets_trains_as_on_the_sets_framed_beforehand():
+    """The input frame is the one input scaling: each BAE of a stack frames its set (from the
+    whole set) and trains as a BAE without a frame trains on that set moved and scaled
+    beforehand (up to the rounding of the frame, kept in fp32)."""
+    mixtures = binary_mixtures(2, dtype=torch.float64)
+    sets = [mixtures[0] * 3.0 + 1.0, mixtures[1] * 0.2 - 5.0]
+    fields = {"d_in": 8, "d_sae": 12, "dtype": "float64", "resample_every": 0,
+              "entropy_off_fraction": 0.25, "entropy_coefficient": 1e-2,
+              "covariance_coefficient": 1e-3}  # fmt: skip
+    run = {"seeds": [5, 6], "training_samples": 40 * 64, "batch_size": 64, "progress": False}
+    framed = train_stacked_baes(sets, BAETrainingSAEConfig(**fields, rescale_inputs_to=0.5), **run)
+    moved = []
+    for x in sets:
+        variance, shift = placement(x)
+        moved.append((x + shift) * (0.5 / variance) ** 0.5)
+    plain = train_stacked_baes(moved, BAETrainingSAEConfig(**fields), **run)
+    for g, (mine, theirs) in enumerate(zip(framed.baes, plain.baes, strict=True)):
+        expected = (0.5 / placement(sets[g])[0]).item() ** 0.5
+        assert mine.input_scale.item() == pytest.approx(expected, rel=1e-6)
+        for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+            assert torch.allclose(getattr(mine, name), getattr(theirs, name), atol=1e-6), name
+        assert torch.equal(mine.encode_bits(sets[g]), theirs.encode_bits(moved[g]))
+    assert framed.histories[0]["reconstruction_loss"] == pytest.approx(
+        plain.histories[0]["reconstruction_loss"], rel=1e-5
+    )
 
 
 def test_the_stacked_trainer_drops_the_covariance_term_for_the_last_fraction():

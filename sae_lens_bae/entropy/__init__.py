@@ -11,7 +11,6 @@ from sae_lens_bae.entropy.cells import (
     estimate_entropies,
 )
 from sae_lens_bae.entropy.estimate import EntropyEstimate, code_entropy
-from sae_lens_bae.entropy.frame import normalise_scale, placement_shift
 from sae_lens_bae.entropy.planted import directional_data, planted_cell, recovered_bits
 from sae_lens_bae.entropy.reference import QuantizerReading, reference_reading
 
@@ -24,10 +23,8 @@ __all__ = [
     "estimate_entropies",
     "code_entropy",
     "directional_data",
-    "normalise_scale",
     "planted_cell",
     "recovered_bits",
-    "placement_shift",
     "reference_reading",
 ]
 

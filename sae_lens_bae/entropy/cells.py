@@ -26,13 +26,13 @@ from sae_lens_bae.entropy.estimate import (
     code_entropy,
     is_reliable,
 )
-from sae_lens_bae.entropy.frame import normalise_scale, placement_shift
 from sae_lens_bae.entropy.recipe import TRACING_RECIPE, EntropyRecipe
 from sae_lens_bae.entropy.reference import QuantizerReading, reference_reading
 from sae_lens_bae.entropy.repair import repair_baes
 from sae_lens_bae.evaluation import evaluate_sae, held_out_objective, unexplained_variance
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.decoder_refit import refit_decoder
+from sae_lens_bae.saes.input_scale import current_input_scale
 from sae_lens_bae.training.stacked import train_stacked_baes
 
 __all__ = [
@@ -40,8 +40,6 @@ __all__ = [
     "CellEntropy",
     "EntropyRecipe",
     "estimate_entropies",
-    "normalise_scale",
-    "placement_shift",
 ]
 
 
@@ -75,8 +73,7 @@ class CellEntropy:
     reliable: bool
     excess_bits: float | None  # over the codes' joint entropy, mean over seeds (see estimate)
     steps: int  # the most steps any of its BAEs trained
-    scale: float  # the factor the cell's states were multiplied by before training ...
-    shift: Tensor = field(repr=False)  # ... after this vector was added: (x + shift) * scale
+    scale: float  # the kept BAE's input frame's k (1 without a frame)
     bae: BAETrainingSAE = field(repr=False)
     history: dict[str, list[float]] = field(repr=False)
     restart_objectives: list[list[float]] | None = None  # per seed, each restart's held-out
@@ -92,11 +89,9 @@ class CellEntropy:
 
     @torch.no_grad()
     def codes(self, states: Float[Tensor, "n d"]) -> Float[Tensor, "n n_bits"]:
-        """The kept BAE's codes of ``states`` of this cell's set, moved and scaled as its training
-        states were (``(states + shift) * scale``), on the BAE's device."""
-        device = self.bae.W_enc.device
-        framed = (states.float().to(device) + self.shift.to(device)) * self.scale
-        return self.bae.encode_bits(framed)
+        """The kept BAE's codes of ``states`` of this cell's set (read in its input frame), on
+        the BAE's device."""
+        return self.bae.encode_bits(states.float().to(self.bae.W_enc.device))
 
     def summary(self) -> dict[str, float | int | bool | list[float] | None]:
         reference = {
@@ -140,7 +135,6 @@ def _cell(
     steps: list[int],
     bae: BAETrainingSAE,
     history: dict[str, list[float]],
-    frame: tuple[float, Tensor],
     max_relative_error: float,
     restart_objectives: list[list[float]] | None = None,
     restart_bits: list[list[float]] | None = None,
@@ -152,6 +146,7 @@ def _cell(
     typical_error = _mean([e.typical_relative_error for e in estimates])
     mean_bits = sum(bits) / len(bits)
     excess = _mean([e.excess_bits for e in estimates])
+    frame = current_input_scale(bae)
     reliable = is_reliable(
         mean_bits, first.ceiling_bits, relative_error, excess, max_relative_error, typical_error
     )
@@ -170,8 +165,7 @@ def _cell(
         reliable=reliable,
         excess_bits=excess,
         steps=max(steps),
-        scale=frame[0],
-        shift=frame[1],
+        scale=1.0 if frame is None else float(frame),
         bae=bae,
         history=history,
         restart_objectives=restart_objectives,
@@ -219,11 +213,10 @@ def estimate_entropies(
 
     Estimates and reconstruction are measured on ``eval_sets`` when given (held-out samples of the
     same distributions), else on the training sets themselves: the entropy *of that set* is the
-    question there; convergence is checked on the same states. ``normalise`` moves each set to
-    where the recipe was calibrated (``entropy.frame``: mean ``sqrt(variance)`` along the
-    diagonal, ``placement_shift``) and scales it to total variance 0.5
-    (``normalise_scale``); a cell reads ``(states + shift) * scale`` (evaluation sets get their
-    training set's shift and factor), so a translated set gives the same estimate. ``seeds``: a
+    question there; convergence is checked on the same states. ``normalise``: each BAE reads its
+    set in an input frame fixed on its first minibatch (``EntropyRecipe.config``), scaled to the
+    variance the recipe was calibrated at and placed where it was (``saes.input_scale``), so a
+    scaled or translated set gives the same estimate. ``seeds``: a
     base seed per set (default its index); seed s of a set is
     its base + 1000 s. ``reference``: also read each evaluation set with the smallest k-means
     code that reads it (``entropy.reference.reference_reading``, seeded with the set's base
@@ -254,15 +247,13 @@ def estimate_entropies(
     base = list(range(len(sets))) if seeds is None else list(seeds)
     if len(base) != len(sets):
         raise ValueError(f"{len(sets)} sets but {len(base)} seeds")
-    scales = [normalise_scale(s) if normalise else 1.0 for s in sets]
-    shifts = [placement_shift(s) if normalise else torch.zeros(d_in) for s in sets]
-    scaled = [(s.float() + t) * k for s, t, k in zip(sets, shifts, scales, strict=True)]
-    held_out = [(s.float() + t) * k for s, t, k in zip(eval_sets, shifts, scales, strict=True)]
+    scaled = [s.float() for s in sets]
+    held_out = [s.float() for s in eval_sets]
     restarts = recipe.selection.restarts
     replicas = [(r, q) for r in range(recipe.seeds) for q in range(restarts)]
     training = train_stacked_baes(
         [x for x in scaled for _ in replicas],
-        recipe.config(d_in),
+        recipe.config(d_in, framed=normalise),
         training_samples=recipe.steps * recipe.batch_size,
         seeds=[b + 1000 * r + RESTART_SEED_STRIDE * q for b in base for r, q in replicas],
         batch_size=recipe.batch_size,
@@ -297,7 +288,7 @@ def estimate_entropies(
     for g, repair in repairs.items():
         trained_errors[g], refits[g] = repair.trained_relative_error, repair.refitted
     cells = []
-    for index, (states, k, t) in enumerate(zip(held_out, scales, shifts, strict=True)):
+    for index, states in enumerate(held_out):
         states = states.to(device)
         seeds = recipe.seeds
         groups = [
@@ -330,7 +321,6 @@ def estimate_entropies(
             [training.steps[g] for g in members],
             training.baes[first],
             training.histories[first],
-            (k, t),
             max_relative_error,
             objectives,
             restart_bits,

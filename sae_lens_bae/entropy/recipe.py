@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from sae_lens_bae.checks import check_ranges, ranged, warn_renamed
-from sae_lens_bae.entropy.frame import TARGET_VARIANCE
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import BAE_RECIPES
 from sae_lens_bae.training.convergence import Convergence, DrainHold
@@ -36,7 +35,7 @@ FIXED_FIELDS = {
     "encoder_bias": True,
     "patience": CONVERGENCE_WINDOW,
     "convergence_horizon": Convergence.horizon,
-    "target_variance": TARGET_VARIANCE,
+    "target_variance": BAE_RECIPES["entropy"].rescale_inputs_to,
 }
 """Fields a recipe once had, with the values every recipe now trains with (a record written
 with them at these values was trained as a recipe trains now)."""
@@ -298,11 +297,14 @@ class EntropyRecipe:
                 f"(batch_size={self.batch_size}); use more or a smaller recipe batch_size"
             )
 
-    def config(self, d_in: int) -> BAETrainingSAEConfig:
-        """The training config of each BAE of this recipe on states of dimension ``d_in``."""
+    def config(self, d_in: int, framed: bool = True) -> BAETrainingSAEConfig:
+        """The training config of each BAE of this recipe on states of dimension ``d_in``;
+        ``framed``: each BAE brings its states to where the recipe was calibrated (the registry
+        ``entropy`` recipe's input frame, ``saes.input_scale``), else reads them as given."""
         scale = 2048 / d_in if self.loss.objective else 0.0
         return BAETrainingSAEConfig(
             d_in=d_in,
+            rescale_inputs_to=_PRESET.rescale_inputs_to if framed else None,
             d_sae=self.expansion * d_in,
             bits=self.bits,
             surrogate_temperature=self.loss.surrogate_temperature,

@@ -261,9 +261,8 @@ def repair_baes(
         if not starts:
             continue
         budget = max(recipe.steps // 4, 1)
-        cfg = replace(
-            recipe.config(sets[0].shape[-1]), entropy_off_fraction=0.0, total_training_steps=budget
-        )
+        first = next(iter(starts.values()))  # every BAE of the grid has one config
+        cfg = replace(first.cfg, entropy_off_fraction=0.0, total_training_steps=budget)
         lr = recipe.optimiser.lr if recipe.optimiser.lr_end is None else recipe.optimiser.lr_end
         training = train_stacked_baes(
             [sets[g] for g in starts],

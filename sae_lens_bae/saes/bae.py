@@ -49,7 +49,7 @@ from sae_lens_bae.saes.bae_config import (
 )
 from sae_lens_bae.saes.bae_folds import BAEFoldsMixin
 from sae_lens_bae.saes.bae_input import check_activations
-from sae_lens_bae.saes.bae_step import Stack, framed_objective, train_step
+from sae_lens_bae.saes.bae_step import objective_terms, stack_of, train_step
 from sae_lens_bae.saes.binary import bits_to_values, step
 from sae_lens_bae.saes.input_scale import (
     INPUT_SCALE_BUFFER,
@@ -262,17 +262,6 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         for name in _RESAMPLING_BUFFERS:  # training state, not part of the inference model
             state_dict.pop(name, None)
 
-    def as_stack(self) -> Stack:
-        """This BAE's parameters and buffers as ``saes.bae_step``'s stack (with no stack
-        dimension): what its training step updates."""
-        window = None
-        if self.cfg.resample_every > 0:
-            window = (self.window_counts, self.window_samples)
-        return Stack(
-            self.W_enc, self.b_enc, self.W_dec, self.b_dec, self.code_mean, self.code_mean_count,
-            window, module_frame(self),
-        )  # fmt: skip
-
     @override
     def encode_with_hidden_pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
         pre = self.hidden_pre(x)
@@ -282,13 +271,15 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     def objective(
         self, sae_in: Tensor, sae_out: Tensor, bits: Tensor, coefficients: dict[str, float]
     ) -> dict[str, Tensor]:
-        """The loss terms (``saes.bae_step.framed_objective``) of a reconstruction, as at the end
+        """The loss terms (``saes.bae_step.objective_terms``) of a reconstruction, as at the end
         of training: every term on."""
-        d_in, n_bits = sae_in.shape[-1], bits.shape[-1]
-        return framed_objective(
-            sae_in.reshape(-1, d_in), sae_out.reshape(-1, d_in), bits.reshape(-1, n_bits),
-            coefficients, module_frame(self),
-        )  # fmt: skip
+        return objective_terms(*self._rows(sae_in, sae_out, bits), coefficients, module_frame(self))
+
+    @staticmethod
+    def _rows(sae_in: Tensor, sae_out: Tensor, bits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Inputs, reconstructions and codes as rows."""
+        d_in = sae_in.shape[-1]
+        return sae_in.reshape(-1, d_in), sae_out.reshape(-1, d_in), bits.reshape(-1, bits.shape[-1])
 
     @override
     def calculate_aux_loss(
@@ -301,10 +292,9 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         """Not called by this BAE's own step; SAELens' generic step gets the BAE's penalties."""
         schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
         bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
-        d_in = sae_out.shape[-1]
-        terms = framed_objective(
-            step_input.sae_in.reshape(-1, d_in), sae_out.reshape(-1, d_in),
-            bits.reshape(-1, bits.shape[-1]), step_input.coefficients, module_frame(self),
+        terms = objective_terms(
+            *self._rows(step_input.sae_in, sae_out, bits), step_input.coefficients,
+            module_frame(self),
             entropy_on=schedule.entropy_on(n), covariance_on=schedule.covariance_on(n),
         )  # fmt: skip
         return {name: terms[name] for name in LOSS_TERMS if name != "reconstruction_loss"}
@@ -319,7 +309,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         x = x.reshape(-1, x.shape[-1])
         batch = self.global_batch or GlobalBatch.local()
         out = train_step(
-            self.as_stack(), x, self.cfg, self.schedule or self.resolve_schedule(),
+            stack_of(self), x, self.cfg, self.schedule or self.resolve_schedule(),
             step_input.n_training_steps, coefficients=step_input.coefficients, batch=batch,
         )  # fmt: skip
         losses = dict(out.terms)

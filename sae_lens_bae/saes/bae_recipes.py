@@ -74,10 +74,9 @@ BAE_RECIPES: dict[RecipeName, BAERecipe] = {
     ),
     # entropy estimation through the registry: the short-run coefficients and temperature at
     # EntropyRecipe's lr, no resampling (a resampled channel is a random one: it adds entropy).
-    # Calibrated on fair-bit sets at unit mean squared norm, a total variance of 0.5, the
-    # variance estimate_entropies scales every set to (entropy.normalise_scale); the BAE is not
-    # scale- or translation-invariant, so it scales and places its inputs
-    # there itself (saes.input_scale): states of any scale and any mean will do
+    # Calibrated on fair-bit sets at unit mean squared norm, a total variance of 0.5; the BAE
+    # is not scale- or translation-invariant, so it scales and places its inputs there itself
+    # (saes.input_scale, as every BAE of EntropyRecipe does): states of any scale and mean do
     "entropy": BAERecipe(
         lr=4e-3,
         surrogate_temperature=0.3,

@@ -17,17 +17,25 @@ from typing import NamedTuple
 
 import torch
 from jaxtyping import Float
-from torch import Tensor
+from torch import Tensor, nn
 
 from sae_lens_bae.global_batch import GlobalBatch
 from sae_lens_bae.losses import bae_objective
 from sae_lens_bae.saes.bae_config import BAETrainingSAEConfig
 from sae_lens_bae.saes.binary import bits_to_values, record_codes, step
-from sae_lens_bae.saes.input_scale import Frame, fix_frame, frame, unframe
+from sae_lens_bae.saes.input_scale import Frame, fix_frame, frame, module_frame, unframe
 from sae_lens_bae.saes.resampling import resample_members
 from sae_lens_bae.saes.schedule import Schedule
 
-__all__ = ["Stack", "StepOutput", "affine", "framed_objective", "train_step"]
+__all__ = [
+    "Stack",
+    "StepOutput",
+    "affine",
+    "forward_in_frame",
+    "objective_terms",
+    "stack_of",
+    "train_step",
+]
 
 
 class Stack(NamedTuple):
@@ -68,6 +76,15 @@ class Stack(NamedTuple):
         )
 
 
+def stack_of(module: nn.Module) -> Stack:
+    """A ``BAETrainingSAE``'s or a ``StackedBAE``'s parameters and buffers as a :class:`Stack`:
+    what its training step reads and updates."""
+    counts = getattr(module, "window_counts", None)
+    window = None if counts is None else (counts, module.window_samples)
+    parts = (getattr(module, name) for name in ("W_enc", "b_enc", "W_dec", "b_dec", "code_mean"))
+    return Stack(*parts, module.code_mean_count, window, module_frame(module))  # type: ignore[arg-type]
+
+
 class StepOutput(NamedTuple):
     """What one step computed, per member of the stack."""
 
@@ -94,13 +111,26 @@ def affine(bias: Tensor, x: Tensor, weight: Tensor) -> Tensor:
     return torch.baddbmm(bias.unsqueeze(-2), x, weight)
 
 
-def encoder_inputs(stack: Stack, x: Tensor, cfg: BAETrainingSAEConfig) -> Tensor:
+def encoder_inputs(stack: Stack, framed: Tensor, cfg: BAETrainingSAEConfig) -> Tensor:
     """What the encoder reads: the framed inputs, less the decoder bias when centring."""
-    x = frame(x, stack.frame)
-    return x - stack.b_dec.unsqueeze(-2) if cfg.apply_b_dec_to_input else x
+    return framed - stack.b_dec.unsqueeze(-2) if cfg.apply_b_dec_to_input else framed
 
 
-def framed_objective(
+def forward_in_frame(
+    stack: Stack, framed: Tensor, cfg: BAETrainingSAEConfig, surrogate: bool = False
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(pre-activations, code, decoder inputs, reconstruction) of framed inputs, the
+    reconstruction in the frame; with ``surrogate``, gradients pass through the code."""
+    hidden_pre = affine(stack.b_enc, encoder_inputs(stack, framed, cfg), stack.W_enc)
+    if surrogate:
+        bits = step(hidden_pre, cfg.surrogate, cfg.surrogate_temperature)
+    else:
+        bits = step(hidden_pre)
+    values = bits_to_values(bits, cfg.bits)
+    return hidden_pre, bits, values, affine(stack.b_dec, values, stack.W_dec)
+
+
+def objective_terms(
     x: Tensor,
     output: Tensor,
     bits: Tensor,
@@ -111,8 +141,9 @@ def framed_objective(
     covariance_on: bool = True,
     **objective: object,
 ) -> dict[str, Tensor]:
-    """``bae_objective`` with these coefficients, the reconstruction measured in the units of
-    the input frame's k (if any), so that a recipe holds at any input scale."""
+    """``bae_objective`` with these coefficients, of inputs and reconstructions in the inputs'
+    units, the reconstruction error measured in the units of the input frame's k (if any), so
+    that a recipe holds at any input scale."""
     if input_frame is not None:
         scale = torch.where(input_frame[0] > 0, input_frame[0], 1.0)[..., None, None]
         x, output = x * scale, output * scale
@@ -143,10 +174,9 @@ def _resample(
 ) -> list[int]:
     """Resample each member's constant channels on its global minibatch (``resample_members``)."""
     rows = stack.rows(members)
-    inputs = encoder_inputs(rows, x, cfg)
-    bits = step(affine(rows.b_enc, inputs, rows.W_enc))
-    output = unframe(affine(rows.b_dec, bits_to_values(bits, cfg.bits), rows.W_dec), rows.frame)
-    residuals = x - output
+    framed = frame(x, rows.frame)
+    inputs = encoder_inputs(rows, framed, cfg)
+    residuals = x - unframe(forward_in_frame(rows, framed, cfg)[3], rows.frame)
     if rows.frame is not None:  # decoder rows live in the framed units
         residuals = residuals * torch.where(rows.frame[0] > 0, rows.frame[0], 1.0)[..., None, None]
     single = x.ndim == 2  # one BAE: a stack of one for resample_members
@@ -186,9 +216,12 @@ def train_step(
     """
     batch = batch or GlobalBatch.local()
     coefficients = cfg.coefficients() if coefficients is None else coefficients
+    # what this step does, read from the schedule once
+    resampling = resample and schedule.resamples_before(n)
+    entropy_on, covariance_on = schedule.entropy_on(n), schedule.covariance_on(n)
+    counting = schedule.window_counted(n)  # no counts past the last resampling
     # every rank frames from the first global batch; later only if that had no variance
     framing = stack.frame is not None and (n == 0 or batch.world == 1)
-    resampling = resample and schedule.resamples_before(n)
     if framing or resampling:
         global_x = batch.gather(x)
         if framing and stack.frame is not None and cfg.rescale_inputs_to is not None:
@@ -196,27 +229,26 @@ def train_step(
         if resampling:
             _resample(stack, global_x, cfg, members)
     rows = stack.rows(members)
-    hidden_pre = affine(rows.b_enc, encoder_inputs(rows, x, cfg), rows.W_enc)
-    bits = step(hidden_pre, cfg.surrogate, cfg.surrogate_temperature)
-    values = bits_to_values(bits, cfg.bits)
-    output = unframe(affine(rows.b_dec, values, rows.W_dec), rows.frame)
+    framed = frame(x, rows.frame)
+    hidden_pre, bits, values, reconstruction = forward_in_frame(rows, framed, cfg, surrogate=True)
     global_bits = batch.gather(bits, codes=True)  # one gather for the covariance and the counts
     off = None if covariance_off is None else torch.tensor(covariance_off, device=x.device)
     no_member_pays = covariance_off is not None and all(covariance_off)  # then not computed
-    terms = framed_objective(
+    output = unframe(reconstruction, rows.frame)
+    terms = objective_terms(
         x,
         output,
         bits,
         coefficients,
         rows.frame,
-        entropy_on=schedule.entropy_on(n),
-        covariance_on=schedule.covariance_on(n) and not no_member_pays,
+        entropy_on=entropy_on,
+        covariance_on=covariance_on and not no_member_pays,
         batch=batch,
         global_bits=global_bits,
         covariance_off=off,
     )
     mean_code = terms.pop("batch_mean_code")
-    window = stack.window if schedule.window_counted(n) else None  # none past the last resampling
+    window = stack.window if counting else None
     lead = (lambda t: t[None]) if x.ndim == 2 else (lambda t: t)  # one BAE: a stack of one
     if window is not None:
         window = (lead(window[0]), window[1])

@@ -11,16 +11,21 @@ loss in the scaled units makes training on ``s * x`` the same as training on ``x
 so a recipe calibrated at one scale holds on states of any scale, with no step on the caller's
 side. k is taken from the inputs' variance (mean squared distance from their mean), not their
 mean squared norm: states far from the origin (an LLM's share a large mean) would otherwise be
-scaled by where they sit rather than by how they spread (``entropy.frame``).
+scaled by where they sit rather than by how they spread, and the penalties would weigh many
+times more against their reconstruction than the recipe was calibrated for.
 
 Nor is training translation-invariant: the initial encoder's hyperplanes pass through the origin,
 and the encoder's gradient is the input times the pre-activations' gradient, so a large common
 component of the inputs steers every update (biases can absorb a translation of the forward
 pass, not of the gradients: a 4-bit set moved 100 times its spread away read 2 bits at 46%
 error with the biases moved instead). t moves the inputs so that their mean sits at
-``sqrt(variance)`` along the unit diagonal, where ``estimate_entropies`` puts every set
-(``entropy.frame.placement_shift``), so a translated set trains as the set itself, up to
-rounding. Both are fixed once (never re-estimated): the weights are learnt for them.
+``sqrt(variance)`` along the unit diagonal ``(1, ..., 1) / sqrt(d)``, where sets of fair bits sit
+(the recipes were calibrated on them), so a translated set trains as the set itself, up to
+rounding. The inputs are not centred: centred, every channel of the initial encoder splits the
+set in half (a centred 8-bit set read 9-10 bits); moved off the origin by as much as they
+spread, channels start at many rates and can settle constant. Both are fixed once (never
+re-estimated): the weights are learnt for them. The entropy recipe (``EntropyRecipe.config``)
+and the registry's ``entropy`` recipe frame every BAE this way, one BAE or a stack.
 """
 
 from __future__ import annotations
@@ -119,7 +124,7 @@ def unframe_output(module: nn.Module, y: Tensor) -> Tensor:
 def placement(rows: Float[Tensor, "*stack n d_in"]) -> tuple[Tensor, Tensor]:
     """(total variance, shift t) of states (of each set of a stack), in their dtype: the mean
     squared distance from their mean, and the vector that puts their mean at ``sqrt(variance)``
-    along the unit diagonal (the one rule for a BAE's frame and for ``entropy.frame``'s sets)."""
+    along the unit diagonal."""
     mean = rows.mean(-2)
     variance = (rows - mean.unsqueeze(-2)).pow(2).sum(-1).mean(-1)
     return variance, variance.sqrt().unsqueeze(-1) / rows.shape[-1] ** 0.5 - mean

@@ -16,12 +16,12 @@ from torch import Tensor, nn
 
 from sae_lens_bae.global_batch import GlobalBatch
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
-from sae_lens_bae.saes.bae_step import Stack, affine, encoder_inputs, train_step
+from sae_lens_bae.saes.bae_step import affine, encoder_inputs, stack_of, train_step
 from sae_lens_bae.saes.binary import RUNNING_MEAN_BUFFERS, apply_keeping_dtypes, bits_to_values
 from sae_lens_bae.saes.input_scale import (
     INPUT_SCALE_BUFFER,
     INPUT_SHIFT_BUFFER,
-    module_frame,
+    frame,
     register_input_scale,
     unframe,
 )
@@ -86,16 +86,6 @@ class StackedBAE(nn.Module):
         )
         return self
 
-    def as_stack(self) -> Stack:
-        """The weights and buffers as ``saes.bae_step``'s stack."""
-        window = None
-        if self.cfg.resample_every > 0:
-            window = (self.window_counts, self.window_samples)
-        return Stack(
-            self.W_enc, self.b_enc, self.W_dec, self.b_dec, self.code_mean, self.code_mean_count,
-            window, module_frame(self),
-        )  # fmt: skip
-
     def _check_shape(self, x: Tensor, members: Tensor | None) -> Tensor:
         n = self.n_models if members is None else len(members)
         if x.ndim != 3 or x.shape[0] != n or x.shape[-1] != self.cfg.d_in:
@@ -108,16 +98,16 @@ class StackedBAE(nn.Module):
         self, x: Float[Tensor, "G batch d_in"], members: Tensor | None = None
     ) -> Float[Tensor, "G batch n_bits"]:
         """Pre-activations of every BAE (or of the stack rows ``members``) on its own inputs."""
-        rows = self.as_stack().rows(members)
+        rows = stack_of(self).rows(members)
         x = self._check_shape(x, members)
-        return affine(rows.b_enc, encoder_inputs(rows, x, self.cfg), rows.W_enc)
+        return affine(rows.b_enc, encoder_inputs(rows, frame(x, rows.frame), self.cfg), rows.W_enc)
 
     def decode(
         self, bits: Float[Tensor, "G batch n_bits"], members: Tensor | None = None
     ) -> Float[Tensor, "G batch d_in"]:
         """Decode each BAE's bits (``members``: the stack rows they belong to; default all),
         in the inputs' units."""
-        rows = self.as_stack().rows(members)
+        rows = stack_of(self).rows(members)
         return unframe(
             affine(rows.b_dec, bits_to_values(bits, self.cfg.bits), rows.W_dec), rows.frame
         )
@@ -140,7 +130,7 @@ class StackedBAE(nn.Module):
         if self.schedule is None:
             self.schedule = self.cfg.schedule()
         out = train_step(
-            self.as_stack(), self._check_shape(x, members), self.cfg, self.schedule,
+            stack_of(self), self._check_shape(x, members), self.cfg, self.schedule,
             n_training_steps, batch=self.global_batch, members=members,
             covariance_off=covariance_off, resample=resample,
         )  # fmt: skip

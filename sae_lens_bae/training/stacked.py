@@ -34,7 +34,8 @@ from sae_lens_bae.saes.bae import (
     BAETrainingSAE,
     BAETrainingSAEConfig,
 )
-from sae_lens_bae.saes.binary import step
+from sae_lens_bae.saes.bae_step import forward_in_frame, stack_of
+from sae_lens_bae.saes.input_scale import fix_frame, frame, module_frame
 from sae_lens_bae.saes.stacked import StackedBAE
 from sae_lens_bae.training.checkpoints import (
     COMPLETE_MARKER,
@@ -101,12 +102,14 @@ class _Progress:
 def _check(
     model: StackedBAE, states: Tensor, members: Tensor | None = None
 ) -> tuple[list[float], list[float]]:
-    """Relative reconstruction error (SSE / sum of squares) and code entropy in bits of each
-    stacked BAE (or of the rows ``members``) on its own check states [G, m, d]."""
-    bits = step(model.hidden_pre(states, members))
-    out = model.decode(bits, members)
-    sse = (out - states.to(out.dtype)).double().pow(2).sum(dim=(1, 2))
-    squares = states.double().pow(2).sum(dim=(1, 2)).clamp_min(1e-30)
+    """Relative reconstruction error (SSE / sum of squares, in the BAE's input frame) and code
+    entropy in bits of each stacked BAE (or of the rows ``members``) on its own check states
+    [G, m, d]."""
+    rows = stack_of(model).rows(members)
+    framed = frame(states.to(rows.W_enc.dtype), rows.frame)
+    _, bits, _, out = forward_in_frame(rows, framed, model.cfg)
+    sse = (out - framed).double().pow(2).sum(dim=(1, 2))
+    squares = framed.double().pow(2).sum(dim=(1, 2)).clamp_min(1e-30)
     entropy = binary_entropy(bits.float().mean(1))
     return (sse / squares).tolist(), entropy.tolist()
 
@@ -196,6 +199,13 @@ def train_stacked_baes(
     if cfg.total_training_steps is None:
         cfg = replace(cfg, total_training_steps=n_steps)
     model = StackedBAE(cfg, seeds, init).to(device)
+    input_frame = module_frame(model)
+    if input_frame is not None and cfg.rescale_inputs_to is not None:
+        # each BAE's frame from its whole set, not its first minibatch: a set in memory is read
+        # in one frame whatever its minibatches' order (a frame already set is kept)
+        for g, x in enumerate(sets):
+            rows = (input_frame[0][g : g + 1], input_frame[1][g : g + 1])
+            fix_frame(rows, x.to(device)[None], cfg.rescale_inputs_to)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, adam_beta2))
     scheduler = get_lr_scheduler(
         lr_scheduler_name,
