@@ -132,13 +132,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             normalise=False,
             device=args.device,
         )
-        if args.save_bae:  # its state dict and what rebuilds the cell's data and shift/scale
+        if args.save_bae:  # its state dict (with its input frame, if any) and the data seed
             torch.save(
                 {
                     "state_dict": estimate.bae.state_dict(),
                     "cfg": estimate.bae.cfg.to_dict(),
-                    "shift": estimate.shift,
-                    "scale": estimate.scale,
                     "data_seed": 1000 * args.r + args.seed,
                 },
                 args.out / f"{name}.pt",
