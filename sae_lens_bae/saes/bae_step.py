@@ -23,7 +23,14 @@ from sae_lens_bae.global_batch import GlobalBatch
 from sae_lens_bae.losses import bae_objective
 from sae_lens_bae.saes.bae_config import BAETrainingSAEConfig
 from sae_lens_bae.saes.binary import bits_to_values, record_codes, step
-from sae_lens_bae.saes.input_scale import Frame, fix_frame, frame, module_frame, unframe
+from sae_lens_bae.saes.input_scale import (
+    Frame,
+    fix_frame,
+    frame,
+    frame_factor,
+    module_frame,
+    unframe,
+)
 from sae_lens_bae.saes.resampling import resample_members
 from sae_lens_bae.saes.schedule import Schedule
 
@@ -145,7 +152,7 @@ def objective_terms(
     units, the reconstruction error measured in the units of the input frame's k (if any), so
     that a recipe holds at any input scale."""
     if input_frame is not None:
-        scale = torch.where(input_frame[0] > 0, input_frame[0], 1.0)[..., None, None]
+        scale = frame_factor(input_frame[0])[..., None, None]
         x, output = x * scale, output * scale
     return bae_objective(
         x,
@@ -178,7 +185,7 @@ def _resample(
     inputs = encoder_inputs(rows, framed, cfg)
     residuals = x - unframe(forward_in_frame(rows, framed, cfg)[3], rows.frame)
     if rows.frame is not None:  # decoder rows live in the framed units
-        residuals = residuals * torch.where(rows.frame[0] > 0, rows.frame[0], 1.0)[..., None, None]
+        residuals = residuals * frame_factor(rows.frame[0])[..., None, None]
     single = x.ndim == 2  # one BAE: a stack of one for resample_members
     lead = (lambda t: t[None]) if single else (lambda t: t)
     window = stack.window

@@ -45,6 +45,7 @@ __all__ = [
     "fix_frame",
     "fix_input_frame",
     "frame",
+    "frame_factor",
     "frame_input",
     "module_frame",
     "placement",
@@ -80,11 +81,15 @@ def module_frame(module: nn.Module) -> Frame | None:
     return None if scale is None else (scale, getattr(module, INPUT_SHIFT_BUFFER))
 
 
+def frame_factor(scale: Tensor) -> Tensor:
+    """k, or 1 while unset (an untrained BAE reads its inputs as given), shaped as ``scale``."""
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
 def _factors(frame: Frame, like: Tensor) -> tuple[Tensor, Tensor]:
     """k (1 while unset) and t, shaped to broadcast over ``like``'s [*stack, batch, d_in]."""
     scale, shift = frame
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return scale[..., None, None].to(like.dtype), shift.unsqueeze(-2).to(like.dtype)
+    return frame_factor(scale)[..., None, None].to(like.dtype), shift.unsqueeze(-2).to(like.dtype)
 
 
 def frame(x: Tensor, frame: Frame | None) -> Tensor:
@@ -106,9 +111,7 @@ def unframe(y: Tensor, frame: Frame | None) -> Tensor:
 def current_input_scale(module: nn.Module) -> Tensor | None:
     """k, or 1 while unset (an untrained BAE reads its inputs as given); None without one."""
     scale = getattr(module, INPUT_SCALE_BUFFER, None)
-    if scale is None:
-        return None
-    return torch.where(scale > 0, scale, torch.ones_like(scale))
+    return None if scale is None else frame_factor(scale)
 
 
 def frame_input(module: nn.Module, x: Tensor) -> Tensor:
