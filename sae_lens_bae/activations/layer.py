@@ -8,7 +8,7 @@ share one loss unit, and split by sequence into training and held-out rows.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ __all__ = [
     "LayerActivations",
     "drop_outliers",
     "harvest_layer",
+    "held_out_splits",
     "norm_scale",
     "outlier_mask",
     "sequence_splits",
@@ -118,15 +119,22 @@ def harvest_layer(
     outlier_norm_ratio: float = 10.0,
     device: str = "cpu",
     progress: bool = True,
+    like: LayerActivations | None = None,
 ) -> LayerActivations:
     """Load the model and the text (``None``: the embedded corpus), harvest the hook point
     ``hook``/``layer`` name (``hook_point``: by default ``hook_resid_post`` of the middle layer)
-    and ``extra_hooks`` (names inside the same block) once, then drop, scale and split."""
+    and ``extra_hooks`` (names inside the same block) once, then drop, scale and split.
+
+    ``like``: another text read as ``like`` was (its hook points and scales), every row held
+    out, for an out-of-distribution test set."""
     if not 0.0 < held_out_fraction < 1.0:
         raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
     model = load_model(model_name, device=device)
-    hook = hook_point(model, hook, layer)
-    hooks = [hook, *[f"blocks.{layer_of(hook)}.{name}" for name in extra_hooks]]
+    if like is None:
+        hook = hook_point(model, hook, layer)
+        hooks = [hook, *[f"blocks.{layer_of(hook)}.{name}" for name in extra_hooks]]
+    else:
+        hook, hooks = like.hook, list(like.scales)
     check_hooks(model, hooks)
     source = dataset if dataset is not None else str(default_corpus())
     tokens = load_token_dataset(
@@ -139,7 +147,9 @@ def harvest_layer(
     del model
 
     n_seq = cache.meta["n_sequences"]
-    n_train_seq = len(sequence_splits(n_seq, {"test": held_out_fraction})["train"])
+    n_train_seq = 0
+    if like is None:
+        n_train_seq = len(sequence_splits(n_seq, {"test": held_out_fraction})["train"])
     acts = {h: cache.activations(h) for h in hooks}
     per_seq = acts[hook].shape[0] // n_seq
     keep = outlier_mask(acts[hook], outlier_norm_ratio)  # the same rows of every hook
@@ -147,10 +157,12 @@ def harvest_layer(
     positions = cache.token_positions()[keep]
     sequences = cache.tokens()
     token_ids = sequences[positions[:, 0], positions[:, 1]]
-    train, test, scales = {}, {}, {}
+    train, test = {}, {}
+    scales = dict(like.scales) if like is not None else {}
     for h in hooks:
         kept = acts[h][keep]
-        scales[h] = norm_scale(kept[:n_train])
+        if h not in scales:
+            scales[h] = norm_scale(kept[:n_train])
         train[h], test[h] = kept[:n_train] * scales[h], kept[n_train:] * scales[h]
     return LayerActivations(
         hook=hook,
@@ -165,3 +177,25 @@ def harvest_layer(
         dataset=source,
         outliers_dropped=int((~keep).sum()),
     )
+
+
+def held_out_splits(data: LayerActivations, names: Sequence[str]) -> dict[str, LayerActivations]:
+    """The held-out rows of ``data`` cut by sequence into ``len(names)`` consecutive blocks of
+    (nearly) equal sequence counts, one view of ``data`` each: no two share a sequence, and none
+    shares one with the training rows."""
+    held = data.positions[:, 0].unique()
+    if len(held) < len(names):
+        raise ValueError(
+            f"{len(held)} held-out sequences cannot make the {len(names)} splits {list(names)}; "
+            "harvest more text or hold out a larger fraction"
+        )
+    views = {}
+    for name, block in zip(names, torch.tensor_split(held, len(names)), strict=True):
+        rows = torch.isin(data.positions[:, 0], block)
+        views[name] = replace(
+            data,
+            test={h: t[rows] for h, t in data.test.items()},
+            positions=data.positions[rows],
+            token_ids=data.token_ids[rows],
+        )
+    return views

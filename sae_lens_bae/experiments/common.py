@@ -59,9 +59,16 @@ class LayerData:
             raise ValueError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction}")
 
     def harvest(
-        self, out: Path, *, extra_hooks: tuple[str, ...] = (), progress: bool = True
+        self,
+        out: Path,
+        *,
+        extra_hooks: tuple[str, ...] = (),
+        held_out_parts: int = 1,
+        progress: bool = True,
     ) -> LayerActivations:
-        """Harvest this layer (its cache under ``out/activations``), cleaned, scaled, split."""
+        """Harvest this layer (its cache under ``out/activations``), cleaned, scaled, split;
+        ``held_out_parts`` x ``held_out_fraction`` of the sequences held out (one fraction for
+        each held-out split a caller cuts them into, ``held_out_splits``)."""
         return harvest_layer(
             self.model,
             self.dataset,
@@ -72,7 +79,7 @@ class LayerData:
             text_column=self.text_column,
             context_size=self.context_size,
             max_sequences=self.max_sequences,
-            held_out_fraction=self.held_out_fraction,
+            held_out_fraction=self.held_out_fraction * held_out_parts,
             outlier_norm_ratio=self.outlier_norm_ratio,
             device=self.device,
             progress=progress,

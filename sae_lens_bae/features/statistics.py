@@ -93,6 +93,9 @@ def feature_statistics(
     frequency, on = active_frequency(sae, activations, stats["firing_rates"])
     stats["active_frequency"] = frequency
     stats["channels"] = int(frequency.numel())
+    # per token, the channels in their informative state, averaged: an SAE's L0, and a BAE's
+    # bits in their rare state (each bit is rare on min(p, 1 - p) of the tokens)
+    stats["l0_rare"] = float(frequency.double().sum())
     stats["dead"] = int((frequency == 0).sum())
     stats["constant"] = int((frequency < constant_threshold).sum())
     stats["dense"] = int((frequency > dense_threshold).sum())

@@ -2,7 +2,13 @@
 small BAEs at once (``stacked``), transcoders, and the baselines a BAE is compared with."""
 
 from sae_lens_bae.saes.stacked import StackedBAE
-from sae_lens_bae.training.baselines import BASELINES, TRAINED_BASELINES, baseline_configs
+from sae_lens_bae.training.baselines import (
+    FAMILIES,
+    TRAINED_BASELINES,
+    baseline_configs,
+    family_config,
+    shared_schedule,
+)
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
 from sae_lens_bae.training.stacked import StackedTraining, train_stacked_baes
 from sae_lens_bae.training.trainer import (
@@ -16,7 +22,7 @@ from sae_lens_bae.training.trainer import (
 from sae_lens_bae.training.transcoder import train_transcoder
 
 __all__ = [
-    "BASELINES",
+    "FAMILIES",
     "Convergence",
     "ConvergenceMonitor",
     "DrainHold",
@@ -27,6 +33,8 @@ __all__ = [
     "TrainingRun",
     "activation_batches",
     "baseline_configs",
+    "family_config",
+    "shared_schedule",
     "fill_training_schedule",
     "train_bae",
     "train_sae",

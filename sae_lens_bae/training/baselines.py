@@ -1,4 +1,5 @@
-"""SAELens baseline architectures, configured to be compared with a BAE on the same activations."""
+"""The model families of a BAE-vs-SAE comparison: a BAE and SAELens' SAE architectures, each at a
+sparsity setting, each with the dead-latent remedy it has, trained by the same schedule."""
 
 from __future__ import annotations
 
@@ -10,39 +11,97 @@ from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAEConfig
 from sae_lens.saes.standard_sae import StandardTrainingSAEConfig
 from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 
+from sae_lens_bae.saes.bae_config import bae_config
 from sae_lens_bae.saes.gated_relu import GatedReLUTrainingSAEConfig
 
-__all__ = ["BASELINES", "TRAINED_BASELINES", "baseline_configs"]
+__all__ = [
+    "FAMILIES",
+    "TRAINED_BASELINES",
+    "baseline_configs",
+    "family_config",
+    "shared_schedule",
+]
 
-BASELINES = (
-    "standard",
-    "standard_rescaled",
-    "topk15",
-    "topk",
-    "jumprelu",
-    "batchtopk",
-    "gated_relu",
-    "transcoder",
-)
-"""Every baseline known here. ``topk15`` is the paper's k = 15, ``topk`` SAELens' default k;
-``standard_rescaled`` is the standard SAE read through per-channel z-scores (no training of its
-own); ``transcoder`` maps the MLP's input to the layer's residual output
-(``sae_lens_bae.training.transcoder``)."""
+FAMILIES = {
+    "bae": "coefficient_scale",
+    "bae_no_resampling": "coefficient_scale",
+    "topk": "k",
+    "batchtopk": "k",
+    "jumprelu": "l0_coefficient",
+    "standard": "l1_coefficient",
+    "gated_relu": "l1_coefficient",
+}
+"""Each family and what its sparsity setting is: a multiple of the BAE recipe's a_e and a_c,
+TopK's k, JumpReLU's L0 coefficient, an L1 coefficient. ``bae_no_resampling``: the BAE without
+its remedy, to show what the remedy does."""
+
+JUMPRELU_PRE_ACT_COEFFICIENT = 3e-6
+"""JumpReLU's remedy: SAELens' pre-activation loss on dead latents, at Anthropic's coefficient."""
+
+
+def remedy_window(steps: int) -> int:
+    """Steps after which a silent latent counts as dead (and a BAE resamples its near-constant
+    channels): 1/16 of the run, so every run gets the same number of chances whatever its
+    length (SAELens' 1000-step default is half of a 2000-step run), and at least 25 steps, so
+    that a latent is judged on more than a few minibatches."""
+    return max(25, steps // 16)
+
+
+def shared_schedule(lr: float, steps: int) -> dict[str, Any]:
+    """The ``SAETrainerConfig`` fields every family trains with: Adam at ``lr``, warm-up over
+    the first 5% of steps, linear decay to lr / 10 over the last 20%, and the dead-latent window
+    (TopK's AuxK and JumpReLU's pre-activation loss read it; the standard SAE has no remedy in
+    SAELens)."""
+    return {
+        "lr": lr,
+        "lr_end": lr / 10,
+        "lr_warm_up_steps": steps // 20,
+        "lr_decay_steps": steps // 5,
+        "dead_feature_window": remedy_window(steps),
+    }
+
+
+def family_config(family: str, d_in: int, d_sae: int, setting: float, steps: int) -> Any:
+    """The training config of ``family`` at sparsity ``setting`` (``FAMILIES``), with no
+    activation normalisation: callers scale activations once for every model."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+    if family.startswith("bae"):
+        window = remedy_window(steps) if family == "bae" else 0
+        return bae_config(
+            d_in,
+            d_sae,
+            coefficient_scale=setting,
+            resample_every=window,
+            total_training_steps=steps,
+        )
+    common: dict[str, Any] = {"d_in": d_in, "d_sae": d_sae, "normalize_activations": "none"}
+    if family in ("topk", "batchtopk"):
+        if setting != int(setting) or not 1 <= setting <= d_sae:
+            raise ValueError(f"{family}'s k must be a whole number in [1, d_sae], got {setting}")
+        config = TopKTrainingSAEConfig if family == "topk" else BatchTopKTrainingSAEConfig
+        return config(**common, k=int(setting))
+    if family == "jumprelu":
+        return JumpReLUTrainingSAEConfig(
+            **common, l0_coefficient=setting, pre_act_loss_coefficient=JUMPRELU_PRE_ACT_COEFFICIENT
+        )
+    config = StandardTrainingSAEConfig if family == "standard" else GatedReLUTrainingSAEConfig
+    return config(**common, l1_coefficient=setting)
+
 
 TRAINED_BASELINES = ("standard", "topk15", "topk", "jumprelu", "batchtopk", "gated_relu")
-"""The baselines ``baseline_configs`` builds: SAEs of one hook point trained with SAELens'
-``SAETrainer``, each its own model (``standard_rescaled`` reads the standard SAE)."""
+"""The SAEs ``baseline_configs`` builds at SAELens' default settings (``topk15``: the paper's
+k = 15)."""
 
 
 def baseline_configs(
     d_in: int, expansion: int, names: Sequence[str], l1_coefficient: float = 5.0
 ) -> dict[str, Any]:
-    """Training configs of the SAELens baselines among ``names`` (d_sae = expansion * d_in, no
-    activation normalisation: callers scale activations once for every model). ``standard`` comes
-    along with ``standard_rescaled``, which reads the same SAE."""
-    unknown = [name for name in names if name not in BASELINES]
+    """Training configs of the SAELens baselines among ``names`` at SAELens' defaults (d_sae =
+    expansion * d_in, no activation normalisation)."""
+    unknown = [name for name in names if name not in TRAINED_BASELINES]
     if unknown:
-        raise ValueError(f"Unknown baselines {unknown}; choose from {list(BASELINES)}")
+        raise ValueError(f"Unknown baselines {unknown}; choose from {list(TRAINED_BASELINES)}")
     d_sae = expansion * d_in
     common = {"d_in": d_in, "d_sae": d_sae, "normalize_activations": "none"}
     configs: dict[str, Any] = {
@@ -53,5 +112,4 @@ def baseline_configs(
         "batchtopk": BatchTopKTrainingSAEConfig(**common),
         "gated_relu": GatedReLUTrainingSAEConfig(**common, l1_coefficient=l1_coefficient),
     }
-    wanted = set(names) | ({"standard"} if "standard_rescaled" in names else set())
-    return {name: c for name, c in configs.items() if name in wanted}
+    return {name: c for name, c in configs.items() if name in names}
