@@ -73,7 +73,6 @@ def test_help_reads_at_80_columns(path):
     [
         (["quickstart", "--corpus", "{text}"], ["quickstart", "--dataset", "{text}"], "dataset",
          None),
-        (["compare", "--bae-preset", "paper"], ["compare", "--recipe", "paper"], "recipe", "paper"),
         (["train", "--dataset", "x", "--out", "o", "--preset", "entropy"],
          ["train", "--dataset", "x", "--out", "o", "--recipe", "entropy"], "recipe", "entropy"),
         (["bench", "synthetic", "--preset", "test", "--ranks", "0,2"],
@@ -241,8 +240,10 @@ def test_bad_values_end_with_one_line_and_exit_code_2(tmp_path):
     )
     assert result.exit_code == 2
     assert result.output == "Error: planted bits go up to d = 64 in grid 'cpu'\n"
-    result = runner.invoke(app, ["compare", "--bae-kwargs", "entropy_coefficient"])
-    assert result.exit_code == 2 and "key=value pairs" in result.output
+    result = runner.invoke(app, ["compare", "--seeds", "0,0"])
+    assert result.exit_code == 2 and "seeds must be distinct, got [0, 0]" in result.output
+    result = runner.invoke(app, ["compare", "--families", "bae,sparse"])
+    assert result.exit_code == 2 and "unknown families ['sparse']" in result.output
     # usage errors (an unknown option or command, a value of the wrong type) are one line too
     for args, message in ((["quickstart", "--steps", "x"], "Invalid value for '--steps'"),
                           (["quickstart", "--nope", "1"], "No such option: --nope"),
@@ -381,7 +382,6 @@ def _bad_inputs(model, corpus, tmp):
         (["bench", "two-token", "--words", "yes"], "exactly two words"),
         (["compress", "--thresholds", "-2"], "thresholds must be in [-1.0, 0.0]"),
         (["steer", "icl", "--dataset", "x", "--baselines", "transcoder"], "choose among"),
-        (["bench", "recipes", "--variants", "fastest"], "unknown variants ['fastest']"),
         (["train", *m, *c, "--hook", "blocks.1.hook_resid_post", "--out", str(tmp / "run"),
           "--resume", str(tmp / "run")], "nothing to resume from"),
         (["train", *m, *c, "--hook", "blocks.1.hook_resid_post", "--out", str(tmp / "run"),
@@ -612,16 +612,13 @@ PREVIOUS_OPTIONS = {
         "model",
         "layer",
         "text_column",
-        "baselines",
         "context_size",
         "max_sequences",
-        "expansion",
         "steps",
         "prior",
         "records_k",
         "dense_threshold",
         "device",
-        "seed",
         "out",
         "comsem_llm",
         "comsem_base_url",

@@ -1,4 +1,4 @@
-"""bae compare on the tiny offline Llama: every baseline trains and appears in the table."""
+"""bae compare on the tiny offline Llama: the protocol's choices, rows, tables and plots."""
 
 import json
 
@@ -11,7 +11,7 @@ import sae_lens_bae  # noqa: F401  (registers the architectures)
 from sae_lens_bae.experiments import compare
 from sae_lens_bae.experiments.compare import CompareConfig
 from sae_lens_bae.saes.gated_relu import GatedReLUSAE, GatedReLUTrainingSAEConfig
-from sae_lens_bae.training import BASELINES, train_sae
+from sae_lens_bae.training import train_sae
 
 
 def test_gated_relu_gate_training_and_round_trip(tmp_path):
@@ -38,136 +38,94 @@ def test_gated_relu_gate_training_and_round_trip(tmp_path):
         GatedReLUTrainingSAEConfig(d_in=8, d_sae=16, gate_threshold=-1.0)
 
 
+def _tiny_compare(model, corpus, out, **changes):
+    settings = dict(dataset=str(corpus), model=str(model), context_size=32, max_sequences=96,
+                    held_out_fraction=0.15, families=("bae", "bae_no_resampling", "topk"),
+                    bae_scales=(0.5, 1.0, 2.0), d_sae=32, steps=12,
+                    batch_size=64, records_k=4, spliced_sequences=2, probe_sentences=40,
+                    out=out)  # fmt: skip
+    return CompareConfig(**{**settings, **changes})
+
+
 @pytest.mark.slow
-def test_compare_trains_every_baseline_and_writes_the_table(
+def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
     tiny_hf_llama_dir, tiny_corpus, tmp_path
 ):
-    cfg = CompareConfig(
-        dataset=str(tiny_corpus),
-        model=str(tiny_hf_llama_dir),
-        context_size=32,
-        max_sequences=96,
-        steps=30,
-        batch_size=128,
-        records_k=4,
-        activated_min_samples=2,
-        out=tmp_path,
-    )
+    cfg = _tiny_compare(tiny_hf_llama_dir, tiny_corpus, tmp_path, topk_k=(4, 8, 16))
     summary = compare.run(cfg, progress=False)
-    assert list(summary["models"]) == ["bae", *BASELINES]
+    rows = summary["rows"]
+    assert json.loads((tmp_path / "compare.json").read_text())["rows"] == rows
+    # the lr search: each family's middle setting at both candidates on the first seed, read
+    # on validation only; then the final grid at the chosen rate, every setting and seed
+    for family, middle in (("bae", 1.0), ("topk", 8.0)):
+        search = [r for r in rows if r["family"] == family and r["setting"] == middle
+                  and r["seed"] == 0 and r["split"] == "validation"]  # fmt: skip
+        assert sorted(r["lr"] for r in search) == sorted(cfg.lrs)
+        best = min(search, key=lambda r: r["objective"])
+        assert summary["chosen_lr"][family] == best["lr"]
+        final = [r for r in rows if r["family"] == family and r["split"] == "test"]
+        assert {(r["setting"], r["seed"]) for r in final} == {
+            (s, seed) for s in cfg.settings(family) for seed in cfg.seeds
+        }
+        assert {r["lr"] for r in final} == {best["lr"]}
+        assert all(r["lr_candidates"] == list(cfg.lrs) for r in final)
+    assert summary["chosen_lr"]["bae_no_resampling"] == summary["chosen_lr"]["bae"]
+    ablation = [r for r in rows if r["family"] == "bae_no_resampling" and r["split"] == "test"]
+    assert {(r["setting"], r["lr"]) for r in ablation} == {(1.0, summary["chosen_lr"]["bae"])}
+    assert all(r["lr_candidates"] == list(cfg.lrs) for r in ablation)
+    assert summary["bae_default"] in cfg.settings("bae")  # its rule: test_protocol.py
+    names = {r["name"] for r in rows if r["split"] == "test"}
+    assert names == {r["name"] for r in rows if r["split"] == "ood"}
+    for row in rows:
+        assert {"family", "setting", "seed", "split", "lr", "lr_candidates", "explained_variance",
+                "ce_loss_recovered", "kl", "l0", "l0_rare", "dead", "constant", "activated",
+                "activated_strict", "probe_accuracy"} <= set(row)  # fmt: skip
+        assert 0 <= row["dead"] <= row["constant"] <= cfg.d_sae
+        assert row["activated_strict"] <= row["activated"] <= cfg.d_sae
+        if row["split"] == "validation":  # validation reads no spliced loss and no probe
+            assert row["kl"] is None and row["probe_accuracy"] is None
+        else:
+            assert row["kl"] >= 0 and set(row["probe_accuracy"]) == {"1", "5", "20"}
+        if row["family"] == "topk":  # an SAE's rare-state L0 is its L0
+            assert row["l0_rare"] == pytest.approx(row["l0"], rel=1e-5)
+    tokens = summary["tokens"]
+    assert min(tokens.values()) > 0 and summary["ood_dataset"].endswith("ood-text.txt")
+    assert {v["against"] for v in summary["verdicts"]} == {"topk"}
     table = (tmp_path / "compare.md").read_text()
-    assert "probe k=20" in table and "EV (OOD)" in table and "activated (>8)" in table
-    for name in ["bae", *BASELINES]:
-        assert f"| {name} |" in table
-        stats = summary["models"][name]
-        assert {"reconstruction_loss", "decoder_covariance_norm", "activated", "activated_firing",
-                "constant", "dead", "dense", "frequent", "firing_over_half", "l0",
-                "explained_variance", "d_sae"} <= set(stats)  # fmt: skip
-        assert 0 <= stats["dead"] <= stats["constant"] <= stats["channels"]
-        assert stats["activated"] <= stats["d_sae"]
-        assert stats["activated_strict"] <= stats["activated"]  # > 8 records, not >= 6
-        if name != "transcoder":  # spliced into the model: SAELens' CE and KL columns
-            assert stats["kl_div_with_sae"] >= 0 and "ce_loss_score" in stats
-            # the labelled movie-review sentences: probing and out-of-distribution columns
-            assert set(stats["probe_accuracy"]) == {"1", "5", "20"}
-            assert all(0.0 <= a <= 1.0 for a in stats["probe_accuracy"].values())
-            assert stats["ood_dead"] <= stats["d_sae"] and stats["ood_l0"] >= 0
-    assert summary["models"]["bae"]["magnitude"] == "burstiness"
-    assert summary["models"]["standard_rescaled"]["magnitude"] == "rescaled"
-    # the rescaled view reads the same SAE: same reconstruction, other records
-    same = ("reconstruction_loss", "l0", "dead", "dense")
-    for key in same:
-        assert summary["models"]["standard_rescaled"][key] == summary["models"]["standard"][key]
-    assert json.loads((tmp_path / "compare.json").read_text())["models"] == summary["models"]
-    for png in ("firing_frequency.png", "active_frequency.png", "magnitudes.png",
+    assert table.index("## The decision rule") < table.index("## Test") < table.index("## OOD")
+    for png in ("frontier_kl_l0.png", "frontier_activated_kl.png", "frontier_probe_l0.png",
                 "training_curves.png"):  # fmt: skip
         assert matplotlib.image.imread(tmp_path / png).shape[0] > 100
-    assert isinstance(SAE.load_from_disk(tmp_path / "models" / "transcoder"), SAE)
+    name = next(r["name"] for r in rows if r["family"] == "bae" and r["split"] == "test")
+    assert isinstance(SAE.load_from_disk(tmp_path / "models" / name), SAE)
     from sae_lens_bae.features import FeatureRecords
 
-    bae_records = FeatureRecords.load(tmp_path / "records" / "bae.safetensors")
-    assert bae_records.magnitude == "burstiness" and bae_records.sequences is not None
-    with pytest.raises(ValueError, match="Unknown baselines"):
-        CompareConfig(baselines=("standard", "gated"))
-
-
-@pytest.mark.slow
-def test_recipe_study_on_the_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
-    from sae_lens_bae.experiments import recipes
-
-    cfg = recipes.RecipeStudyConfig(
-        dataset=str(tiny_corpus),
-        model=str(tiny_hf_llama_dir),
-        context_size=32,
-        max_sequences=96,
-        variants=(
-            "default",
-            "paper",
-            "cosine_lr",
-            "canonical",
-            "long_x2",
-        ),
-        baselines=("topk15", "standard", "standard_rescaled"),
-        steps=12,
-        batch_size=128,
-        records_k=4,
-        spliced_sequences=2,
-        out=tmp_path,
-    )
-    summary = recipes.run(cfg, progress=False)
-    rows = summary["models"]
-    assert list(rows) == [*cfg.variants, *cfg.baselines]
-    assert rows["long_x2"]["steps"] == 24 and rows["default"]["steps"] == 12
-    for name in cfg.variants:
-        assert rows[name]["meets_target"] == recipes.meets_target(rows, name, cfg.baselines)
-    # canonicalised: the same reconstruction, rarity and burstiness (both symmetric in 0 and 1)
-    canonical, default = rows["canonical"], rows["default"]
-    assert canonical["explained_variance"] == pytest.approx(default["explained_variance"], abs=1e-6)
-    for key in ("activated", "constant", "dead", "frequent"):
-        assert canonical[key] == default[key], key
-    table = (tmp_path / "recipes.md").read_text()
-    assert "| cosine_lr |" in table and "| activated |" in table.replace("activated (firing)", "")
-    saved = json.loads((tmp_path / "recipes.json").read_text())
-    assert saved["models"] == rows and saved["variants"]["paper"]["recipe"] == "paper"
-    for png in ("active_frequency.png", "ev_vs_activated.png", "training_curves.png"):
-        assert matplotlib.image.imread(tmp_path / png).shape[0] > 100
-    with pytest.raises(ValueError, match="unknown variants"):
-        recipes.RecipeStudyConfig(variants=("bigger",))
-
-
-def test_feature_target_on_hand_made_rows():
-    from sae_lens_bae.experiments.recipes import meets_target
-
-    def row(ev, activated, constant=0, dead=0):
-        return {"explained_variance": ev, "activated": activated, "constant": constant,
-                "dead": dead, "channels": 1000}  # fmt: skip
-
-    rows = {"bae": row(0.80, 900), "topk15": row(0.81, 850), "standard": row(0.7, 880)}
-    assert meets_target(rows, "bae", ["topk15", "standard"])
-    rows["topk15"]["explained_variance"] = 0.83  # EV more than 0.02 below topk15's
-    assert not meets_target(rows, "bae", ["topk15", "standard"])
-    rows["topk15"]["explained_variance"] = 0.81
-    rows["standard"]["activated"] = 901  # a baseline with more activated features
-    assert not meets_target(rows, "bae", ["topk15", "standard"])
-    rows["standard"]["activated"] = 880
-    rows["bae"]["constant"] = 10  # 1% of the channels constant
-    assert not meets_target(rows, "bae", ["topk15", "standard"])
-    rows["bae"]["constant"], rows["bae"]["dead"] = 9, 1
-    assert not meets_target(rows, "bae", ["topk15", "standard"])
+    held = FeatureRecords.load(tmp_path / "records" / f"{name}.safetensors")
+    assert held.magnitude == "burstiness" and held.sequences is not None
+    # the chosen BAE's first seed, where bae interpret and bae dashboard look
+    chosen = f"bae-{summary['bae_default']:g}-lr{summary['chosen_lr']['bae']:g}-seed0"
+    same = FeatureRecords.load(tmp_path / "records" / "bae.safetensors")
+    assert torch.equal(same.features, FeatureRecords.load(
+        tmp_path / "records" / f"{chosen}.safetensors").features)  # fmt: skip
+    assert (tmp_path / "models" / "bae" / "cfg.json").exists()
+    with pytest.raises(ValueError, match="unknown families"):
+        CompareConfig(families=("standard", "gated"))
+    with pytest.raises(ValueError, match="lrs must be distinct positive values"):
+        CompareConfig(lrs=(1e-3, 1e-3))
+    with pytest.raises(ValueError, match="bae_no_resampling trains at the BAE's"):
+        CompareConfig(families=("bae_no_resampling", "topk"))
 
 
 @pytest.mark.slow
 def test_compare_killed_midway_trains_no_finished_model_again(
     tiny_hf_llama_dir, tiny_corpus, tmp_path, monkeypatch
 ):
-    """Killed while the second model trains, then while evaluating, ``bae compare`` run again
-    goes on from its checkpoints: the finished models train no step again, the interrupted one
-    only the steps after its last checkpoint, and the table is the one of a run never killed."""
-    from sae_lens_bae.experiments import layer_study
-    from sae_lens_bae.training import transcoder as transcoder_module
+    """Killed while the second model trains, then while reading on test, ``bae compare`` run
+    again goes on from its checkpoints: the finished models train no step again, the interrupted
+    one only the steps after its last checkpoint, and the rows are those of a run never killed."""
     from sae_lens_bae.training.trainer import RecordingTrainer
 
-    steps = {"sae": 0, "transcoder": 0, "kill_at": None}
+    steps = {"sae": 0, "kill_at": None}
     step = RecordingTrainer.step
 
     def counted(trainer, batch):
@@ -176,40 +134,58 @@ def test_compare_killed_midway_trains_no_finished_model_again(
         steps["sae"] += 1
         return step(trainer, batch)
 
-    def counted_range(*args, **kwargs):
-        for i in trange(*args, **kwargs):
-            steps["transcoder"] += 1
-            yield i
-
-    trange = transcoder_module.trange
     monkeypatch.setattr(RecordingTrainer, "step", counted)
-    monkeypatch.setattr(transcoder_module, "trange", counted_range)
 
     def run(out, kill_at=None):
-        steps.update(sae=0, transcoder=0, kill_at=kill_at)
-        cfg = CompareConfig(dataset=str(tiny_corpus), model=str(tiny_hf_llama_dir),
-                            context_size=32, max_sequences=64, steps=20, batch_size=64,
-                            baselines=("topk", "transcoder"), spliced_sequences=4,
-                            records_k=4, activated_min_samples=2, out=out)  # fmt: skip
+        steps.update(sae=0, kill_at=kill_at)
+        cfg = _tiny_compare(tiny_hf_llama_dir, tiny_corpus, out, families=("bae", "topk"),
+                            bae_scales=(1.0,), topk_k=(8,), lrs=(2e-3,), seeds=(0,), steps=20,
+                            probe_sentences=0)  # fmt: skip
         return compare.run(cfg, progress=False)
 
     never_killed = run(tmp_path / "whole")
-    assert steps == {"sae": 40, "transcoder": 20, "kill_at": None}
+    assert steps == {"sae": 40, "kill_at": None}
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "killed", kill_at=20 + 12)  # the BAE done, topk at step 12 of 20
-    evaluate = layer_study.evaluate_model
+    read = compare.evaluate_model
+    calls = {"n": 0}
 
-    def killed_evaluation(*_args, **_kwargs):
-        raise KeyboardInterrupt
+    def killed_on_test(name, sae, split, settings):
+        calls["n"] += 1
+        if calls["n"] > 2:  # the two validation reads done: killed on the first test read
+            raise KeyboardInterrupt
+        return read(name, sae, split, settings)
 
-    monkeypatch.setattr(compare, "evaluate_model", killed_evaluation)
+    monkeypatch.setattr(compare, "evaluate_model", killed_on_test)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "killed")
     # topk went on from its last checkpoint: SAELens checkpoints once past each fifth of the
     # 1280 samples, i.e. after steps 5, 9, 13 and 17 of 64 rows
-    assert steps["sae"] == 20 - 9 and steps["transcoder"] == 20
-    monkeypatch.setattr(compare, "evaluate_model", evaluate)
+    assert steps["sae"] == 20 - 9
+    monkeypatch.setattr(compare, "evaluate_model", read)
     finished = run(tmp_path / "killed")
-    assert steps["sae"] == 0 and steps["transcoder"] == 0  # every model read from its checkpoint
-    assert finished["models"] == never_killed["models"]
+    assert steps["sae"] == 0  # every model read from its checkpoint
+    assert finished["rows"] == never_killed["rows"]
     assert not (tmp_path / "killed" / "training-checkpoint").exists()  # removed with the results
+
+
+def test_the_training_objective_of_a_topk_sae_is_its_summed_squared_error():
+    """The lr rule's score: for TopK (no penalty, no dead-latent term without a mask) the loss
+    SAELens trains on is the squared error summed over d, averaged over whole minibatches."""
+    from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
+
+    from sae_lens_bae.experiments.layer_study import training_objective
+
+    torch.manual_seed(0)
+    run = train_sae(torch.randn(512, 8), TopKTrainingSAEConfig(d_in=8, d_sae=16, k=3),
+                    training_samples=20 * 64, batch_size=64)  # fmt: skip
+    states = torch.randn(100, 8)
+    kept = states[:96]  # three whole minibatches of 32; the last 4 rows are left out
+    with torch.no_grad():
+        expected = ((run.sae(kept) - kept) ** 2).sum(-1).mean().item()
+        before = {k: v.clone() for k, v in run.sae.state_dict().items()}
+    got = training_objective(run.sae, states, batch_size=32, steps=20)
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert all(torch.equal(v, run.sae.state_dict()[k]) for k, v in before.items())
+    with pytest.raises(ValueError, match="no minibatch of 200"):
+        training_objective(run.sae, states, batch_size=200, steps=20)

@@ -10,7 +10,6 @@ import pytest
 import sae_lens_bae
 from sae_lens_bae import BAE_RECIPES, EntropyRecipe, bae_config, code_entropy
 from sae_lens_bae.activations import hook_point
-from sae_lens_bae.experiments.compare import CompareConfig
 from sae_lens_bae.experiments.quickstart import QuickstartConfig
 from sae_lens_bae.experiments.synthetic import GRIDS, SyntheticConfig
 from sae_lens_bae.training.live import LiveTrainingConfig
@@ -27,8 +26,6 @@ def test_an_old_field_name_sets_the_new_field_with_a_warning(tmp_path):
         assert SyntheticConfig(preset="test", ranks=(0, 2)) == SyntheticConfig(
             grid="test", planted_bits=(0, 2)
         )
-    with pytest.warns(DeprecationWarning, match="bae_preset"):
-        assert CompareConfig(bae_preset="paper").recipe == "paper"
 
 
 def test_an_old_and_a_new_name_of_one_setting_are_refused_together():

@@ -1,61 +1,59 @@
-"""``bae compare``: a BAE against SAELens' SAE architectures on the same cached activations.
+"""``bae compare``: a BAE against SAELens' SAEs by a protocol fixed before any number is read.
 
-One harvest of one layer; every model trained on the same training tokens with the same
-expansion rate and number of steps; every model evaluated on the same held-out tokens: the
-reconstruction loss, the spectral norm of the decoder rows' covariance, activated / dead / dense
-feature counts, L0 and explained variance, as a markdown table, JSON and plots.
+Every family (a BAE, TopK, JumpReLU, the standard L1 SAE...) trains on the same tokens with the
+same schedule, at several sparsity settings, several seeds and each learning rate of a small
+grid; settings are chosen on validation tokens only, and every model is then read once on test
+tokens and on another text (out of distribution). A family beats another only where its frontier
+lies above the other's by more than the seeds' spread, on test and on OOD.
+
+The protocol, in order:
+
+1. Splits: the corpus's sequences cut into train / validation / test (``held_out_fraction`` each
+   for validation and test); OOD: another text, read the same way, every sequence held out.
+2. Learning rate, per family: its middle setting at every ``lrs`` candidate (first seed); the
+   lowest validation value of the family's own training objective wins (FVU alone would reward
+   a run that failed to become sparse). ``bae_no_resampling``, an ablation of the BAE's
+   resampling, takes the BAE's rate, so that one thing changes.
+3. At that rate, every setting and seed; every model read on validation, test and OOD.
+4. The BAE's default setting, on validation (means over seeds): the most ``activated`` features
+   among the settings that meet the feature target (EV at least the sparsest TopK's minus 0.02,
+   under 1% constant channels); none meets it: the recipe's own coefficients (scale 1).
+5. The frontiers and the verdicts of ``experiments.protocol.frontier_verdict``.
 
 All activations are scaled once by sqrt(d) / (mean training norm), as SAELens'
-``expected_average_only_in`` would, and every model trains on the scaled activations with
-``normalize_activations="none"``, so their losses are in one unit and comparable.
+``expected_average_only_in`` would, and every model reads them with
+``normalize_activations="none"``, so losses are in one unit.
 """
 
 from __future__ import annotations
 
 import random
 import shutil
+import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from torch import Tensor
-
-from sae_lens_bae.checks import check_ranges, ranged, renamed
+from sae_lens_bae.activations import harvest_layer, held_out_splits
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.comsem import ClientConfig, comsem_columns
 from sae_lens_bae.data import default_labelled_sentences, load_labelled_sentences
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, LayerData
+from sae_lens_bae.experiments.compare_report import plot_frontiers, report, verdicts
 from sae_lens_bae.experiments.layer_study import (
     EvaluationSettings,
-    add_columns,
     evaluate_model,
-    heat_map,
-    models_table,
-    plot_active_frequencies,
-    sentence_columns,
+    probe_columns,
     spliced_columns,
+    training_objective,
 )
+from sae_lens_bae.experiments.protocol import SPLITS, choose_on_validation
 from sae_lens_bae.features import FeatureRecords
-from sae_lens_bae.features.records import Magnitude
 from sae_lens_bae.models import load_model
-from sae_lens_bae.plots import (
-    plot_comsem_scores,
-    plot_firing_frequencies,
-    plot_firing_frequency_grid,
-    plot_magnitude_heatmaps,
-    plot_training_curves,
-)
+from sae_lens_bae.plots import plot_comsem_scores, plot_training_curves
 from sae_lens_bae.reports import Stopwatch, write_json, write_text
-from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
-from sae_lens_bae.saes.bae_recipes import RecipeName
-from sae_lens_bae.saes.canonical import canonicalise
-from sae_lens_bae.training import (
-    BASELINES,
-    TrainingRun,
-    baseline_configs,
-    train_sae,
-    train_transcoder,
-)
+from sae_lens_bae.training import FAMILIES, TrainingRun, family_config, shared_schedule, train_sae
 from sae_lens_bae.training.checkpoints import COMPLETE_MARKER
 
 __all__ = ["REPORT", "CompareConfig", "run"]
@@ -69,240 +67,330 @@ class CompareConfig(LayerData):
 
     max_sequences: int | None = ranged(1536, low=1)
     """Cap on harvested sequences."""
-    baselines: Sequence[str] = BASELINES
-    """SAELens baselines trained beside the BAE (see sae_lens_bae.training.BASELINES)."""
-    expansion: int = ranged(4, low=1)
-    """d_sae / d_in of every model."""
-    steps: int = ranged(2000, low=1)
+    held_out_fraction: float = 0.1
+    """Fraction of the sequences in each of the validation and test splits."""
+    ood_dataset: str | None = None
+    """Another text for the out-of-distribution split (default: gensim's movie reviews)."""
+    families: Sequence[str] = ("bae", "bae_no_resampling", "topk", "jumprelu")
+    """Families trained (see sae_lens_bae.training.FAMILIES)."""
+    bae_scales: Sequence[float] = (0.5, 1.0, 2.0)
+    """The BAE's settings: multiples of its recipe's a_e and a_c."""
+    topk_k: Sequence[int] = (15, 32, 64, 100)
+    """TopK's and BatchTopK's settings: k."""
+    jumprelu_coefficients: Sequence[float] = (0.3, 1.0, 3.0)
+    """JumpReLU's settings: its L0 coefficient."""
+    l1_coefficients: Sequence[float] = (1.5, 5.0, 15.0)
+    """The standard and gated SAEs' settings: their L1 coefficient."""
+    lrs: Sequence[float] = (5e-4, 2e-3)
+    """Adam learning rates each family chooses from on validation."""
+    seeds: Sequence[int] = (0, 1)
+    """Seeds of every setting (initialisation and data order)."""
+    d_sae: int = ranged(2304, low=1)
+    """Latents (code bits) of every model."""
+    steps: int = ranged(800, low=1)
     """Training steps of every model."""
-    batch_size: int = ranged(512, low=1)
+    batch_size: int = ranged(256, low=1)
     """Activations per training step."""
-    lr: float = ranged(5e-4, above=0.0)
-    """Adam learning rate of the SAEs (the BAE trains with its recipe's)."""
-    l1_coefficient: float = ranged(5.0, low=0.0)
-    """L1 coefficient of standard, gated_relu and the transcoder."""
     records_k: int = ranged(10, low=1)
     """Top-k features kept per token in the records (k)."""
     n_explain: int = ranged(5, low=1)
-    """The paper's activated: at least n_explain + 1 records (top-k over all channels)."""
-    activated_min_samples: int = ranged(8, low=0)
-    """Ours (activated (firing)): more than this many records among firing channels."""
+    """activated: at least n_explain + 1 records (Algorithm 1); activated_strict: more than 8."""
     dense_threshold: float = ranged(0.5, low=0.0, high=1.0)
     """A channel active on more than this fraction of tokens is dense."""
-    prior: Literal["training", "evaluation"] = "training"
-    """The BAE's burstiness prior: its training mean code or the held-out one."""
-    canonicalise: bool = False
-    """Flip the BAE's mostly-on bits first, so that every bit's 1 is its rare state (exact)."""
-    spliced_sequences: int = ranged(64, low=0)
-    """Held-out sequences on which each model is spliced into the LM (CE, KL); 0: skip."""
+    prior: Literal["training", "evaluation"] = "evaluation"
+    """The BAE's burstiness prior: the mean code of the split read (the paper's) or of training."""
+    spliced_sequences: int = ranged(16, low=0)
+    """Sequences of test and of OOD on which each model is spliced into the LM (CE, KL)."""
     probe_dataset: str | None = None
-    """Labelled sentences of another text: probing and OOD columns (default: gensim's reviews)."""
+    """Labelled sentences for k-sparse probing (default: gensim's movie reviews)."""
     probe_sentences: int = ranged(200, low=0)
     """Labelled sentences read (a seeded sample; the default set has 200); 0: skip."""
-    recipe: RecipeName = "default"
-    """The BAE's training recipe (sae_lens_bae.saes.bae_recipes)."""
-    bae_kwargs: dict[str, Any] = field(default_factory=dict)
-    """BAE config fields that replace the recipe's, e.g. entropy_coefficient=1e-6."""
     comsem_llm: str | None = None
-    """Add ComSem columns, every model's records judged by this LLM."""
+    """Add ComSem columns: the first seed's test records judged by this LLM."""
     comsem_base_url: str | None = None
     """The LLM's OpenAI-compatible endpoint (default: OpenAI)."""
     comsem_max_features: int | None = ranged(None, low=1)
     """ComSem on the first N activated features of each model (default: all)."""
-    seed: int = 0
-    """Seed of the models' initialisation and data order."""
     out: Path = Path("runs/compare")
     """Report folder."""
-
-    bae_preset: RecipeName | None = renamed("recipe")
-    """Old name of recipe."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
         super().__post_init__()
-        unknown = [b for b in self.baselines if b not in BASELINES]
-        if unknown:
-            raise ValueError(f"Unknown baselines {unknown}; choose from {list(BASELINES)}")
-        if self.prior not in ("training", "evaluation"):
-            raise ValueError(f"prior must be 'training' or 'evaluation', got {self.prior!r}")
+        if not 0.0 < self.held_out_fraction < 0.5:
+            raise ValueError(
+                f"held_out_fraction must be in (0, 0.5): validation and test take it each, got "
+                f"{self.held_out_fraction}"
+            )
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown or not self.families:
+            raise ValueError(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
+        for name in ("bae_scales", "topk_k", "jumprelu_coefficients", "l1_coefficients", "lrs"):
+            values = getattr(self, name)
+            if not values or any(v <= 0 for v in values) or len(set(values)) < len(values):
+                raise ValueError(f"{name} must be distinct positive values, got {list(values)}")
+        if "bae_no_resampling" in self.families and "bae" not in self.families:
+            raise ValueError("bae_no_resampling trains at the BAE's learning rate: add bae")
+        if not self.seeds or len(set(self.seeds)) < len(self.seeds):
+            raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
+        uses_k = {"topk", "batchtopk"} & set(self.families)
+        if uses_k and any(k > self.d_sae for k in self.topk_k):
+            raise ValueError(f"topk_k {list(self.topk_k)} exceeds d_sae = {self.d_sae}")
+
+    def settings(self, family: str) -> list[float]:
+        """The sparsity settings ``family`` trains at, sorted."""
+        grid = {
+            "bae": self.bae_scales,
+            "topk": self.topk_k,
+            "batchtopk": self.topk_k,
+            "jumprelu": self.jumprelu_coefficients,
+            "standard": self.l1_coefficients,
+            "gated_relu": self.l1_coefficients,
+        }
+        if family == "bae_no_resampling":  # the remedy's effect, at the BAE's middle setting
+            return [_middle(sorted(self.bae_scales))]
+        return sorted(float(v) for v in grid[family])
+
+
+def _default_ood_text(out: Path) -> str:
+    """The movie-review sentences of gensim's test data as a plain text file (their labels
+    dropped): reviews, where the default corpus is news."""
+    path = out / "ood-text.txt"
+    pairs = load_labelled_sentences(default_labelled_sentences())
+    write_text(path, "\n".join(text for text, _ in pairs) + "\n")
+    return str(path)
+
+
+def _middle(values: Sequence[float]) -> float:
+    return values[(len(values) - 1) // 2]
 
 
 def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
-    """Harvest, train every model, evaluate, and write ``compare.md``, ``compare.json`` and the
+    """Harvest, choose, train, read and write ``compare.md``, ``compare.json`` and the frontier
     plots to ``cfg.out``; returns the summary."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch("compare")
-    lap = watch.lap
-
-    mlp_name = "ln2.hook_normalized"
-    data = cfg.harvest(
-        out, extra_hooks=(mlp_name,) if "transcoder" in cfg.baselines else (), progress=progress
+    data = cfg.harvest(out, held_out_parts=2, progress=progress)
+    splits = held_out_splits(data, SPLITS[:2])
+    n_test_sequences = len(splits["test"].positions[:, 0].unique())
+    splits["ood"] = harvest_layer(
+        cfg.model,
+        cfg.ood_dataset or _default_ood_text(out),
+        None,
+        out / "ood-activations",
+        like=data,
+        context_size=cfg.context_size,
+        max_sequences=n_test_sequences,
+        outlier_norm_ratio=cfg.outlier_norm_ratio,
+        device=cfg.device,
+        progress=progress,
     )
-    lap("harvest")
-    hook = data.hook
-    mlp_in = hook.replace("hook_resid_post", mlp_name)
-    train = data.train[hook]
-    d_in = train.shape[1]
-    samples = cfg.steps * cfg.batch_size
-    trainer = {"training_samples": samples, "batch_size": cfg.batch_size, "device": cfg.device}
-    trainer["seed"] = cfg.seed
-
-    # every model checkpoints under OUT/training-checkpoint until the results are written: the
-    # same command run again after a kill goes on from there and trains no finished model again
-    checkpoints = out / TRAINING_CHECKPOINT
-
-    def fit(name: str, sae_cfg: Any, lr: float) -> TrainingRun:
-        folder = checkpoints / name
-        resume = folder.is_dir() and any(folder.rglob(COMPLETE_MARKER))
-        checkpoints_on = {"n_checkpoints": 4, "save_final_checkpoint": True}
-        run = train_sae(
-            train, sae_cfg, lr=lr, checkpoint_dir=folder, resume=resume, **checkpoints_on, **trainer
-        )
-        for kept in folder.iterdir():  # the final checkpoint is all a rerun needs
-            if kept.is_dir() and not kept.name.startswith("final_"):
-                shutil.rmtree(kept)
-        return run
-
-    runs: dict[str, Any] = {}
-    histories: dict[str, list[dict[str, float]]] = {}
-    bae_cfg = bae_config(d_in, cfg.expansion * d_in, recipe=cfg.recipe, **cfg.bae_kwargs)
-    run = fit("bae", bae_cfg, BAE_RECIPES[cfg.recipe].lr)
-    runs["bae"], histories["bae"] = run.sae, run.history
-    if cfg.canonicalise:
-        runs["bae"] = canonicalise(run.sae)
-    lap("train bae")
-    for name, sae_cfg in baseline_configs(
-        d_in, cfg.expansion, cfg.baselines, cfg.l1_coefficient
-    ).items():
-        run = fit(name, sae_cfg, cfg.lr)
-        runs[name], histories[name] = run.sae, run.history
-        lap(f"train {name}")
-    if "transcoder" in cfg.baselines:
-        runs["transcoder"], histories["transcoder"] = train_transcoder(
-            data.train[mlp_in],
-            train,
-            cfg.expansion * d_in,
-            training_samples=samples,
-            l1_coefficient=cfg.l1_coefficient,
-            batch_size=cfg.batch_size,
-            lr=cfg.lr,
-            device=cfg.device,
-            seed=cfg.seed,
-            progress=progress,
-            checkpoint=checkpoints / "transcoder.pt",
-        )
-        lap("train transcoder")
-
+    watch.lap("harvest")
+    train = data.train[data.hook]
     settings = EvaluationSettings(
         records_k=cfg.records_k,
         n_explain=cfg.n_explain,
-        activated_min_samples=cfg.activated_min_samples,
         dense_threshold=cfg.dense_threshold,
         prior=cfg.prior,
         spliced_sequences=cfg.spliced_sequences,
         outlier_norm_ratio=cfg.outlier_norm_ratio,
     )
-    rows: dict[str, dict[str, Any]] = {}
-    rates: dict[str, Tensor] = {}
-    frequencies: dict[str, Tensor] = {}
-    heat: dict[str, Tensor] = {}
+    checkpoints = out / TRAINING_CHECKPOINT  # a rerun after a kill trains no finished model again
+    models: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    histories: dict[str, list[dict[str, float]]] = {}
     records: dict[str, FeatureRecords] = {}
-    (out / "records").mkdir(exist_ok=True)
-    for name in ["bae", *cfg.baselines]:
-        sae = runs["standard" if name == "standard_rescaled" else name]
-        inputs, targets = data.test[hook], None
-        if name == "transcoder":
-            inputs, targets = data.test[mlp_in], data.test[hook]
-        magnitude: Magnitude | None = "rescaled" if name == "standard_rescaled" else None
-        stats, records[name], prior = evaluate_model(
-            name, sae, data, settings, inputs=inputs, targets=targets, magnitude=magnitude
+
+    def fit(family: str, setting: float, lr: float, seed: int, search: bool = False) -> str:
+        """Train one model (or take it from an earlier stage) and read it on validation; the
+        runs of the lr search are also scored by their training objective."""
+        name = f"{family}-{setting:g}-lr{lr:g}-seed{seed}"
+        if name in models:
+            return name
+        folder = checkpoints / name
+        resume = folder.is_dir() and any(folder.rglob(COMPLETE_MARKER))
+        sae_cfg = family_config(family, train.shape[1], cfg.d_sae, setting, cfg.steps)
+        trained: TrainingRun = train_sae(
+            train,
+            sae_cfg,
+            training_samples=cfg.steps * cfg.batch_size,
+            batch_size=cfg.batch_size,
+            device=cfg.device,
+            seed=seed,
+            checkpoint_dir=folder,
+            resume=resume,
+            n_checkpoints=4,
+            save_final_checkpoint=True,
+            **shared_schedule(lr, cfg.steps),
         )
-        records[name].save(out / "records" / f"{name}.safetensors")
-        rates[name] = stats.pop("firing_rates")
-        frequencies[name] = stats.pop("active_frequency")
-        heat[name] = heat_map(sae, inputs, stats["magnitude"], prior, rates[name])
-        rows[name] = stats
-        if name != "standard_rescaled":  # the standard SAE's weights, saved as "standard"
-            save = getattr(sae, "save_inference_model", None) or sae.save_model
-            save(out / "models" / name)
-    lap("evaluate")
-    # the models that read and write the studied hook (the transcoder reads another), spliced
-    # into the language model and read on the probing sentences: the model loaded once for both
-    spliced = {n: runs[n] for n in ["bae", *cfg.baselines] if n in runs and n != "transcoder"}
-    language_model = None
-    if spliced and (cfg.spliced_sequences > 0 or cfg.probe_sentences > 0):
-        language_model = load_model(data.model, device=cfg.device)
-    if cfg.spliced_sequences > 0 and language_model is not None:
-        add_columns(rows, spliced_columns(spliced, data, settings, language_model))
-    lap("spliced into the model")
-    if cfg.probe_sentences > 0 and language_model is not None:
+        for kept in folder.iterdir():  # the final checkpoint is all a rerun needs
+            if kept.is_dir() and not kept.name.startswith("final_"):
+                shutil.rmtree(kept)
+        models[name], histories[name] = trained.sae, trained.history
+        row = {"name": name, "family": family, "setting": setting, "seed": seed, "lr": lr}
+        read = _read(name, trained.sae, splits["validation"], "validation")
+        read["objective"] = None
+        if search:
+            held = splits["validation"].test[data.hook]
+            read["objective"] = training_objective(trained.sae, held, cfg.batch_size, cfg.steps)
+        rows.append({**row, **read})
+        watch.lap(f"train {name}")
+        return name
+
+    def _read(name: str, sae: Any, split: Any, split_name: str) -> dict[str, Any]:
+        stats, held, _ = evaluate_model(name, sae, split, settings)
+        if split_name == "test":
+            records[name] = held
+        keys = (
+            "explained_variance",
+            "l0",
+            "l0_rare",
+            "dead",
+            "constant",
+            "activated",
+            "activated_strict",
+        )
+        return {"split": split_name, **{key: stats[key] for key in keys}}
+
+    seeds, families = list(cfg.seeds), list(cfg.families)
+    chosen_lr: dict[str, float] = {}
+    for family in families:
+        if family == "bae_no_resampling":  # an ablation: the BAE's lr, one change only
+            chosen_lr[family] = chosen_lr["bae"]
+            continue
+        middle = _middle(cfg.settings(family))
+        candidates = [fit(family, middle, lr, seeds[0], search=True) for lr in cfg.lrs]
+        best = choose_on_validation(
+            [r for r in rows if r["name"] in candidates], lambda r: r["objective"]
+        )
+        chosen_lr[family] = best[(family,)]["lr"]
+    final = [
+        fit(family, setting, chosen_lr[family], seed)
+        for family in families
+        for setting in cfg.settings(family)
+        for seed in seeds
+    ]
+    for row in rows:  # bae_no_resampling's lr: chosen from the same candidates, on the BAE
+        row["lr_candidates"] = list(cfg.lrs)
+    bae_default = _bae_default(rows, final, cfg.d_sae) if "bae" in families else None
+
+    # every model of the final grid read once on test and OOD; the language model loaded once
+    final_models = {name: models[name] for name in final}
+    base = {r["name"]: r for r in rows}
+    for split_name in ("test", "ood"):
+        for name, sae in final_models.items():
+            read = _read(name, sae, splits[split_name], split_name)
+            rows.append({**_identity(base[name]), **read})
+    watch.lap("read on test and OOD")
+    language_model = load_model(data.model, device=cfg.device)
+    read_rows = {(r["name"], r["split"]): r for r in rows}
+    for split_name in ("test", "ood") if cfg.spliced_sequences > 0 else ():
+        spliced = spliced_columns(final_models, splits[split_name], settings, language_model)
+        for name, values in spliced.items():
+            row = read_rows[(name, split_name)]
+            row["ce_loss_recovered"], row["kl"] = values["ce_loss_score"], values["kl_div_with_sae"]
+    watch.lap("spliced into the model")
+    if cfg.probe_sentences > 0:
         pairs = load_labelled_sentences(cfg.probe_dataset or default_labelled_sentences())
-        pairs = random.Random(cfg.seed).sample(pairs, min(cfg.probe_sentences, len(pairs)))
-        read = sentence_columns(spliced, data, pairs, settings, language_model, seed=cfg.seed)
-        add_columns(rows, read)
-        lap("probing and out-of-distribution sentences")
+        pairs = random.Random(seeds[0]).sample(pairs, min(cfg.probe_sentences, len(pairs)))
+        probes = probe_columns(final_models, data, pairs, language_model, seed=seeds[0])
+        for row in rows:  # labelled sentences, read once per model: on its test and OOD rows
+            if row["split"] != "validation":
+                row.update(probes[row["name"]])
+        watch.lap("k-sparse probing")
     del language_model
+    for row in rows:
+        for key in ("ce_loss_recovered", "kl", "probe_accuracy"):
+            row.setdefault(key, None)
     comsem_scores: dict[str, list[float]] = {}
     if cfg.comsem_llm is not None:
+        judged = {n: records[n] for n in final if n.endswith(f"seed{seeds[0]}")}
+        by_name = {n: read_rows[(n, "test")] for n in judged}
         client = ClientConfig(model=cfg.comsem_llm, base_url=cfg.comsem_base_url)
         comsem_scores = comsem_columns(
-            records, data.tokenizer, client, rows, out / "comsem", cfg.comsem_max_features, progress
+            judged,
+            data.tokenizer,
+            client,
+            by_name,
+            out / "comsem",
+            cfg.comsem_max_features,
+            progress,
         )
-        lap("comsem")
+        watch.lap("comsem")
 
     summary = {
         "config": asdict(cfg),
-        "model": cfg.model,
-        "hook": hook,
-        "transcoder_input": mlp_in if "transcoder" in cfg.baselines else None,
+        "hook": data.hook,
         "dataset": data.dataset,
-        "train_tokens": int(train.shape[0]),
-        "held_out_tokens": int(data.test[hook].shape[0]),
-        "outliers_dropped": data.outliers_dropped,
-        # every model reads states multiplied by this (bae interpret --sae ... --input-scale)
-        "activation_scale": data.scales[hook],
-        "bae_prior": cfg.prior,
-        "models": rows,
+        "ood_dataset": splits["ood"].dataset,
+        "tokens": {
+            "train": int(train.shape[0]),
+            **{s: int(splits[s].test[data.hook].shape[0]) for s in SPLITS},
+        },
+        "activation_scale": data.scales[data.hook],
+        "chosen_lr": chosen_lr,
+        "bae_default": bae_default,
+        "rows": rows,
+        "verdicts": verdicts(rows, families),
         "seconds": watch.seconds,
     }
     write_json(out / "compare.json", summary)  # the results are safe before any plotting
-    write_text(out / "compare.md", _report(summary))
-    title = f"{cfg.model} {hook}"
-    if len(rates) > 1:
-        plot_firing_frequency_grid(rates, out / "firing_frequency.png", "bae", cfg.dense_threshold)
-    else:  # a BAE-only study: its own histogram
-        plot_firing_frequencies(rates, out / "firing_frequency.png", title=title)
-    plot_active_frequencies(frequencies, out / "active_frequency.png", title=title)
-    plot_magnitude_heatmaps(heat, out / "magnitudes.png", title=title)
-    plot_training_curves(histories, out / "training_curves.png", title=title)
+    write_text(out / "compare.md", report(summary))
+    (out / "records").mkdir(exist_ok=True)
+    for name in final:
+        models[name].save_model(out / "models" / name)
+        records[name].save(out / "records" / f"{name}.safetensors")
+    if bae_default is not None:  # the chosen BAE (first seed) where the other commands look
+        chosen = f"bae-{bae_default:g}-lr{chosen_lr['bae']:g}-seed{seeds[0]}"
+        models[chosen].save_model(out / "models" / "bae")
+        records[chosen].save(out / "records" / "bae.safetensors")
+    plot_frontiers(rows, families, out, title=f"{cfg.model} {data.hook}")
+    plot_training_curves(
+        {n: h for n, h in histories.items() if n.endswith(f"seed{seeds[0]}")},
+        out / "training_curves.png",
+    )
     if comsem_scores:
-        plot_comsem_scores(comsem_scores, out / "comsem_scores.png", title=title)
-    lap("report")
-    write_json(out / "compare.json", summary)  # again, with the report's seconds
+        plot_comsem_scores(comsem_scores, out / "comsem_scores.png")
+    watch.lap("report")
+    summary["seconds"] = watch.seconds
+    write_json(out / "compare.json", summary)
     shutil.rmtree(checkpoints, ignore_errors=True)  # the results are written
     return summary
 
 
-def _report(summary: dict[str, Any]) -> str:
-    config = summary["config"]
-    lines = [
-        f"# BAE vs SAEs: {summary['model']} `{summary['hook']}`",
-        "",
-        f"{summary['train_tokens']} training tokens, {summary['held_out_tokens']} held-out tokens "
-        f"(statistics on held-out); BAE magnitudes: burstiness with the {summary['bae_prior']} "
-        f"prior. activated: the paper's (top-{config['records_k']} over all channels, at least "
-        f"{config['n_explain'] + 1} records, Algorithm 1); activated (>8): the same records, more "
-        f"than 8 (Table 1's caption); activated (firing): top-{config['records_k']} over "
-        f"firing channels, more than {config['activated_min_samples']} records. constant, dead, "
-        "dense, active >10%: on each channel's active frequency (BAE bit: rarity min(p, 1 - p); "
-        f"SAE latent: firing rate): below 1e-4, never, above {config['dense_threshold']:.0%}, "
-        "above 10%. CE recovered and KL: spliced into the model on "
-        f"{config['spliced_sequences']} held-out sequences (SAELens' definitions). OOD: the "
-        f"tokens of {config['probe_sentences']} labelled sentences of another text (the probing "
-        "set); probe k: held-out accuracy of a logistic-regression probe on the k latents whose "
-        "class means differ most on the other half of those sentences (SAEBench's k-sparse "
-        "probing).",
-        "",
+def _identity(row: dict[str, Any]) -> dict[str, Any]:
+    keys = ("name", "family", "setting", "seed", "lr", "lr_candidates")
+    return {key: row[key] for key in keys}
+
+
+EV_MARGIN = 0.02
+"""The feature target's EV tolerance below the sparsest TopK SAE (the paper's TopK-15)."""
+
+
+def _bae_default(rows: list[dict[str, Any]], final: list[str], d_sae: int) -> float:
+    """The BAE's default setting from validation rows of the final grid (means over seeds): the
+    most activated features (ties: the higher EV) among the settings that meet the feature
+    target: EV at least the sparsest TopK setting's minus ``EV_MARGIN`` and constant channels
+    under 1%; none meets it: the recipe's own coefficients (scale 1). Chosen before any test or
+    OOD row exists."""
+    held = [r for r in rows if r["split"] == "validation" and r["name"] in final]
+
+    def mean(family: str, setting: float, key: str) -> float:
+        values = [r[key] for r in held if r["family"] == family and r["setting"] == setting]
+        return statistics.fmean(values)
+
+    topk = sorted({r["setting"] for r in held if r["family"] == "topk"})
+    floor = mean("topk", topk[0], "explained_variance") - EV_MARGIN if topk else float("-inf")
+    settings = sorted({r["setting"] for r in held if r["family"] == "bae"})
+    meets = [
+        s
+        for s in settings
+        if mean("bae", s, "explained_variance") >= floor
+        and mean("bae", s, "constant") < 0.01 * d_sae
     ]
-    return "\n".join(lines) + "\n" + models_table(summary["models"])
+    if not meets:
+        return 1.0
+    return max(
+        meets, key=lambda s: (mean("bae", s, "activated"), mean("bae", s, "explained_variance"))
+    )
