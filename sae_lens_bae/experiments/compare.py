@@ -228,7 +228,9 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             if kept.is_dir() and not kept.name.startswith("final_"):
                 shutil.rmtree(kept)
         models[name], histories[name] = trained.sae, trained.history
+        # bae_no_resampling's lr is chosen from the same candidates, on the BAE's runs
         row = {"name": name, "family": family, "setting": setting, "seed": seed, "lr": lr}
+        row["lr_candidates"] = list(cfg.lrs)
         read = _read(name, trained.sae, splits["validation"], "validation")
         read["objective"] = None
         if search:
@@ -271,8 +273,6 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         for setting in cfg.settings(family)
         for seed in seeds
     ]
-    for row in rows:  # bae_no_resampling's lr: chosen from the same candidates, on the BAE
-        row["lr_candidates"] = list(cfg.lrs)
     bae_default = _bae_default(rows, final, cfg.d_sae) if "bae" in families else None
 
     # every model of the final grid read once on test and OOD; the language model loaded once
@@ -283,7 +283,8 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             read = _read(name, sae, splits[split_name], split_name)
             rows.append({**_identity(base[name]), **read})
     watch.lap("read on test and OOD")
-    language_model = load_model(data.model, device=cfg.device)
+    needs_model = cfg.spliced_sequences > 0 or cfg.probe_sentences > 0
+    language_model = load_model(data.model, device=cfg.device) if needs_model else None
     read_rows = {(r["name"], r["split"]): r for r in rows}
     for split_name in ("test", "ood") if cfg.spliced_sequences > 0 else ():
         spliced = spliced_columns(final_models, splits[split_name], settings, language_model)
