@@ -472,14 +472,17 @@ def test_quickstart_pipeline_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_p
 
     cache = ActivationCache.load(out / "activations")
     first = tokens.shape[0] - n_held_out
-    raw = cache.activations(metrics["hook"], sequences=slice(first, None))
-    keep = outlier_mask(raw, 10.0)
-    rows = cache.token_positions()
-    held = rows[rows[:, 0] >= first][keep]
-    assert held.shape[0] == metrics["held_out_tokens"]
+    acts = cache.activations(metrics["hook"])
+    keep = outlier_mask(acts, 10.0)  # one rule over every row, as harvest_layer drops them
+    rows = cache.token_positions()[keep]
+    held = rows[:, 0] >= first
+    assert int(held.sum()) == metrics["held_out_tokens"]
+    assert int((~held).sum()) == metrics["train_tokens"]
+    assert int((~keep).sum()) == metrics["outliers_dropped"]
     data = LayerActivations(
-        hook=metrics["hook"], train={}, test={metrics["hook"]: raw[keep]},
-        scales={metrics["hook"]: 1.0}, positions=held, token_ids=tokens[held[:, 0], held[:, 1]],
+        hook=metrics["hook"], train={}, test={metrics["hook"]: acts[keep][held]},
+        scales={metrics["hook"]: 1.0}, positions=rows[held],
+        token_ids=tokens[rows[held][:, 0], rows[held][:, 1]],
         sequences=tokens, tokenizer=None, model="tiny", dataset="tiny", outliers_dropped=0,
     )  # fmt: skip
     for name in ("bae", "topk"):

@@ -1,5 +1,6 @@
-"""What several experiments share: the states of one layer they read, the labelled sentences of
-the ICL experiments, and how a nested training recipe appears on the command line."""
+"""What several experiments share: the states of one layer they read, the ComSem columns of
+their records, the labelled sentences of the ICL experiments, and how a nested training recipe
+appears on the command line."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from typing import Any
 
 from sae_lens_bae.activations import LayerActivations, harvest_layer
 from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.comsem import ClientConfig, comsem_columns
 from sae_lens_bae.entropy import EntropyRecipe
+from sae_lens_bae.features import FeatureRecords
 from sae_lens_bae.prompts import load_icl_pairs
 
-__all__ = ["TRAINING_CHECKPOINT", "LabelledSentences", "LayerData", "recipe_field"]
+__all__ = ["TRAINING_CHECKPOINT", "ComSemJudge", "LabelledSentences", "LayerData", "recipe_field"]
 
 TRAINING_CHECKPOINT = "training-checkpoint"
 """Where in its output folder a trace's BAE training saves itself until the results are written:
@@ -46,7 +49,7 @@ class LayerData:
     """Tokens per harvested sequence."""
     max_sequences: int | None = ranged(512, low=1)
     """Cap on harvested sequences."""
-    held_out_fraction: float = 0.1
+    held_out_fraction: float = ranged(0.1, above=0.0, below=1.0)
     """Fraction of sequences held out for the statistics."""
     outlier_norm_ratio: float = ranged(10.0, low=1.0)
     """Activations with a norm above this times the median are dropped (attention sinks)."""
@@ -55,8 +58,6 @@ class LayerData:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if not 0.0 < self.held_out_fraction < 1.0:
-            raise ValueError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction}")
 
     def harvest(
         self,
@@ -83,6 +84,35 @@ class LayerData:
             outlier_norm_ratio=self.outlier_norm_ratio,
             device=self.device,
             progress=progress,
+        )
+
+
+@dataclass
+class ComSemJudge:
+    """Optional ComSem columns of an experiment: its models' records judged by an LLM."""
+
+    comsem_llm: str | None = None
+    """Add ComSem columns: records judged by this LLM."""
+    comsem_base_url: str | None = None
+    """The LLM's OpenAI-compatible endpoint (default: OpenAI)."""
+    comsem_max_features: int | None = ranged(None, low=1)
+    """ComSem on the first N activated features of each model (default: all)."""
+
+    def judge(
+        self,
+        records: dict[str, FeatureRecords],
+        tokenizer: Any,
+        rows: dict[str, dict[str, Any]],
+        out: Path,
+        progress: bool,
+    ) -> dict[str, list[float]]:
+        """``comsem_columns`` of ``records`` into ``rows`` (reports under ``out/comsem``), or
+        nothing without an LLM."""
+        if self.comsem_llm is None:
+            return {}
+        client = ClientConfig(model=self.comsem_llm, base_url=self.comsem_base_url)
+        return comsem_columns(
+            records, tokenizer, client, rows, out / "comsem", self.comsem_max_features, progress
         )
 
 

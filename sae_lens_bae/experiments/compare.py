@@ -37,9 +37,8 @@ from typing import Any, Literal
 
 from sae_lens_bae.activations import harvest_layer, held_out_splits
 from sae_lens_bae.checks import check_ranges, ranged
-from sae_lens_bae.comsem import ClientConfig, comsem_columns
 from sae_lens_bae.data import default_labelled_sentences, load_labelled_sentences
-from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, LayerData
+from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, ComSemJudge, LayerData
 from sae_lens_bae.experiments.compare_report import plot_frontiers, report, verdicts
 from sae_lens_bae.experiments.layer_study import (
     EvaluationSettings,
@@ -62,7 +61,7 @@ REPORT = "compare.md"
 
 
 @dataclass
-class CompareConfig(LayerData):
+class CompareConfig(ComSemJudge, LayerData):
     """What ``bae compare`` runs; the defaults fit 45 minutes on a 2-core CPU."""
 
     max_sequences: int | None = ranged(1536, low=1)
@@ -105,12 +104,6 @@ class CompareConfig(LayerData):
     """Labelled sentences for k-sparse probing (default: gensim's movie reviews)."""
     probe_sentences: int = ranged(200, low=0)
     """Labelled sentences read (a seeded sample; the default set has 200); 0: skip."""
-    comsem_llm: str | None = None
-    """Add ComSem columns: the first seed's test records judged by this LLM."""
-    comsem_base_url: str | None = None
-    """The LLM's OpenAI-compatible endpoint (default: OpenAI)."""
-    comsem_max_features: int | None = ranged(None, low=1)
-    """ComSem on the first N activated features of each model (default: all)."""
     out: Path = Path("runs/compare")
     """Report folder."""
 
@@ -304,20 +297,10 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     for row in rows:
         for key in ("ce_loss_recovered", "kl", "probe_accuracy"):
             row.setdefault(key, None)
-    comsem_scores: dict[str, list[float]] = {}
-    if cfg.comsem_llm is not None:
-        judged = {n: records[n] for n in final if n.endswith(f"seed{seeds[0]}")}
-        by_name = {n: read_rows[(n, "test")] for n in judged}
-        client = ClientConfig(model=cfg.comsem_llm, base_url=cfg.comsem_base_url)
-        comsem_scores = comsem_columns(
-            judged,
-            data.tokenizer,
-            client,
-            by_name,
-            out / "comsem",
-            cfg.comsem_max_features,
-            progress,
-        )
+    judged = {n: records[n] for n in final if n.endswith(f"seed{seeds[0]}")}
+    by_name = {n: read_rows[(n, "test")] for n in judged}
+    comsem_scores = cfg.judge(judged, data.tokenizer, by_name, out, progress)
+    if comsem_scores:
         watch.lap("comsem")
 
     summary = {

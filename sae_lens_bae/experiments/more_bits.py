@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from sae_lens_bae.checks import check_ranges, ranged
-from sae_lens_bae.comsem import COMSEM_COLUMNS, ClientConfig, comsem_columns
-from sae_lens_bae.experiments.common import LayerData
+from sae_lens_bae.comsem import COMSEM_COLUMNS
+from sae_lens_bae.experiments.common import ComSemJudge, LayerData
 from sae_lens_bae.features import code_prior, feature_statistics, top_k_records
 from sae_lens_bae.features.records import Magnitude
 from sae_lens_bae.plots import save_figure, subplots
@@ -33,7 +33,7 @@ REPORT = "more_bits.md"
 
 
 @dataclass
-class MoreBitsConfig(LayerData):
+class MoreBitsConfig(ComSemJudge, LayerData):
     """What ``bae bench more-bits`` runs; the defaults fit a 2-core CPU (decoder width d_sae =
     d_in, so that C = 4 has as many code bits as a 4x BAE)."""
 
@@ -51,12 +51,6 @@ class MoreBitsConfig(LayerData):
     """A feature is activated with more than this many tokens in the records."""
     dense_threshold: float = ranged(0.5, low=0.0, high=1.0)
     """A feature firing on more than this fraction of tokens is dense."""
-    comsem_llm: str | None = None
-    """Add ComSem columns per C, judged by this LLM."""
-    comsem_base_url: str | None = None
-    """The LLM's OpenAI-compatible endpoint (default: OpenAI)."""
-    comsem_max_features: int | None = ranged(None, low=1)
-    """ComSem on the first N activated features of each BAE (default: all)."""
     seed: int = 0
     """Seed of the BAEs' initialisation and data order."""
     out: Path = Path("runs/more_bits")
@@ -143,18 +137,7 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
             }
         )
         watch.lap(f"C = {c}")
-    if cfg.comsem_llm is not None:
-        client = ClientConfig(model=cfg.comsem_llm, base_url=cfg.comsem_base_url)
-        by_name = {f"C={row['bits']}": row for row in rows}
-        comsem_columns(
-            records,
-            data.tokenizer,
-            client,
-            by_name,
-            out / "comsem",
-            cfg.comsem_max_features,
-            progress,
-        )
+    if cfg.judge(records, data.tokenizer, {f"C={row['bits']}": row for row in rows}, out, progress):
         watch.lap("comsem")
     summary = {
         "config": asdict(cfg),

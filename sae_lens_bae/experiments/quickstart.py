@@ -8,22 +8,21 @@ plots. Every stage is swappable (model, dataset, hook, steps) through :class:`Qu
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 
-from sae_lens_bae.activations import drop_outliers, harvest_activations, hook_point
-from sae_lens_bae.checks import check_ranges, ranged, renamed
-from sae_lens_bae.data import default_corpus, load_token_dataset
+from sae_lens_bae.checks import ranged, renamed
 from sae_lens_bae.entropy import code_entropy
-from sae_lens_bae.evaluation import spliced_losses
+from sae_lens_bae.experiments.common import LayerData
+from sae_lens_bae.experiments.layer_study import EvaluationSettings, spliced_columns
 from sae_lens_bae.features import feature_statistics
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
 from sae_lens_bae.reports import Stopwatch, cell, write_json, write_text
-from sae_lens_bae.saes.bae_config import BAE_RECIPES, BAETrainingSAEConfig, bae_config
+from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
 from sae_lens_bae.saes.bae_recipes import RecipeName
 from sae_lens_bae.saes.loading import load_sae
 from sae_lens_bae.training import TrainingRun, train_sae
@@ -35,27 +34,13 @@ REPORT = None
 
 
 @dataclass
-class QuickstartConfig:
+class QuickstartConfig(LayerData):
     """What the quickstart runs; the defaults finish in under 15 minutes on 2 CPU cores."""
 
     out: Path = Path("runs/quickstart")
     """Report folder."""
-    model: str = "smollm2-135m"
-    """Embedded name, local HF directory or TransformerLens name."""
-    hook: str = "hook_resid_post"
-    """Hook point: a full TransformerLens name, or a name inside block --layer."""
-    layer: int | None = ranged(None, low=0)
-    """Block of a --hook inside a block (default: the middle one)."""
-    dataset: str | None = None
-    """Text file, folder or HF dataset (default: the embedded Lee corpus, gensim's test data)."""
-    text_column: str | None = None
-    """Text column of a table/JSONL dataset."""
-    context_size: int = ranged(128, low=1)
-    """Tokens per harvested sequence."""
     max_sequences: int | None = ranged(None, low=1)
     """Cap on harvested sequences (default: the whole dataset)."""
-    held_out_fraction: float = ranged(0.1, above=0.0, below=1.0)
-    """Fraction of sequences held out for evaluation."""
     expansion: int = ranged(4, low=1)
     """d_sae / d_in of both models."""
     steps: int = ranged(1000, low=1)
@@ -72,12 +57,8 @@ class QuickstartConfig:
     """Adam learning rate of the topk SAE."""
     topk_k: int = ranged(100, low=1)
     """k of the topk SAE (SAELens' default)."""
-    outlier_norm_ratio: float = ranged(10.0, low=1.0)
-    """Activations with a norm above this times the median are dropped (attention sinks)."""
     spliced_sequences: int = ranged(32, low=0)
     """Held-out sequences on which each model is spliced into the LM (CE recovered, KL); 0: skip."""
-    device: str = "cpu"
-    """Torch device."""
     seed: int = 0
     """Seed of the models' initialisation and data order."""
 
@@ -88,18 +69,7 @@ class QuickstartConfig:
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
-        check_ranges(self)
-
-
-def _bae_config(d_in: int, cfg: QuickstartConfig) -> BAETrainingSAEConfig:
-    """The quickstart's BAE: its recipe, with ``cfg.bae_kwargs`` replacing fields."""
-    return bae_config(
-        d_in,
-        cfg.expansion * d_in,
-        recipe=cfg.recipe,
-        normalize_activations="expected_average_only_in",
-        **cfg.bae_kwargs,
-    )
+        super().__post_init__()
 
 
 def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
@@ -109,84 +79,59 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
     watch = Stopwatch("quickstart")
     lap = watch.lap
 
-    model = load_model(cfg.model, device=cfg.device)
-    hook = hook_point(model, cfg.hook, cfg.layer)
-    corpus = cfg.dataset or str(default_corpus())
-    lap("load model")
+    data = cfg.harvest(out, progress=progress)
+    hook, scale = data.hook, data.scales[data.hook]
+    train_acts, test_acts = data.train[hook], data.test[hook]
+    lap("load model, tokenise and harvest")
 
-    dataset = load_token_dataset(
-        corpus,
-        model.tokenizer,
-        cfg.context_size,
-        text_column=cfg.text_column,
-        max_sequences=cfg.max_sequences,
-    )
-    cache = harvest_activations(
-        model, dataset, [hook], out / "activations", batch_size=8, progress=progress
-    )
-    del model
-    n_seq = cache.meta["n_sequences"]
-    n_held_out = max(1, round(cfg.held_out_fraction * n_seq))
-    train_acts, train_outliers = drop_outliers(
-        cache.activations(hook, sequences=slice(0, n_seq - n_held_out)), cfg.outlier_norm_ratio
-    )
-    test_acts, test_outliers = drop_outliers(
-        cache.activations(hook, sequences=slice(n_seq - n_held_out, None)),
-        cfg.outlier_norm_ratio,
-    )
-    lap("tokenise and harvest")
-
-    d_in = train_acts.shape[1]
-    runs: dict[str, TrainingRun] = {}
+    d_in, d_sae = train_acts.shape[1], cfg.expansion * train_acts.shape[1]
     trainer_args = dict(
         training_samples=cfg.steps * cfg.batch_size,
         batch_size=cfg.batch_size,
         device=cfg.device,
         seed=cfg.seed,
-        n_batches_for_norm_estimate=100,
     )
+    runs: dict[str, TrainingRun] = {}
+    bae_cfg = bae_config(d_in, d_sae, recipe=cfg.recipe, **cfg.bae_kwargs)
     bae_lr = cfg.bae_lr or BAE_RECIPES[cfg.recipe].lr
-    runs["bae"] = train_sae(train_acts, _bae_config(d_in, cfg), lr=bae_lr, **trainer_args)
+    runs["bae"] = train_sae(train_acts, bae_cfg, lr=bae_lr, **trainer_args)
     lap("train bae")
-    topk_cfg = TopKTrainingSAEConfig(
-        d_in=d_in,
-        d_sae=cfg.expansion * d_in,
-        k=cfg.topk_k,
-        normalize_activations="expected_average_only_in",
-    )
+    topk_cfg = TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=cfg.topk_k)
     runs["topk"] = train_sae(train_acts, topk_cfg, lr=cfg.topk_lr, **trainer_args)
     lap("train topk")
 
+    # What a user loads reads the raw activations: the harvest's scale folded into the weights.
+    raw_test = test_acts / scale
     metrics: dict[str, Any] = {}
     rates = {}
-    saved = {}  # what a user loads: the inference models, the training scale folded in
+    saved = {}
     for name, run in runs.items():
         run.sae.eval()
+        run.sae.fold_activation_norm_scaling_factor(scale)
         run.sae.save_inference_model(out / name)
         saved[name] = load_sae(out / name, device=cfg.device)
-        evaluation = feature_statistics(saved[name], test_acts)  # compare's columns and rules
+        evaluation = feature_statistics(saved[name], raw_test)  # compare's columns and rules
         rates[name] = evaluation.pop("firing_rates")
         evaluation.pop("active_frequency")
         metrics[name] = evaluation
-    estimate = code_entropy(saved["bae"], test_acts)
-    metrics["bae"]["entropy_estimate_bits"] = estimate.bits
-    metrics["bae"]["entropy_ceiling_bits"] = estimate.ceiling_bits
-    metrics["bae"]["distinct_states"] = estimate.n_distinct
-    metrics["bae"]["entropy_code_bits"] = estimate.code_bits
-    metrics["bae"]["entropy_excess_bits"] = estimate.excess_bits
-    metrics["bae"]["typical_relative_error"] = estimate.typical_relative_error
-    metrics["bae"]["entropy_reliable"] = estimate.reliable
+    estimate = code_entropy(saved["bae"], raw_test)
+    metrics["bae"].update(
+        entropy_estimate_bits=estimate.bits,
+        entropy_ceiling_bits=estimate.ceiling_bits,
+        distinct_states=estimate.n_distinct,
+        entropy_code_bits=estimate.code_bits,
+        entropy_excess_bits=estimate.excess_bits,
+        typical_relative_error=estimate.typical_relative_error,
+        entropy_reliable=estimate.reliable,
+    )
     lap("evaluate")
-    if cfg.spliced_sequences > 0:  # the SAEs read raw activations (their scale folded back)
-        held_out_rows = cache.tokens()[n_seq - n_held_out :][: cfg.spliced_sequences]
-        spliced = spliced_losses(
-            load_model(cfg.model, device=cfg.device),
-            saved,
-            held_out_rows,
-            hook,
-            outlier_norm_ratio=cfg.outlier_norm_ratio,
-        )
-        for name, losses in spliced.items():
+    settings = EvaluationSettings(
+        spliced_sequences=cfg.spliced_sequences, outlier_norm_ratio=cfg.outlier_norm_ratio
+    )
+    if cfg.spliced_sequences > 0:
+        raw = replace(data, scales={hook: 1.0})  # the saved models read raw activations
+        model = load_model(cfg.model, device=cfg.device)
+        for name, losses in spliced_columns(saved, raw, settings, model).items():
             metrics[name].update(losses)
         lap("spliced into the model")
 
@@ -203,12 +148,13 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
         "model": cfg.model,
         "hook": hook,
-        "dataset": corpus,
-        "sequences": n_seq,
+        "dataset": data.dataset,
+        "sequences": int(data.sequences.shape[0]),
         "context_size": cfg.context_size,
         "train_tokens": int(train_acts.shape[0]),
         "held_out_tokens": int(test_acts.shape[0]),
-        "outliers_dropped": {"train": train_outliers, "held_out": test_outliers},
+        "outliers_dropped": data.outliers_dropped,
+        "activation_scale": scale,
         "models": metrics,
         "seconds": watch.seconds,
         "total_seconds": round(sum(watch.seconds.values()), 1),
