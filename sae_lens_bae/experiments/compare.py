@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sae_lens_bae.activations import harvest_layer, held_out_splits
-from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.checks import ranged
 from sae_lens_bae.data import default_labelled_sentences, load_labelled_sentences
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, ComSemJudge, LayerData
 from sae_lens_bae.experiments.compare_report import plot_frontiers, report, verdicts
@@ -66,7 +66,7 @@ class CompareConfig(ComSemJudge, LayerData):
 
     max_sequences: int | None = ranged(1536, low=1)
     """Cap on harvested sequences."""
-    held_out_fraction: float = 0.1
+    held_out_fraction: float = ranged(0.1, above=0.0, below=0.5)
     """Fraction of the sequences in each of the validation and test splits."""
     ood_dataset: str | None = None
     """Another text for the out-of-distribution split (default: gensim's movie reviews)."""
@@ -108,13 +108,7 @@ class CompareConfig(ComSemJudge, LayerData):
     """Report folder."""
 
     def __post_init__(self) -> None:
-        check_ranges(self)
-        super().__post_init__()
-        if not 0.0 < self.held_out_fraction < 0.5:
-            raise ValueError(
-                f"held_out_fraction must be in (0, 0.5): validation and test take it each, got "
-                f"{self.held_out_fraction}"
-            )
+        super().__post_init__()  # LayerData's: every field's range, this class's too
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown or not self.families:
             raise ValueError(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")

@@ -4,6 +4,7 @@ markdown report and the frontier plots (means over seeds, error bars their sprea
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -25,32 +26,14 @@ def _probe(row: Row) -> float | None:
     return (row.get("probe_accuracy") or {}).get(PROBE_K)
 
 
-CHECKS: tuple[tuple[str, str, Callable[[Row], Any], Callable[[Row], Any], bool], ...] = (
-    ("activated at matched KL", "kl", lambda r: r["kl"], lambda r: r["activated"], True),
-    (
-        "activated (>8) at matched KL",
-        "kl",
-        lambda r: r["kl"],
-        lambda r: r["activated_strict"],
-        True,
-    ),
-    ("KL at matched L0", "l0_rare", lambda r: r["l0_rare"], lambda r: r["kl"], False),
-    (
-        "EV at matched L0",
-        "l0_rare",
-        lambda r: r["l0_rare"],
-        lambda r: r["explained_variance"],
-        True,
-    ),
-    (
-        f"probe accuracy (k={PROBE_K}) at matched L0",
-        "l0_rare",
-        lambda r: r["l0_rare"],
-        _probe,
-        True,
-    ),
+CHECKS: tuple[tuple[str, Callable[[Row], Any], Callable[[Row], Any], bool], ...] = (
+    ("activated at matched KL", itemgetter("kl"), itemgetter("activated"), True),
+    ("activated (>8) at matched KL", itemgetter("kl"), itemgetter("activated_strict"), True),
+    ("KL at matched L0", itemgetter("l0_rare"), itemgetter("kl"), False),
+    ("EV at matched L0", itemgetter("l0_rare"), itemgetter("explained_variance"), True),
+    (f"probe accuracy (k={PROBE_K}) at matched L0", itemgetter("l0_rare"), _probe, True),
 )
-"""(metric, x key, x, y, higher y is better) of every verdict."""
+"""(metric, x, y, higher y is better) of every verdict."""
 
 RULE = (
     "Learning rate per family: the lowest validation value of the family's own training "
@@ -75,7 +58,7 @@ def verdicts(rows: Sequence[Row], families: Sequence[str]) -> list[Row]:
         return []
     found = []
     for family in [f for f in families if not f.startswith("bae")]:
-        for metric, _, x, y, higher in CHECKS:
+        for metric, x, y, higher in CHECKS:
             per_split = {
                 split: frontier_verdict(
                     frontier(rows, "bae", split, x, y), frontier(rows, family, split, x, y), higher
@@ -212,21 +195,21 @@ PLOTS = (
     (
         "frontier_kl_l0.png",
         "L0 (rare state)",
-        lambda r: r["l0_rare"],
+        itemgetter("l0_rare"),
         "KL (spliced)",
-        lambda r: r["kl"],
+        itemgetter("kl"),
     ),
     (
         "frontier_activated_kl.png",
         "KL (spliced)",
-        lambda r: r["kl"],
+        itemgetter("kl"),
         "activated",
-        lambda r: r["activated"],
+        itemgetter("activated"),
     ),
     (
         "frontier_probe_l0.png",
         "L0 (rare state)",
-        lambda r: r["l0_rare"],
+        itemgetter("l0_rare"),
         f"probe accuracy (k={PROBE_K})",
         _probe,
     ),

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.checks import ranged
 from sae_lens_bae.compression import compression_report, decoder_bytes
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.plots import save_figure, subplots
@@ -39,8 +39,7 @@ class CompressionConfig(LayerData):
     """Report folder."""
 
     def __post_init__(self) -> None:
-        check_ranges(self)
-        super().__post_init__()
+        super().__post_init__()  # LayerData's: every field's range, this class's too
 
 
 def run(cfg: CompressionConfig, progress: bool = True) -> dict[str, Any]:

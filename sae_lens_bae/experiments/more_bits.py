@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sae_lens_bae.checks import check_ranges, ranged
+from sae_lens_bae.checks import ranged
 from sae_lens_bae.comsem import COMSEM_COLUMNS
 from sae_lens_bae.experiments.common import ComSemJudge, LayerData
 from sae_lens_bae.features import code_prior, feature_statistics, top_k_records
@@ -57,8 +57,7 @@ class MoreBitsConfig(ComSemJudge, LayerData):
     """Report folder."""
 
     def __post_init__(self) -> None:
-        check_ranges(self)
-        super().__post_init__()
+        super().__post_init__()  # LayerData's: every field's range, this class's too
         if not self.bits or any(c < 1 for c in self.bits):
             raise ValueError(f"bits must be integers >= 1, got {list(self.bits)}")
 

@@ -125,10 +125,10 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         entropy_reliable=estimate.reliable,
     )
     lap("evaluate")
-    settings = EvaluationSettings(
-        spliced_sequences=cfg.spliced_sequences, outlier_norm_ratio=cfg.outlier_norm_ratio
-    )
     if cfg.spliced_sequences > 0:
+        settings = EvaluationSettings(
+            spliced_sequences=cfg.spliced_sequences, outlier_norm_ratio=cfg.outlier_norm_ratio
+        )
         raw = replace(data, scales={hook: 1.0})  # the saved models read raw activations
         model = load_model(cfg.model, device=cfg.device)
         for name, losses in spliced_columns(saved, raw, settings, model).items():
