@@ -287,7 +287,7 @@ def test_the_long_run_recipe_for_any_dimension_is_the_gpu_grids_with_its_lr_rule
     schedule = recipe.config(d_in).schedule()
     warm_up = recipe.optimiser.lr_warm_up_steps
     assert warm_up < schedule.entropy_on_from < schedule.covariance_off_from
-    assert schedule.covariance_off_from < recipe.steps and not recipe.stop.converge
+    assert schedule.covariance_off_from < recipe.steps and not recipe.converge
     assert isinstance(recipe.drain_rule(), DrainHold)
     assert EntropyRecipe.long_run(2048, restarts=3) == GRIDS["gpu"].recipe
     with pytest.raises(ValueError, match=r"^not EntropyRecipe fields: \['rate'\]$"):
@@ -312,7 +312,7 @@ def test_a_recipe_is_its_flat_record_and_each_flat_name_is_one_field():
         assert EntropyRecipe.of(**recipe.record()) == recipe
     changed = EntropyRecipe().changed(lr=1e-3, restarts=2, expansion=8, converge=False)
     assert changed.optimiser.lr == 1e-3 and changed.selection.restarts == 2
-    assert changed.expansion == 8 and changed.stop.convergence() is None
+    assert changed.expansion == 8 and changed.convergence() is None
     assert changed.loss == EntropyRecipe().loss  # the parts not named stay as they were
 
 

@@ -260,7 +260,7 @@ def estimate_entropies(
         lr=recipe.optimiser.lr,
         device=device,
         progress=progress,
-        convergence=recipe.stop.convergence(),
+        convergence=recipe.convergence(),
         check_sets=[x for x in held_out for _ in replicas],
         lr_warm_up_steps=recipe.optimiser.lr_warm_up_steps,
         lr_scheduler_name=recipe.optimiser.lr_scheduler_name,

@@ -273,7 +273,7 @@ def repair_baes(
             lr=lr,
             device=device,
             progress=progress,
-            convergence=recipe.stop.convergence(),
+            convergence=recipe.convergence(),
             check_sets=[checks[g] for g in starts],
             adam_beta2=recipe.optimiser.adam_beta2,
             init=list(starts.values()),
