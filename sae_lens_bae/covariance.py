@@ -90,8 +90,8 @@ class _CovariancePenalty(torch.autograd.Function):
     (above ``_SIGN_CACHE_LIMIT`` entries; smaller codes keep their int8 sign tiles).
 
     Codes come as a stack [G, B, n] (G = 1 for one BAE); every tile is a batched matmul (one
-    int8 matmul per member on CPU: still 1.6-1.9x faster than fp32 batched ones for 18-63 BAEs
-    of d_sae 512-576), so G small BAEs share the tiles' work. Binary codes H (batch B, column
+    int8 matmul per member on CPU, still faster than fp32 batched ones for stacks of small BAEs:
+    docs/research/benchmarks.md), so G small BAEs share the tiles' work. Binary codes H (batch B, column
     counts c):
     B(B-1) cov = B H^T H - c c^T, where H^T H counts co-occurrences, so every tile and its sign are
     exact integers. The gradient is dD/dH = 2/(B-1) (H - 1 p^T) S with S = sign(cov) (zero
