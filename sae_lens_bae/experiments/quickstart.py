@@ -12,8 +12,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
-
 from sae_lens_bae.checks import ranged, renamed
 from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.experiments.common import LayerData
@@ -25,7 +23,7 @@ from sae_lens_bae.reports import Stopwatch, cell, write_json, write_text
 from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
 from sae_lens_bae.saes.bae_recipes import RecipeName
 from sae_lens_bae.saes.loading import load_sae
-from sae_lens_bae.training import TrainingRun, train_sae
+from sae_lens_bae.training import TrainingRun, family_config, shared_schedule, train_sae
 
 __all__ = ["REPORT", "QuickstartConfig", "run"]
 
@@ -53,8 +51,8 @@ class QuickstartConfig(LayerData):
     """Adam learning rate of the BAE (default: its recipe's)."""
     bae_kwargs: dict[str, Any] = field(default_factory=dict)
     """BAE config fields that replace the recipe's, e.g. entropy_coefficient=1e-6."""
-    topk_lr: float = ranged(5e-4, above=0.0)
-    """Adam learning rate of the topk SAE."""
+    topk_lr: float = ranged(2e-3, above=0.0)
+    """Adam learning rate of the topk SAE (what ``bae compare`` chose on validation here)."""
     topk_k: int = ranged(100, low=1)
     """k of the topk SAE (SAELens' default)."""
     spliced_sequences: int = ranged(32, low=0)
@@ -94,10 +92,15 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
     runs: dict[str, TrainingRun] = {}
     bae_cfg = bae_config(d_in, d_sae, recipe=cfg.recipe, **cfg.bae_kwargs)
     bae_lr = cfg.bae_lr or BAE_RECIPES[cfg.recipe].lr
-    runs["bae"] = train_sae(train_acts, bae_cfg, lr=bae_lr, **trainer_args)
+    # one schedule for both, as in ``bae compare``: warm-up, decay and TopK's AuxK window
+    runs["bae"] = train_sae(
+        train_acts, bae_cfg, **shared_schedule(bae_lr, cfg.steps), **trainer_args
+    )
     lap("train bae")
-    topk_cfg = TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=cfg.topk_k)
-    runs["topk"] = train_sae(train_acts, topk_cfg, lr=cfg.topk_lr, **trainer_args)
+    topk_cfg = family_config("topk", d_in, d_sae, cfg.topk_k, cfg.steps)
+    runs["topk"] = train_sae(
+        train_acts, topk_cfg, **shared_schedule(cfg.topk_lr, cfg.steps), **trainer_args
+    )
     lap("train topk")
 
     # What a user loads reads the raw activations: the harvest's scale folded into the weights.
@@ -226,8 +229,10 @@ activations with a norm above {summary["config"]["outlier_norm_ratio"]}x the med
 model's attention-sink tokens, dropped: {summary["outliers_dropped"]}).
 
 Both models: {summary["config"]["expansion"]}x expansion, {summary["config"]["steps"]} steps of
-{summary["config"]["batch_size"]} activations with SAELens' `SAETrainer`, activations normalised
-to mean norm sqrt(d_in) during training and the scale folded back afterwards.
+{summary["config"]["batch_size"]} activations with SAELens' `SAETrainer` on one schedule (lr
+warm-up over 5% of the steps, decay to a tenth over the last 20%, dead-latent window of 1/16 of
+the steps for TopK's AuxK), activations normalised to mean norm sqrt(d_in) during training and
+the scale folded back afterwards.
 
 | held-out metric | BAE | topk (k={summary["config"]["topk_k"]}) |
 |---|---|---|
