@@ -91,8 +91,8 @@ class _CovariancePenalty(torch.autograd.Function):
 
     Codes come as a stack [G, B, n] (G = 1 for one BAE); every tile is a batched matmul (one
     int8 matmul per member on CPU, still faster than fp32 batched ones for stacks of small BAEs:
-    docs/research/benchmarks.md), so G small BAEs share the tiles' work. Binary codes H (batch B, column
-    counts c):
+    docs/research/benchmarks.md), so G small BAEs share the tiles' work. Binary codes H (batch
+    B, column counts c):
     B(B-1) cov = B H^T H - c c^T, where H^T H counts co-occurrences, so every tile and its sign are
     exact integers. The gradient is dD/dH = 2/(B-1) (H - 1 p^T) S with S = sign(cov) (zero
     diagonal), and (H - 1 p^T) S = H S - 1 (c^T S) / B is an integer product too (c^T S: the
