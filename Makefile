@@ -24,9 +24,10 @@ quickstart: install
 test: install
 	$(BIN)/python -m pytest
 
-# the inner loop: every test but those marked slow (subprocesses, notebooks, long training)
+# the inner loop: every test but those marked slow (subprocesses, notebooks, long training),
+# and the CLI fuzzer on 100 invocations instead of 300
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow"
+	BAE_FUZZ_EXAMPLES=100 $(BIN)/python -m pytest -m "not slow"
 
 demo: install
 	$(BIN)/python tutorials/01_train_bae.py
