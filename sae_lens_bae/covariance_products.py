@@ -78,22 +78,10 @@ def cpu_int8_products() -> bool:
 SPARSE_DENSITY = 0.05
 """On CPU, binary codes whose density (after flipping the channels that fire more than half of the
 time) is at most this take the sparse products (``SPARSE_DENSITY_FP32`` where the matmuls are
-fp32). Forward + backward on 2 cores (AMD EPYC) at batch 512, d_sae 2304 / 8192, int8 matmuls
-against sparse sums, ms (noisy to 20%):
-
-| density | AVX-512 VNNI | oneDNN capped at AVX2 |
-|---|---|---|
-| 0.16 | 17 / 260 against 44 / 539 | 29 / 484 against 34 / 554 |
-| 0.08 | 23 / 341 against 33 / 333 | 29 / 506 against 21 / 365 |
-| 0.04 | 23 / 267 against 26 / 241 | 29 / 499 against 16 / 238 |
-| 0.02 | 22 / 332 against 24 / 341 | 28 / 471 against 12 / 202 |
-
-The int8 matmuls cost the same at any density; the crossover is near 0.03 with VNNI and 0.1
-without. 0.05 is at most 15% off the faster path with VNNI; on AVX2 alone, codes between 0.05
-and 0.1 take int8 matmuls up to 40% slower than the sparse sums would be."""
+fp32): int8 matmuls cost the same at any density, sparse sums fall with it, and the two cross
+between about 0.03 (AVX-512 VNNI) and 0.1 (AVX2); timings in docs/research/benchmarks.md."""
 SPARSE_DENSITY_FP32 = 0.25
-"""The same against fp32 matmuls: on 2 AVX2 cores (d_sae = 2304, batch 512) the sparse forward +
-backward beats them below a density of about 0.3."""
+"""The same against fp32 matmuls, which the sparse sums beat below a density of about 0.3."""
 
 SPARSE_MIN_BLOCK = 256
 """Sparse codes take the sparse products only in tiles at least this wide: each tile costs one

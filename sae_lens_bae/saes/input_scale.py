@@ -17,15 +17,15 @@ times more against their reconstruction than the recipe was calibrated for.
 Nor is training translation-invariant: the initial encoder's hyperplanes pass through the origin,
 and the encoder's gradient is the input times the pre-activations' gradient, so a large common
 component of the inputs steers every update (biases can absorb a translation of the forward
-pass, not of the gradients: a 4-bit set moved 100 times its spread away read 2 bits at 46%
-error with the biases moved instead). t moves the inputs so that their mean sits at
-``sqrt(variance)`` along the unit diagonal ``(1, ..., 1) / sqrt(d)``, where sets of fair bits sit
-(the recipes were calibrated on them), so a translated set trains as the set itself, up to
-rounding. The inputs are not centred: centred, every channel of the initial encoder splits the
-set in half (a centred 8-bit set read 9-10 bits); moved off the origin by as much as they
-spread, channels start at many rates and can settle constant. Both are fixed once (never
-re-estimated): the weights are learnt for them. The entropy recipe (``EntropyRecipe.config``)
-and the registry's ``entropy`` recipe frame every BAE this way, one BAE or a stack.
+pass, not of the gradients). t moves the inputs so that their mean sits at ``sqrt(variance)``
+along the unit diagonal ``(1, ..., 1) / sqrt(d)``, where sets of fair bits sit (the recipes were
+calibrated on them), so a translated set trains as the set itself, up to rounding. The inputs
+are not centred: centred, every channel of the initial encoder splits the set in half; moved
+off the origin by as much as they spread, channels start at many rates and can settle constant
+(docs/research/entropy-reading.md, "Placed where the recipe was calibrated"). Both are fixed
+once (never re-estimated): the weights are learnt for them. The entropy recipe
+(``EntropyRecipe.config``) and the registry's ``entropy`` recipe frame every BAE this way, one
+BAE or a stack.
 """
 
 from __future__ import annotations
