@@ -222,23 +222,23 @@ def _report(summary: dict[str, Any]) -> str:
     seconds = ", ".join(f"{k} {v:.0f} s" for k, v in summary["seconds"].items())
     return f"""# BAE quickstart report
 
-Model `{summary["model"]}`, hook `{summary["hook"]}`, dataset `{summary["dataset"]}`:
-{summary["sequences"]} sequences of {summary["context_size"]} tokens, {summary["train_tokens"]}
-training and {summary["held_out_tokens"]} held-out token activations (BOS positions dropped;
-activations with a norm above {summary["config"]["outlier_norm_ratio"]}x the median, the
+Model `{summary["model"]}`, hook `{summary["hook"]}`, dataset `{summary["dataset"]}`: \
+{summary["sequences"]} sequences of {summary["context_size"]} tokens, {summary["train_tokens"]} \
+training and {summary["held_out_tokens"]} held-out token activations (BOS positions dropped; \
+activations with a norm above {summary["config"]["outlier_norm_ratio"]}x the median, the \
 model's attention-sink tokens, dropped: {summary["outliers_dropped"]}).
 
-Both models: {summary["config"]["expansion"]}x expansion, {summary["config"]["steps"]} steps of
-{summary["config"]["batch_size"]} activations with SAELens' `SAETrainer` on one schedule (lr
-warm-up over 5% of the steps, decay to a tenth over the last 20%, dead-latent window of 1/16 of
-the steps for TopK's AuxK), activations normalised to mean norm sqrt(d_in) during training and
+Both models: {summary["config"]["expansion"]}x expansion, {summary["config"]["steps"]} steps of \
+{summary["config"]["batch_size"]} activations with SAELens' `SAETrainer` on one schedule (lr \
+warm-up over 5% of the steps, decay to a tenth over the last 20%, dead-latent window of 1/16 of \
+the steps for TopK's AuxK), activations normalised to mean norm sqrt(d_in) during training and \
 the scale folded back afterwards.
 
 | held-out metric | BAE | topk (k={summary["config"]["topk_k"]}) |
 |---|---|---|
 {table}
 
-Active: a SAE latent that fires; a BAE bit in its rarer state (a bit on for 90% of tokens is
+Active: a SAE latent that fires; a BAE bit in its rarer state (a bit on for 90% of tokens is \
 active on the other 10%), as `bae compare` counts them.
 
 {_entropy_paragraph(bae)}
@@ -249,6 +249,6 @@ active on the other 10%), as `bae compare` counts them.
 
 Wall time: {seconds} (total {summary["total_seconds"]:.0f} s).
 
-The trained models are in `bae/` and `topk/` (load with `SAE.load_from_disk` after
+The trained models are in `bae/` and `topk/` (load with `SAE.load_from_disk` after \
 `import sae_lens_bae`); the harvested activations are in `activations/`.
 """
