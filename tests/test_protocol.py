@@ -18,6 +18,7 @@ from sae_lens_bae.experiments.protocol import (
     rows_of_choice,
     seed_mean_and_spread,
 )
+from sae_lens_bae.training import FAMILIES, TRAINED_BASELINES, baseline_configs, family_config
 
 
 @given(
@@ -194,3 +195,21 @@ def test_the_bae_default_meets_the_feature_target_on_validation_rows_only():
     bae[0.5] = (0.75, 10, 1600)  # 1% of the channels constant: no setting meets the target
     rows = _default_rows(bae)
     assert _bae_default(rows, [r["name"] for r in rows], d_sae=1000) == 1.0
+
+
+def test_every_named_baseline_is_a_family_of_the_comparison_with_its_remedy():
+    """``baseline_configs`` (the steering benchmark's SAEs) builds each named baseline as the
+    comparison builds that family, so it trains with the family's dead-latent remedy, and at
+    SAELens' own default k and L0 coefficient (the paper's k = 15 for ``topk15``)."""
+    configs = baseline_configs(64, 2, list(TRAINED_BASELINES), steps=1600)
+    assert list(configs) == list(TRAINED_BASELINES)
+    for name, cfg in configs.items():
+        family, setting = TRAINED_BASELINES[name]
+        assert cfg == family_config(family, 64, 128, setting, 1600)
+        if family in ("topk", "batchtopk", "jumprelu") and name != "topk15":
+            default = type(cfg)(d_in=64, d_sae=128)
+            assert getattr(cfg, FAMILIES[family]) == getattr(default, FAMILIES[family])
+    assert configs["topk15"].k == 15
+    assert configs["jumprelu"].pre_act_loss_coefficient > 0  # SAELens leaves it off
+    with pytest.raises(ValueError, match="Unknown baselines"):
+        baseline_configs(64, 2, ["transcoder"], steps=1600)

@@ -1,7 +1,8 @@
 """``bae steer icl``: can a task vector make a 0-shot prompt behave like an 8-shot one?
 
 Positive set: the last-token states of k-shot prompts (k = 8); negative set: the same queries
-0-shot. A BAE and SAELens baselines are trained on the states of every token of those prompts;
+0-shot. A BAE and SAELens baselines are trained on the states of every token of those prompts,
+on ``bae compare``'s schedule with each family's dead-latent remedy;
 each gives a task vector (``task_vector``), and the plain difference of means is the feature-free
 reference. Every vector is added at the last token of held-out 0-shot prompts over a sweep of
 strengths (with ``run_with_hooks``), and the 0-shot accuracy is read from the label words'
@@ -32,9 +33,14 @@ from sae_lens_bae.prompts import (
     first_token_ids,
 )
 from sae_lens_bae.reports import Stopwatch, markdown_table, write_json, write_text
-from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
 from sae_lens_bae.steering import SteeredClassifier, label_accuracy, mean_difference, task_vector
-from sae_lens_bae.training import TRAINED_BASELINES, baseline_configs, train_sae
+from sae_lens_bae.training import (
+    TRAINED_BASELINES,
+    baseline_configs,
+    family_config,
+    shared_schedule,
+    train_sae,
+)
 
 __all__ = ["REPORT", "SteerICLConfig", "plot_steering", "run"]
 
@@ -67,8 +73,8 @@ class SteerICLConfig(LabelledSentences):
     """Training steps of the BAE and each SAE."""
     batch_size: int = ranged(512, low=1)
     """Activations per training step."""
-    lr: float = ranged(5e-4, above=0.0)
-    """Adam learning rate of the SAEs (the BAE trains with its default recipe's)."""
+    lr: float = ranged(2e-3, above=0.0)
+    """Adam learning rate of the BAE and every SAE (what ``bae compare`` chose on validation)."""
     strengths: Sequence[float] = (0.5, 1.0, 2.0, 4.0, 8.0)
     """Steering strengths swept."""
     normalise: bool = True
@@ -148,10 +154,15 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
         "seed": cfg.seed,
     }
     d_in = train.shape[1]
-    bae_cfg = BAETrainingSAEConfig(d_in=d_in, d_sae=cfg.expansion * d_in)
-    saes = {"bae": train_sae(train * scale, bae_cfg, lr=DEFAULT_LR, **trainer).sae}
-    for name, sae_cfg in baseline_configs(d_in, cfg.expansion, cfg.baselines).items():
-        saes[name] = train_sae(train * scale, sae_cfg, lr=cfg.lr, **trainer).sae
+    # every model as ``bae compare`` trains its families: one schedule, each with its remedy
+    configs = {
+        "bae": family_config("bae", d_in, cfg.expansion * d_in, 1.0, cfg.steps),
+        **baseline_configs(d_in, cfg.expansion, cfg.baselines, cfg.steps),
+    }
+    saes = {
+        name: train_sae(train * scale, sae_cfg, **shared_schedule(cfg.lr, cfg.steps), **trainer).sae
+        for name, sae_cfg in configs.items()
+    }
     watch.lap("train")
 
     reference = mean_difference(sets["positive"]["last"], sets["negative"]["last"])

@@ -89,27 +89,28 @@ def family_config(family: str, d_in: int, d_sae: int, setting: float, steps: int
     return config(**common, l1_coefficient=setting)
 
 
-TRAINED_BASELINES = ("standard", "topk15", "topk", "jumprelu", "batchtopk", "gated_relu")
-"""The SAEs ``baseline_configs`` builds at SAELens' default settings (``topk15``: the paper's
-k = 15)."""
+TRAINED_BASELINES = {
+    "standard": ("standard", 5.0),
+    "topk15": ("topk", 15),
+    "topk": ("topk", 100),
+    "jumprelu": ("jumprelu", 1.0),
+    "batchtopk": ("batchtopk", 100),
+    "gated_relu": ("gated_relu", 5.0),
+}
+"""Named baselines, each a family of ``FAMILIES`` at one setting: SAELens' defaults for k (100)
+and the L0 coefficient (1), an L1 coefficient of 5 (the settings these names always trained
+at), and ``topk15``, the paper's k = 15."""
 
 
-def baseline_configs(
-    d_in: int, expansion: int, names: Sequence[str], l1_coefficient: float = 5.0
-) -> dict[str, Any]:
-    """Training configs of the SAELens baselines among ``names`` at SAELens' defaults (d_sae =
-    expansion * d_in, no activation normalisation)."""
+def baseline_configs(d_in: int, expansion: int, names: Sequence[str], steps: int) -> dict[str, Any]:
+    """Training configs of the named baselines (``TRAINED_BASELINES``), d_sae = expansion * d_in,
+    built as ``family_config`` builds every family of a comparison (its dead-latent remedy
+    included) for a run of ``steps`` steps."""
     unknown = [name for name in names if name not in TRAINED_BASELINES]
     if unknown:
         raise ValueError(f"Unknown baselines {unknown}; choose from {list(TRAINED_BASELINES)}")
-    d_sae = expansion * d_in
-    common = {"d_in": d_in, "d_sae": d_sae, "normalize_activations": "none"}
-    configs: dict[str, Any] = {
-        "standard": StandardTrainingSAEConfig(**common, l1_coefficient=l1_coefficient),
-        "topk15": TopKTrainingSAEConfig(**common, k=15),
-        "topk": TopKTrainingSAEConfig(**common),
-        "jumprelu": JumpReLUTrainingSAEConfig(**common),
-        "batchtopk": BatchTopKTrainingSAEConfig(**common),
-        "gated_relu": GatedReLUTrainingSAEConfig(**common, l1_coefficient=l1_coefficient),
-    }
-    return {name: c for name, c in configs.items() if name in names}
+    configs = {}
+    for name in names:
+        family, setting = TRAINED_BASELINES[name]
+        configs[name] = family_config(family, d_in, expansion * d_in, setting, steps)
+    return configs
