@@ -11,7 +11,7 @@ from typing import Any
 from sae_lens_bae.checks import check_ranges, ranged, warn_renamed
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import BAE_RECIPES
-from sae_lens_bae.training.convergence import Convergence, DrainHold
+from sae_lens_bae.training.convergence import CHECK_EVERY, Convergence, DrainHold
 
 __all__ = [
     "FIXED_FIELDS",
@@ -33,7 +33,7 @@ steps before the code drops a bit is common, so not too few."""
 FIXED_FIELDS = {
     "encoder_bias": True,
     "patience": CONVERGENCE_WINDOW,
-    "check_every": Convergence.check_every,
+    "check_every": CHECK_EVERY,
     "convergence_horizon": Convergence.horizon,
     "target_variance": BAE_RECIPES["entropy"].rescale_inputs_to,
 }
@@ -294,7 +294,7 @@ class EntropyRecipe:
         )
 
     def convergence(self) -> Convergence | None:
-        """The stop rule, checked every 100 steps, or None (train every step)."""
+        """The stop rule, checked every ``CHECK_EVERY`` steps, or None (train every step)."""
         return Convergence(window=CONVERGENCE_WINDOW) if self.converge else None
 
     @property

@@ -22,14 +22,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Convergence", "ConvergenceMonitor", "DrainHold"]
+__all__ = ["CHECK_EVERY", "Convergence", "ConvergenceMonitor", "DrainHold"]
+
+CHECK_EVERY = 100
+"""Steps between two checks of the stop rule and of a drain hold: one interval for both, so a
+hold and the rule read the same checks."""
 
 
 @dataclass(frozen=True)
 class Convergence:
     """The convergence rule (see the module)."""
 
-    check_every: int = 100
+    check_every: int = CHECK_EVERY
     window: int = 3
     rtol: float = 0.01
     atol_error: float = 1e-3
@@ -122,7 +126,7 @@ class DrainHold:
     nothing more."""
 
     extra: float = 1.0
-    check_every: int = 100
+    check_every: int = CHECK_EVERY
     window: int = 5
     min_fall_bits: float = 1.0
 
