@@ -177,3 +177,30 @@ def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
     assert matplotlib.image.imread(tmp_path / "out" / "steer.png").shape[0] > 100
     with pytest.raises(ValueError, match="labelled sentences"):
         steer_icl.run(SteerICLConfig(**{**cfg.__dict__, "eval_prompts": 100}), progress=False)
+
+
+def test_steer_icl_refuses_a_k_above_d_sae_before_gathering_prompts(
+    tiny_hf_llama_dir, tmp_path, count_calls
+):
+    from sae_lens_bae.experiments import steer_icl
+    from sae_lens_bae.experiments.steer_icl import SteerICLConfig
+
+    lines = ["label\tsentence"] + [f"{i % 2}\tw{20 + i % 50}" for i in range(40)]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    gathered = count_calls(steer_icl, "prompt_states")
+    cfg = SteerICLConfig(
+        dataset=str(tmp_path / "train.tsv"),
+        model=str(tiny_hf_llama_dir),
+        label_words={"0": "w5", "1": "w6"},
+        template=TEMPLATE,
+        layer=0,
+        shots=2,
+        vector_prompts=8,
+        eval_prompts=8,
+        baselines=("topk",),  # SAELens' k = 100 against d_sae = 2 x 32
+        expansion=2,
+        out=tmp_path / "out",
+    )
+    with pytest.raises(ValueError, match=r"k must be a whole number in \[1, d_sae\]"):
+        steer_icl.run(cfg, progress=False)
+    assert gathered == []

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from sae_lens_bae.activations import hook_point, norm_scale, prompt_states
+from sae_lens_bae.activations import gather_states, hook_point, norm_scale, prompt_states
 from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.experiments.common import LabelledSentences
 from sae_lens_bae.models import load_model
@@ -116,6 +116,15 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
     hook = hook_point(model, cfg.hook, cfg.layer)
     labels = sorted({label for _, label in pairs})
     label_ids = first_token_ids(model.tokenizer, labels)
+    # every model as ``bae compare`` trains its families: one schedule, each with its remedy;
+    # built before any state is gathered, so a setting the width refuses (a k above d_sae)
+    # ends the run in seconds. The width is the hook's, read on one token.
+    one = torch.zeros(1, 1, dtype=torch.long)
+    d_in = gather_states(model, one, [hook], one, progress=False)[0][hook].shape[-1]
+    configs = {
+        "bae": family_config("bae", d_in, cfg.expansion * d_in, 1.0, cfg.steps),
+        **baseline_configs(d_in, cfg.expansion, cfg.baselines, cfg.steps),
+    }
 
     # held-out 0-shot queries first; the vector queries and their demonstrations come after them
     rest = pairs[cfg.eval_prompts :]
@@ -152,12 +161,6 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
         "batch_size": cfg.batch_size,
         "device": cfg.device,
         "seed": cfg.seed,
-    }
-    d_in = train.shape[1]
-    # every model as ``bae compare`` trains its families: one schedule, each with its remedy
-    configs = {
-        "bae": family_config("bae", d_in, cfg.expansion * d_in, 1.0, cfg.steps),
-        **baseline_configs(d_in, cfg.expansion, cfg.baselines, cfg.steps),
     }
     saes = {
         name: train_sae(train * scale, sae_cfg, **shared_schedule(cfg.lr, cfg.steps), **trainer).sae
