@@ -141,15 +141,16 @@ def test_steered_classifier_equals_a_full_forward(hf_model):
         assert classifier.accuracy(vector, strength) == full
 
 
-def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
-    from sae_lens_bae.experiments import steer_icl
+def _tiny_steer_config(tmp_path, model_dir, **changes):
+    """A ``SteerICLConfig`` of seconds on the tiny model, with 80 labelled sentences of its
+    vocabulary."""
     from sae_lens_bae.experiments.steer_icl import SteerICLConfig
 
     lines = ["label\tsentence"] + [f"{i % 2}\tw{20 + i % 50} w{40 + i % 37}" for i in range(80)]
     (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
-    cfg = SteerICLConfig(
+    settings = dict(
         dataset=str(tmp_path / "train.tsv"),
-        model=str(tiny_hf_llama_dir),
+        model=str(model_dir),
         label_words={"0": "w5", "1": "w6"},
         template=TEMPLATE,
         layer=0,
@@ -163,6 +164,14 @@ def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
         strengths=(1.0, 4.0),
         out=tmp_path / "out",
     )
+    return SteerICLConfig(**{**settings, **changes})
+
+
+def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
+    from sae_lens_bae.experiments import steer_icl
+    from sae_lens_bae.experiments.steer_icl import SteerICLConfig
+
+    cfg = _tiny_steer_config(tmp_path, tiny_hf_llama_dir)
     summary = steer_icl.run(cfg, progress=False)
     rows = {row["model"]: row for row in summary["models"]}
     assert set(rows) == {"bae", "standard", "mean_difference"}
@@ -183,24 +192,10 @@ def test_steer_icl_refuses_a_k_above_d_sae_before_gathering_prompts(
     tiny_hf_llama_dir, tmp_path, count_calls
 ):
     from sae_lens_bae.experiments import steer_icl
-    from sae_lens_bae.experiments.steer_icl import SteerICLConfig
 
-    lines = ["label\tsentence"] + [f"{i % 2}\tw{20 + i % 50}" for i in range(40)]
-    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
     gathered = count_calls(steer_icl, "prompt_states")
-    cfg = SteerICLConfig(
-        dataset=str(tmp_path / "train.tsv"),
-        model=str(tiny_hf_llama_dir),
-        label_words={"0": "w5", "1": "w6"},
-        template=TEMPLATE,
-        layer=0,
-        shots=2,
-        vector_prompts=8,
-        eval_prompts=8,
-        baselines=("topk",),  # SAELens' k = 100 against d_sae = 2 x 32
-        expansion=2,
-        out=tmp_path / "out",
-    )
+    # SAELens' k = 100 against d_sae = 2 x the tiny model's 32
+    cfg = _tiny_steer_config(tmp_path, tiny_hf_llama_dir, baselines=("topk",), expansion=2)
     with pytest.raises(ValueError, match=r"k must be a whole number in \[1, d_sae\]"):
         steer_icl.run(cfg, progress=False)
     assert gathered == []
