@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from filelock import FileLock
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.loading_from_pretrained import (
     OFFICIAL_MODEL_NAMES,
@@ -176,11 +177,18 @@ def _load_local_llama(
     return model.to(device)
 
 
+def _complete(folder: Path) -> bool:
+    return (folder / "config.json").exists() and any(folder.glob("*.safetensors"))
+
+
 def _embedded_hf_dir(name: str) -> Path:
-    """The embedded model as a local HF directory, dequantising its GGUF file on first use."""
+    """The embedded model as a local HF directory, dequantising its GGUF file on first use.
+
+    Processes started together (torchrun's ranks) dequantise it once: the first takes a lock
+    beside the cache, the others wait for it and find the directory complete."""
     spec = EMBEDDED_MODELS[name]
     target = cache_dir() / "models" / name
-    if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+    if _complete(target):
         return target
     found = importlib.util.find_spec(spec.package)
     if found is None or not found.submodule_search_locations:
@@ -195,7 +203,16 @@ def _embedded_hf_dir(name: str) -> Path:
     gguf_path = folder / spec.gguf_file
     if not gguf_path.exists():
         raise FileNotFoundError(f"{gguf_path} is missing; reinstall with: {spec.install_hint}")
-    print(f"Dequantising {gguf_path.name} once into {target} (about a minute)...")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(target.with_name(target.name + ".lock")):
+        if not _complete(target):  # else another process dequantised it while this one waited
+            print(f"Dequantising {gguf_path.name} once into {target} (about a minute)...")
+            _dequantise(folder, spec, target)
+    return target
+
+
+def _dequantise(folder: Path, spec: EmbeddedModel, target: Path) -> None:
+    """Write the GGUF file's model and tokenizer to ``target`` as a plain fp32 HF directory."""
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=spec.gguf_file)
     hf_model = AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=spec.gguf_file, dtype=torch.float32
@@ -205,6 +222,7 @@ def _embedded_hf_dir(name: str) -> Path:
     if hasattr(hf_model.config, "quantization_config"):
         del hf_model.config.quantization_config
     partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # what a killed dequantisation left
     hf_model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     (partial / "sae_lens_bae_source.json").write_text(
@@ -213,7 +231,6 @@ def _embedded_hf_dir(name: str) -> Path:
     if target.exists():
         shutil.rmtree(target)
     partial.rename(target)  # only a complete directory ever appears under the final name
-    return target
 
 
 M = TypeVar("M", bound=HookedTransformer)

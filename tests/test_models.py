@@ -1,3 +1,5 @@
+import time
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -47,3 +49,26 @@ def test_smollm2_predicts_berlin():
     assert model.cfg.n_layers == 30 and model.cfg.d_model == 576
     logits = model("The capital of France is Paris. The capital of Germany is")
     assert model.to_string(logits[0, -1].argmax()) == " Berlin"
+
+
+def test_processes_started_together_dequantise_the_embedded_model_once(tmp_path, monkeypatch):
+    """torchrun's ranks each load the model: the first dequantises it, the others wait."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sae_lens_bae import models
+
+    monkeypatch.setenv("SAE_LENS_BAE_CACHE", str(tmp_path))
+    calls = []
+
+    def slow_dequantise(folder, spec, target):  # noqa: ARG001
+        calls.append(target)
+        time.sleep(0.5)  # long enough for the other callers to arrive meanwhile
+        target.mkdir()
+        (target / "config.json").write_text("{}")
+        (target / "model.safetensors").write_bytes(b"")
+
+    monkeypatch.setattr(models, "_dequantise", slow_dequantise)
+    with ThreadPoolExecutor(3) as pool:
+        folders = list(pool.map(models._embedded_hf_dir, ["smollm2-135m"] * 3))
+    assert calls == [tmp_path / "models" / "smollm2-135m"]
+    assert folders == calls * 3
