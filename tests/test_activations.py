@@ -5,7 +5,12 @@ import torch
 from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner
 
 from sae_lens_bae import BAETrainingSAEConfig, fill_training_schedule
-from sae_lens_bae.activations import ActivationCache, drop_outliers, harvest_activations
+from sae_lens_bae.activations import (
+    ActivationCache,
+    drop_outliers,
+    harvest_activations,
+    hook_width,
+)
 from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.training import train_sae
@@ -34,6 +39,15 @@ def test_harvest_round_trip_matches_run_with_cache(tiny_llama, tokens, tmp_path)
     assert positions[0].tolist() == [0, 1] and positions[31].tolist() == [1, 1]
     half = loaded.activations(HOOKS[0], sequences=slice(0, 20))
     assert half.shape[0] == 20 * 31
+
+
+@pytest.mark.parametrize(
+    "hook",
+    ["hook_embed", "blocks.1.hook_resid_post", "blocks.0.mlp.hook_post", "blocks.1.attn.hook_z"],
+)
+def test_hook_width_is_the_last_dimension_of_the_hooks_activations(tiny_llama, tokens, hook):
+    _, cache = tiny_llama.run_with_cache(tokens[:1], names_filter=[hook])
+    assert hook_width(tiny_llama, hook) == cache[hook].shape[-1]
 
 
 def test_fp16_storage_and_resume_after_interruption(tiny_llama, tokens, tmp_path):

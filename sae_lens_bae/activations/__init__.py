@@ -10,6 +10,7 @@ from sae_lens_bae.activations.hooks import (
     check_hooks,
     check_layers,
     hook_point,
+    hook_width,
     layer_of,
     stop_layer,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "harvest_layer",
     "held_out_splits",
     "hook_point",
+    "hook_width",
     "layer_of",
     "norm_scale",
     "outlier_mask",

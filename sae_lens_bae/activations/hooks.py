@@ -5,9 +5,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 
+import torch
 from transformer_lens import HookedTransformer
 
-__all__ = ["check_hooks", "check_layers", "hook_point", "layer_of", "stop_layer"]
+__all__ = ["check_hooks", "check_layers", "hook_point", "hook_width", "layer_of", "stop_layer"]
 
 
 def check_hooks(model: HookedTransformer, hooks: Sequence[str]) -> None:
@@ -61,3 +62,14 @@ def stop_layer(hooks: Sequence[str]) -> int | None:
     layers = [layer_of(h) for h in hooks]
     blocks = [layer for layer in layers if layer is not None]
     return max(blocks) + 1 if blocks and len(blocks) == len(layers) else None
+
+
+@torch.no_grad()
+def hook_width(model: HookedTransformer, hook: str) -> int:
+    """The last dimension of ``hook``'s activations (an SAE's d_in there), read from a forward
+    pass of one token that stops after the hook's block: known before any data is read."""
+    one = torch.zeros(1, 1, dtype=torch.long, device=model.cfg.device)
+    _, cache = model.run_with_cache(
+        one, names_filter=[hook], prepend_bos=False, stop_at_layer=stop_layer([hook])
+    )
+    return cache[hook].shape[-1]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from sae_lens_bae.activations import gather_states, hook_point, norm_scale, prompt_states
+from sae_lens_bae.activations import hook_point, hook_width, norm_scale, prompt_states
 from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.experiments.common import LabelledSentences
 from sae_lens_bae.models import load_model
@@ -118,9 +118,8 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
     label_ids = first_token_ids(model.tokenizer, labels)
     # every model as ``bae compare`` trains its families: one schedule, each with its remedy;
     # built before any state is gathered, so a setting the width refuses (a k above d_sae)
-    # ends the run in seconds. The width is the hook's, read on one token.
-    one = torch.zeros(1, 1, dtype=torch.long)
-    d_in = gather_states(model, one, [hook], one, progress=False)[0][hook].shape[-1]
+    # ends the run in seconds
+    d_in = hook_width(model, hook)
     configs = {
         "bae": family_config("bae", d_in, cfg.expansion * d_in, 1.0, cfg.steps),
         **baseline_configs(d_in, cfg.expansion, cfg.baselines, cfg.steps),

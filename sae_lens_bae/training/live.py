@@ -21,10 +21,10 @@ from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunne
 from sae_lens.saes.sae import SAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
 
-from sae_lens_bae.activations.hooks import hook_point
+from sae_lens_bae.activations.hooks import hook_point, hook_width
 from sae_lens_bae.activations.store import ResumableActivationsStore
 from sae_lens_bae.checks import check_ranges, ranged, renamed
-from sae_lens_bae.data import load_token_dataset, token_rows
+from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
 from sae_lens_bae.saes.bae_recipes import RecipeName
@@ -240,11 +240,7 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
     tokens = load_token_dataset(
         cfg.dataset, model.tokenizer, cfg.context_size, text_column=cfg.text_column
     )
-    with torch.no_grad():
-        _, cache = model.run_with_cache(
-            token_rows(tokens.select(range(1))), names_filter=hook, prepend_bos=False
-        )
-    d_in = cache[hook].shape[-1]
+    d_in = hook_width(model, hook)
     if world > 1:  # every rank reads its own contiguous shard of the sequences
         tokens = tokens.shard(num_shards=world, index=rank, contiguous=True)
     out = Path(cfg.out)
