@@ -192,7 +192,7 @@ def markdown(info: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--hook", default="blocks.15.hook_resid_post")
@@ -206,7 +206,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", type=Path, default=Path("runner_throughput"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     model = load_model(args.model, device=args.device)
     tokens = load_token_dataset(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow  # each benchmark script runs as a subprocess
+pytestmark = pytest.mark.slow  # each benchmark script runs end to end, training included
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -22,12 +22,10 @@ def test_runner_throughput_trains_each_sae_through_saelens_runner(
     asked for in steps of the batch, its time split adds up to its wall time, a BAE's codes are
     0/1 (its density is a firing rate) and the profiler's heaviest operators are listed."""
     out = tmp_path / "throughput"
-    subprocess.run(
-        [sys.executable, str(BENCHMARKS / "runner_throughput.py"), "--model",
-         str(tiny_hf_llama_dir), "--hook", "blocks.1.hook_resid_post", "--dataset",
+    _load_benchmark("runner_throughput").main(
+        ["--model", str(tiny_hf_llama_dir), "--hook", "blocks.1.hook_resid_post", "--dataset",
          str(tiny_corpus), "--context-size", "16", "--training-tokens", "640", "--batch-size",
-         "64", "--device", "cpu", "--out", str(out)],
-        check=True, capture_output=True, text=True,
+         "64", "--device", "cpu", "--out", str(out)]
     )  # fmt: skip
     report = json.loads((out / "runner_throughput.json").read_text())
     runs = {run["architecture"]: run for run in report["runs"]}
@@ -45,7 +43,7 @@ def test_runner_throughput_trains_each_sae_through_saelens_runner(
     assert (out / "runner_throughput.md").read_text().count("| bae |") == 1
 
 
-def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
+def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path, capsys):
     """Each variant replaces recipe fields and is trained and read on the same cell: a variant
     without the convergence rule trains the whole budget, its trajectory has one point per
     stride, its estimate is the library's (``estimate_entropies`` on the same cell and recipe),
@@ -54,13 +52,11 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
     from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, planted_cell, recovered_bits
 
     out = tmp_path / "cell"
-    script = str(BENCHMARKS / "synthetic_cell.py")
     common = ["--d", "16", "--r", "2", "--n-train", "2048", "--n-test", "512", "--steps", "400",
               "--every", "100", "--out", str(out)]  # fmt: skip
-    subprocess.run(
-        [sys.executable, script, *common, "--variant", 'all steps={"converge": false}',
-         "--variant", 'warm-up={"lr_warm_up_steps": 100, "converge": false}', "--save-bae"],
-        check=True, capture_output=True, text=True,
+    _load_benchmark("synthetic_cell").main(
+        [*common, "--variant", 'all steps={"converge": false}',
+         "--variant", 'warm-up={"lr_warm_up_steps": 100, "converge": false}', "--save-bae"]
     )  # fmt: skip
     report = json.loads((out / "synthetic_cell.json").read_text())
     assert [v["name"] for v in report["variants"]] == ["all steps", "warm-up"]
@@ -87,25 +83,21 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path):
     assert probed["relative_error"] == pytest.approx(plain["relative_error"], rel=1e-5)
     assert probed["copied_bits"] == plain["recovered_bits"]
     assert json.loads((out / "all steps_probe.json").read_text()) == probed
-    bad = subprocess.run([sys.executable, script, *common, "--variant", 'x={"lrr": 1}'],
-                         capture_output=True, text=True)  # fmt: skip
-    assert bad.returncode == 2
-    assert "not EntropyRecipe fields: ['lrr']" in bad.stderr
-    assert "Traceback" not in bad.stderr
+    code, error = _refused(capsys, "synthetic_cell", *common, "--variant", 'x={"lrr": 1}')
+    assert code == 2 and "not EntropyRecipe fields: ['lrr']" in error
 
 
-def test_synthetic_cell_on_the_paper_base_takes_variants_through_the_preset(tmp_path):
+def test_synthetic_cell_on_the_paper_base_takes_variants_through_the_preset(tmp_path, capsys):
     """``--recipe-base long_run``: a variant's lr alone goes through ``EntropyRecipe.long_run(d)``
     (lr_end a tenth of it, the preset's T and beta2 kept), and the estimate is the library's
     with that recipe."""
     from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, planted_cell
 
     out = tmp_path / "paper"
-    subprocess.run(
-        [sys.executable, str(BENCHMARKS / "synthetic_cell.py"), "--d", "16", "--r", "2",
-         "--n-train", "2048", "--n-test", "512", "--steps", "200", "--recipe-base", "long_run",
-         "--variant", 'low={"lr": 0.001, "lr_warm_up_steps": 20}', "--out", str(out)],
-        check=True, capture_output=True, text=True,
+    _load_benchmark("synthetic_cell").main(
+        ["--d", "16", "--r", "2", "--n-train", "2048", "--n-test", "512", "--steps", "200",
+         "--recipe-base", "long_run", "--variant", 'low={"lr": 0.001, "lr_warm_up_steps": 20}',
+         "--out", str(out)]
     )  # fmt: skip
     [variant] = json.loads((out / "synthetic_cell.json").read_text())["variants"]
     recipe = EntropyRecipe.long_run(16, expansion=2, steps=200, lr=0.001, lr_warm_up_steps=20)
@@ -118,17 +110,15 @@ def test_synthetic_cell_on_the_paper_base_takes_variants_through_the_preset(tmp_
     assert variant["bits"] == pytest.approx(direct.bits, rel=1e-6)
     assert variant["relative_error"] == pytest.approx(direct.relative_error, rel=1e-6)
     # the preset's 1000-step warm-up does not fit 200 steps: one line, exit 2, nothing trained
-    bad = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "synthetic_cell.py"), "--d", "16", "--steps", "200",
-         "--recipe-base", "long_run", "--variant", 'x={"lr": 0.001}', "--out", str(tmp_path / "x")],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert "variant 'x': lr_warm_up_steps must be in [0, steps=200), got 1000" in bad.stderr
+    code, error = _refused(capsys, "synthetic_cell", "--d", "16", "--steps", "200",
+                           "--recipe-base", "long_run", "--variant", 'x={"lr": 0.001}',
+                           "--out", str(tmp_path / "x"))  # fmt: skip
+    assert code == 2
+    assert "variant 'x': lr_warm_up_steps must be in [0, steps=200), got 1000" in error
     assert not (tmp_path / "x").exists()
 
 
-def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
+def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path, capsys):
     """Each (case, seed, shift) is read by ``estimate_entropies`` with the recipe (the default's
     fields changed by ``--recipe``) and by a registry ``entropy`` BAE trained through
     ``train_sae``: each row is what the library gives on the same set, with the planted bits its
@@ -142,12 +132,10 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
     fair_bit_set = benchmark.fair_bit_set
 
     out = tmp_path / "heldout"
-    script = str(BENCHMARKS / "heldout_entropy.py")
-    subprocess.run(
-        [sys.executable, script, "--cases", "8:2", "--shifts", "0,5", "--n-train", "1024",
-         "--n-test", "256", "--recipe-steps", "400", "--recipe", '{"lr": 0.003}',
-         "--registry-steps", "200", "--out", str(out)],
-        check=True, capture_output=True, text=True,
+    benchmark.main(
+        ["--cases", "8:2", "--shifts", "0,5", "--n-train", "1024", "--n-test", "256",
+         "--recipe-steps", "400", "--recipe", '{"lr": 0.003}', "--registry-steps", "200",
+         "--out", str(out)]
     )  # fmt: skip
     rows = json.loads((out / "heldout_entropy.json").read_text())["rows"]
     assert [(row["path"], row["shift"]) for row in rows] == [
@@ -171,30 +159,27 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path):
     assert rows[3]["relative_error"] == pytest.approx(direct.relative_error, rel=1e-6)
     assert rows[3]["recovered_bits"] == recovered_bits(run.sae.eval().encode_bits(test), test_bits)
     assert [row["recovered_bits"] for row in rows] == [2, 2, 2, 2]  # both bits, both paths
-    bad_recipe = subprocess.run([sys.executable, script, "--recipe", '{"rate": 1}'],
-                                capture_output=True, text=True)  # fmt: skip
-    assert bad_recipe.returncode == 2 and "not EntropyRecipe fields: ['rate']" in bad_recipe.stderr
-    assert "Traceback" not in bad_recipe.stderr
-    bad = subprocess.run([sys.executable, script, "--cases", "4:6"], capture_output=True,
-                         text=True)  # fmt: skip
-    assert bad.returncode == 2 and "0 < r <= d, got '4:6'" in bad.stderr
-    assert "Traceback" not in bad.stderr
+    code, error = _refused(capsys, "heldout_entropy", "--recipe", '{"rate": 1}')
+    assert code == 2 and "not EntropyRecipe fields: ['rate']" in error
+    # and as a user runs it: the script's command line, in a process of its own
+    bad = subprocess.run([sys.executable, str(BENCHMARKS / "heldout_entropy.py"), "--cases", "4:6"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1].endswith("0 < r <= d, got '4:6'")
 
 
-def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_path):
+def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_path, capsys):
     """``--recipe-base long_run`` reads each case with ``EntropyRecipe.long_run(d)`` (its lr
     rule for that d), ``--recipe`` changing its fields; a budget its warm-up does not fit is refused
     before any training, in one line (exit 2)."""
     from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies
 
     benchmark = _load_benchmark("heldout_entropy")
-    script = str(BENCHMARKS / "heldout_entropy.py")
     out = tmp_path / "paper"
-    subprocess.run(
-        [sys.executable, script, "--cases", "8:2,12:2", "--paths", "recipe", "--n-train", "1024",
-         "--n-test", "256", "--recipe-base", "long_run", "--recipe-steps", "200", "--recipe",
-         '{"lr_warm_up_steps": 20}', "--out", str(out)],
-        check=True, capture_output=True, text=True,
+    benchmark.main(
+        ["--cases", "8:2,12:2", "--paths", "recipe", "--n-train", "1024", "--n-test", "256",
+         "--recipe-base", "long_run", "--recipe-steps", "200", "--recipe",
+         '{"lr_warm_up_steps": 20}', "--out", str(out)]
     )  # fmt: skip
     rows = json.loads((out / "heldout_entropy.json").read_text())["rows"]
     for row, d in zip(rows, (8, 12), strict=True):
@@ -208,15 +193,14 @@ def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_pa
     lowered = benchmark.recipe_for(16, "paper", None, {"lr": 1e-3})
     # as EntropyRecipe.long_run(16, lr=1e-3): the cosine ends at a tenth of the lr given
     assert (lowered.optimiser.lr, lowered.optimiser.lr_end) == (1e-3, 1e-4)
-    bad = subprocess.run([sys.executable, script, "--recipe-base", "long_run", "--recipe-steps",
-                          "500", "--out", str(tmp_path / "bad")],
-                         capture_output=True, text=True)  # fmt: skip
-    assert bad.returncode == 2 and "lr_warm_up_steps must be in [0, steps=500)" in bad.stderr
-    assert "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()
+    code, error = _refused(capsys, "heldout_entropy", "--recipe-base", "long_run",
+                           "--recipe-steps", "500", "--out", str(tmp_path / "bad"))  # fmt: skip
+    assert code == 2 and "lr_warm_up_steps must be in [0, steps=500)" in error
+    assert not (tmp_path / "bad").exists()
 
 
 def test_trace_frontier_reads_one_trace_cell_at_each_strength(
-    tiny_hf_llama_dir, tiny_corpus, tmp_path
+    tiny_hf_llama_dir, tiny_corpus, tmp_path, capsys
 ):
     """Each multiplier's row is what ``estimate_entropies`` gives on the cell's states with the
     tracing recipe's coefficients times that multiplier (0: without the objective); a negative
@@ -228,13 +212,12 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
     from sae_lens_bae.models import load_model
 
     out = tmp_path / "frontier"
-    script = str(BENCHMARKS / "trace_frontier.py")
+    frontier = _load_benchmark("trace_frontier")
     common = ["--model", str(tiny_hf_llama_dir), "--dataset", str(tiny_corpus), "--layer", "1",
               "--position", "4", "--n-sequences", "300", "--expansion", "2",
               "--steps", "200"]  # fmt: skip
-    subprocess.run([sys.executable, script, *common, "--multipliers", "1,0",
-                    "--quantizer-sizes", "8,32", "--out", str(out)],
-                   check=True, capture_output=True, text=True)  # fmt: skip
+    frontier.main([*common, "--multipliers", "1,0", "--quantizer-sizes", "8,32",
+                   "--out", str(out)])  # fmt: skip
     report = json.loads((out / "trace_frontier.json").read_text())
     assert [row["multiplier"] for row in report["rows"]] == [1.0, 0.0]
     assert (out / "trace_frontier.png").stat().st_size > 0
@@ -250,7 +233,6 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
         assert row["bits"] == pytest.approx(cell.bits, rel=1e-6)
         assert row["relative_error"] == pytest.approx(cell.relative_error, rel=1e-6)
         assert row["ceiling_bits"] == cell.ceiling_bits == report["info"]["ceiling_bits"]
-    frontier = _load_benchmark("trace_frontier")
     for row, k in zip(report["quantizers"], (8, 32), strict=True):
         expected, centroids = frontier.quantizer_row(x, k)
         assert {key: row[key] for key in ("k", "assignment_bits", "used_channels", "iterations")} \
@@ -266,18 +248,12 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
             assert row["l0"] == pytest.approx(direct["l0"], rel=1e-9)
     assert report["info"]["components_for_80pct"] == frontier.components_for(x, 0.8)
     assert "| 32 |" in (out / "trace_frontier.md").read_text()
-    bad = subprocess.run([sys.executable, script, *common, "--multipliers", "1,-1"],
-                         capture_output=True, text=True)  # fmt: skip
-    assert bad.returncode == 2 and "--multipliers must be >= 0, got 1,-1" in bad.stderr
-    assert "Traceback" not in bad.stderr
-    bad = subprocess.run([sys.executable, script, *common, "--multipliers", "1,x"],
-                         capture_output=True, text=True)  # fmt: skip
-    assert bad.returncode == 2 and "numbers separated by commas, got 1,x" in bad.stderr
-    assert "Traceback" not in bad.stderr
-    bad = subprocess.run([sys.executable, script, *common, "--quantizer-sizes", "8,100000"],
-                         capture_output=True, text=True)  # fmt: skip
-    assert bad.returncode == 2 and f"at most the {x.shape[0]} states, got 8,100000" in bad.stderr
-    assert "Traceback" not in bad.stderr
+    code, error = _refused(capsys, "trace_frontier", *common, "--multipliers", "1,-1")
+    assert code == 2 and "--multipliers must be >= 0, got 1,-1" in error
+    code, error = _refused(capsys, "trace_frontier", *common, "--multipliers", "1,x")
+    assert code == 2 and "numbers separated by commas, got 1,x" in error
+    code, error = _refused(capsys, "trace_frontier", *common, "--quantizer-sizes", "8,100000")
+    assert code == 2 and f"at most the {x.shape[0]} states, got 8,100000" in error
 
 
 def _load_benchmark(name: str):
@@ -285,6 +261,16 @@ def _load_benchmark(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _refused(capsys, name: str, *args: str) -> tuple[object, str]:
+    """The exit code and the last stderr line of benchmark ``name`` given ``args``, run in this
+    process as its command line runs it: a refusal is argparse's exit 2 and one line, and any
+    other exception (a traceback on the command line) fails the test."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        _load_benchmark(name).main(list(args))
+    return stop.value.code, capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_quantizer_reference_codes_a_set_of_distinct_states_exactly():
