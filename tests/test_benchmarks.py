@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow  # each benchmark script runs end to end, training included
-
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -118,6 +116,7 @@ def test_synthetic_cell_on_the_paper_base_takes_variants_through_the_preset(tmp_
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow  # one command line runs in a process of its own
 def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path, capsys):
     """Each (case, seed, shift) is read by ``estimate_entropies`` with the recipe (the default's
     fields changed by ``--recipe``) and by a registry ``entropy`` BAE trained through
