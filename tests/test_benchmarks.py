@@ -52,7 +52,8 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path, capsys
     out = tmp_path / "cell"
     common = ["--d", "16", "--r", "2", "--n-train", "2048", "--n-test", "512", "--steps", "400",
               "--every", "100", "--out", str(out)]  # fmt: skip
-    _load_benchmark("synthetic_cell").main(
+    benchmark = _load_benchmark("synthetic_cell")
+    benchmark.main(
         [*common, "--variant", 'all steps={"converge": false}',
          "--variant", 'warm-up={"lr_warm_up_steps": 100, "converge": false}', "--save-bae"]
     )  # fmt: skip
@@ -81,7 +82,7 @@ def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path, capsys
     assert probed["relative_error"] == pytest.approx(plain["relative_error"], rel=1e-5)
     assert probed["copied_bits"] == plain["recovered_bits"]
     assert json.loads((out / "all steps_probe.json").read_text()) == probed
-    code, error = _refused(capsys, "synthetic_cell", *common, "--variant", 'x={"lrr": 1}')
+    code, error = _refused(capsys, benchmark, *common, "--variant", 'x={"lrr": 1}')
     assert code == 2 and "not EntropyRecipe fields: ['lrr']" in error
 
 
@@ -92,7 +93,8 @@ def test_synthetic_cell_on_the_paper_base_takes_variants_through_the_preset(tmp_
     from sae_lens_bae.entropy import EntropyRecipe, estimate_entropies, planted_cell
 
     out = tmp_path / "paper"
-    _load_benchmark("synthetic_cell").main(
+    benchmark = _load_benchmark("synthetic_cell")
+    benchmark.main(
         ["--d", "16", "--r", "2", "--n-train", "2048", "--n-test", "512", "--steps", "200",
          "--recipe-base", "long_run", "--variant", 'low={"lr": 0.001, "lr_warm_up_steps": 20}',
          "--out", str(out)]
@@ -108,7 +110,7 @@ def test_synthetic_cell_on_the_paper_base_takes_variants_through_the_preset(tmp_
     assert variant["bits"] == pytest.approx(direct.bits, rel=1e-6)
     assert variant["relative_error"] == pytest.approx(direct.relative_error, rel=1e-6)
     # the preset's 1000-step warm-up does not fit 200 steps: one line, exit 2, nothing trained
-    code, error = _refused(capsys, "synthetic_cell", "--d", "16", "--steps", "200",
+    code, error = _refused(capsys, benchmark, "--d", "16", "--steps", "200",
                            "--recipe-base", "long_run", "--variant", 'x={"lr": 0.001}',
                            "--out", str(tmp_path / "x"))  # fmt: skip
     assert code == 2
@@ -158,7 +160,7 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path, capsys):
     assert rows[3]["relative_error"] == pytest.approx(direct.relative_error, rel=1e-6)
     assert rows[3]["recovered_bits"] == recovered_bits(run.sae.eval().encode_bits(test), test_bits)
     assert [row["recovered_bits"] for row in rows] == [2, 2, 2, 2]  # both bits, both paths
-    code, error = _refused(capsys, "heldout_entropy", "--recipe", '{"rate": 1}')
+    code, error = _refused(capsys, benchmark, "--recipe", '{"rate": 1}')
     assert code == 2 and "not EntropyRecipe fields: ['rate']" in error
     # and as a user runs it: the script's command line, in a process of its own
     bad = subprocess.run([sys.executable, str(BENCHMARKS / "heldout_entropy.py"), "--cases", "4:6"],
@@ -192,7 +194,7 @@ def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_pa
     lowered = benchmark.recipe_for(16, "paper", None, {"lr": 1e-3})
     # as EntropyRecipe.long_run(16, lr=1e-3): the cosine ends at a tenth of the lr given
     assert (lowered.optimiser.lr, lowered.optimiser.lr_end) == (1e-3, 1e-4)
-    code, error = _refused(capsys, "heldout_entropy", "--recipe-base", "long_run",
+    code, error = _refused(capsys, benchmark, "--recipe-base", "long_run",
                            "--recipe-steps", "500", "--out", str(tmp_path / "bad"))  # fmt: skip
     assert code == 2 and "lr_warm_up_steps must be in [0, steps=500)" in error
     assert not (tmp_path / "bad").exists()
@@ -247,11 +249,11 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
             assert row["l0"] == pytest.approx(direct["l0"], rel=1e-9)
     assert report["info"]["components_for_80pct"] == frontier.components_for(x, 0.8)
     assert "| 32 |" in (out / "trace_frontier.md").read_text()
-    code, error = _refused(capsys, "trace_frontier", *common, "--multipliers", "1,-1")
+    code, error = _refused(capsys, frontier, *common, "--multipliers", "1,-1")
     assert code == 2 and "--multipliers must be >= 0, got 1,-1" in error
-    code, error = _refused(capsys, "trace_frontier", *common, "--multipliers", "1,x")
+    code, error = _refused(capsys, frontier, *common, "--multipliers", "1,x")
     assert code == 2 and "numbers separated by commas, got 1,x" in error
-    code, error = _refused(capsys, "trace_frontier", *common, "--quantizer-sizes", "8,100000")
+    code, error = _refused(capsys, frontier, *common, "--quantizer-sizes", "8,100000")
     assert code == 2 and f"at most the {x.shape[0]} states, got 8,100000" in error
 
 
@@ -262,13 +264,13 @@ def _load_benchmark(name: str):
     return module
 
 
-def _refused(capsys, name: str, *args: str) -> tuple[object, str]:
-    """The exit code and the last stderr line of benchmark ``name`` given ``args``, run in this
+def _refused(capsys, benchmark, *args: str) -> tuple[object, str]:
+    """The exit code and the last stderr line of a loaded ``benchmark`` given ``args``, run in this
     process as its command line runs it: a refusal is argparse's exit 2 and one line, and any
     other exception (a traceback on the command line) fails the test."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as stop:
-        _load_benchmark(name).main(list(args))
+        benchmark.main(list(args))
     return stop.value.code, capsys.readouterr().err.strip().splitlines()[-1]
 
 
