@@ -169,7 +169,6 @@ def _tiny_steer_config(tmp_path, model_dir, **changes):
 
 def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
     from sae_lens_bae.experiments import steer_icl
-    from sae_lens_bae.experiments.steer_icl import SteerICLConfig
 
     cfg = _tiny_steer_config(tmp_path, tiny_hf_llama_dir)
     summary = steer_icl.run(cfg, progress=False)
@@ -185,7 +184,8 @@ def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
     assert "| bae |" in (tmp_path / "out" / "steer.md").read_text()
     assert matplotlib.image.imread(tmp_path / "out" / "steer.png").shape[0] > 100
     with pytest.raises(ValueError, match="labelled sentences"):
-        steer_icl.run(SteerICLConfig(**{**cfg.__dict__, "eval_prompts": 100}), progress=False)
+        too_many = _tiny_steer_config(tmp_path, tiny_hf_llama_dir, eval_prompts=100)
+        steer_icl.run(too_many, progress=False)
 
 
 def test_steer_icl_refuses_a_k_above_d_sae_before_gathering_prompts(
