@@ -28,7 +28,7 @@ from torch import Tensor
 
 from sae_lens_bae.entropy import EntropyRecipe, code_entropy, estimate_entropies, recovered_bits
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
-from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
+from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, bae_config
 from sae_lens_bae.training import train_sae
 
 COLUMNS = [

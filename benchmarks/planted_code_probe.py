@@ -24,8 +24,7 @@ from torch import Tensor
 
 from sae_lens_bae.entropy.planted import RECOVERED, bit_agreement, planted_cell
 from sae_lens_bae.reports import markdown_table, write_json
-from sae_lens_bae.saes.bae import BAETrainingSAE
-from sae_lens_bae.saes.bae_config import BAETrainingSAEConfig
+from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.binary import step
 
 AGREEMENT_BINS = (0.5, 0.75, 0.9, 0.95, RECOVERED, 1.0)

@@ -36,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 import sae_lens_bae  # noqa: F401  (registers the BAE with SAELens)
 from sae_lens_bae.data import default_corpus, load_token_dataset
 from sae_lens_bae.models import load_model
-from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
+from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, bae_config
 from sae_lens_bae.training import fill_training_schedule
 
 REGIONS = {

@@ -15,7 +15,7 @@ import time
 import torch
 
 from sae_lens_bae import BAETrainingSAEConfig, train_sae
-from sae_lens_bae.training import train_stacked_baes
+from sae_lens_bae.stacks import train_stacked_baes
 
 
 def main() -> None:

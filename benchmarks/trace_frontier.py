@@ -56,7 +56,7 @@ from sae_lens_bae.entropy.tables import CELL_COLUMNS
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
-from sae_lens_bae.saes import BAE, BAEConfig
+from sae_lens_bae.saes.bae import BAE, BAEConfig
 
 COLUMNS = [
     ("multiplier", lambda row: f"{row['multiplier']:g}"),

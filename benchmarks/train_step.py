@@ -38,7 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, covariance_products, fused_covariance
-from sae_lens_bae.covariance import covariance_penalty, dense_covariance_penalty
+from sae_lens_bae.saes.objective import covariance_penalty, dense_covariance_penalty
 
 
 def _sync(device: str) -> None:

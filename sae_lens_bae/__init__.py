@@ -9,8 +9,8 @@ import importlib
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
+from sae_lens_bae import kernels as _kernels  # noqa: F401  (registers the faster covariance paths)
 from sae_lens_bae.activations import ActivationCache, harvest_activations
-from sae_lens_bae.checks import warn_renamed
 from sae_lens_bae.compression import compress, decompress
 from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.entropy import (
@@ -23,15 +23,8 @@ from sae_lens_bae.entropy import (
 from sae_lens_bae.features import burstiness, code_prior, top_k_records
 from sae_lens_bae.models import load_model
 from sae_lens_bae.registry import register_all as _register_all
-from sae_lens_bae.saes.bae import (
-    BAE,
-    DEFAULT_LR,
-    BAEConfig,
-    BAETrainingSAE,
-    BAETrainingSAEConfig,
-)
-from sae_lens_bae.saes.bae_config import bae_config
-from sae_lens_bae.saes.bae_recipes import BAE_RECIPES
+from sae_lens_bae.saes.bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, DEFAULT_LR, bae_config
 from sae_lens_bae.saes.loading import load_sae
 from sae_lens_bae.steering import steer, steering_hook, task_vector
 from sae_lens_bae.training import TrainingRun, fill_training_schedule, train_bae, train_sae
@@ -83,18 +76,6 @@ __all__ = [
     "decompress",
 ]
 
-_MOVED = {
-    "bae_objective": "sae_lens_bae.losses",
-    "covariance_penalty": "sae_lens_bae.losses",
-    "minibatch_entropy": "sae_lens_bae.losses",
-    "reconstruction_loss": "sae_lens_bae.losses",
-    "bits_to_values": "sae_lens_bae.saes.binary",
-    "DEFAULT_BATCH_SIZE": "sae_lens_bae.saes.bae",
-    "activation_batches": "sae_lens_bae.training",
-}
-"""Internals the top level exported before 0.2.0: still importable from it for one release."""
-
-
 _LAZY = {name: "sae_lens_bae.comsem" for name in ("ClientConfig", "ComSemConfig", "comsem")}
 """Imported on first use: the LLM client's packages take seconds to import."""
 
@@ -102,10 +83,4 @@ _LAZY = {name: "sae_lens_bae.comsem" for name in ("ClientConfig", "ComSemConfig"
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name == "estimate_entropy":
-        warn_renamed("sae_lens_bae.estimate_entropy", "sae_lens_bae.code_entropy")
-        return code_entropy
-    if name in _MOVED:
-        warn_renamed(f"sae_lens_bae.{name}", f"{_MOVED[name]}.{name}")
-        return getattr(importlib.import_module(_MOVED[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

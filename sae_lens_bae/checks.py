@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["REMOVED_IN", "check_ranges", "existing", "ranged", "renamed", "warn_renamed"]
-
-REMOVED_IN = "0.3.0"
-"""The release in which the old names of renamed options, fields and functions stop working."""
+__all__ = ["check_ranges", "existing", "ranged"]
 
 
 def ranged(
@@ -39,40 +35,9 @@ def existing(
     return dataclasses.field(default=default, metadata={"exists": (kind, fix)})
 
 
-def renamed(new: str | None, fix: str = "") -> Any:
-    """A field kept for one release under its old name: None unless given. Given, it warns and
-    moves its value to field ``new`` of the same config; with ``new`` None (no field takes the
-    value as it is) it only warns, ``fix`` saying what to give instead. Hidden on the command
-    line."""
-    return dataclasses.field(default=None, repr=False, metadata={"renamed": (new, fix)})
-
-
-def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
-    """A DeprecationWarning that ``old`` is now ``new`` and goes in ``REMOVED_IN``."""
-    message = f"{old} is deprecated and goes in {REMOVED_IN}: use {new}"
-    warnings.warn(message, DeprecationWarning, stacklevel=stacklevel)
-
-
-def _move_renamed(config: Any, field: dataclasses.Field[Any]) -> None:
-    new, fix = field.metadata["renamed"]
-    value = getattr(config, field.name)
-    warn_renamed(field.name, new or fix, stacklevel=5)
-    if new is None:
-        return
-    target = next(f for f in dataclasses.fields(config) if f.name == new)
-    if getattr(config, new) != target.default:
-        raise ValueError(f"{field.name} and {new} are the same setting; give {new} only")
-    object.__setattr__(config, new, value)  # frozen configs too
-    object.__setattr__(config, field.name, None)
-
-
 def check_ranges(config: Any) -> None:
     """Raise ValueError on the first field of ``config`` outside its declared range, and
-    FileNotFoundError on the first path field naming nothing of its kind; a field given under
-    its old name (``renamed``) warns and moves to its new one first."""
-    for field in dataclasses.fields(config):
-        if "renamed" in field.metadata and getattr(config, field.name) is not None:
-            _move_renamed(config, field)
+    FileNotFoundError on the first path field naming nothing of its kind."""
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         if "exists" in field.metadata and value is not None:

@@ -118,7 +118,7 @@ class TrainingSteps:
     given number: what a kill-and-rerun test needs. Every stacked run checkpoints each step."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from sae_lens_bae.training import stacked
+        from sae_lens_bae.stacks import training as stacked
         from sae_lens_bae.training.deferred import LossHistory
 
         monkeypatch.setattr(stacked, "CHECKPOINT_SECONDS", 0.0)

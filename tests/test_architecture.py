@@ -18,22 +18,19 @@ PACKAGE = "sae_lens_bae"
 
 FLOORS = {
     "sae_lens_bae.checks": 0,
-    "sae_lens_bae.covariance": 0,
-    "sae_lens_bae.covariance_products": 0,
-    "sae_lens_bae.fused_covariance": 0,
-    "sae_lens_bae.fused_covariance_ops": 0,
-    "sae_lens_bae.losses": 0,
-    "sae_lens_bae.global_batch": 0,
     "sae_lens_bae.reports": 0,
     "sae_lens_bae.plots": 0,
-    "sae_lens_bae.saes": 1,
+    "sae_lens_bae.saes": 1,  # the architectures; the BAE's maths beside it
     "sae_lens_bae.registry": 1,
+    "sae_lens_bae.kernels": 2,  # faster paths that register into the architecture's seam
     "sae_lens_bae.models": 2,
     "sae_lens_bae.data": 2,
     "sae_lens_bae.prompts": 2,
     "sae_lens_bae.activations": 3,
     "sae_lens_bae.evaluation": 3,
+    "sae_lens_bae.parallel": 4,  # data-parallel training: the global batch, the DDP trainer
     "sae_lens_bae.training": 4,
+    "sae_lens_bae.stacks": 4,  # stacks of BAEs, trained with the training floor's pieces
     "sae_lens_bae.entropy": 5,
     "sae_lens_bae.features": 5,
     "sae_lens_bae.compression": 5,
@@ -145,13 +142,13 @@ def test_no_import_cycles():
 
 
 def test_the_cycle_check_finds_a_cycle():
-    GRAPH["sae_lens_bae.losses"].append(("sae_lens_bae.saes.bae", 0))  # bae imports losses
+    GRAPH["sae_lens_bae.saes.objective"].append(("sae_lens_bae.saes.bae", 0))  # bae imports it
     try:
         cycle = _cycle()
     finally:
-        GRAPH["sae_lens_bae.losses"].pop()
+        GRAPH["sae_lens_bae.saes.objective"].pop()
     assert cycle is not None and cycle[0] == cycle[-1]
-    assert {"sae_lens_bae.losses", "sae_lens_bae.saes.bae"} <= set(cycle)
+    assert {"sae_lens_bae.saes.objective", "sae_lens_bae.saes.bae"} <= set(cycle)
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -168,7 +165,7 @@ def test_module_says_what_it_is_and_imports_at_top_level(module):
         if isinstance(node, (ast.Import, ast.ImportFrom))
     ]
     assert not nested, f"{path}: imports inside functions or classes at lines {nested}"
-    assert len(path.read_text().splitlines()) <= 400, f"{path} is over 400 lines: split it"
+    assert len(path.read_text().splitlines()) <= 500, f"{path} is over 500 lines: split it"
 
 
 IMPORT_NAMES = {
@@ -208,15 +205,90 @@ def test_declared_dependencies_are_exactly_the_third_party_imports():
 
 def test_configs_keep_to_their_field_budgets():
     """A knob earns its place (docs/research/consolidation.md): the BAE's training config adds
-    at most 10 fields to SAELens' TrainingSAEConfig, and an entropy recipe has at most 10."""
+    at most 11 fields to SAELens' TrainingSAEConfig (``coefficient_width`` shows the d_in rule
+    that every BAE's coefficients follow), and an entropy recipe has at most 10."""
     import dataclasses
 
     from sae_lens.saes.sae import TrainingSAEConfig
 
     from sae_lens_bae.entropy import EntropyRecipe
-    from sae_lens_bae.saes.bae_config import BAETrainingSAEConfig
+    from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 
     saelens = {f.name for f in dataclasses.fields(TrainingSAEConfig)}
     own = [f.name for f in dataclasses.fields(BAETrainingSAEConfig) if f.name not in saelens]
-    assert len(own) <= 10, own
+    assert len(own) <= 11, own
     assert len(dataclasses.fields(EntropyRecipe)) <= 10
+
+
+def _closure(module: str) -> set[str]:
+    """The package modules ``module`` imports, following every import (those in functions too)."""
+    seen, todo = set(), [module]
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in MODULES:
+            continue
+        seen.add(current)
+        tree = ast.parse(MODULES[current].read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                todo += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+    return seen
+
+
+def test_the_bae_architecture_is_a_few_plain_modules():
+    """What a reader opens to follow one BAE's training step: the modules the classes registered
+    as "bae" import, at most 6 and 1,600 lines, none of them Triton, torch.distributed, the
+    stacks, the kernels or the data-parallel trainer (those plug into its seams)."""
+    closure = _closure("sae_lens_bae.saes.bae")
+    lines = sum(len(MODULES[m].read_text().splitlines()) for m in closure)
+    assert len(closure) <= 6 and lines <= 1600, (sorted(closure), lines)
+    for module in closure:
+        assert not module.startswith(
+            ("sae_lens_bae.stacks", "sae_lens_bae.kernels", "sae_lens_bae.parallel")
+        ), module
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not [n for n in names if n.startswith(("triton", "torch.distributed"))], module
+
+
+def test_the_training_step_is_saelens_own():
+    """``BAETrainingSAE.training_forward_pass`` wraps SAELens' step (``super()``), and no BAE
+    config field hides a default behind None."""
+    from sae_lens_bae.saes.bae import BAETrainingSAE
+
+    source = ast.get_source_segment(
+        MODULES["sae_lens_bae.saes.bae"].read_text(),
+        next(
+            node
+            for node in ast.walk(ast.parse(MODULES["sae_lens_bae.saes.bae"].read_text()))
+            if isinstance(node, ast.FunctionDef) and node.name == "training_forward_pass"
+        ),
+    )
+    assert "super().training_forward_pass(step_input)" in source
+    assert BAETrainingSAE.training_forward_pass is not None
+    assert "= None  # type: ignore" not in MODULES["sae_lens_bae.saes.bae"].read_text()
+
+
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    body = node.body
+    if isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:] or body
+    return node.end_lineno - body[0].lineno + 1  # type: ignore[operator]
+
+
+def test_functions_fit_on_a_screen():
+    """At most 8 functions in the package have bodies over 60 lines; no alias ``__getattr__``."""
+    long = [
+        f"{module}:{node.name} ({_body_lines(node)})"
+        for module, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > 60
+    ]
+    assert len(long) <= 8, long
+    for module, path in MODULES.items():
+        assert (
+            "warn_renamed" not in path.read_text() and "DeprecationWarning" not in path.read_text()
+        ), module

@@ -1,4 +1,3 @@
-import dataclasses
 import importlib
 import json
 import typing
@@ -12,17 +11,19 @@ from sae_lens.saes.sae import TrainStepInput
 import sae_lens_bae
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.entropy import EntropyRecipe
-from sae_lens_bae.losses import covariance_penalty, minibatch_entropy
-from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
-from sae_lens_bae.saes.bae_recipes import RecipeName
+from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, BAERecipe, RecipeName, bae_config
 from sae_lens_bae.saes.binary import bits_to_values, step
 from sae_lens_bae.saes.canonical import canonicalise
+from sae_lens_bae.saes.objective import covariance_penalty, minibatch_entropy
 from sae_lens_bae.saes.resampling import RESAMPLE_RATE
 
 
 def make_bae(**kwargs) -> BAETrainingSAE:
     torch.manual_seed(0)
     kwargs.setdefault("d_in", 8)
+    kwargs.setdefault("d_sae", 4 * kwargs["d_in"])
+    if any(name.endswith("_coefficient") for name in kwargs):  # coefficients as given
+        kwargs.setdefault("coefficient_width", None)
     kwargs.setdefault("entropy_off_fraction", 0.0)
     return BAETrainingSAE(BAETrainingSAEConfig(**kwargs))
 
@@ -88,8 +89,8 @@ def test_straight_through_gradient_is_identity():
 def test_unknown_surrogate_is_rejected():
     with pytest.raises(ValueError, match="Unknown surrogate 'relu'.*sigmoid"):
         step(torch.zeros(2), "relu")
-    with pytest.raises(ValueError, match="Unknown surrogate"):
-        BAETrainingSAEConfig(d_in=4, surrogate="relu")
+    with pytest.raises(ValueError, match=r"surrogate='relu' \(one of \['sigmoid', 'ste'\]\)"):
+        BAETrainingSAEConfig(d_in=4, d_sae=16, surrogate="relu")
 
 
 # ------------------------------------------------------------------ more-bit decoding
@@ -133,8 +134,8 @@ def test_a_default_bae_is_the_papers_shape_and_reads_raw_states(d_in):
     inference alike; the encoder reads the raw state (moving the decoder bias moves no bit);
     the entropy term is off for a first part of training, then on; one gradient flows through
     every bit (the surrogate is defined)."""
-    cfg = BAETrainingSAEConfig(d_in=d_in)
-    assert cfg.n_bits == BAEConfig(d_in=d_in).n_bits == 4 * d_in
+    cfg = BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in)
+    assert cfg.n_bits == BAEConfig(d_in=d_in, d_sae=4 * d_in).n_bits == 4 * d_in
     torch.manual_seed(0)
     bae = BAETrainingSAE(cfg)
     x = torch.randn(32, d_in)
@@ -152,39 +153,46 @@ def test_a_default_bae_is_the_papers_shape_and_reads_raw_states(d_in):
 
 @pytest.mark.parametrize("d_in", [16, 576, 2048])
 def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
-    recipe = BAE_RECIPES["default"]
-    scale = 2048 / d_in  # the penalties are sums over channels, the reconstruction a mean over d
-    cfg = BAETrainingSAEConfig(d_in=d_in)
-    assert cfg.entropy_coefficient == pytest.approx(recipe.entropy_coefficient * scale)
-    assert cfg.covariance_coefficient == pytest.approx(recipe.covariance_coefficient * scale)
-    assert cfg.surrogate_temperature == recipe.surrogate_temperature
-    assert cfg.resample_every == recipe.resample_every
-    # what SAELens' registry builds from a bare training config dict is the same
-    from_registry = TrainingSAE.from_dict({"architecture": "bae", "d_in": d_in}).cfg
-    assert from_registry.entropy_coefficient == cfg.entropy_coefficient
-    # a recipe of one's own, with its coefficients given at d = 2048
-    own = dataclasses.replace(recipe, entropy_coefficient=1e-4, resample_every=40)
-    mine = bae_config(d_in, recipe=own)
-    assert mine.entropy_coefficient == pytest.approx(1e-4 * scale)
-    assert mine.resample_every == 40
-    # the paper's preset keeps its fixed coefficients whatever d
-    paper = bae_config(d_in, recipe="paper")
-    assert paper.entropy_coefficient == 1e-7 and paper.covariance_coefficient == 1e-7
-    assert paper.surrogate_temperature == 1.0 and BAE_RECIPES["paper"].lr == 5e-4
-    assert bae_config(d_in, coefficient_scale=4.0).entropy_coefficient == pytest.approx(
-        4 * cfg.entropy_coefficient
+    """The config shows the coefficients at d = 2048 and weighs them by 2048 / d_in in one place
+    (``coefficients``): the penalties are sums over bits, the reconstruction a mean over d."""
+    scale = 2048 / d_in
+    cfg = BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in)
+    assert (cfg.entropy_coefficient, cfg.covariance_coefficient) == (5e-7, 8e-6)
+    assert cfg.coefficients() == {"entropy": 5e-7 * scale, "covariance": 8e-6 * scale}
+    assert (cfg.surrogate_temperature, cfg.resample_every, cfg.coefficient_width) == (
+        1.0,
+        125,
+        2048,
     )
-    explicit = BAETrainingSAEConfig(d_in=d_in, entropy_coefficient=0.5)
-    assert explicit.entropy_coefficient == 0.5
+    assert bae_config(d_in) == cfg  # the default recipe is the config's defaults
+    # what SAELens' registry builds from a bare training config dict is the same
+    bare = {"architecture": "bae", "d_in": d_in, "d_sae": 4 * d_in}
+    assert TrainingSAE.from_dict(bare).cfg.coefficients() == cfg.coefficients()
+    # a recipe of one's own, with its coefficients given at d = 2048
+    own = BAERecipe(lr=1e-3, fields={"entropy_coefficient": 1e-4, "resample_every": 40})
+    mine = bae_config(d_in, recipe=own)
+    assert mine.coefficients()["entropy"] == pytest.approx(1e-4 * scale)
+    assert mine.resample_every == 40
+    # the paper's recipe keeps its fixed coefficients whatever d
+    paper = bae_config(d_in, recipe="paper")
+    assert paper.coefficients() == {"entropy": 1e-7, "covariance": 1e-7}
+    assert paper.surrogate_temperature == 1.0 and BAE_RECIPES["paper"].lr == 5e-4
+    scaled = bae_config(d_in, coefficient_scale=4.0).coefficients()["entropy"]
+    assert scaled == pytest.approx(4 * cfg.coefficients()["entropy"])
+    explicit = BAETrainingSAEConfig(
+        d_in=d_in, d_sae=4, entropy_coefficient=0.5, coefficient_width=None
+    )
+    assert explicit.coefficients()["entropy"] == 0.5
     with pytest.raises(ValueError, match="unknown BAE recipe"):
         bae_config(d_in, recipe="fast")
-    # estimate_entropies trains with the registry's entropy preset: one rule for both paths
+    # estimate_entropies trains with the registry's entropy recipe: one rule for both paths
     through_registry = bae_config(d_in, recipe="entropy", total_training_steps=16000)
     through_recipe = EntropyRecipe().config(d_in)
-    for name in ("entropy_coefficient", "covariance_coefficient", "surrogate_temperature",
-                 "entropy_off_fraction", "resample_every", "rescale_inputs_to"):  # fmt: skip
+    for name in ("surrogate_temperature", "entropy_off_fraction", "resample_every",
+                 "rescale_inputs_to"):  # fmt: skip
         assert getattr(through_recipe, name) == getattr(through_registry, name), name
-    assert through_registry.entropy_coefficient == pytest.approx(5e-7 * scale)
+    assert through_recipe.coefficients() == through_registry.coefficients()
+    assert through_registry.coefficients()["entropy"] == pytest.approx(5e-7 * scale)
     assert EntropyRecipe().optimiser.lr == BAE_RECIPES["entropy"].lr == 4e-3
     assert set(typing.get_args(RecipeName)) == set(BAE_RECIPES)  # the CLIs' choices
 
@@ -201,18 +209,6 @@ def test_forward_is_binary_code_then_linear_decode():
     assert torch.allclose(bae(x), code @ bae.W_dec + bae.b_dec, atol=1e-6)
 
 
-def test_a_saved_bae_without_an_encoder_bias_is_refused(tmp_path):
-    """``encoder_bias`` is retired: every BAE has one. A cfg.json that recorded it true loads
-    as before; one trained without it is refused in one line."""
-    make_bae(d_in=8).save_inference_model(tmp_path)
-    cfg = json.loads((tmp_path / "cfg.json").read_text())
-    (tmp_path / "cfg.json").write_text(json.dumps({**cfg, "encoder_bias": True}))
-    assert isinstance(BAE.load_from_disk(tmp_path), BAE)
-    (tmp_path / "cfg.json").write_text(json.dumps({**cfg, "encoder_bias": False}))
-    with pytest.raises(ValueError, match="without an encoder bias"):
-        BAE.load_from_disk(tmp_path)
-
-
 def test_saelens_parameter_names():
     names = dict(make_bae().named_parameters())
     assert {"W_enc", "W_dec", "b_enc", "b_dec"} <= set(names)
@@ -225,10 +221,8 @@ def test_training_forward_pass_losses_and_metrics():
     bae = make_bae(d_in=8, d_sae=16, entropy_off_fraction=0.05, total_training_steps=100)
     x = torch.randn(64, 8)
     out = bae.training_forward_pass(step_input(x, n_training_steps=0, entropy=0.1, covariance=0.2))
-    assert set(out.losses) == {"reconstruction_loss", "entropy_loss", "covariance_loss"}
-    assert out.losses["reconstruction_loss"].item() == pytest.approx(
-        ((out.sae_out - x) ** 2).mean().item()
-    )
+    assert set(out.losses) == {"mse_loss", "entropy_loss", "covariance_loss"}  # SAELens' step's
+    assert out.losses["mse_loss"].item() == pytest.approx(((out.sae_out - x) ** 2).mean().item())
     bits = bae.encode_bits(x)
     assert out.losses["entropy_loss"].item() == 0.0  # still in the entropy-off phase
     assert out.losses["covariance_loss"].item() == pytest.approx(
@@ -259,17 +253,20 @@ def test_gradients_reach_encoder_through_surrogate():
 
 
 def test_entropy_schedule_needs_length_of_training():
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8))
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=32))
     with pytest.raises(ValueError, match="total_training_steps"):
         bae.training_forward_pass(step_input(torch.randn(16, 8)))
     with pytest.raises(ValueError, match="fill_training_schedule"):
         bae.get_coefficients()  # what SAELens' trainer calls when it is built
     assert bae.resolve_schedule(100).entropy_on_from == 25  # the seam a trainer calls
     assert bae.schedule == bae.cfg.schedule(100)
-    cfg = BAETrainingSAEConfig(d_in=8, total_training_steps=100)
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=32, total_training_steps=100)
     assert cfg.schedule().entropy_on_from == 25
     assert cfg.schedule(7).total_steps == 100  # a length in the config wins
-    assert BAETrainingSAEConfig(d_in=8, entropy_off_fraction=0).schedule().entropy_on_from == 0
+    assert (
+        BAETrainingSAEConfig(d_in=8, d_sae=32, entropy_off_fraction=0).schedule().entropy_on_from
+        == 0
+    )
 
 
 def test_code_mean_is_running_mean_then_ema():
@@ -306,7 +303,7 @@ def test_registration_is_idempotent_across_reimport_and_reload():
     try:
         sae_lens_bae.registry.register_all()
         assert SAE_CLASS_REGISTRY["bae"][0] is reloaded.BAE
-        cfg = reloaded.BAETrainingSAEConfig(d_in=4)  # looks up the inference config
+        cfg = reloaded.BAETrainingSAEConfig(d_in=4, d_sae=16)  # looks up the inference config
         assert cfg.metadata.training_architecture == "bae"
     finally:  # the rest of the suite uses the originally imported classes
         vars(module).update(original_namespace)
@@ -352,16 +349,16 @@ def test_non_finite_activations_are_rejected(bad):
 
 @pytest.mark.parametrize("bits", [0, -1, 1.5, True, "2"])
 def test_bad_bits(bits):
-    with pytest.raises(ValueError, match="bits must be an integer >= 1"):
-        BAETrainingSAEConfig(d_in=8, bits=bits)
-    with pytest.raises(ValueError, match="bits must be an integer >= 1"):
-        BAEConfig(d_in=8, bits=bits)
+    with pytest.raises(ValueError, match=r"bits=.* \(bits per feature, an integer >= 1\)"):
+        BAETrainingSAEConfig(d_in=8, d_sae=32, bits=bits)
+    with pytest.raises(ValueError, match=r"bits=.* \(bits per feature, an integer >= 1\)"):
+        BAEConfig(d_in=8, d_sae=32, bits=bits)
 
 
 @pytest.mark.parametrize(
     ("field", "value", "match"),
     [
-        ("d_in", 0, "d_in must be a positive integer"),
+        ("d_in", 0, r"d_in=0 \(a positive integer\)"),
         ("surrogate_temperature", 0.0, "surrogate_temperature"),
         ("entropy_coefficient", -1.0, "entropy_coefficient"),
         ("entropy_off_fraction", 1.5, "entropy_off_fraction"),
@@ -370,7 +367,7 @@ def test_bad_bits(bits):
     ],
 )
 def test_bad_training_config_values(field, value, match):
-    kwargs = {"d_in": 8, field: value}
+    kwargs = {"d_in": 8, "d_sae": 32, field: value}
     with pytest.raises(ValueError, match=match):
         BAETrainingSAEConfig(**kwargs)
 
@@ -487,13 +484,14 @@ def test_new_training_options_round_trip_through_save_and_load(tmp_path):
 
 
 def test_saelens_hands_the_bae_its_configured_coefficients():
-    cfg = BAETrainingSAEConfig(d_in=8, entropy_coefficient=0.4, covariance_coefficient=0.2,
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=32, entropy_coefficient=0.4,
+                               covariance_coefficient=0.2, coefficient_width=None,
                                total_training_steps=10)  # fmt: skip
     coefficients = BAETrainingSAE(cfg).get_coefficients()
     assert coefficients == {"entropy": 0.4, "covariance": 0.2}
 
 
-def test_resampling_revives_constant_channels_on_the_worst_samples():
+def test_resampling_revives_constant_bits_on_the_worst_samples():
     torch.manual_seed(0)
     bae = make_bae(d_in=8, d_sae=6, resample_every=3, total_training_steps=100)
     with torch.no_grad():
@@ -517,32 +515,36 @@ def test_resampling_revives_constant_channels_on_the_worst_samples():
     assert int(bae.window_samples) == 100  # a new window, counting this step
 
 
-def test_constant_channels_are_those_whose_rare_state_is_below_the_rarity():
-    from sae_lens_bae.saes.resampling import constant_channels
+def test_constant_bits_are_those_whose_rare_state_is_below_the_rarity():
+    from sae_lens_bae.saes.resampling import constant_bits
 
     counts = torch.tensor([0, 6, 7, 32_000, 63_993, 63_994, 64_000])
     # 64k samples: the rare state must take at least 1e-4 of them (6.4 samples)
-    assert constant_channels(counts, 64_000).tolist() == [1, 1, 0, 0, 0, 1, 1]
+    assert constant_bits(counts, 64_000).tolist() == [1, 1, 0, 0, 0, 1, 1]
     # a short window (rarity * samples < 1) resamples only exactly constant channels
-    assert constant_channels(torch.tensor([0, 1, 99, 100]), 100).tolist() == [1, 0, 0, 1]
+    assert constant_bits(torch.tensor([0, 1, 99, 100]), 100).tolist() == [1, 0, 0, 1]
 
 
 def test_resampling_stops_after_its_fraction_of_training():
-    cfg = BAETrainingSAEConfig(d_in=8, resample_every=10, total_training_steps=40)
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=10, total_training_steps=40)
     # RESAMPLE_UNTIL_FRACTION of 40 steps is 38: the window ending at step 39 resamples no more
     assert [n for n in range(40) if cfg.schedule().resampling_at(n)] == [9, 19, 29]
-    assert not BAETrainingSAEConfig(d_in=8, resample_every=0).schedule(100).resampling_at(9)
-    unknown = BAETrainingSAEConfig(d_in=8, resample_every=10, entropy_off_fraction=0.0)
+    assert (
+        not BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=0).schedule(100).resampling_at(9)
+    )
+    unknown = BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=10, entropy_off_fraction=0.0)
     assert unknown.schedule().resampling_at(10**6 - 1)  # no length: resampling never stops
 
 
 def test_codes_are_counted_only_in_windows_that_end_in_a_resampling():
-    cfg = BAETrainingSAEConfig(d_in=8, resample_every=10, total_training_steps=40)
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=10, total_training_steps=40)
     counted = [n for n in range(40) if cfg.schedule().window_counted(n)]
     assert counted == list(range(30))  # the last resampling ends step 29
-    unknown = BAETrainingSAEConfig(d_in=8, resample_every=10, entropy_off_fraction=0.0)
+    unknown = BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=10, entropy_off_fraction=0.0)
     assert unknown.schedule().window_counted(10**6)  # length unknown
-    assert not BAETrainingSAEConfig(d_in=8, resample_every=0).schedule(100).window_counted(0)
+    assert (
+        not BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=0).schedule(100).window_counted(0)
+    )
     # a training BAE: its one resampling ends step 2; the steps after it count nothing
     bae = make_bae(d_sae=6, resample_every=3, total_training_steps=4)
     x = torch.randn(64, 8)
@@ -573,7 +575,7 @@ def test_canonicalise_keeps_every_output_and_makes_the_rare_state_one(apply_b_de
     assert torch.allclose(canon.encode_bits(x).mean(0), torch.minimum(prior, 1 - prior))
     assert torch.equal(bae.encode_bits(x).mean(0), prior)  # the original is untouched
     with pytest.raises(ValueError, match="one bit per feature"):
-        canonicalise(BAE(BAEConfig(d_in=6, bits=2)))
+        canonicalise(BAE(BAEConfig(d_in=6, d_sae=24, bits=2)))
 
 
 @pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
@@ -612,16 +614,22 @@ def test_the_covariance_term_is_off_for_the_last_fraction_of_training():
     """``covariance_off_final_fraction``: the term counts before the last tenth of training and
     not in it, in the step SAELens' trainer runs; a config that does not know how long training
     is cannot place that tenth, and says so."""
-    cfg = BAETrainingSAEConfig(d_in=8, covariance_off_final_fraction=0.1, total_training_steps=100)
+    cfg = BAETrainingSAEConfig(
+        d_in=8, d_sae=32, covariance_off_final_fraction=0.1, total_training_steps=100
+    )
     on = cfg.schedule().covariance_on
     assert [on(s) for s in (0, 89, 90, 99)] == [True, True, False, False]
-    assert BAETrainingSAEConfig(d_in=8, entropy_off_fraction=0.0).schedule().covariance_on(10**6)
-    no_length = BAETrainingSAEConfig(d_in=8, covariance_off_final_fraction=0.1,
+    assert (
+        BAETrainingSAEConfig(d_in=8, d_sae=32, entropy_off_fraction=0.0)
+        .schedule()
+        .covariance_on(10**6)
+    )
+    no_length = BAETrainingSAEConfig(d_in=8, d_sae=32, covariance_off_final_fraction=0.1,
                                      entropy_off_fraction=0.0)  # fmt: skip
     with pytest.raises(ValueError, match="covariance_off_final_fraction=0.1 needs the length"):
         no_length.schedule()
     with pytest.raises(ValueError, match="covariance_off_final_fraction=1.5"):
-        BAETrainingSAEConfig(d_in=8, covariance_off_final_fraction=1.5)
+        BAETrainingSAEConfig(d_in=8, d_sae=32, covariance_off_final_fraction=1.5)
     bae = make_bae(d_in=8, d_sae=32, covariance_off_final_fraction=0.1, total_training_steps=100)
     x = torch.randn(64, 8)
     on = bae.training_forward_pass(step_input(x, n_training_steps=89)).losses

@@ -126,7 +126,7 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path, capsys):
     code copies; a shifted set is the same set moved (its variance unchanged), and a bad case or
     recipe field is refused with one line (exit 2)."""
     from sae_lens_bae.entropy import EntropyRecipe, code_entropy, estimate_entropies, recovered_bits
-    from sae_lens_bae.saes.bae_config import bae_config
+    from sae_lens_bae.saes.bae_recipes import bae_config
     from sae_lens_bae.training import train_sae
 
     benchmark = _load_benchmark("heldout_entropy")
@@ -330,7 +330,7 @@ def test_terms_that_are_off_cost_no_kernel_and_add_nothing():
     products), the mean code (one reduction, shared with the running mean) and one add: six
     kernels (ATen ops as the step benchmark counts them), where zero terms made and added cost
     four more."""
-    from sae_lens_bae.losses import bae_objective
+    from sae_lens_bae.saes.objective import bae_objective
 
     generator = torch.Generator().manual_seed(0)
     sae_in, sae_out = torch.randn(2, 64, 8, generator=generator).unbind()
@@ -458,7 +458,7 @@ def test_the_code_probe_splits_the_error_between_copied_and_mixed_bits():
     bit 3's variance: relative error 2 / 16, all of it from the uncopied bits, none off the span
     (to the float32 weights' rounding)."""
     from sae_lens_bae.saes.bae import BAETrainingSAE
-    from sae_lens_bae.saes.bae_config import bae_config
+    from sae_lens_bae.saes.bae_recipes import bae_config
 
     probe = _load_benchmark("planted_code_probe")
     bits = torch.tensor([[(i >> k) & 1 for k in range(4)] for i in range(16)]).float()

@@ -6,7 +6,7 @@ import torch
 from sae_lens_bae import train_sae
 from sae_lens_bae.entropy import EntropyRecipe, directional_data, estimate_entropies
 from sae_lens_bae.entropy.tables import reliability_note
-from sae_lens_bae.losses import binary_entropy
+from sae_lens_bae.saes.objective import binary_entropy
 from sae_lens_bae.training import Convergence, ConvergenceMonitor
 
 
@@ -134,7 +134,7 @@ def test_the_reliability_note_says_why_each_cell_is_unreliable():
 def test_the_recipes_learning_rate_schedule_reaches_the_stacked_trainer():
     """A warm-up and a cosine decay in the recipe train the cell's BAE as train_stacked_baes does
     with them (the same weights), and differently from a constant lr."""
-    from sae_lens_bae.training import train_stacked_baes
+    from sae_lens_bae.stacks import train_stacked_baes
 
     x, _ = directional_data(2, 8, 1024, 16, seed=0)
     schedule = {"lr_warm_up_steps": 5, "lr_end": 1e-3}
@@ -192,7 +192,7 @@ def test_restarts_keep_the_restart_of_lowest_held_out_objective():
     from sae_lens_bae.entropy import code_entropy
     from sae_lens_bae.evaluation import held_out_objective
     from sae_lens_bae.saes.decoder_refit import refit_decoder
-    from sae_lens_bae.training import train_stacked_baes
+    from sae_lens_bae.stacks import train_stacked_baes
 
     x, test = directional_data(3, 8, 1024, 256, seed=0)
     recipe = EntropyRecipe.of(expansion=2, steps=60, batch_size=64, converge=False, seeds=2,

@@ -151,7 +151,9 @@ def test_bae_compress_and_more_bits_on_the_tiny_model(tiny_hf_llama_dir, tiny_co
         assert row["comsem_score"] == own["mean_score"] and own["evaluated"] <= 2
     assert [r["bits"] for r in rows] == [1, 3]
     assert [r["code_bits"] for r in rows] == [32, 96]  # decoder width d_in = 32 for every C
-    one = BAETrainingSAEConfig(d_in=32)  # per feature, the penalties weigh what they do at C = 1
+    one = BAETrainingSAEConfig(
+        d_in=32, d_sae=128
+    )  # per feature, the penalties weigh what they do at C = 1
     assert rows[1]["entropy_coefficient"] == pytest.approx(one.entropy_coefficient / 3)
     assert rows[1]["covariance_coefficient"] == pytest.approx(one.covariance_coefficient / 9)
     assert rows[0]["covariance_coefficient"] == pytest.approx(one.covariance_coefficient)

@@ -21,7 +21,7 @@ from sae_lens_bae.activations import ActivationCache
 from sae_lens_bae.experiments.synthetic import run_grid
 from sae_lens_bae.experiments.synthetic_grids import GRIDS
 from sae_lens_bae.features import FeatureRecords, top_k_records
-from sae_lens_bae.training import train_stacked_baes
+from sae_lens_bae.stacks import train_stacked_baes
 from sae_lens_bae.training.checkpoints import check_resumable, mark_complete
 
 

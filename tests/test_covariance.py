@@ -5,8 +5,9 @@ with torch.cov."""
 import pytest
 import torch
 
-from sae_lens_bae import covariance, covariance_products
-from sae_lens_bae.covariance import covariance_penalty
+from sae_lens_bae.kernels import products as covariance_products
+from sae_lens_bae.saes import objective as covariance
+from sae_lens_bae.saes.objective import covariance_penalty
 
 
 def reference(codes: torch.Tensor) -> torch.Tensor:

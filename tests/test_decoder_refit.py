@@ -81,7 +81,7 @@ def test_the_refit_is_the_regression_and_leaves_the_code(frame):
         bae = _bae(rescale_inputs_to=frame)
         states = torch.randn(2000, 6, generator=torch.Generator().manual_seed(2)) * 2 + 1
         if frame is not None:
-            from sae_lens_bae.saes.input_scale import fix_input_frame
+            from sae_lens_bae.saes.input_frame import fix_input_frame
 
             fix_input_frame(bae, states, frame)
         codes = bae.encode_bits(states)

@@ -23,19 +23,19 @@ from typer.testing import CliRunner
 
 from sae_lens_bae import BAETrainingSAEConfig, harvest_activations, train_sae
 from sae_lens_bae.activations.cache import ActivationCache
-from sae_lens_bae.global_batch import GlobalBatch
-from sae_lens_bae.saes.stacked import StackedBAE
+from sae_lens_bae.parallel.distributed import (
+    data_parallel,
+    rank_batches,
+    rank_cache_batches,
+    spawn_local,
+)
+from sae_lens_bae.parallel.global_batch import GlobalBatch
+from sae_lens_bae.stacks.model import StackedBAE
 from sae_lens_bae.training.checkpoints import (
     COMPLETE_MARKER,
     latest_checkpoint,
     mark_complete,
     read_marker,
-)
-from sae_lens_bae.training.distributed import (
-    data_parallel,
-    rank_batches,
-    rank_cache_batches,
-    spawn_local,
 )
 from sae_lens_bae.training.trainer import RecordingTrainer, activation_batches
 
@@ -237,8 +237,8 @@ def test_a_cache_block_is_read_from_its_shards_alone(tiny_llama, token_dataset, 
                   data="cache blocks")  # fmt: skip
     refused = r"written by 2 rank\(s\), this run has 1: a cache is read"
     with pytest.raises(ValueError, match=refused):
-        train_sae(cache, BAETrainingSAEConfig(d_in=32), training_samples=640, batch_size=64,
-                  checkpoint_dir=tmp_path / "ckpt", resume=True)  # fmt: skip
+        train_sae(cache, BAETrainingSAEConfig(d_in=32, d_sae=128), training_samples=640,
+                  batch_size=64, checkpoint_dir=tmp_path / "ckpt", resume=True)  # fmt: skip
 
 
 def test_data_parallel_refuses_what_it_cannot_train_exactly():

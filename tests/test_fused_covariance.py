@@ -17,9 +17,9 @@ import torch
 from sae_lens.saes.sae import TrainStepInput
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 
-from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, fused_covariance
-from sae_lens_bae.covariance import covariance_penalty
-from sae_lens_bae.fused_covariance import (
+from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.kernels import fused as fused_covariance
+from sae_lens_bae.kernels.fused import (
     HAS_TRITON,
     fused_backward,
     fused_backward_from_signs,
@@ -28,7 +28,8 @@ from sae_lens_bae.fused_covariance import (
     sign_matrix,
     tile_pairs,
 )
-from sae_lens_bae.fused_covariance_ops import fused_applies
+from sae_lens_bae.kernels.fused_ops import fused_applies
+from sae_lens_bae.saes.objective import covariance_penalty
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

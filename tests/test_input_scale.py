@@ -2,18 +2,15 @@
 saved and loaded with the model, folded exactly, and what makes training independent of the
 states' scale."""
 
-import json
-
 import pytest
 import torch
 from sae_lens import SAE
 from sae_lens.saes.sae import TrainStepInput
-from safetensors.torch import load_file, save_file
 
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.entropy import code_entropy
-from sae_lens_bae.saes.bae_config import bae_config
-from sae_lens_bae.saes.input_scale import frame_input
+from sae_lens_bae.saes.bae_recipes import bae_config
+from sae_lens_bae.saes.input_frame import frame_input
 from sae_lens_bae.training import train_sae
 
 
@@ -32,7 +29,7 @@ def trained(x: torch.Tensor, **overrides) -> BAETrainingSAE:
 
 def test_first_batch_sets_the_scale_and_later_batches_keep_it():
     torch.manual_seed(0)
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, rescale_inputs_to=2.0,
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, rescale_inputs_to=2.0,
                                               entropy_off_fraction=0.0))  # fmt: skip
     assert bae.input_scale.item() == 0.0  # unset: reads inputs as given
     x = fair_bits()
@@ -44,7 +41,7 @@ def test_first_batch_sets_the_scale_and_later_batches_keep_it():
 
 
 def test_a_first_batch_without_variance_leaves_the_scale_unset():
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, rescale_inputs_to=1.0,
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, rescale_inputs_to=1.0,
                                               entropy_off_fraction=0.0))  # fmt: skip
     bae.training_forward_pass(_step(torch.zeros(64, 12), 0))
     assert bae.input_scale.item() == 0.0
@@ -115,32 +112,6 @@ def test_the_scale_is_saved_and_loaded(tmp_path):
     assert torch.equal(loaded(x), bae(x))
 
 
-def test_a_bae_saved_before_the_shift_existed_loads_unshifted(tmp_path):
-    torch.manual_seed(0)
-    bae = BAE(BAEConfig(d_in=8, rescale_inputs_to=1.0))
-    with torch.no_grad():
-        bae.input_scale.fill_(0.5)
-    bae.save_model(tmp_path)
-    weights = tmp_path / "sae_weights.safetensors"
-    state = {k: v for k, v in load_file(weights).items() if k != "input_shift"}
-    save_file(state, weights)
-    loaded = SAE.load_from_disk(tmp_path)
-    assert torch.equal(loaded.input_shift, torch.zeros(8))
-    x = torch.randn(20, 8)
-    assert torch.equal(loaded(x), bae(x))  # it read its inputs unshifted, and still does
-
-
-def test_a_cfg_json_saved_before_the_field_existed_loads(tmp_path):
-    torch.manual_seed(0)
-    bae = BAE(BAEConfig(d_in=8))
-    bae.save_model(tmp_path)
-    cfg = json.loads((tmp_path / "cfg.json").read_text())
-    del cfg["rescale_inputs_to"]
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    loaded = BAE.load_from_disk(tmp_path)
-    assert loaded.cfg.rescale_inputs_to is None and not hasattr(loaded, "input_scale")
-
-
 @pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
 def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
     torch.manual_seed(0)
@@ -177,14 +148,14 @@ def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
 
 
 def test_a_cast_keeps_the_scale_in_fp32():
-    bae = BAE(BAEConfig(d_in=8, rescale_inputs_to=1.0)).to(torch.bfloat16)
+    bae = BAE(BAEConfig(d_in=8, d_sae=32, rescale_inputs_to=1.0)).to(torch.bfloat16)
     assert bae.W_enc.dtype == torch.bfloat16 and bae.input_scale.dtype == torch.float32
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, True])
 def test_a_bad_target_is_refused(value):
-    with pytest.raises(ValueError, match="rescale_inputs_to must be a positive"):
-        BAETrainingSAEConfig(d_in=8, rescale_inputs_to=value)
+    with pytest.raises(ValueError, match=r"rescale_inputs_to=.* \(a positive variance or None\)"):
+        BAETrainingSAEConfig(d_in=8, d_sae=32, rescale_inputs_to=value)
 
 
 def test_the_entropy_preset_frames_its_inputs_and_the_feature_default_does_not():

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sae_lens_bae import covariance, covariance_products
-from sae_lens_bae.losses import (
+from sae_lens_bae.kernels import products as covariance_products
+from sae_lens_bae.saes import objective as covariance
+from sae_lens_bae.saes.objective import (
     binary_entropy,
     covariance_penalty,
     dense_covariance_penalty,

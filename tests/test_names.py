@@ -1,83 +1,27 @@
-"""One name for each thing: the renamed API keeps its old names for one release, each with a
-DeprecationWarning that names the new one; the top level holds the user-level API only."""
+"""One name for each thing: the top level holds the user-level API only, with no old names (0.2.0
+is the first release), and one hook point has one name however it is given."""
 
-import importlib
-import sys
 import warnings
 
 import pytest
 
 import sae_lens_bae
-from sae_lens_bae import BAE_RECIPES, EntropyRecipe, bae_config, code_entropy
+from sae_lens_bae import EntropyRecipe
 from sae_lens_bae.activations import hook_point
 from sae_lens_bae.experiments.quickstart import QuickstartConfig
-from sae_lens_bae.experiments.synthetic import GRIDS, SyntheticConfig
-from sae_lens_bae.training.live import LiveTrainingConfig
-
-DEPRECATED = "is deprecated and goes in 0.3.0: use"
+from sae_lens_bae.experiments.synthetic import SyntheticConfig
 
 
-def test_an_old_field_name_sets_the_new_field_with_a_warning(tmp_path):
-    with pytest.warns(DeprecationWarning, match=f"^corpus {DEPRECATED} dataset$"):
-        old = QuickstartConfig(corpus="texts.txt", bae_preset="paper", out=tmp_path)
-    assert old == QuickstartConfig(dataset="texts.txt", recipe="paper", out=tmp_path)
-    assert old.corpus is None and old.bae_preset is None
-    with pytest.warns(DeprecationWarning, match=f"^preset {DEPRECATED} grid$"):
-        assert SyntheticConfig(preset="test", ranks=(0, 2)) == SyntheticConfig(
-            grid="test", planted_bits=(0, 2)
-        )
-
-
-def test_an_old_and_a_new_name_of_one_setting_are_refused_together():
-    with pytest.raises(ValueError, match="^corpus and dataset are the same setting; give dataset"):
-        QuickstartConfig(corpus="a.txt", dataset="b.txt")
-
-
-def test_the_old_width_of_bae_train_warns_and_still_reaches_the_run():
-    with pytest.warns(DeprecationWarning, match=rf"^d_sae {DEPRECATED} --expansion"):
-        cfg = LiveTrainingConfig(out="o", dataset="x", d_sae=2304)
-    assert cfg.d_sae == 2304 and cfg.expansion == 4  # the run takes d_sae when it is given
-
-
-def test_renamed_functions_and_values_give_what_the_new_names_give():
-    with pytest.warns(DeprecationWarning, match="EntropyRecipe.long_run"):
-        assert EntropyRecipe.paper(512, steps=2000) == EntropyRecipe.long_run(512, steps=2000)
-    with pytest.warns(DeprecationWarning, match="long_run"):
-        assert EntropyRecipe.based_on("paper", 256) == EntropyRecipe.long_run(256)
-    with pytest.warns(DeprecationWarning, match="recipe="):
-        assert bae_config(64, preset="entropy") == bae_config(64, recipe="entropy")
-    with pytest.warns(DeprecationWarning, match="the grid name paper"):
-        assert SyntheticConfig(grid="paper").chosen_grid() == GRIDS["gpu"]
-    with pytest.warns(DeprecationWarning, match="sae_lens_bae.code_entropy"):
-        assert sae_lens_bae.estimate_entropy is code_entropy
-    with pytest.warns(DeprecationWarning, match="code_entropy"):
-        from sae_lens_bae.entropy import estimate_entropy
-    assert estimate_entropy is code_entropy
-
-
-def test_the_old_recipe_module_and_names_still_import():
-    sys.modules.pop("sae_lens_bae.saes.bae_presets", None)
-    with pytest.warns(DeprecationWarning, match="sae_lens_bae.saes.bae_recipes"):
-        old = importlib.import_module("sae_lens_bae.saes.bae_presets")
-    assert old.BAE_PRESETS is BAE_RECIPES
-    with pytest.warns(DeprecationWarning, match="BAE_RECIPES"):
-        from sae_lens_bae.saes.bae_recipes import BAE_PRESETS
-    assert BAE_PRESETS is BAE_RECIPES
-
-
-def test_the_top_level_is_the_user_api_and_moved_internals_still_import_once_more():
+def test_the_top_level_is_the_user_api():
     for name in sae_lens_bae.__all__:
         assert getattr(sae_lens_bae, name) is not None
     internals = {"bae_objective", "covariance_penalty", "minibatch_entropy", "bits_to_values"}
     assert not internals & set(sae_lens_bae.__all__)
     assert {"estimate_entropies", "EntropyRecipe", "bae_config", "top_k_records", "comsem",
             "load_token_dataset"} <= set(sae_lens_bae.__all__)  # fmt: skip
-    from sae_lens_bae.losses import bae_objective
-
-    with pytest.warns(DeprecationWarning, match="sae_lens_bae.losses.bae_objective"):
-        assert sae_lens_bae.bae_objective is bae_objective
-    with pytest.raises(AttributeError):
-        sae_lens_bae.no_such_name  # noqa: B018
+    for old in ("bae_objective", "estimate_entropy", "no_such_name"):  # no aliases: 0.2.0 is first
+        with pytest.raises(AttributeError):
+            getattr(sae_lens_bae, old)
 
 
 def test_new_names_warn_nothing(tmp_path):

@@ -19,7 +19,7 @@ from sae_lens_bae.entropy.repair import (
 )
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.decoder_refit import least_squares_decoder
-from sae_lens_bae.training.stacked import StackedBAE, train_stacked_baes
+from sae_lens_bae.stacks.training import StackedBAE, train_stacked_baes
 
 TETRAHEDRON = torch.tensor([[1, 1, 1], [1, -1, -1], [-1, 1, -1], [-1, -1, 1]]).float()
 
@@ -168,7 +168,7 @@ def test_estimate_entropies_reads_a_three_in_four_code_after_its_repair(monkeypa
     bits, says which channel went and how many steps the repair took."""
     import sae_lens_bae.entropy.cells as cells
     from sae_lens_bae.entropy import estimate_entropies
-    from sae_lens_bae.training.stacked import StackedTraining
+    from sae_lens_bae.stacks.training import StackedTraining
 
     states, check = _cube(), _cube(seed=1)
     recipe = EntropyRecipe.of(steps=8000)

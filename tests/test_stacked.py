@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from sae_lens_bae import BAETrainingSAEConfig, train_sae
-from sae_lens_bae.saes import bae_step
-from sae_lens_bae.saes.input_scale import placement
-from sae_lens_bae.training import DrainHold, StackedBAE, train_stacked_baes
+from sae_lens_bae.saes.input_frame import placement
+from sae_lens_bae.stacks import StackedBAE, train_stacked_baes
+from sae_lens_bae.stacks import model as stack_model
+from sae_lens_bae.training import DrainHold
 
 
 def binary_mixtures(n_sets, n=1024, d=8, rank=3, dtype=torch.float64):
@@ -45,6 +46,7 @@ def test_stacked_training_equals_separate_trainings(bits, dtype, options):
     sets = binary_mixtures(3, dtype=getattr(torch, dtype))
     rtol, atol = TOLERANCES[dtype]
     cfg = BAETrainingSAEConfig(
+        coefficient_width=None,
         d_in=8,
         d_sae=12,
         bits=bits,
@@ -75,7 +77,7 @@ def test_each_bae_of_a_stack_reads_its_set_in_its_own_input_frame():
     absorbs the change (k a tenth of the first's), and both train the same weights up to
     rounding, as two separate runs of a framed BAE would."""
     x = binary_mixtures(1, dtype=torch.float64)[0]
-    cfg = BAETrainingSAEConfig(
+    cfg = BAETrainingSAEConfig(coefficient_width=None, 
         d_in=8, d_sae=12, dtype="float64", rescale_inputs_to=0.5, resample_every=0,
         entropy_off_fraction=0.25, entropy_coefficient=1e-2, covariance_coefficient=1e-3,
     )  # fmt: skip
@@ -96,7 +98,7 @@ def test_a_stack_that_frames_its_sets_trains_as_on_the_sets_framed_beforehand():
     mixtures = binary_mixtures(2, dtype=torch.float64)
     sets = [mixtures[0] * 3.0 + 1.0, mixtures[1] * 0.2 - 5.0]
     fields = {"d_in": 8, "d_sae": 12, "dtype": "float64", "resample_every": 0,
-              "entropy_off_fraction": 0.25, "entropy_coefficient": 1e-2,
+              "entropy_off_fraction": 0.25, "entropy_coefficient": 1e-2, "coefficient_width": None,
               "covariance_coefficient": 1e-3}  # fmt: skip
     run = {"seeds": [5, 6], "training_samples": 40 * 64, "batch_size": 64, "progress": False}
     framed = train_stacked_baes(sets, BAETrainingSAEConfig(**fields, rescale_inputs_to=0.5), **run)
@@ -120,6 +122,7 @@ def test_the_stacked_trainer_drops_the_covariance_term_for_the_last_fraction():
     """40 steps with ``covariance_off_final_fraction = 0.25``: the term is paid on the first 30
     and is exactly zero on the last 10, for every BAE of the stack."""
     cfg = BAETrainingSAEConfig(
+        coefficient_width=None,
         d_in=8,
         d_sae=12,
         entropy_off_fraction=0.0,
@@ -135,16 +138,22 @@ def test_the_stacked_trainer_drops_the_covariance_term_for_the_last_fraction():
 
 
 def test_stacked_rejects_bad_shapes_and_normalisation():
-    model = StackedBAE(BAETrainingSAEConfig(d_in=8, entropy_off_fraction=0.0), [0, 1])
+    model = StackedBAE(BAETrainingSAEConfig(d_in=8, d_sae=32, entropy_off_fraction=0.0), [0, 1])
     with pytest.raises(ValueError, match=r"\[2, batch, 8\]"):
         model.losses(torch.randn(3, 16, 8), 0)
     with pytest.raises(ValueError, match="normalise them beforehand"):
         StackedBAE(
-            BAETrainingSAEConfig(d_in=8, normalize_activations="expected_average_only_in"), [0]
+            BAETrainingSAEConfig(
+                d_in=8, d_sae=32, normalize_activations="expected_average_only_in"
+            ),
+            [0],
         )
     with pytest.raises(ValueError, match="2 activation sets but 1 seeds"):
         train_stacked_baes(
-            [torch.randn(64, 8)] * 2, BAETrainingSAEConfig(d_in=8), training_samples=64, seeds=[0]
+            [torch.randn(64, 8)] * 2,
+            BAETrainingSAEConfig(d_in=8, d_sae=32),
+            training_samples=64,
+            seeds=[0],
         )
 
 
@@ -159,7 +168,7 @@ def test_converged_baes_drop_out_and_the_others_train_as_if_alone(final):
     g = torch.Generator().manual_seed(1)
     sets = [binary_mixtures(1, rank=rank)[0] for rank in (1, 3)]
     sets.append(torch.randn(1024, 8, generator=g, dtype=torch.float64))  # never flat early
-    cfg = BAETrainingSAEConfig(
+    cfg = BAETrainingSAEConfig(coefficient_width=None, 
         d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.125, entropy_coefficient=1e-2,
         covariance_coefficient=1e-3, resample_every=7,
         covariance_off_final_fraction=final,
@@ -217,7 +226,7 @@ def test_a_converged_bae_trains_its_last_fraction_without_the_covariance_term():
 
     def train(final, steps, **extra):
         cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.0,
-                                   covariance_coefficient=1e-3,
+                                   covariance_coefficient=1e-3, coefficient_width=None,
                                    covariance_off_final_fraction=final)  # fmt: skip
         return train_stacked_baes([x], cfg, training_samples=steps * 64, **kwargs, **extra)
 
@@ -249,6 +258,7 @@ def _drain_run(drain_hold, **config):
     x = binary_mixtures(1)[0]
     cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.0,
                                covariance_coefficient=1e-3, covariance_off_final_fraction=0.2,
+                               coefficient_width=None,
                                **{"resample_every": 0, **config})  # fmt: skip
     return train_stacked_baes([x], cfg, training_samples=40 * 64, batch_size=64, lr=2e-3,
                               lr_scheduler_name="cosineannealing", lr_end=2e-4, seeds=[5],
@@ -279,7 +289,7 @@ def test_a_held_schedule_stands_still_then_runs_its_full_course(count_calls):
     the first held step's (computed before its update), and differ after it; the covariance-off
     final fifth is the last 8 steps in both; a resampling window is read once, not once per held
     step."""
-    calls = count_calls(bae_step, "resample_members")
+    calls = count_calls(stack_model, "resample_window")
     resampling = {"resample_every": 5}
     plain = _drain_run(None, **resampling)
     resamples = len(calls)
@@ -308,27 +318,30 @@ def test_a_drain_hold_shows_the_held_steps_and_the_code_bits_as_it_trains(capsys
     assert "held=10" in bar and re.search(r"bits=\d+\.\d\b", bar), bar
 
 
-def test_one_record_of_codes_serves_one_bae_and_any_rows_of_a_stack():
-    """``record_codes``: a stack's trained rows move their running means and window counts exactly
-    as each BAE alone (a stack of one) would; the rows that did not train keep theirs."""
-    from sae_lens_bae.saes.binary import record_codes, update_running_mean
+def test_a_stacks_record_of_codes_moves_only_its_trained_rows_as_each_bae_alone():
+    """A stack's trained rows move their running means and window counts exactly as each BAE
+    alone would (``update_running_mean``); the rows that did not train keep theirs."""
+    from sae_lens_bae.saes.binary import update_running_mean
 
     torch.manual_seed(0)
-    bits = (torch.rand(2, 16, 6) > 0.5).float()  # rows 0 and 2 of a stack of 3 trained
+    cfg = BAETrainingSAEConfig(d_in=4, d_sae=6, resample_every=5)
+    model = StackedBAE(cfg, [0, 1, 2])
+    bits = (torch.rand(2, 16, 6) > 0.5).float()  # rows 0 and 2 of the stack trained
     means, counts = torch.rand(3, 6), torch.randint(0, 9, (3, 6))
-    code_mean, count = means.clone(), torch.tensor(4.0)
-    window = (counts.clone(), torch.tensor(32))
-    record_codes(code_mean, count, bits, bits.mean(1), window, members=torch.tensor([0, 2]))
+    model.code_mean.copy_(means)
+    model.code_mean_count.fill_(4.0)
+    model.window_counts.copy_(counts)
+    model.window_samples.fill_(32)
+    model._record(bits, bits.mean(1), torch.tensor([0, 2]), counting=True)
     for row, g in ((0, 0), (1, 2)):
         alone, alone_count = means[g].clone(), torch.tensor(4.0)
         update_running_mean(alone, alone_count, bits[row].mean(0))
-        assert torch.equal(code_mean[g], alone) and alone_count == count == 5
-        assert torch.equal(window[0][g], counts[g] + bits[row].sum(0).long())
-    assert torch.equal(code_mean[1], means[1]) and torch.equal(window[0][1], counts[1])
-    assert window[1] == 32 + 16
-    single, single_count = means[0].clone(), torch.tensor(4.0)  # one BAE: its buffers as [1, n]
-    record_codes(single[None], single_count, bits[:1], bits[:1].mean(1))
-    assert torch.equal(single, code_mean[0])
+        assert torch.equal(model.code_mean[g], alone) and alone_count == model.code_mean_count == 5
+        assert torch.equal(model.window_counts[g], counts[g] + bits[row].sum(0).long())
+    assert torch.equal(model.code_mean[1], means[1]) and torch.equal(
+        model.window_counts[1], counts[1]
+    )
+    assert model.window_samples == 32 + 16
 
 
 @pytest.mark.parametrize("kill_after", [7, 62])  # a member stops at step 57
@@ -344,7 +357,7 @@ def test_a_killed_stacked_run_goes_on_to_the_uninterrupted_weights(
     g = torch.Generator().manual_seed(1)
     sets = [binary_mixtures(1, rank=rank)[0] for rank in (1, 3)]
     sets.append(torch.randn(1024, 8, generator=g, dtype=torch.float64))
-    cfg = BAETrainingSAEConfig(
+    cfg = BAETrainingSAEConfig(coefficient_width=None, 
         d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.125, entropy_coefficient=1e-2,
         covariance_coefficient=1e-3, resample_every=7, covariance_off_final_fraction=0.25,
     )  # fmt: skip

@@ -7,8 +7,7 @@ import torch
 
 from sae_lens_bae.entropy import directional_data, planted_cell, recovered_bits
 from sae_lens_bae.experiments.synthetic import GRIDS, passes_bar, run_grid
-from sae_lens_bae.saes.bae import BAE
-from sae_lens_bae.saes.bae_config import BAEConfig
+from sae_lens_bae.saes.bae import BAE, BAEConfig
 
 
 @pytest.mark.parametrize("r", [0, 1, 3, 5])

@@ -18,7 +18,7 @@ from sae_lens_bae import (
     fill_training_schedule,
     train_bae,
 )
-from sae_lens_bae.losses import reconstruction_loss
+from sae_lens_bae.saes.objective import reconstruction_loss
 from sae_lens_bae.training import activation_batches
 
 HOOK = "blocks.1.hook_resid_post"
@@ -92,7 +92,7 @@ def test_language_model_runner_trains_from_live_hooks(
     tiny_llama, token_dataset, runner_kwargs, tmp_path
 ):
     cfg = LanguageModelSAERunnerConfig(
-        sae=BAETrainingSAEConfig(d_in=32),
+        sae=BAETrainingSAEConfig(d_in=32, d_sae=128),
         hook_name=HOOK,
         is_dataset_tokenized=True,
         lr=5e-4,
@@ -139,7 +139,7 @@ def test_multi_runner_trains_bae_and_topk_from_same_forward(
 
     saes, passes_both = run_multi(
         {
-            "bae": BAETrainingSAEConfig(d_in=32),
+            "bae": BAETrainingSAEConfig(d_in=32, d_sae=128),
             "topk": TopKTrainingSAEConfig(d_in=32, d_sae=128, k=8),
         },
         tmp_path,
@@ -150,7 +150,9 @@ def test_multi_runner_trains_bae_and_topk_from_same_forward(
     assert isinstance(SAE.load_from_disk(tmp_path / "bae"), BAE)
     assert SAE.load_from_disk(tmp_path / "topk").cfg.architecture() == "topk"
 
-    _, passes_alone = run_multi({"bae": BAETrainingSAEConfig(d_in=32)}, tmp_path / "alone")
+    _, passes_alone = run_multi(
+        {"bae": BAETrainingSAEConfig(d_in=32, d_sae=128)}, tmp_path / "alone"
+    )
     assert passes_both == passes_alone > 0  # both SAEs trained from the same LLM passes
 
 

@@ -9,9 +9,9 @@ import torch
 from sae_lens.saes.sae import TrainStepInput
 
 from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
-from sae_lens_bae.losses import bae_objective
 from sae_lens_bae.saes.binary import update_running_mean
-from sae_lens_bae.training.stacked import StackedBAE
+from sae_lens_bae.saes.objective import bae_objective
+from sae_lens_bae.stacks.training import StackedBAE
 
 
 def _bae(d_in: int = 16, seed: int = 0) -> BAETrainingSAE:
@@ -135,7 +135,10 @@ def test_the_objective_of_bf16_outputs_is_computed_in_fp32():
     sae_in = torch.randn(256, 32, generator=generator)
     sae_out = (sae_in + 0.1 * torch.randn(256, 32, generator=generator)).bfloat16()
     bits = (torch.rand(256, 48, generator=generator) < 0.3).float()
-    kwargs = {"entropy_coefficient": 1e-3, "covariance_coefficient": 1e-3}
+    kwargs = {
+        "entropy_coefficient": 1e-3,
+        "covariance_coefficient": 1e-3,
+    }
     with torch.autocast("cpu", dtype=torch.bfloat16):
         mixed = bae_objective(sae_in, sae_out, bits, **kwargs)
     exact = bae_objective(sae_in, sae_out.float(), bits, **kwargs)

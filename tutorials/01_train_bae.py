@@ -54,13 +54,13 @@ print(f"{len(tokens)} sequences of 64 tokens; d_model = {model.cfg.d_model}")
 
 # %% [markdown]
 # ## Live: SAELens' runner
-# A registry BAE config (`BAETrainingSAEConfig(d_in=576)`: d_sae = 4 x 576, the default recipe
+# A registry BAE config (`BAETrainingSAEConfig(d_in=576, d_sae=2304)`: d_sae = 4 x 576, the default recipe
 # scaled to the width) in SAELens' own runner config. The runner tells the BAE how long training
 # is, so its entropy term switches on after 25% of the steps without any call of ours.
 
 # %%
 cfg = LanguageModelSAERunnerConfig(
-    sae=BAETrainingSAEConfig(d_in=model.cfg.d_model),
+    sae=BAETrainingSAEConfig(d_in=model.cfg.d_model, d_sae=4 * model.cfg.d_model),
     model_name="smollm2-135m",
     hook_name=HOOK,
     dataset_path="",
@@ -100,7 +100,7 @@ states, dropped = drop_outliers(cache.activations(HOOK))  # attention sinks' mas
 scale = norm_scale(states)  # one scale for training and reading (entropy does not care)
 run = train_sae(
     states * scale,
-    BAETrainingSAEConfig(d_in=states.shape[1]),
+    BAETrainingSAEConfig(d_in=states.shape[1], d_sae=4 * states.shape[1]),
     lr=DEFAULT_LR,
     training_samples=300 * 256,
     batch_size=256,

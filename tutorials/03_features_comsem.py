@@ -54,7 +54,7 @@ print(f"{int((~keep).sum())} of {keep.numel()} states dropped as outliers")
 scale = norm_scale(states)
 bae = train_sae(
     states * scale,
-    BAETrainingSAEConfig(d_in=states.shape[1]),
+    BAETrainingSAEConfig(d_in=states.shape[1], d_sae=4 * states.shape[1]),
     lr=DEFAULT_LR,
     training_samples=400 * 256,
     batch_size=256,

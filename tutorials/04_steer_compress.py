@@ -56,7 +56,7 @@ train, dropped = drop_outliers(torch.cat(list(states.values())))  # attention si
 scale = norm_scale(train)
 bae = train_sae(
     train * scale,
-    BAETrainingSAEConfig(d_in=train.shape[1]),
+    BAETrainingSAEConfig(d_in=train.shape[1], d_sae=4 * train.shape[1]),
     lr=DEFAULT_LR,
     training_samples=300 * 256,
     batch_size=256,

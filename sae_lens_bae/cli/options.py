@@ -27,7 +27,6 @@ from typing import Any, Literal, NoReturn, Union
 import typer
 from simple_parsing.docstring import get_attribute_docstring
 
-from sae_lens_bae.checks import REMOVED_IN
 from sae_lens_bae.comsem import ComSemAPIError
 
 __all__ = [
@@ -57,8 +56,6 @@ class Option:
     """The config's default, in the form typer is given it (``...``: required)."""
     help: str
     parser: Callable[[Any], Any] | None = None
-    renamed_to: str | None = None
-    """For a field kept under its old name (``checks.renamed``): the option to use instead."""
 
     @property
     def flag(self) -> str:
@@ -69,7 +66,6 @@ class Option:
         kwargs: dict[str, Any] = {
             "help": self.help,
             "show_default": True,
-            "hidden": self.renamed_to is not None,
         }
         if self.parser is not None:
             kwargs["parser"] = self.parser
@@ -223,14 +219,8 @@ def options_of(
         if parser is not None and value is not ...:
             value = "none" if value is None and annotation is str and optional else value
             value = format_default(value)
-        renamed_to = None
-        if "renamed" in field.metadata:
-            new, fix = field.metadata["renamed"]
-            renamed_to = "--" + new.replace("_", "-") if new else fix
         options.append(
-            Option(
-                (*path, field.name), name, annotation, value, help_text.strip(), parser, renamed_to
-            )
+            Option((*path, field.name), name, annotation, value, help_text.strip(), parser)
         )
     seen: dict[str, Option] = {}
     for option in options:
@@ -325,13 +315,6 @@ def config_command(
                 config = build_config(config_cls, options, values)
         except (ValueError, FileNotFoundError) as e:  # a value out of range, a path to nothing
             fail(e)
-        for option in options:  # once the config stands: a refused one ends in one line only
-            if option.renamed_to is not None and values[option.name] not in (None, "none"):
-                typer.echo(
-                    f"Warning: {option.flag} is deprecated and goes in {REMOVED_IN}: "
-                    f"use {option.renamed_to}",
-                    err=True,
-                )
         try:
             result = run(config)
         except USER_ERRORS as e:

@@ -3,7 +3,6 @@ sets, one BAE each, trained together (``estimate_entropies``); beside them the k
 that tells a cell no code reads at its sample size from one a BAE misses
 (``reference_reading``); and states of known entropy to check them on (``planted_cell``)."""
 
-from sae_lens_bae.checks import warn_renamed
 from sae_lens_bae.entropy.cells import (
     TRACING_RECIPE,
     CellEntropy,
@@ -27,10 +26,3 @@ __all__ = [
     "recovered_bits",
     "reference_reading",
 ]
-
-
-def __getattr__(name: str) -> object:
-    if name == "estimate_entropy":  # the old name, for one release
-        warn_renamed("sae_lens_bae.entropy.estimate_entropy", "code_entropy")
-        return code_entropy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

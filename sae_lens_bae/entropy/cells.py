@@ -32,8 +32,8 @@ from sae_lens_bae.entropy.repair import repair_baes
 from sae_lens_bae.evaluation import evaluate_sae, held_out_objective, unexplained_variance
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.decoder_refit import refit_decoder
-from sae_lens_bae.saes.input_scale import current_input_scale
-from sae_lens_bae.training.stacked import train_stacked_baes
+from sae_lens_bae.saes.input_frame import current_input_scale
+from sae_lens_bae.stacks.training import train_stacked_baes
 
 __all__ = [
     "TRACING_RECIPE",

@@ -40,7 +40,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sae_lens_bae.losses import binary_entropy
+from sae_lens_bae.saes.objective import binary_entropy
 
 __all__ = [
     "DEFAULT_MAX_RELATIVE_ERROR",

@@ -8,13 +8,12 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from sae_lens_bae.checks import check_ranges, ranged, warn_renamed
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import BAE_RECIPES
-from sae_lens_bae.training.convergence import CHECK_EVERY, Convergence, DrainHold
+from sae_lens_bae.training.convergence import Convergence, DrainHold
 
 __all__ = [
-    "FIXED_FIELDS",
     "TRACING_RECIPE",
     "EntropyRecipe",
     "Loss",
@@ -30,16 +29,6 @@ CONVERGENCE_WINDOW = 5
 """Checks in each of the two windows the convergence rule compares: a plateau of a few hundred
 steps before the code drops a bit is common, so not too few."""
 
-FIXED_FIELDS = {
-    "encoder_bias": True,
-    "patience": CONVERGENCE_WINDOW,
-    "check_every": CHECK_EVERY,
-    "convergence_horizon": Convergence.horizon,
-    "target_variance": BAE_RECIPES["entropy"].rescale_inputs_to,
-}
-"""Fields a recipe once had, with the values every recipe now trains with (a record written
-with them at these values was trained as a recipe trains now)."""
-
 
 def lr_scheduler_name_for(lr_end: float | None) -> str:
     """SAELens' name of the learning-rate schedule after the warm-up: a cosine to ``lr_end``,
@@ -47,24 +36,27 @@ def lr_scheduler_name_for(lr_end: float | None) -> str:
     return "constant" if lr_end is None else "cosineannealing"
 
 
-_PRESET = BAE_RECIPES["entropy"]
-"""The registry recipe that ``EntropyRecipe`` trains with (one rule for both paths)."""
+_PRESET = {
+    **{f.name: f.default for f in fields(BAETrainingSAEConfig)},
+    **BAE_RECIPES["entropy"].fields,
+}
+"""The registry's ``entropy`` recipe, whose objective ``EntropyRecipe`` trains with (one rule for
+both paths), at the width its coefficients are given at."""
 
 
 @dataclass(frozen=True)
 class Loss:
     """The objective each BAE trains with: the registry's ``entropy`` recipe (sigmoid surrogate,
-    the paper's d = 2048 coefficients rescaled by 2048 / d, since the reconstruction loss is a mean
-    over d dimensions while the penalties are sums over channels)."""
+    its coefficients given at d = 2048 and weighed by 2048 / d as every BAE config weighs them)."""
 
     objective: bool = True
     """Train with the entropy and covariance terms (False: the ablation a_e = a_c = 0)."""
-    surrogate_temperature: float = ranged(_PRESET.surrogate_temperature, above=0.0)
+    surrogate_temperature: float = ranged(_PRESET["surrogate_temperature"], above=0.0)
     """Temperature of the sigmoid surrogate gradient."""
-    entropy_coefficient_2048: float = ranged(_PRESET.entropy_coefficient, low=0.0)
-    """a_e at d = 2048; each BAE uses a_e * 2048 / d."""
-    covariance_coefficient_2048: float = ranged(_PRESET.covariance_coefficient, low=0.0)
-    """a_c at d = 2048; each BAE uses a_c * 2048 / d."""
+    entropy_coefficient_2048: float = ranged(_PRESET["entropy_coefficient"], low=0.0)
+    """a_e at d = 2048 (the config's ``coefficient_width``)."""
+    covariance_coefficient_2048: float = ranged(_PRESET["covariance_coefficient"], low=0.0)
+    """a_c at d = 2048 (the config's ``coefficient_width``)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -74,7 +66,7 @@ class Loss:
 class Optimiser:
     """Adam and its learning-rate schedule (SAELens' names and scheduler)."""
 
-    lr: float = ranged(_PRESET.lr, above=0.0)
+    lr: float = ranged(BAE_RECIPES["entropy"].lr, above=0.0)
     """Adam learning rate of the BAEs."""
     lr_warm_up_steps: int = ranged(0, low=0)
     """Steps over which the learning rate rises linearly to ``lr``; without one the code fell
@@ -101,7 +93,7 @@ class Optimiser:
 class Phases:
     """When each term of the objective is on, and when the schedule stands still."""
 
-    entropy_off_fraction: float = ranged(_PRESET.entropy_off_fraction, low=0.0, high=1.0)
+    entropy_off_fraction: float = ranged(_PRESET["entropy_off_fraction"], low=0.0, high=1.0)
     """Fraction of the step budget trained without the entropy term."""
     covariance_off_final_fraction: float = ranged(0.0, low=0.0, below=1.0)
     """The last fraction of each BAE's training without the covariance term (with a stop rule,
@@ -235,20 +227,11 @@ class EntropyRecipe:
         ``"default"`` is ``EntropyRecipe.of(**changes)``, ``"long_run"`` is ``long_run(d_in,
         **changes)`` (an lr alone moves the cosine's end with it). Raises ValueError on another
         base or a bad change."""
-        if base == "paper":
-            warn_renamed("the recipe base paper", "long_run")
-            base = "long_run"
         if base == "long_run":
             return cls.long_run(d_in, **changes)
         if base == "default":
             return cls.of(**changes)
         raise ValueError(f"the recipe base is 'default' or 'long_run', got {base!r}")
-
-    @classmethod
-    def paper(cls, d_in: int, **changes: Any) -> EntropyRecipe:
-        """Old name of :meth:`long_run`."""
-        warn_renamed("EntropyRecipe.paper", "EntropyRecipe.long_run")
-        return cls.long_run(d_in, **changes)
 
     @staticmethod
     def changes_from_json(text: str) -> dict[str, Any]:
@@ -277,16 +260,17 @@ class EntropyRecipe:
     def config(self, d_in: int, framed: bool = True) -> BAETrainingSAEConfig:
         """The training config of each BAE of this recipe on states of dimension ``d_in``;
         ``framed``: each BAE brings its states to where the recipe was calibrated (the registry
-        ``entropy`` recipe's input frame, ``saes.input_scale``), else reads them as given."""
-        scale = 2048 / d_in if self.loss.objective else 0.0
+        ``entropy`` recipe's input frame, ``saes.input_frame``), else reads them as given."""
+        scale = 1.0 if self.loss.objective else 0.0
         return BAETrainingSAEConfig(
             d_in=d_in,
-            rescale_inputs_to=_PRESET.rescale_inputs_to if framed else None,
+            rescale_inputs_to=_PRESET["rescale_inputs_to"] if framed else None,
             d_sae=self.expansion * d_in,
             bits=self.bits,
             surrogate_temperature=self.loss.surrogate_temperature,
             entropy_coefficient=self.loss.entropy_coefficient_2048 * scale,
             covariance_coefficient=self.loss.covariance_coefficient_2048 * scale,
+            coefficient_width=2048,
             entropy_off_fraction=self.phases.entropy_off_fraction,
             covariance_off_final_fraction=self.phases.covariance_off_final_fraction,
             resample_every=0,

@@ -39,7 +39,7 @@ from sae_lens_bae.entropy.estimate import (
     plugin_entropy,
     typical_relative_error,
 )
-from sae_lens_bae.losses import binary_entropy
+from sae_lens_bae.saes.objective import binary_entropy
 
 __all__ = [
     "QuantizerReading",

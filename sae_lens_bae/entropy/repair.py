@@ -25,10 +25,10 @@ from torch import Tensor
 
 from sae_lens_bae.entropy.recipe import EntropyRecipe
 from sae_lens_bae.evaluation import held_out_objective, unexplained_variance
-from sae_lens_bae.losses import binary_entropy
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.decoder_refit import refit_decoder
-from sae_lens_bae.training.stacked import train_stacked_baes
+from sae_lens_bae.saes.objective import binary_entropy
+from sae_lens_bae.stacks.training import train_stacked_baes
 
 __all__ = [
     "KNOCKED_OUT_BIAS",

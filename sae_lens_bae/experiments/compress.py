@@ -13,7 +13,8 @@ from sae_lens_bae.compression import compression_report, decoder_bytes
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, markdown_table, write_json, write_text
-from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
+from sae_lens_bae.saes.bae import BAETrainingSAEConfig
+from sae_lens_bae.saes.bae_recipes import DEFAULT_LR
 from sae_lens_bae.training import train_sae
 
 __all__ = ["REPORT", "CompressionConfig", "plot_compression", "run"]

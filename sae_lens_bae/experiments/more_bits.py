@@ -24,7 +24,8 @@ from sae_lens_bae.features import code_prior, feature_statistics, top_k_records
 from sae_lens_bae.features.records import Magnitude
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json, write_text
-from sae_lens_bae.saes.bae_config import DEFAULT_LR, BAETrainingSAEConfig
+from sae_lens_bae.saes.bae import BAETrainingSAEConfig
+from sae_lens_bae.saes.bae_recipes import DEFAULT_LR
 from sae_lens_bae.training import train_sae
 
 __all__ = ["REPORT", "MoreBitsConfig", "penalties_per_feature", "plot_more_bits", "run"]
@@ -66,7 +67,7 @@ def penalties_per_feature(d_in: int, bits: int) -> dict[str, float]:
     """The default recipe's coefficients for C = ``bits`` code bits per feature, so that the
     penalties weigh a feature as at C = 1: a_e / C (a sum over C times as many bits) and
     a_c / C^2 (a sum over C^2 times as many pairs)."""
-    one = BAETrainingSAEConfig(d_in=d_in)
+    one = BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in)
     return {
         "entropy_coefficient": one.entropy_coefficient / bits,
         "covariance_coefficient": one.covariance_coefficient / bits**2,

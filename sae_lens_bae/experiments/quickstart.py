@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sae_lens_bae.checks import ranged, renamed
+from sae_lens_bae.checks import ranged
 from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.experiments.layer_study import EvaluationSettings, spliced_columns
@@ -20,8 +20,7 @@ from sae_lens_bae.features import feature_statistics
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
 from sae_lens_bae.reports import Stopwatch, cell, write_json, write_text
-from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
-from sae_lens_bae.saes.bae_recipes import RecipeName
+from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, RecipeName, bae_config
 from sae_lens_bae.saes.loading import load_sae
 from sae_lens_bae.training import TrainingRun, family_config, shared_schedule, train_sae
 
@@ -59,11 +58,6 @@ class QuickstartConfig(LayerData):
     """Held-out sequences on which each model is spliced into the LM (CE recovered, KL); 0: skip."""
     seed: int = 0
     """Seed of the models' initialisation and data order."""
-
-    corpus: str | None = renamed("dataset")
-    """Old name of dataset."""
-    bae_preset: RecipeName | None = renamed("recipe")
-    """Old name of recipe."""
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sae_lens_bae.checks import check_ranges, ranged, renamed, warn_renamed
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.entropy import estimate_entropies
 from sae_lens_bae.entropy.planted import planted_cell, recovered_bits
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT
@@ -75,16 +75,8 @@ class SyntheticConfig:
     out: Path = Path("runs/synthetic")
     """Folder for the JSON, the table and the plots."""
 
-    preset: str | None = renamed("grid")
-    """Old name of grid."""
-    ranks: Sequence[int] | None = renamed("planted_bits")
-    """Old name of planted_bits."""
-
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.grid == "paper":
-            warn_renamed("the grid name paper", "gpu")
-            self.grid = "gpu"
         if self.grid not in GRIDS:
             raise ValueError(f"unknown grid {self.grid!r}; choose from {sorted(GRIDS)}")
         chosen = self.chosen_grid()

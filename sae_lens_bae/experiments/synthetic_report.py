@@ -3,15 +3,12 @@ the plots, and reading back an earlier run of the same grid (so an interrupted o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sae_lens_bae.entropy import EntropyRecipe
-from sae_lens_bae.entropy.recipe import FIXED_FIELDS, lr_scheduler_name_for
 from sae_lens_bae.experiments.synthetic_grids import SyntheticGrid, tolerance
 from sae_lens_bae.plots import legend_marker, save_figure, subplots
 from sae_lens_bae.reports import read_json, write_json, write_text
@@ -41,34 +38,6 @@ def thin_history(history: Mapping[str, list[float]]) -> dict[str, list[float]]:
     return thinned
 
 
-BEFORE_THE_FIELD = {"refit_decoder": False, "repair_rounds": 0}
-"""Recipe fields whose default is not what runs recorded before the field existed did: a folder
-without ``refit_decoder`` was trained and judged with the decoders as trained, one without
-``repair_rounds`` never repaired a code."""
-
-
-def _inlined_as_now(recipe: dict[str, Any]) -> dict[str, Any]:
-    """``recipe`` without the fields since inlined, where it recorded what is now fixed (the lr
-    schedule's name follows ``lr_end``)."""
-    now = {**FIXED_FIELDS, "lr_scheduler_name": lr_scheduler_name_for(recipe.get("lr_end"))}
-    return {k: v for k, v in recipe.items() if k not in now or v != now[k]}
-
-
-def _with_new_fields(recorded: Any) -> Any:
-    """A recorded grid with the fields added since it was written (the recipe's ``restarts``,
-    ..., the grid's ``states_per_rank_squared``) at what that run trained with (their
-    defaults, or ``BEFORE_THE_FIELD``): so a folder is the same grid exactly when it was
-    trained as this run would train it."""
-    if not isinstance(recorded, dict) or not isinstance(recorded.get("recipe"), dict):
-        return recorded
-    defaults = {**json.loads(json.dumps(EntropyRecipe().record())), **BEFORE_THE_FIELD}
-    return {
-        "states_per_rank_squared": 0.0,
-        **recorded,
-        "recipe": {**defaults, **_inlined_as_now(recorded["recipe"])},
-    }
-
-
 def earlier_rows(
     grid: SyntheticGrid, out: Path, cells: list[tuple[int, int]]
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[float]]]]:
@@ -84,7 +53,7 @@ def earlier_rows(
         "use another --out (or --no-resume to overwrite it)",
         ("preset", "results"),
     )
-    if _with_new_fields(saved.get("preset")) != grid.record():
+    if saved.get("preset") != grid.record():
         raise ValueError(
             f"{path} holds the results of another grid or recipe; use another --out "
             f"(or --no-resume to overwrite them)"

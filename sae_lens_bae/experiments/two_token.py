@@ -21,7 +21,7 @@ import torch
 from transformer_lens import HookedTransformer
 
 from sae_lens_bae.activations import gather_states, hook_point
-from sae_lens_bae.checks import check_ranges, ranged, renamed
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.tables import reliability_note
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT, recipe_field
@@ -82,9 +82,6 @@ class TwoTokenConfig:
     """Seed of the sequences and the BAEs."""
     out: Path = Path("runs/two_token")
     """Folder for the JSON, the table and the plot."""
-
-    ranks: Sequence[int] | None = renamed("planted_bits")
-    """Old name of planted_bits."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

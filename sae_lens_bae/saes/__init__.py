@@ -1,6 +1,2 @@
-"""Architectures, one module each (as in ``sae_lens.saes``)."""
-
-from sae_lens_bae.saes.bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
-from sae_lens_bae.saes.loading import load_sae
-
-__all__ = ["BAE", "BAEConfig", "BAETrainingSAE", "BAETrainingSAEConfig", "load_sae"]
+"""Architectures, one module each (as in ``sae_lens.saes``): ``bae`` (the BAE), ``gated_relu``
+(the paper's gated ReLU baseline); the BAE's recipes in ``bae_recipes``."""

@@ -1,23 +1,25 @@
-"""The Binary Autoencoder (BAE) as a SAELens architecture: its inference and training classes.
-
+"""The Binary Autoencoder (BAE) as a SAELens architecture: its configs, inference and training
+classes.
 A BAE encodes a hidden state h0 (dim d_in) into a binary code
 ``h_B = step(h0 @ W_enc + b_enc)`` in {0, 1}^(bits * d_sae), with ``step(x) = 1`` for ``x >= 0``,
-and decodes ``h_R @ W_dec + b_dec`` where ``h_R`` groups every ``bits`` code bits into one real
-value (``h_R = h_B`` for ``bits = 1``). Training minimises
+and decodes ``h_R @ W_dec + b_dec`` where ``h_R`` groups every ``bits`` code bits into one
+feature value (``h_R = h_B`` for ``bits = 1``). Training minimises
 
     reconstruction + a_e * H(mean code of the minibatch) + a_c * sum_{i != j} |cov(h_B)_ij|
 
-and passes gradients through the step with a surrogate derivative (``saes.binary.SURROGATES``).
-Configs: ``saes.bae_config``; the phases of training: ``saes.schedule``; the input frame:
-``saes.input_scale``; folds: ``saes.bae_folds``. SAELens' parameter names and hook points are
-kept, so its evals, histograms and scaling folds work unchanged.
+with gradients through the step from a surrogate derivative (``saes.binary``). The training step
+is SAELens' own: the reconstruction through ``mse_loss_fn``, the entropy and covariance terms
+through ``calculate_aux_loss`` (``saes.objective``), and around it the input frame, resampling
+(``saes.resampling``) and the running mean code, the prior of burstiness. SAELens' parameter
+names and hook points are kept, so its evals, histograms and splicing work unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -25,97 +27,226 @@ from jaxtyping import Float
 from numpy.typing import NDArray
 from sae_lens.saes.sae import (
     SAE,
+    SAEConfig,
     TrainCoefficientConfig,
     TrainingSAE,
+    TrainingSAEConfig,
     TrainStepInput,
     TrainStepOutput,
 )
 from torch import Tensor, nn
 from typing_extensions import override
 
-from sae_lens_bae.global_batch import GlobalBatch
-from sae_lens_bae.losses import LOSS_TERMS
-from sae_lens_bae.saes import binary
-from sae_lens_bae.saes.bae_config import (
-    ARCHITECTURE,
-    BAE_RECIPES,
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_LR,
-    BAEConfig,
-    BAETrainingSAEConfig,
-    bae_config,
-    read_cfg_json,
-    validate_config_dict,
+from sae_lens_bae.saes.binary import (
+    SURROGATES,
+    apply_keeping_dtypes,
+    bits_to_values,
+    step,
+    update_running_mean,
 )
-from sae_lens_bae.saes.bae_folds import BAEFoldsMixin
-from sae_lens_bae.saes.bae_input import check_activations
-from sae_lens_bae.saes.bae_step import objective_terms, stack_of, train_step
-from sae_lens_bae.saes.binary import bits_to_values, step
-from sae_lens_bae.saes.input_scale import (
+from sae_lens_bae.saes.input_frame import (
     INPUT_SCALE_BUFFER,
     INPUT_SHIFT_BUFFER,
+    InputFrameFolds,
+    check_activations,
+    fix_frame,
     frame,
+    frame_factor,
     module_frame,
-    register_input_scale,
-    unframe_output,
+    register_input_frame,
+    unframe,
 )
-from sae_lens_bae.saes.schedule import Schedule
+from sae_lens_bae.saes.loading import read_cfg_json, strict_config
+from sae_lens_bae.saes.objective import LOCAL_BATCH, code_penalties
+from sae_lens_bae.saes.resampling import RESAMPLE_UNTIL_FRACTION, Schedule, resample_window
 
 __all__ = [
     "ARCHITECTURE",
     "BAE",
-    "BAE_RECIPES",
-    "DEFAULT_BATCH_SIZE",
-    "DEFAULT_LR",
     "BAEConfig",
     "BAETrainingSAE",
     "BAETrainingSAEConfig",
-    "bae_config",
-    "validate_config_dict",
 ]
 
-
-# ----------------------------------------------------------------------------- shared pieces
-
+ARCHITECTURE = "bae"
 DENSE_FIRING_RATE = 0.5
 """A code bit firing on more than this fraction of a minibatch is dense in the step's metrics."""
-
-_RESAMPLING_BUFFERS = ("window_counts", "window_samples")
-"""Training-only buffers of a resampling BAE: dropped from the inference model, and from a
-training checkpoint read as an inference model."""
+WINDOW_BUFFERS = ("window_counts", "window_samples")
+"""A resampling BAE's training-only buffers (the firings of each bit in the current window)."""
 
 
-def _init_bae_parameters(sae: BAE | BAETrainingSAE) -> None:
-    """Encoder of width bits * d_sae with its bias, and the running mean-code buffers."""
-    cfg = sae.cfg
-    if cfg.bits > 1:  # bits of one feature need distinct directions
-        # bit 0 of feature k keeps SAELens' init (tied to decoder row k, scaled as configured);
-        # bits 1.. get random directions of the same norm, so every C starts at one scale
-        tied = sae.W_enc.detach()  # [d_in, d_sae]
-        w_enc = torch.empty(cfg.d_in, cfg.d_sae, cfg.bits, dtype=sae.dtype, device=sae.device)
-        nn.init.kaiming_uniform_(w_enc)
-        w_enc = w_enc / w_enc.norm(dim=0, keepdim=True) * tied.norm(dim=0)[:, None]
-        w_enc[:, :, 0] = tied
-        sae.W_enc = nn.Parameter(w_enc.reshape(cfg.d_in, cfg.n_bits).contiguous())
-    sae.b_enc = nn.Parameter(torch.zeros(cfg.n_bits, dtype=sae.dtype, device=sae.device))
-    sae.register_buffer(
-        "code_mean", torch.zeros(cfg.n_bits, dtype=torch.float32, device=sae.device)
+# ----------------------------------------------------------------------------- configs
+
+
+def _check_fields(
+    cfg: BAEConfig | BAETrainingSAEConfig, rules: dict[str, tuple[bool, str]]
+) -> None:
+    """Refuse the config in one line naming every field that breaks its rule."""
+    bad = [
+        f"{name}={getattr(cfg, name)!r} ({must})" for name, (ok, must) in rules.items() if not ok
+    ]
+    if bad:
+        raise ValueError(f"Invalid BAE config: {'; '.join(bad)}")
+
+
+def _is_int(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _check_inference_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
+    target = cfg.rescale_inputs_to
+    positive = not isinstance(target, bool) and target is not None and target > 0
+    _check_fields(
+        cfg,
+        {
+            "d_in": (_is_int(cfg.d_in, 1), "a positive integer"),
+            "d_sae": (_is_int(cfg.d_sae, 1), "a positive integer"),
+            "bits": (_is_int(cfg.bits, 1), "bits per feature, an integer >= 1"),
+            "rescale_inputs_to": (target is None or positive, "a positive variance or None"),
+            "reshape_activations": (cfg.reshape_activations == "none", "flatten hook_z upstream"),
+        },
     )
-    sae.register_buffer("code_mean_count", torch.zeros((), dtype=torch.float32, device=sae.device))
-    register_input_scale(sae, cfg.rescale_inputs_to)
 
 
-class _BAEMixin(BAEFoldsMixin):
-    """Weights, encoding, decoding, validation and folding shared by the inference and the
-    training BAE (listed first in their bases, so ``super()`` reaches SAELens' classes)."""
+@dataclass
+class BAEConfig(SAEConfig):
+    """Inference configuration of a BAE (``d_in``, ``d_sae``: SAELens')."""
+
+    bits: int = 1
+    """Code bits per feature (more-bit decoding): the encoder emits ``bits * d_sae`` bits."""
+    apply_b_dec_to_input: bool = False
+    """SAELens' input centring; off, as in the paper."""
+    rescale_inputs_to: float | None = None
+    """Total variance the BAE brings its inputs to with its input frame ``k (x + t)``, fixed on the
+    first training batch and undone on its outputs (``saes.input_frame``); None: inputs as given."""
+
+    @override
+    @classmethod
+    def architecture(cls) -> str:
+        return ARCHITECTURE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_inference_fields(self)
+
+    @property
+    def n_bits(self) -> int:
+        """Width of the binary code: ``bits * d_sae``."""
+        return self.bits * self.d_sae
+
+
+@dataclass
+class BAETrainingSAEConfig(TrainingSAEConfig):
+    """Training configuration of a BAE: the inference fields of :class:`BAEConfig`, the objective,
+    and its phases as fractions of training (resolved into steps once: :meth:`schedule`). The
+    defaults are the ``default`` recipe (``saes.bae_recipes``, which says how it was chosen)."""
+
+    bits: int = 1
+    """Code bits per feature (more-bit decoding): the encoder emits ``bits * d_sae`` bits."""
+    apply_b_dec_to_input: bool = False
+    """SAELens' input centring; off, as in the paper."""
+    rescale_inputs_to: float | None = None
+    """Total variance of the input frame (see :class:`BAEConfig`); None: inputs as given."""
+    surrogate: Literal["sigmoid", "ste"] = "sigmoid"
+    """Surrogate derivative of the step: d/dx sigmoid(x / T), or straight-through."""
+    surrogate_temperature: float = 1.0
+    """T of the sigmoid surrogate (1.0 is the paper's definition)."""
+    entropy_coefficient: float = 5e-7
+    """a_e, weight of the minibatch entropy in bits, at ``coefficient_width``."""
+    covariance_coefficient: float = 8e-6
+    """a_c, weight of the summed |off-diagonal covariance|, at ``coefficient_width``."""
+    coefficient_width: int | None = 2048
+    """d_in the coefficients are given at: the objective uses a * coefficient_width / d_in (the
+    reconstruction is a mean over d_in, the penalties sums over bits). None: used as given."""
+    entropy_off_fraction: float = 0.25
+    """First fraction of training with the entropy term off."""
+    covariance_off_final_fraction: float = 0.0
+    """Last fraction of training with the covariance term off."""
+    resample_every: int = 125
+    """Steps between resamplings of constant bits (0: never), until 95% of training."""
+    total_training_steps: int | None = None
+    """Length of training, which resolves the fractions; set by ``train_sae`` and
+    ``fill_training_schedule`` (SAELens never tells an SAE)."""
+
+    @override
+    @classmethod
+    def architecture(cls) -> str:
+        return ARCHITECTURE
+
+    def __post_init__(self) -> None:
+        _check_inference_fields(self)
+        steps, width = self.total_training_steps, self.coefficient_width
+        fraction = "in [0, 1]"
+        _check_fields(
+            self,
+            {
+                "surrogate": (self.surrogate in SURROGATES, f"one of {sorted(SURROGATES)}"),
+                "surrogate_temperature": (self.surrogate_temperature > 0, "above 0"),
+                "entropy_coefficient": (self.entropy_coefficient >= 0, "at least 0"),
+                "covariance_coefficient": (self.covariance_coefficient >= 0, "at least 0"),
+                "coefficient_width": (width is None or _is_int(width, 1), "a width or None"),
+                "entropy_off_fraction": (0 <= self.entropy_off_fraction <= 1, fraction),
+                "covariance_off_final_fraction": (
+                    0 <= self.covariance_off_final_fraction <= 1,
+                    fraction,
+                ),
+                "resample_every": (_is_int(self.resample_every, 0), "steps, 0 for never"),
+                "total_training_steps": (steps is None or _is_int(steps, 0), "steps or None"),
+            },
+        )
+        super().__post_init__()
+
+    @property
+    def n_bits(self) -> int:
+        """Width of the binary code: ``bits * d_sae``."""
+        return self.bits * self.d_sae
+
+    def coefficients(self) -> dict[str, float]:
+        """a_e and a_c as the objective uses them at this d_in, by the names SAELens schedules
+        them under."""
+        scale = 1.0 if self.coefficient_width is None else self.coefficient_width / self.d_in
+        return {
+            "entropy": self.entropy_coefficient * scale,
+            "covariance": self.covariance_coefficient * scale,
+        }
+
+    def schedule(self, total_steps: int | None = None) -> Schedule:
+        """The phases in steps for a run of ``total_steps`` (``total_training_steps`` wins when
+        set); raises where a phase needs a length that is unknown."""
+        total = self.total_training_steps if self.total_training_steps is not None else total_steps
+        for name in ("entropy_off_fraction", "covariance_off_final_fraction"):
+            if total is None and getattr(self, name) > 0:
+                raise ValueError(
+                    f"The BAE's {name}={getattr(self, name)} needs the length of training, "
+                    "which SAELens never tells an SAE: set BAETrainingSAEConfig("
+                    "total_training_steps=...), or call fill_training_schedule(runner_config) "
+                    "before SAELens' runner"
+                )
+        final = self.covariance_off_final_fraction
+        return Schedule(
+            total_steps=total,
+            entropy_on_from=0 if total is None else round(self.entropy_off_fraction * total),
+            covariance_off_from=None if total is None or final == 0 else round((1 - final) * total),
+            resample_every=self.resample_every,
+            # without a length, resampling never stops (nothing says when training ends)
+            resample_until=None if total is None else RESAMPLE_UNTIL_FRACTION * total,
+        )
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+class _BAEMixin(InputFrameFolds):
+    """Weights, encoding, decoding and folds of the inference and the training BAE (first in
+    their bases, so ``super()`` reaches SAELens' classes)."""
 
     cfg: BAEConfig | BAETrainingSAEConfig
     W_enc: nn.Parameter
     b_enc: nn.Parameter
-    code_mean: Tensor
-    code_mean_count: Tensor
     W_dec: nn.Parameter
     b_dec: nn.Parameter
+    code_mean: Tensor
+    code_mean_count: Tensor
     hook_sae_acts_pre: Callable[[Tensor], Tensor]
     hook_sae_acts_post: Callable[[Tensor], Tensor]
     hook_sae_recons: Callable[[Tensor], Tensor]
@@ -124,49 +255,59 @@ class _BAEMixin(BAEFoldsMixin):
     run_time_activation_norm_fn_out: Callable[[Tensor], Tensor]
 
     def initialize_weights(self) -> None:
+        """SAELens' init, an encoder of width ``n_bits`` with a zero bias, the running mean code
+        (fp32) and, when configured, the unset input frame."""
         super().initialize_weights()  # type: ignore[misc]  # SAE's or TrainingSAE's
-        _init_bae_parameters(self)  # type: ignore[arg-type]
+        cfg, device = self.cfg, self.W_dec.device
+        if cfg.bits > 1:  # bits of one feature need distinct directions
+            # bit 0 of feature k keeps SAELens' init (tied to decoder row k); bits 1.. get random
+            # directions of the same norm, so every bit starts at one scale
+            tied = self.W_enc.detach()  # [d_in, d_sae]
+            w_enc = torch.empty(cfg.d_in, cfg.d_sae, cfg.bits, dtype=tied.dtype, device=device)
+            nn.init.kaiming_uniform_(w_enc)
+            w_enc = w_enc / w_enc.norm(dim=0, keepdim=True) * tied.norm(dim=0)[:, None]
+            w_enc[:, :, 0] = tied
+            self.W_enc = nn.Parameter(w_enc.reshape(cfg.d_in, cfg.n_bits).contiguous())
+        self.b_enc = nn.Parameter(torch.zeros(cfg.n_bits, dtype=self.W_dec.dtype, device=device))
+        self.register_buffer("code_mean", torch.zeros(cfg.n_bits, device=device))  # type: ignore[attr-defined]
+        self.register_buffer("code_mean_count", torch.zeros((), device=device))  # type: ignore[attr-defined]
+        register_input_frame(self, cfg.rescale_inputs_to)  # type: ignore[arg-type]
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
-        """``.to(dtype)``/``.half()`` cast parameters only: running means and scale keep fp32."""
-        binary.apply_keeping_dtypes(
+        """``.to(dtype)``/``.half()`` cast parameters only: running means and the frame keep fp32
+        (in bf16 the update count stalls at 256)."""
+        apply_keeping_dtypes(
             lambda: super(_BAEMixin, self)._apply(fn, recurse),  # type: ignore[misc]
             self._buffers,  # type: ignore[attr-defined]
-            (*binary.RUNNING_MEAN_BUFFERS, INPUT_SCALE_BUFFER, INPUT_SHIFT_BUFFER),
+            ("code_mean", "code_mean_count", INPUT_SCALE_BUFFER, INPUT_SHIFT_BUFFER),
         )
         return self
 
-    def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
-        # h W_dec + b_dec as one addmm (a small BAE's GPU step costs its kernel launches)
-        sae_out = F.linear(feature_acts, self.W_dec.t(), self.b_dec)
-        sae_out = self.hook_sae_recons(unframe_output(self, sae_out))  # type: ignore[arg-type]
-        return self.run_time_activation_norm_fn_out(sae_out)
-
     def read_inputs(self, sae_in: Tensor) -> Tensor:
-        """SAELens' input processing (dtype, reshape, input hook, run-time normalisation): the
-        inputs as the BAE reads them, before its input frame and centring."""
-        check_activations(
-            sae_in,
-            self.cfg.d_in,
-            self.cfg.metadata.hook_name,
-            on_device=isinstance(self, TrainingSAE),
-        )
-        # the dtype SAELens' "x.to(cfg dtype) - b_dec" gives (a BAE cast with .double() keeps
-        # cfg.dtype "float32"), with no kernel where it is the input's already
+        """SAELens' input processing (dtype, reshape, input hook, run-time normalisation), after
+        checking the inputs' width and finiteness: the inputs before the frame."""
+        training = isinstance(self, TrainingSAE)
+        check_activations(sae_in, self.cfg.d_in, self.cfg.metadata.hook_name, on_device=training)
         dtype = torch.promote_types(self.dtype, self.b_dec.dtype)  # type: ignore[attr-defined]
         sae_in = self.reshape_fn_in(sae_in.to(dtype))  # type: ignore[attr-defined]
         return self.run_time_activation_norm_fn_in(self.hook_sae_input(sae_in))
 
     def process_sae_in(self, sae_in: Tensor) -> Tensor:
-        """What the encoder reads: the inputs in the BAE's frame (if any: k (x + t)), less the
+        """What the encoder reads: the inputs in the frame ``k (x + t)`` (if any), less the
         decoder bias when centring."""
-        x = frame(self.read_inputs(sae_in), module_frame(self))
+        x = frame(self.read_inputs(sae_in), module_frame(self))  # type: ignore[arg-type]
         return x - self.b_dec if self.cfg.apply_b_dec_to_input else x
 
     def hidden_pre(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... n_bits"]:
         """Encoder pre-activations of every code bit (their sign is the code)."""
-        pre = F.linear(self.process_sae_in(x), self.W_enc.t(), self.b_enc)  # one addmm with b_enc
+        pre = F.linear(self.process_sae_in(x), self.W_enc.t(), self.b_enc)
         return self.hook_sae_acts_pre(pre)
+
+    def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
+        """``h_R W_dec + b_dec`` (one addmm), out of the frame, through SAELens' output hooks."""
+        sae_out = F.linear(feature_acts, self.W_dec.t(), self.b_dec)
+        sae_out = unframe(sae_out, module_frame(self))  # type: ignore[arg-type]
+        return self.run_time_activation_norm_fn_out(self.hook_sae_recons(sae_out))
 
     @torch.no_grad()
     def encode_bits(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... n_bits"]:
@@ -175,7 +316,7 @@ class _BAEMixin(BAEFoldsMixin):
 
     @property
     def prior(self) -> Float[Tensor, " n_bits"]:
-        """Mean code seen in training (the burstiness prior); a copy, so callers cannot alias it."""
+        """Mean code seen in training (the burstiness prior); a copy."""
         return self.code_mean.clone()
 
     def _bae_histograms(self) -> dict[str, NDArray[Any]]:
@@ -185,73 +326,72 @@ class _BAEMixin(BAEFoldsMixin):
         }
 
 
-# ----------------------------------------------------------------------------- inference
-
-
 class BAE(_BAEMixin, SAE[BAEConfig]):
-    """Inference BAE. ``encode`` returns the decoder inputs h_R (= the binary code when
-    ``bits = 1``); :meth:`encode_bits` returns the full binary code."""
-
-    b_enc: nn.Parameter
+    """Inference BAE. ``encode`` returns the decoder inputs h_R (the binary code when
+    ``bits = 1``); :meth:`encode_bits` the full binary code."""
 
     @override
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
-        bits = step(self.hidden_pre(x))
-        return self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits))
+        return self.hook_sae_acts_post(bits_to_values(step(self.hidden_pre(x)), self.cfg.bits))
 
     @classmethod
     def load_from_disk(
         cls, path: str | Path, device: str = "cpu", dtype: str | None = None, **kwargs: Any
     ) -> BAE:
         """Load a saved BAE, checking its cfg.json strictly (unknown or missing fields raise)."""
-        validate_config_dict(read_cfg_json(path))
+        strict_config(read_cfg_json(path), BAEConfig)
         return super().load_from_disk(path, device=device, dtype=dtype, **kwargs)
 
     @override
     def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:
         super().process_state_dict_for_loading(state_dict)
-        for name in _RESAMPLING_BUFFERS:  # a training checkpoint read as an inference model
+        for name in WINDOW_BUFFERS:  # a training checkpoint read as an inference model
             state_dict.pop(name, None)
 
     def log_histograms(self) -> dict[str, NDArray[Any]]:
         return self._bae_histograms()
 
 
-# ----------------------------------------------------------------------------- training
-
-
 class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
-    """Training BAE: the step passes gradients through the configured surrogate and follows a
-    :class:`Schedule` resolved once (:meth:`resolve_schedule`) from the length of training.
+    """Training BAE. Its step is SAELens' ``training_forward_pass``: the reconstruction through
+    ``mse_loss_fn`` (mean over d_in, in the frame's units: the scale of the coefficients), the
+    code's penalties through :meth:`calculate_aux_loss`. Around it, on the :class:`Schedule`
+    resolved once from the length of training: the input frame fixed on the first minibatch,
+    resampling at the end of each window, the running mean code and the window's counts.
 
-    ``global_batch`` (set by ``sae_lens_bae.training.distributed``) makes every step's loss the
-    one of the ranks' concatenated minibatch, and its output (but ``hidden_pre``) that batch's."""
+    ``batch`` is the data-parallel seam: this process alone (``saes.objective.LocalBatch``)
+    unless ``sae_lens_bae.parallel`` sets its ranks' global minibatch."""
 
-    b_enc: nn.Parameter
-    global_batch: GlobalBatch | None = None
+    batch: Any = LOCAL_BATCH
     schedule: Schedule | None = None
+
+    def __init__(self, cfg: BAETrainingSAEConfig, use_error_term: bool = False) -> None:
+        super().__init__(cfg, use_error_term)
+        self.mse_loss_fn = self._squared_error
+        self._codes: dict[str, Tensor] = {}  # this step's code statistics (calculate_aux_loss)
 
     @override
     def initialize_weights(self) -> None:
         super().initialize_weights()
-        if self.cfg.resample_every > 0:  # which channels were constant since the last resampling
-            for name in _RESAMPLING_BUFFERS:
-                shape = (self.cfg.n_bits,) if name == "window_counts" else ()
-                zeros = torch.zeros(shape, dtype=torch.int64, device=self.device)
-                self.register_buffer(name, zeros)
+        if self.cfg.resample_every > 0:  # each bit's firings since the last resampling
+            device = self.W_dec.device
+            self.register_buffer(
+                "window_counts", torch.zeros(self.cfg.n_bits, dtype=torch.int64, device=device)
+            )
+            self.register_buffer(
+                "window_samples", torch.zeros((), dtype=torch.int64, device=device)
+            )
 
     def resolve_schedule(self, total_steps: int | None = None) -> Schedule:
-        """Fix the phases of training in steps, for a run of ``total_steps`` (the config's
-        ``total_training_steps`` wins when set): the seam through which a trainer tells the BAE
-        how long it trains, called once before the first step."""
+        """Fix the phases in steps for a run of ``total_steps`` (the config's
+        ``total_training_steps`` wins): how a trainer tells the BAE how long it trains."""
         self.schedule = self.cfg.schedule(total_steps)
         return self.schedule
 
     @override
     def get_coefficients(self) -> dict[str, float | TrainCoefficientConfig]:
-        """The coefficients SAELens schedules. SAELens' ``SAETrainer`` asks for them once, when
-        it is built: the schedule is resolved then, so a length that is needed and unknown is
-        refused before any data is read."""
+        """a_e and a_c. SAETrainer asks once, when built: the schedule is resolved then, so a
+        length that is needed and unknown is refused before any data is read."""
         if self.schedule is None:
             self.resolve_schedule()
         return dict(self.cfg.coefficients())
@@ -259,8 +399,15 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     @override
     def process_state_dict_for_saving_inference(self, state_dict: dict[str, Any]) -> None:
         super().process_state_dict_for_saving_inference(state_dict)
-        for name in _RESAMPLING_BUFFERS:  # training state, not part of the inference model
+        for name in WINDOW_BUFFERS:  # training state, not part of the inference model
             state_dict.pop(name, None)
+
+    def _squared_error(self, sae_out: Tensor, sae_in: Tensor) -> Tensor:
+        """Squared error per element, which SAELens sums over d_in and averages over the batch:
+        divided by d_in and in the frame's units (k^2), the mean the recipes are given against."""
+        scale = module_frame(self)  # type: ignore[arg-type]
+        weight = 1.0 if scale is None else frame_factor(scale[0]) ** 2
+        return F.mse_loss(sae_out, sae_in, reduction="none") * (weight / self.cfg.d_in)
 
     @override
     def encode_with_hidden_pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -268,79 +415,81 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         bits = step(pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
         return self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits)), pre
 
-    def objective(
-        self, sae_in: Tensor, sae_out: Tensor, bits: Tensor, coefficients: dict[str, float]
-    ) -> dict[str, Tensor]:
-        """The loss terms (``saes.bae_step.objective_terms``) of a reconstruction, as at the end
-        of training: every term on."""
-        return objective_terms(*self._rows(sae_in, sae_out, bits), coefficients, module_frame(self))
-
-    @staticmethod
-    def _rows(sae_in: Tensor, sae_out: Tensor, bits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Inputs, reconstructions and codes as rows."""
-        d_in = sae_in.shape[-1]
-        return sae_in.reshape(-1, d_in), sae_out.reshape(-1, d_in), bits.reshape(-1, bits.shape[-1])
-
     @override
     def calculate_aux_loss(
-        self,
-        step_input: TrainStepInput,
-        feature_acts: Tensor,  # noqa: ARG002
-        hidden_pre: Tensor,
-        sae_out: Tensor,
+        self, step_input: TrainStepInput, feature_acts: Tensor, hidden_pre: Tensor, sae_out: Tensor
     ) -> dict[str, Tensor]:
-        """Not called by this BAE's own step; SAELens' generic step gets the BAE's penalties."""
+        """The entropy and covariance terms (``saes.objective.code_penalties``) of the step's
+        code, each off in its phase of the schedule."""
+        del sae_out  # SAELens' signature; the penalties read the code only
         schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
-        bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
-        terms = objective_terms(
-            *self._rows(step_input.sae_in, sae_out, bits), step_input.coefficients,
-            module_frame(self),
-            entropy_on=schedule.entropy_on(n), covariance_on=schedule.covariance_on(n),
-        )  # fmt: skip
-        return {name: terms[name] for name in LOSS_TERMS if name != "reconstruction_loss"}
+        if self.cfg.bits == 1:  # the code itself, with its surrogate gradient
+            bits = feature_acts
+        else:
+            bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
+        self._codes = code_penalties(
+            bits.reshape(-1, bits.shape[-1]),
+            entropy_coefficient=step_input.coefficients["entropy"],
+            covariance_coefficient=step_input.coefficients["covariance"]
+            * schedule.covariance_on(n),
+            entropy_on=schedule.entropy_on(n),
+            batch=self.batch,
+        )
+        return {name: self._codes[name] for name in ("entropy_loss", "covariance_loss")}
 
     @override
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:
-        """``saes.bae_step.train_step`` on this BAE: reconstruction (mean over batch and d_in) +
-        entropy + covariance, each logged; first, at the end of a resampling window, the
-        constant channels are resampled."""
-        sae_in = step_input.sae_in
-        x = self.read_inputs(sae_in)
-        x = x.reshape(-1, x.shape[-1])
-        batch = self.global_batch or GlobalBatch.local()
-        out = train_step(
-            stack_of(self), x, self.cfg, self.schedule or self.resolve_schedule(),
-            step_input.n_training_steps, coefficients=step_input.coefficients, batch=batch,
-        )  # fmt: skip
-        losses = dict(out.terms)
-        loss, entropy_bits = losses.pop("loss"), losses.pop("batch_entropy_bits")
-        batch_mean = out.mean_code
-        feature_acts = self.hook_sae_acts_post(out.values)
-        sae_out = self.run_time_activation_norm_fn_out(self.hook_sae_recons(out.output))
-        if batch.world > 1:  # the output covers the global minibatch too (firing statistics)
-            sae_in, sae_out = batch.gather(sae_in), batch.gather(sae_out.detach())
-            feature_acts = bits_to_values(out.global_bits, self.cfg.bits)
-        dead_mask = step_input.dead_neuron_mask
-
-        def dead_fraction() -> float:
-            # SAELens' window-based mask when training under SAETrainer, else this batch.
-            if dead_mask is not None:
-                return dead_mask.float().mean().item()
-            return (batch_mean == 0).float().mean().item()
-
-        return TrainStepOutput(
-            sae_in=sae_in,
-            sae_out=sae_out,
-            feature_acts=feature_acts,
-            hidden_pre=self.hook_sae_acts_pre(out.hidden_pre),
-            loss=loss,
-            losses=losses,
-            metrics={
-                "batch_entropy_bits": entropy_bits,
-                "dead_fraction": dead_fraction,
-                "dense_fraction": lambda: (batch_mean > DENSE_FIRING_RATE).float().mean().item(),
-            },
+        """SAELens' step, after the input frame and any resampling; then the code's record."""
+        schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
+        self._before_step(step_input.sae_in, n, schedule)
+        output = super().training_forward_pass(step_input)
+        codes, mean = self._codes["global_bits"], self._codes["batch_mean_code"]
+        with torch.no_grad():
+            update_running_mean(self.code_mean, self.code_mean_count, mean)
+            if self.cfg.resample_every > 0 and schedule.window_counted(n):
+                self.window_counts += codes.sum(-2, dtype=torch.int64)
+                self.window_samples += codes.shape[-2]
+        dead = step_input.dead_neuron_mask  # SAETrainer's window-based mask, else this batch
+        output.metrics.update(
+            batch_entropy_bits=self._codes["batch_entropy_bits"],
+            dead_fraction=lambda: (mean == 0 if dead is None else dead).float().mean().item(),
+            dense_fraction=lambda: (mean > DENSE_FIRING_RATE).float().mean().item(),
         )
+        return output
+
+    @torch.no_grad()
+    def _before_step(self, sae_in: Tensor, n: int, schedule: Schedule) -> None:
+        """Fix an unset input frame on the (global) minibatch (every rank from the first one);
+        at the end of a resampling window, resample the bits that were constant through it."""
+        input_frame = module_frame(self)  # type: ignore[arg-type]
+        framing = input_frame is not None and (n == 0 or self.batch.world == 1)
+        resampling = schedule.resamples_before(n)
+        if not (framing or resampling):
+            return
+        x = self.read_inputs(sae_in)
+        x = self.batch.gather(x.reshape(-1, x.shape[-1]))
+        if framing and input_frame is not None and self.cfg.rescale_inputs_to is not None:
+            fix_frame(input_frame, x, self.cfg.rescale_inputs_to)
+        if not resampling:
+            return
+        framed = frame(x, input_frame)
+        inputs = framed - self.b_dec if self.cfg.apply_b_dec_to_input else framed
+        values = bits_to_values(step(F.linear(inputs, self.W_enc.t(), self.b_enc)), self.cfg.bits)
+        residuals = x - unframe(F.linear(values, self.W_dec.t(), self.b_dec), input_frame)
+        if input_frame is not None:  # decoder rows live in the frame's units
+            residuals = residuals * frame_factor(input_frame[0])
+        resample_window(
+            self.W_enc.data,
+            self.b_enc.data,
+            self.W_dec.data,
+            inputs,
+            residuals,
+            self.window_counts,
+            int(self.window_samples),
+            self.code_mean,
+            bits_per_feature=self.cfg.bits,
+        )
+        self.window_samples.zero_()
 
     def log_histograms(self) -> dict[str, NDArray[Any]]:
         return {**super().log_histograms(), **self._bae_histograms()}

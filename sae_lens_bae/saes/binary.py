@@ -122,33 +122,6 @@ def update_running_mean(
     mean.lerp_(batch_mean, torch.clamp(count.reciprocal(), min=1.0 - decay))
 
 
-def record_codes(
-    code_mean: Float[Tensor, "G n_bits"],
-    count: Tensor,
-    bits: Float[Tensor, "g batch n_bits"],
-    batch_mean: Float[Tensor, "g n_bits"],
-    window: tuple[Tensor, Tensor] | None = None,
-    members: Tensor | None = None,
-) -> None:
-    """In place, after a training step of a stack of G BAEs (G = 1: one BAE, its buffers viewed
-    with a leading 1): each BAE's running mean code moves towards its minibatch's mean code, and
-    inside a resampling window (``window``: the [G, n_bits] firing counts and the samples seen)
-    each channel's firings are counted. ``members``: the stack rows that trained (``bits`` and
-    ``batch_mean`` hold theirs); the other rows keep theirs, the shared counts advance once."""
-    rows = code_mean if members is None else code_mean[members]
-    update_running_mean(rows, count, batch_mean)
-    if members is not None:  # an indexed copy: written back
-        code_mean[members] = rows
-    if window is not None:
-        counts, samples = window
-        fired = bits.detach().sum(-2, dtype=torch.int64)
-        if members is None:
-            counts += fired
-        else:
-            counts[members] += fired
-        samples += bits.shape[-2]
-
-
 RUNNING_MEAN_BUFFERS = ("code_mean", "code_mean_count")
 """A BAE's running mean-code buffers: never cast with its parameters (in bf16 the update count
 stalls at 256 and small updates round away)."""

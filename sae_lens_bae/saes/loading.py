@@ -6,17 +6,65 @@ header error from deep inside SAELens; ``load_sae`` checks the folder first.
 
 from __future__ import annotations
 
+import json
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sae_lens import SAE
-from sae_lens.constants import SAE_WEIGHTS_FILENAME
+from sae_lens.constants import SAE_CFG_FILENAME, SAE_WEIGHTS_FILENAME
 from sae_lens.registry import SAE_CLASS_REGISTRY
+from sae_lens.saes.sae import SAEConfig, SAEMetadata
 from safetensors import SafetensorError
 
-from sae_lens_bae.saes.bae_config import read_cfg_json
+__all__ = ["load_sae", "read_cfg_json", "strict_config"]
 
-__all__ = ["load_sae"]
+
+def read_cfg_json(folder: str | Path) -> dict[str, Any]:
+    """The ``cfg.json`` of a saved SAE folder, with an error that says what is wrong with it
+    (missing, not JSON, not an object) instead of a parser's traceback."""
+    path = Path(folder) / SAE_CFG_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"No {SAE_CFG_FILENAME} in {folder}: expected a folder written by "
+            "save_inference_model / save_model"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); save the SAE again") from e
+    if not isinstance(data, dict) or "architecture" not in data:
+        raise ValueError(f"{path} is not an SAE config (a JSON object with an 'architecture')")
+    return data
+
+
+Config = TypeVar("Config", bound=SAEConfig)
+
+
+def strict_config(config_dict: dict[str, Any], config_class: type[Config]) -> Config:
+    """``config_class`` from a saved cfg.json dict, strictly: SAELens' ``from_dict`` drops unknown
+    keys and defaults missing ones, so a typo (``"bit": 2``) or a truncated file would load
+    another model; here both raise."""
+    architecture = config_class.architecture()
+    if config_dict.get("architecture", architecture) != architecture:
+        raise ValueError(
+            f"Config is for architecture {config_dict['architecture']!r}, not {architecture!r}"
+        )
+    known = {f.name for f in fields(config_class)} - {"metadata"}
+    extra = sorted(set(config_dict) - known - {"architecture", "metadata"})
+    missing = sorted(known - set(config_dict))
+    problems = [f"unknown field(s) {extra}"] * bool(extra) + [f"missing field(s) {missing}"] * bool(
+        missing
+    )
+    if problems:
+        raise ValueError(
+            f"Invalid {architecture} config: {'; '.join(problems)}. Its cfg.json holds exactly "
+            f"{sorted(known)} plus 'architecture' and optional 'metadata'."
+        )
+    cfg = config_class(**{k: config_dict[k] for k in known})
+    if "metadata" in config_dict:
+        cfg.metadata = SAEMetadata(**config_dict["metadata"])
+    return cfg
 
 
 def load_sae(path: str | Path, device: str = "cpu") -> SAE[Any]:

@@ -1,18 +1,18 @@
-"""Re-initialising a BAE's constant code channels during training, as SAE trainers resample dead
-latents.
+"""Re-initialising a BAE's constant code bits during training, as SAE trainers resample dead
+latents, and the ``Schedule`` that says when (and when each term of the objective counts).
 
-The minibatch entropy is as small for a channel that never fires as for one that always fires:
+The minibatch entropy is as small for a bit that never fires as for one that always fires:
 both carry no information, and neither gets a useful gradient through the surrogate once its
-pre-activations sit far from the threshold. ``resample_constant_channels`` gives such channels a
+pre-activations sit far from the threshold. ``resample_constant_bits`` gives such bits a
 new start on what the BAE reconstructs worst: the encoder column points at one of the minibatch's
-worst-reconstructed samples, the threshold makes the channel fire on a small fraction of the
+worst-reconstructed samples, the threshold makes the bit fire on a small fraction of the
 minibatch (its rare state is its 1), and the decoder row is the mean residual of the samples it
 fires on. Deterministic (no random draws), so stacked and separate trainings stay equal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -21,57 +21,59 @@ from torch import Tensor
 __all__ = [
     "CONSTANT_RARITY",
     "RESAMPLE_RATE",
-    "constant_channels",
-    "resample_constant_channels",
-    "resample_members",
+    "constant_bits",
+    "resample_constant_bits",
+    "resample_window",
+    "RESAMPLE_UNTIL_FRACTION",
+    "Schedule",
 ]
 
 CONSTANT_RARITY = 1e-4
-"""A channel whose rare state occurs on fewer than this fraction of tokens is constant: it carries
+"""A bit whose rare state occurs on fewer than this fraction of tokens is constant: it carries
 (almost) no information. The feature statistics' ``constant`` column uses the same threshold."""
 
 RESAMPLE_RATE = 0.05
-"""A resampled channel fires on this fraction of the minibatch it is resampled on: rare, so its
+"""A resampled bit fires on this fraction of the minibatch it is resampled on: rare, so its
 rare state is its 1, and frequent enough that its gradient is not zero on the next minibatches."""
 
 
-def constant_channels(
+def constant_bits(
     counts: Float[Tensor, "*stack n_bits"], samples: int, rarity: float = CONSTANT_RARITY
 ) -> Bool[Tensor, "*stack n_bits"]:
-    """Channels whose rare state (firing, or not firing) took fewer than ``rarity`` of the
+    """Bits whose rare state (firing, or not firing) took fewer than ``rarity`` of the
     ``samples`` samples; at least those that fired on none or on all of them. Not only exactly
-    constant ones: a channel firing on 3 of 64k training tokens reads as dead on held-out text."""
+    constant ones: a bit firing on 3 of 64k training tokens reads as dead on held-out text."""
     rare = torch.minimum(counts, samples - counts)
     return (rare == 0) | (rare < rarity * samples)
 
 
 @torch.no_grad()
-def resample_constant_channels(
+def resample_constant_bits(
     W_enc: Float[Tensor, "d_in n_bits"],
     b_enc: Float[Tensor, " n_bits"],
     W_dec: Float[Tensor, "d_sae d_in"],
     encoder_inputs: Float[Tensor, "batch d_in"],
     residuals: Float[Tensor, "batch d_in"],
-    channels: Bool[Tensor, " n_bits"],
+    constant: Bool[Tensor, " n_bits"],
     *,
     bits_per_feature: int = 1,
     rate: float = RESAMPLE_RATE,
 ) -> int:
-    """Re-initialise ``channels`` in place; returns how many were.
+    """Re-initialise the ``constant`` bits in place; returns how many were.
 
-    Channel ``j`` (the ``i``-th to be resampled) reads the sample with the ``i``-th largest
+    Bit ``j`` (the ``i``-th to be resampled) reads the sample with the ``i``-th largest
     squared residual: its encoder column is that sample's input, scaled to the mean norm of the
     other columns; its bias puts the threshold at the (1 - ``rate``) quantile of the minibatch's
     projections, so it fires on ``rate`` of the minibatch; its decoder row (``bits_per_feature``
     = 1 only; a wider feature shares its row) is the mean residual of the samples it fires on.
     """
-    index = channels.nonzero()[:, 0]
+    index = constant.nonzero()[:, 0]
     if index.numel() == 0:
         return 0
     errors = residuals.float().pow(2).sum(-1)
     worst = torch.argsort(errors, descending=True)
     picks = worst[torch.arange(index.numel(), device=worst.device) % worst.numel()]
-    alive = ~channels
+    alive = ~constant
     norms = W_enc.norm(dim=0)
     scale = norms[alive].mean() if alive.any() else norms.mean()
     directions = encoder_inputs[picks].to(W_enc.dtype)  # [m, d_in]
@@ -90,39 +92,71 @@ def resample_constant_channels(
 
 
 @torch.no_grad()
-def resample_members(
-    W_enc: Float[Tensor, "G d_in n_bits"],
-    b_enc: Float[Tensor, "G n_bits"],
-    W_dec: Float[Tensor, "G d_sae d_in"],
-    encoder_inputs: Float[Tensor, "members batch d_in"],
-    residuals: Float[Tensor, "members batch d_in"],
-    window_counts: Int[Tensor, "G n_bits"],
-    window_samples: Int[Tensor, ""],
-    code_mean: Float[Tensor, "G n_bits"],
+def resample_window(
+    W_enc: Float[Tensor, "d_in n_bits"],
+    b_enc: Float[Tensor, " n_bits"],
+    W_dec: Float[Tensor, "d_sae d_in"],
+    encoder_inputs: Float[Tensor, "batch d_in"],
+    residuals: Float[Tensor, "batch d_in"],
+    window_counts: Int[Tensor, " n_bits"],
+    window_samples: int,
+    code_mean: Float[Tensor, " n_bits"],
     *,
-    members: Sequence[int],
     bits_per_feature: int = 1,
-) -> list[int]:
-    """Resample the constant channels of each stack row ``members[i]``, on its minibatch
-    ``encoder_inputs[i]``, in place: what one BAE (G = 1) and a stack of G do at the end of a
-    resampling window. A resampled channel's running mean restarts at its new rate; the rows'
-    window counts restart at zero. Returns how many channels each row resampled."""
-    samples = int(window_samples)
-    counts = []
-    for i, g in enumerate(members):
-        channels = constant_channels(window_counts[g], samples)
-        counts.append(
-            resample_constant_channels(
-                W_enc[g],
-                b_enc[g],
-                W_dec[g],
-                encoder_inputs[i],
-                residuals[i],
-                channels,
-                bits_per_feature=bits_per_feature,
-            )
-        )
-        code_mean[g][channels] = RESAMPLE_RATE
-        window_counts[g] = 0
-    window_samples.zero_()
-    return counts
+) -> int:
+    """End one BAE's resampling window, in place: resample the bits that were constant through it
+    on this minibatch; a resampled bit's running mean restarts at its new rate and the window's
+    counts at zero (the caller restarts the samples seen). Returns how many bits were resampled."""
+    constant = constant_bits(window_counts, window_samples)
+    count = resample_constant_bits(
+        W_enc, b_enc, W_dec, encoder_inputs, residuals, constant, bits_per_feature=bits_per_feature
+    )
+    code_mean[constant] = RESAMPLE_RATE
+    window_counts.zero_()
+    return count
+
+
+RESAMPLE_UNTIL_FRACTION = 0.95
+"""Resampling stops after this fraction of training: a bit resampled in the last steps
+would have no time to learn (the default recipe's choice, docs/research/code-notes.md)."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A BAE's phases in 0-based training steps."""
+
+    total_steps: int | None
+    """Length of training; None when unknown (then nothing may depend on it)."""
+    entropy_on_from: int = 0
+    """First step with the entropy term."""
+    covariance_off_from: int | None = None
+    """First step without the covariance term (None: on to the end)."""
+    resample_every: int = 0
+    """Constant bits are resampled every this many steps (0: never)."""
+    resample_until: float | None = None
+    """Resampling happens only at steps before this one (None: until the end)."""
+
+    def entropy_on(self, step: int) -> bool:
+        """Whether the entropy term counts at ``step``."""
+        return step >= self.entropy_on_from
+
+    def covariance_on(self, step: int) -> bool:
+        """Whether the covariance term counts at ``step``."""
+        return self.covariance_off_from is None or step < self.covariance_off_from
+
+    def resampling_at(self, step: int) -> bool:
+        """Whether ``step`` ends a resampling window (the resampling runs before the next)."""
+        if self.resample_every <= 0 or (step + 1) % self.resample_every:
+            return False
+        return self.resample_until is None or step < self.resample_until
+
+    def window_counted(self, step: int) -> bool:
+        """Whether ``step`` counts its codes for resampling: its window ends in a resampling.
+        After the last resampling nothing reads the counts, so they are not kept."""
+        if self.resample_every <= 0:
+            return False
+        return self.resampling_at(step + (-(step + 1)) % self.resample_every)
+
+    def resamples_before(self, step: int) -> bool:
+        """Whether the step ``step`` starts by resampling (the previous step ended a window)."""
+        return step > 0 and self.resampling_at(step - 1)

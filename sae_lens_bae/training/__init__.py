@@ -1,7 +1,6 @@
-"""Training: any SAELens architecture on cached activations through SAELens' ``SAETrainer``, many
-small BAEs at once (``stacked``), transcoders, and the baselines a BAE is compared with."""
+"""Training: any SAELens architecture on cached activations through SAELens' ``SAETrainer``,
+transcoders, and the baselines a BAE is compared with."""
 
-from sae_lens_bae.saes.stacked import StackedBAE
 from sae_lens_bae.training.baselines import (
     FAMILIES,
     TRAINED_BASELINES,
@@ -10,7 +9,6 @@ from sae_lens_bae.training.baselines import (
     shared_schedule,
 )
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
-from sae_lens_bae.training.stacked import StackedTraining, train_stacked_baes
 from sae_lens_bae.training.trainer import (
     RecordingTrainer,
     TrainingRun,
@@ -28,8 +26,6 @@ __all__ = [
     "DrainHold",
     "TRAINED_BASELINES",
     "RecordingTrainer",
-    "StackedBAE",
-    "StackedTraining",
     "TrainingRun",
     "activation_batches",
     "baseline_configs",
@@ -38,6 +34,5 @@ __all__ = [
     "fill_training_schedule",
     "train_bae",
     "train_sae",
-    "train_stacked_baes",
     "train_transcoder",
 ]

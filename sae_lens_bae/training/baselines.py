@@ -11,7 +11,7 @@ from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAEConfig
 from sae_lens.saes.standard_sae import StandardTrainingSAEConfig
 from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 
-from sae_lens_bae.saes.bae_config import bae_config
+from sae_lens_bae.saes.bae_recipes import bae_config
 from sae_lens_bae.saes.gated_relu import GatedReLUTrainingSAEConfig
 
 __all__ = [

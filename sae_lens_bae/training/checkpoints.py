@@ -19,7 +19,6 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from sae_lens_bae.reports import read_json, read_torch, write_json
-from sae_lens_bae.saes.bae_config import retired_differences
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -134,8 +133,7 @@ def check_resumable(
       blocks (``"data": "cache blocks"``);
     - another run where the run says what its inputs are (``run["inputs"]``: a fingerprint of
       its data and settings, against the marker's);
-    - another model (``model``: the run's config dict against the checkpoint's ``cfg.json``),
-      or one trained otherwise than this version trains (``retired_differences``).
+    - another model (``model``: the run's config dict against the checkpoint's ``cfg.json``).
     """
     marker = read_marker(checkpoint)
     wanted = run.get("global_batch_size")
@@ -166,11 +164,4 @@ def check_resumable(
                     f"{checkpoint} holds a {key}={stored.get(key)} model, these options make "
                     f"{key}={model.get(key)}: resume with the options of the interrupted run"
                 )
-        retired = retired_differences(stored)
-        if retired:
-            key = retired[0]
-            raise ValueError(
-                f"{checkpoint} was trained with {key}={stored[key]}, which this version does "
-                "not have: train again from the start"
-            )
     return marker

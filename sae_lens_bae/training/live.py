@@ -23,11 +23,11 @@ from sae_lens.training.sae_trainer import SAETrainer
 
 from sae_lens_bae.activations.hooks import hook_point, hook_width
 from sae_lens_bae.activations.store import ResumableActivationsStore
-from sae_lens_bae.checks import check_ranges, ranged, renamed
+from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.models import load_model
-from sae_lens_bae.saes.bae_config import BAE_RECIPES, bae_config
-from sae_lens_bae.saes.bae_recipes import RecipeName
+from sae_lens_bae.parallel.distributed import data_parallel, is_distributed, rank_world
+from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, RecipeName, bae_config
 from sae_lens_bae.training.checkpoints import (
     check_checkpoint_files,
     check_resumable,
@@ -35,7 +35,6 @@ from sae_lens_bae.training.checkpoints import (
     mark_complete,
     read_marker,
 )
-from sae_lens_bae.training.distributed import data_parallel, is_distributed, rank_world
 from sae_lens_bae.training.trainer import fill_training_schedule
 
 __all__ = ["BAETrainingRunner", "LiveTrainingConfig", "train_live"]
@@ -79,9 +78,10 @@ class LiveTrainingConfig:
     bits: int = ranged(1, low=1)
     """Bits per feature (more-bit decoding)."""
     entropy_coefficient: float | None = ranged(None, low=0.0)
-    """a_e, weight of the minibatch entropy in bits (default: the recipe's, for this d_in)."""
+    """a_e, weight of the minibatch entropy in bits, at the recipe's coefficient width (the
+    objective weighs it by width / d_in; default: the recipe's)."""
     covariance_coefficient: float | None = ranged(None, low=0.0)
-    """a_c, weight of the off-diagonal covariance penalty (default: the recipe's)."""
+    """a_c, weight of the off-diagonal covariance penalty, likewise (default: the recipe's)."""
     surrogate: Literal["sigmoid", "ste"] = "sigmoid"
     """Surrogate derivative of the step."""
     surrogate_temperature: float | None = ranged(None, above=0.0)
@@ -104,7 +104,7 @@ class LiveTrainingConfig:
     distributed: bool = False
     """This process is one rank of a torchrun launch: every rank reads its shard of the dataset,
     --batch-size is the global minibatch (split over the ranks), the BAE's loss is the global
-    batch's (sae_lens_bae.training.distributed). NCCL on CUDA (a GPU per local rank), else gloo."""
+    batch's (sae_lens_bae.parallel.distributed). NCCL on CUDA (a GPU per local rank), else gloo."""
     compile: bool = False
     """Compile the BAE's training step with torch.compile (SAELens' compile_sae): a small BAE's
     step on a GPU costs its kernel launches, which the compiled step fuses; the first steps pay
@@ -113,11 +113,6 @@ class LiveTrainingConfig:
     """torch.compile's mode for the step (SAELens' sae_compilation_mode; implies --compile):
     reduce-overhead replays the step as a CUDA graph, one launch for a step whose cost on a GPU
     is the host's launching of its kernels (a BAE of d_sae 2304); None: torch's default."""
-
-    preset: RecipeName | None = renamed("recipe")
-    """Old name of recipe."""
-    d_sae: int | None = renamed(None, "--expansion (d_sae / d_in)")
-    """Features; old form of expansion."""
 
     @property
     def compiles(self) -> bool:
@@ -251,7 +246,7 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
     }
     sae_cfg = bae_config(
         d_in,
-        cfg.d_sae or cfg.expansion * d_in,
+        cfg.expansion * d_in,
         recipe=cfg.recipe,
         bits=cfg.bits,
         surrogate=cfg.surrogate,

@@ -25,14 +25,18 @@ from sae_lens.training.sae_trainer import SAETrainer
 from torch import Tensor
 
 from sae_lens_bae.activations.cache import ActivationCache
-from sae_lens_bae.losses import reconstruction_loss
-from sae_lens_bae.reports import read_json_list, write_json
-from sae_lens_bae.saes.bae import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_LR,
-    BAETrainingSAE,
-    BAETrainingSAEConfig,
+from sae_lens_bae.parallel.distributed import (
+    batch_indices,
+    data_parallel,
+    is_distributed,
+    rank_batches,
+    rank_cache_batches,
+    rank_world,
 )
+from sae_lens_bae.reports import read_json_list, write_json
+from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.saes.bae_recipes import DEFAULT_BATCH_SIZE, DEFAULT_LR, bae_config
+from sae_lens_bae.saes.objective import reconstruction_loss
 from sae_lens_bae.training.checkpoints import (
     DAMAGED_CHECKPOINT_FIX,
     check_checkpoint_files,
@@ -41,14 +45,6 @@ from sae_lens_bae.training.checkpoints import (
     latest_checkpoint,
     mark_complete,
     read_marker,
-)
-from sae_lens_bae.training.distributed import (
-    batch_indices,
-    data_parallel,
-    is_distributed,
-    rank_batches,
-    rank_cache_batches,
-    rank_world,
 )
 
 __all__ = [
@@ -249,7 +245,7 @@ def train_sae(
             arguments as the interrupted run.
         distributed: this process is one of N ranks (``torchrun``, process group initialised):
             train a BAE on the global minibatch of N * ``batch_size`` rows
-            (``sae_lens_bae.training.distributed``). A tensor must be the same on every rank
+            (``sae_lens_bae.parallel.distributed``). A tensor must be the same on every rank
             (each reads its rows of the global batches: the stream is the one of a single process
             at batch N * ``batch_size``, so a tensor run resumes with any N at that global batch);
             a cache is read by blocks, one per rank (resume with the same N); an iterator must
@@ -283,19 +279,55 @@ def train_sae(
         hook = hook or (activations.hooks[0] if len(activations.hooks) == 1 else None)
         if hook is None:
             raise ValueError(f"Name the hook to train on: hook=... (one of {activations.hooks})")
-        if distributed:
-            n_rows = activations.token_positions().shape[0]
-            if epochs is not None:
-                training_samples = int(epochs * n_rows)
-            data = _Counted(
-                rank_cache_batches(activations, hook, batch_size, seed=seed, start=start), start
-            )
-        else:
+    data, training_samples = _training_data(
+        activations, cfg.d_in, hook, batch_size, seed, start, distributed, training_samples, epochs
+    )
+    writes = checkpoint_dir is not None and rank == 0
+    trainer_cfg = SAETrainerConfig(
+        total_training_samples=training_samples,
+        train_batch_size_samples=batch_size * world,
+        lr=lr,
+        lr_end=trainer_kwargs.pop("lr_end", lr),
+        device=device,
+        checkpoint_path=str(checkpoint_dir) if writes else None,
+        n_checkpoints=n_checkpoints if writes else 0,
+        **trainer_kwargs,
+    )
+    trainer = _trainer(cfg, trainer_cfg, data, hook, seed, record_every)
+    trainer.marker_info = info
+    if checkpoint is not None:
+        trainer.resume(checkpoint)
+    if distributed:
+        data_parallel(trainer)
+    return TrainingRun(trainer.fit(), trainer.history)
+
+
+def _training_data(
+    activations: Tensor | ActivationCache | Iterable[Tensor],
+    d_in: int,
+    hook: str | None,
+    batch_size: int,
+    seed: int,
+    start: int,
+    distributed: bool,
+    training_samples: int | None,
+    epochs: float | None,
+) -> tuple[_Counted, int]:
+    """The counted stream of minibatches ``train_sae`` reads (from batch ``start`` on) and the
+    length of training in rows."""
+    if isinstance(activations, ActivationCache):
+        assert hook is not None
+        if not distributed:
             activations = activations.activations(hook)
+        else:
+            if epochs is not None:
+                training_samples = int(epochs * activations.token_positions().shape[0])
+            stream = rank_cache_batches(activations, hook, batch_size, seed=seed, start=start)
+            data = _Counted(stream, start)
     if isinstance(activations, Tensor):
-        if activations.ndim != 2 or activations.shape[1] != cfg.d_in:
+        if activations.ndim != 2 or activations.shape[1] != d_in:
             raise ValueError(
-                f"activations must be [n, d_in={cfg.d_in}], got {tuple(activations.shape)}"
+                f"activations must be [n, d_in={d_in}], got {tuple(activations.shape)}"
             )
         if epochs is not None:
             training_samples = int(epochs * activations.shape[0])
@@ -309,17 +341,19 @@ def train_sae(
             next(data)
     if training_samples is None:
         raise ValueError("Say how long to train: training_samples=... or epochs=...")
-    writes = checkpoint_dir is not None and rank == 0
-    trainer_cfg = SAETrainerConfig(
-        total_training_samples=training_samples,
-        train_batch_size_samples=batch_size * world,
-        lr=lr,
-        lr_end=trainer_kwargs.pop("lr_end", lr),
-        device=device,
-        checkpoint_path=str(checkpoint_dir) if writes else None,
-        n_checkpoints=n_checkpoints if writes else 0,
-        **trainer_kwargs,
-    )
+    return data, training_samples
+
+
+def _trainer(
+    cfg: TrainingSAEConfig,
+    trainer_cfg: SAETrainerConfig,
+    data: _Counted,
+    hook: str | None,
+    seed: int,
+    record_every: int,
+) -> RecordingTrainer:
+    """The SAE, initialised from ``seed``, and SAELens' trainer of it; a BAE is told how long
+    training is."""
     if isinstance(cfg, BAETrainingSAEConfig) and cfg.total_training_steps is None:
         cfg = replace(cfg, total_training_steps=trainer_cfg.total_training_steps)
     with torch.random.fork_rng():
@@ -327,15 +361,7 @@ def train_sae(
         sae = TrainingSAE.from_dict(cfg.to_dict())
     if hook is not None and sae.cfg.metadata.hook_name is None:  # so it splices where it read
         sae.cfg.metadata.hook_name = hook
-    trainer = RecordingTrainer(
-        cfg=trainer_cfg, sae=sae, data_provider=data, record_every=record_every
-    )
-    trainer.marker_info = info
-    if checkpoint is not None:
-        trainer.resume(checkpoint)
-    if distributed:
-        data_parallel(trainer)
-    return TrainingRun(trainer.fit(), trainer.history)
+    return RecordingTrainer(cfg=trainer_cfg, sae=sae, data_provider=data, record_every=record_every)
 
 
 def train_bae(
@@ -344,9 +370,9 @@ def train_bae(
     **kwargs: Any,
 ) -> BAETrainingSAE:
     """Train a BAE on activations that are already computed (see :func:`train_sae` for the
-    arguments); ``cfg`` defaults to ``BAETrainingSAEConfig(d_in=activations' width)``."""
+    arguments); ``cfg`` defaults to the default recipe at the activations' width."""
     if cfg is None:
         if not isinstance(activations, Tensor):
-            raise ValueError("Pass cfg=BAETrainingSAEConfig(d_in=...) when streaming batches")
-        cfg = BAETrainingSAEConfig(d_in=activations.shape[-1])
+            raise ValueError("Pass cfg=bae_config(d_in) when streaming batches")
+        cfg = bae_config(activations.shape[-1])
     return train_sae(activations, cfg, **kwargs).sae

@@ -18,8 +18,8 @@ from sae_lens.saes.transcoder import Transcoder, TranscoderConfig
 from torch import Tensor
 from tqdm.auto import trange
 
-from sae_lens_bae.losses import reconstruction_loss
 from sae_lens_bae.reports import read_torch, write_torch
+from sae_lens_bae.saes.objective import reconstruction_loss
 from sae_lens_bae.training.checkpoints import fingerprint
 from sae_lens_bae.training.trainer import activation_batches
 

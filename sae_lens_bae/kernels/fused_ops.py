@@ -1,17 +1,24 @@
-"""The fused covariance kernels (``fused_covariance``) as ``torch.library`` custom ops, the form
-a ``torch.compile`` graph calls them in: inductor cannot trace a Triton launch made from Python,
-so without the ops a compiled step fell back to the tiled path's ops. Eager steps call the
-kernels through ``covariance``'s autograd Function instead, which costs no op dispatch."""
+"""The fused covariance kernels (``kernels.fused``) as the covariance penalty's path for binary
+codes on a device of ``FUSED_DEVICES`` (:func:`penalty_path`): eager steps through an autograd
+``Function``, which costs no op dispatch; ``torch.compile`` graphs through ``torch.library``
+custom ops, since inductor cannot trace a Triton launch made from Python."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from sae_lens_bae import fused_covariance
-from sae_lens_bae.fused_covariance import fused_gradient, fused_penalty
+from sae_lens_bae.kernels import fused as fused_covariance
+from sae_lens_bae.kernels.fused import fused_gradient, fused_penalty
+from sae_lens_bae.saes.objective import EXACT_FP32_BATCH, autocast_off
 
-__all__ = ["compiled_penalty", "fused_applies", "fused_gradient_op", "fused_penalty_op"]
+__all__ = [
+    "compiled_penalty",
+    "fused_applies",
+    "fused_gradient_op",
+    "fused_penalty_op",
+    "penalty_path",
+]
 
 
 def fused_applies(codes: Tensor, max_batch: int) -> bool:
@@ -91,3 +98,38 @@ def _penalty_gradient(ctx, grad_total: Tensor, _grad_signs: Tensor) -> tuple:
 
 
 fused_penalty_op.register_autograd(_penalty_gradient, setup_context=_save_for_gradient)
+
+
+class _FusedPenalty(torch.autograd.Function):
+    """The penalty of binary codes [G, B, n] through the kernels, its gradient from the codes and
+    signs the forward kept (or the tiles recomputed where the signs were too wide to keep)."""
+
+    @staticmethod
+    def forward(ctx, codes: Tensor, share: tuple[int, int], scale: float) -> Tensor:
+        with autocast_off(codes.device.type):
+            total, x, signs = fused_penalty(codes, share, scale)  # signs None: tiles again
+            ctx.save_for_backward(x, *(() if signs is None else (signs,)))
+            ctx.share, ctx.scale = share, scale
+            return total.to(torch.promote_types(codes.dtype, torch.float32))  # fp32: no kernel
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        with autocast_off(grad_out.device.type):
+            x, *signs = ctx.saved_tensors
+            upstream = grad_out.to(torch.float32).view(-1, 1, 1)
+            grad = fused_gradient(x, signs[0] if signs else None, ctx.share, upstream, ctx.scale)
+            return grad, None, None
+
+
+def penalty_path(
+    codes: Tensor, block: int | None, binary: bool | None, share: tuple[int, int], scale: float
+) -> Tensor | None:
+    """The kernels' penalty of codes known to be binary where they apply (``fused_applies``),
+    else None. The kernels' tile is their own: ``block`` does not apply."""
+    del block
+    if not binary or not fused_applies(codes, EXACT_FP32_BATCH):
+        return None
+    if torch.compiler.is_compiling():
+        total = compiled_penalty(codes, share, scale, EXACT_FP32_BATCH)
+        return None if total is None else total.to(torch.promote_types(codes.dtype, torch.float32))
+    return _FusedPenalty.apply(codes, share, scale)

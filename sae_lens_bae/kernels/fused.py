@@ -1,7 +1,7 @@
 """The covariance penalty of 0/1 codes as two Triton kernels: each tile is computed once, in
 registers, with nothing but the codes read from memory.
 
-The tiled PyTorch path (``covariance.py``) builds every d_sae x d_sae tile in memory and passes
+The tiled PyTorch path (``saes.objective``) builds every d_sae x d_sae tile in memory and passes
 over it several times (count, scale, subtract, sign, abs, sum; and in backward sign, two products,
 two sums). Here one program per upper-triangular tile and stacked BAE does all of it:
 
@@ -31,7 +31,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from sae_lens_bae.covariance_products import integer_mm
+from sae_lens_bae.kernels.products import integer_mm
+from sae_lens_bae.saes.objective import band_tiles
 
 try:
     import triton
@@ -83,14 +84,6 @@ CODES_IN_KERNEL = True
 (no cast launch: a GPU step of a small BAE is host-bound); False: one cast to bf16 before it,
 so the kernel reads half the bytes (fp32 codes), which may matter where the step is
 device-bound (the benchmark's ``bae_cast`` rows time both)."""
-
-
-def band_tiles(count: int, share: tuple[int, int] = (0, 1)) -> list[tuple[int, int]]:
-    """(I, J) block indices of the upper triangle I <= J of ``count`` x ``count`` blocks, row by
-    row, keeping every world-th from the rank-th (``share = (rank, world)``): the band of tiles
-    one data-parallel rank owns. The tiled path (``covariance._tiles``) walks the same list."""
-    rank, world = share
-    return [(i, j) for i in range(count) for j in range(i, count)][rank::world]
 
 
 @functools.lru_cache(maxsize=64)

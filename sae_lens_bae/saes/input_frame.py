@@ -30,16 +30,17 @@ BAE or a stack.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
 __all__ = [
+    "check_activations",
     "INPUT_SCALE_BUFFER",
     "INPUT_SHIFT_BUFFER",
-    "InputFrameMixin",
+    "InputFrameFolds",
     "Frame",
     "current_input_scale",
     "fix_frame",
@@ -49,7 +50,7 @@ __all__ = [
     "frame_input",
     "module_frame",
     "placement",
-    "register_input_scale",
+    "register_input_frame",
     "unframe",
     "unframe_output",
 ]
@@ -64,7 +65,35 @@ Frame = tuple[Tensor, Tensor]
 [*stack, d_in]."""
 
 
-def register_input_scale(module: nn.Module, target: float | None, stack: int | None = None) -> None:
+_ADVICE = "Check the model's dtype (fp16 overflow) and the activation source."
+
+
+def check_activations(x: Tensor, d_in: int, hook_name: str | None, on_device: bool = False) -> None:
+    """Raise a ``ValueError`` naming the problem if ``x`` is not [..., d_in] or holds NaN/Inf.
+
+    Finite iff max |x| (one ``vector_norm``) is; ``on_device`` (a training step off the CPU, or
+    any compiled one) asserts on the device instead of waiting for the host."""
+    if x.shape[-1] != d_in:
+        raise ValueError(
+            f"BAE expects activations with last dimension d_in={d_in}, got shape "
+            f"{tuple(x.shape)}. Check the hook point (and the model) this BAE was trained on: "
+            f"{hook_name or 'unknown hook'}."
+        )
+    if not x.numel() or not x.is_floating_point():
+        return
+    finite = torch.linalg.vector_norm(x.detach(), float("inf")) < float("inf")
+    if torch.compiler.is_compiling() or (on_device and x.device.type != "cpu"):
+        torch._assert_async(finite, f"BAE received NaN/Inf activations. {_ADVICE}")
+        return
+    if not finite:
+        n_bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(
+            f"BAE received {n_bad} NaN/Inf values in activations of shape {tuple(x.shape)}. "
+            f"{_ADVICE}"
+        )
+
+
+def register_input_frame(module: nn.Module, target: float | None, stack: int | None = None) -> None:
     """Give a BAE (or a stack of ``stack`` BAEs) its unset input frame when its config asks for
     one (``target`` not None)."""
     if target is not None:
@@ -157,16 +186,58 @@ def fix_input_frame(module: nn.Module, x: Float[Tensor, "... d_in"], target: flo
     fix_frame(module_frame_, x.reshape(-1, x.shape[-1]), target)
 
 
-class InputFrameMixin:
-    """Loading a BAE whose config has a frame but whose weights were saved before the shift
-    existed: its shift is 0 (what it did), not a missing key."""
+def _refuse_decoder_norm_folding() -> NoReturn:
+    raise ValueError(
+        "A BAE cannot fold decoder norms: its codes are binary, so scaling the encoder does not "
+        "scale them and the reconstruction would change. Load or use it without "
+        "fold_W_dec_norm (its outputs are already exact)."
+    )
 
-    def _load_from_state_dict(
-        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+
+class InputFrameFolds:
+    """SAELens' folds of a BAE with an input frame: the frame goes into the weights first (listed
+    before SAELens' classes in a BAE's bases)."""
+
+    cfg: Any
+    W_enc: nn.Parameter
+    b_enc: nn.Parameter
+    W_dec: nn.Parameter
+    b_dec: nn.Parameter
+
+    def fold_activation_whitening(
+        self, mean: Tensor, whitening_matrix: Tensor, unwhitening_matrix: Tensor
     ) -> None:
-        key = prefix + INPUT_SHIFT_BUFFER
-        framed = getattr(self, INPUT_SHIFT_BUFFER, None) is not None
-        if framed and key not in state_dict and prefix + INPUT_SCALE_BUFFER in state_dict:
-            d_in = self.cfg.d_in  # type: ignore[attr-defined]
-            state_dict[key] = torch.zeros(d_in, dtype=torch.float32)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[misc]
+        """SAELens' exact whitening fold, after the input frame's own."""
+        self.fold_input_scale()
+        super().fold_activation_whitening(mean, whitening_matrix, unwhitening_matrix)  # type: ignore[misc]
+
+    def fold_activation_norm_scaling_factor(self, scaling_factor: float) -> None:
+        """SAELens' fold of its dataset scaling factor, after the input frame's own (SAELens
+        scales the encoder, which would scale the frame's shift with the input)."""
+        self.fold_input_scale()
+        super().fold_activation_norm_scaling_factor(scaling_factor)  # type: ignore[misc]
+
+    @torch.no_grad()
+    def fold_input_scale(self) -> None:
+        """Move the input frame into the weights, exactly (k becomes 1, t 0): SAELens' whitening
+        fold assumes an encoder that reads its input as given. ``k (x + t) W + b`` is
+        ``x (k W) + (b + t k W)`` and ``(h W_dec + b_dec) / k - t`` is
+        ``h (W_dec / k) + (b_dec / k - t)``; with ``apply_b_dec_to_input`` the encoder's
+        subtracted decoder bias carries the shift, and no encoder bias moves."""
+        scale = current_input_scale(self)  # type: ignore[arg-type]
+        if scale is None:
+            return
+        shift = getattr(self, INPUT_SHIFT_BUFFER)
+        self.W_enc.data *= scale.to(self.W_enc.dtype)
+        self.W_dec.data /= scale.to(self.W_dec.dtype)
+        self.b_dec.data = self.b_dec.data / scale.to(self.b_dec.dtype) - shift.to(self.b_dec.dtype)
+        if not self.cfg.apply_b_dec_to_input:
+            self.b_enc.data += (shift @ self.W_enc.data.float()).to(self.b_enc.dtype)
+        getattr(self, INPUT_SCALE_BUFFER).fill_(1.0)
+        shift.zero_()
+
+    def fold_W_dec_norm(self) -> None:
+        _refuse_decoder_norm_folding()
+
+    def fold_and_get_W_dec_norm(self) -> Tensor:
+        _refuse_decoder_norm_folding()

@@ -6,10 +6,10 @@ Launch with ``torchrun`` (NCCL on GPUs, gloo on CPU). Three pieces:
 * ``data_parallel(trainer)`` turns any SAELens ``SAETrainer`` of a BAE (``train_sae``'s, or the
   one ``bae train``'s runner builds) data-parallel: the weights' gradients are averaged by
   ``DistributedDataParallel``, and the BAE computes its loss on the *global* minibatch
-  (``sae_lens_bae.global_batch``): per-channel counts are summed over the ranks, the codes
-  gathered so that each rank computes its band of covariance tiles, with autograd through every
-  collective. The trainer counts samples and firing statistics over the global batch, so its
-  schedule (steps, checkpoints, entropy switch-on) is the single-process one.
+  (``parallel.global_batch``, set as the BAE's ``batch`` seam): per-bit counts are summed over
+  the ranks, the codes gathered so that each rank computes its band of covariance tiles, with
+  autograd through every collective. The trainer counts samples and firing statistics over the
+  global batch, so its schedule (steps, checkpoints, entropy switch-on) is the single-process one.
 * ``rank_batches`` is the rank's part of ``activation_batches``' stream at batch N * b: the
   ranks' batches, concatenated in rank order, *are* the single-process batches, so a run resumes
   exactly with any number of ranks that keeps the global batch.
@@ -35,8 +35,9 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from sae_lens_bae.activations.cache import ActivationCache
-from sae_lens_bae.global_batch import GlobalBatch, is_distributed
+from sae_lens_bae.parallel.global_batch import GlobalBatch, is_distributed
 from sae_lens_bae.saes.bae import BAETrainingSAE
+from sae_lens_bae.saes.binary import bits_to_values
 
 __all__ = [
     "batch_indices",
@@ -127,14 +128,20 @@ def rank_cache_batches(
 
 
 class _TrainingStep(nn.Module):
-    """The BAE's training step as a module's forward, so that DDP sees the step."""
+    """The BAE's training step as a module's forward, so that DDP sees the step; its output
+    covers the global minibatch (the trainer's firing statistics count every rank's rows)."""
 
     def __init__(self, sae: BAETrainingSAE) -> None:
         super().__init__()
         self.sae = sae
 
     def forward(self, step_input: TrainStepInput) -> TrainStepOutput:
-        return type(self.sae).training_forward_pass(self.sae, step_input)
+        output = type(self.sae).training_forward_pass(self.sae, step_input)
+        batch, codes = self.sae.batch, self.sae._codes["global_bits"]
+        output.sae_in = batch.gather(output.sae_in.detach())
+        output.sae_out = batch.gather(output.sae_out.detach())
+        output.feature_acts = bits_to_values(codes, self.sae.cfg.bits)
+        return output
 
 
 def data_parallel(trainer: SAETrainer[Any, Any], group: Any = None) -> SAETrainer[Any, Any]:
@@ -160,7 +167,7 @@ def data_parallel(trainer: SAETrainer[Any, Any], group: Any = None) -> SAETraine
         )
     _, world = rank_world(group)
     sae.to(trainer.cfg.device)
-    sae.global_batch = GlobalBatch.of(group)
+    sae.batch = GlobalBatch.of(group)
     ddp = DistributedDataParallel(
         _TrainingStep(sae), process_group=group, forward_sync_buffers=False
     )

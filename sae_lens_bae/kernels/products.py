@@ -1,4 +1,5 @@
-"""How the covariance penalty's tiles are multiplied (``covariance``): the co-occurrence counts
+"""Faster exact products for the covariance penalty's tiles (``saes.objective.tiled_penalty``),
+registered as a penalty path on import: the co-occurrence counts
 H^T H of 0/1 codes H [G, B, n] block by block (``gram``) and the codes times a block of signs
 (``left``), exactly, whichever way is fastest where they run:
 
@@ -13,7 +14,8 @@ H^T H of 0/1 codes H [G, B, n] block by block (``gram``) and the codes times a b
   (|cov| does not change when a channel is flipped): rho * B * n^2 additions instead of
   B * n^2 multiply-adds at density rho.
 
-``binary_products`` picks one for a set of codes.
+``binary_products`` picks one for a set of codes; :func:`penalty_path` hands that choice to the
+architecture's tiles.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from sae_lens_bae.saes.objective import DenseProducts as _PlainProducts
+from sae_lens_bae.saes.objective import tiled_penalty
 
 __all__ = [
     "CPU_INT8",
@@ -36,6 +41,7 @@ __all__ = [
     "binary_products",
     "cpu_int8_products",
     "integer_mm",
+    "penalty_path",
 ]
 
 
@@ -89,22 +95,12 @@ SPARSE_MIN_BLOCK = 256
 116 wide) are faster through batched matmuls."""
 
 
-class DenseProducts:
-    """The two products the tiles need, as batched matmuls of the codes x [G, B, n]."""
+class DenseProducts(_PlainProducts):
+    """The plain products, with 0/1 entries multiplied as bf16 with fp32 accumulation on CUDA
+    (``integer_mm``: exact, and several times faster than fp32)."""
 
-    int8_signs = True  # cached sign tiles: int8 (a quarter of the memory) convert on the fly
-    int32_results = False  # the products come in the work dtype
-
-    def __init__(self, x: Tensor, integer_entries: bool) -> None:
-        self.x, self.integer_entries = x, integer_entries
-
-    def gram(self, rows: slice, cols: slice) -> Tensor:
-        """x[:, :, rows]^T x[:, :, cols]: [G, rows, cols] (co-occurrence counts of 0/1 codes)."""
-        return _matmul(self.x[:, :, rows].transpose(1, 2), self.x[:, :, cols], self.integer_entries)
-
-    def left(self, rows: slice, matrix: Tensor) -> Tensor:
-        """x[:, :, rows] @ matrix: [G, B, cols]."""
-        return _matmul(self.x[:, :, rows], matrix, self.integer_entries)
+    def _mm(self, a: Tensor, b: Tensor) -> Tensor:
+        return integer_mm(a, b) if self.integer_entries else a @ b.to(a.dtype)
 
 
 class Int8Products:
@@ -116,6 +112,7 @@ class Int8Products:
 
     int8_signs = True
     int32_results = True
+    flips: Tensor | None = None
 
     def __init__(self, x: Tensor) -> None:
         self.x = x.to(torch.int8)
@@ -173,6 +170,7 @@ class SparseProducts:
 
     int8_signs = False  # embedding_bag reads its weights in the work dtype: no conversion
     int32_results = False
+    flips: Tensor | None = None  # +-1 per channel where the codes were flipped (1 - x)
 
     def __init__(self, x: Tensor, dtype: torch.dtype) -> None:
         self.x, self.dtype = x, dtype
@@ -272,5 +270,16 @@ def binary_products(
     return SparseProducts(x, dtype), x, rare_counts, signs
 
 
-def _matmul(a: Tensor, b: Tensor, integer_entries: bool) -> Tensor:
-    return integer_mm(a, b) if integer_entries else a @ b.to(a.dtype)
+def _choose(x: Tensor, counts: Tensor, dtype: torch.dtype, block: int) -> tuple[Products, Tensor]:
+    """``binary_products`` as ``tiled_penalty`` takes a choice: the products (carrying their
+    channel flips) and the counts of the codes they multiply."""
+    products, _, counts, flips = binary_products(x, counts, dtype, block)
+    products.flips = flips
+    return products, counts
+
+
+def penalty_path(
+    codes: Tensor, block: int | None, binary: bool | None, share: tuple[int, int], scale: float
+) -> Tensor:
+    """The architecture's tiles with the products ``binary_products`` picks (every device)."""
+    return tiled_penalty(codes, block, binary, share, scale, _choose)

@@ -1,0 +1,307 @@
+"""G BAEs of one config as one module: every weight and running buffer carries a leading stack
+dimension, and each BAE is initialised as ``train_sae`` initialises it with its seed. Entropy
+tracing needs dozens to hundreds of small BAEs (one per layer and position) on states of the
+same forward passes; stacked, they are one set of ``[G, ...]`` weights whose step is the
+architecture's (``saes.bae``: its input frame, objective, resampling and running mean code) with
+batched matmuls. ``unstack`` gives the G SAELens ``BAETrainingSAE`` objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.saes.binary import (
+    RUNNING_MEAN_BUFFERS,
+    apply_keeping_dtypes,
+    bits_to_values,
+    step,
+    update_running_mean,
+)
+from sae_lens_bae.saes.input_frame import (
+    INPUT_SCALE_BUFFER,
+    INPUT_SHIFT_BUFFER,
+    Frame,
+    fix_frame,
+    frame,
+    frame_factor,
+    module_frame,
+    register_input_frame,
+    unframe,
+)
+from sae_lens_bae.saes.objective import LOCAL_BATCH, bae_objective
+from sae_lens_bae.saes.resampling import Schedule, resample_window
+
+__all__ = ["StackedBAE"]
+
+_PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec")
+
+
+class _Rows(NamedTuple):
+    """The weights (and input frames) of the stack rows that train this step."""
+
+    W_enc: Tensor
+    b_enc: Tensor
+    W_dec: Tensor
+    b_dec: Tensor
+    frame: Frame | None
+
+
+def _affine(bias: Tensor, x: Tensor, weight: Tensor) -> Tensor:
+    """``x @ weight + bias`` for each member: one baddbmm."""
+    return torch.baddbmm(bias.unsqueeze(-2), x, weight)
+
+
+class StackedBAE(nn.Module):
+    """G BAEs with one config, stacked along a leading dimension of every weight, each
+    initialised as its seed's, or from ``init`` (BAEs of ``cfg``'s shape, one per seed).
+    ``batch``: the data-parallel seam, as ``BAETrainingSAE.batch``."""
+
+    batch: Any = LOCAL_BATCH
+
+    def __init__(
+        self,
+        cfg: BAETrainingSAEConfig,
+        seeds: Sequence[int],
+        init: Sequence[BAETrainingSAE] | None = None,
+    ) -> None:
+        super().__init__()
+        if cfg.normalize_activations != "none":
+            raise ValueError(
+                "StackedBAE trains on activations as given; normalise them beforehand "
+                f"(got normalize_activations={cfg.normalize_activations!r})"
+            )
+        self.cfg = cfg
+        self.schedule: Schedule | None = None  # resolved by the trainer, else on the first step
+        members = self._members(cfg, seeds, init)
+        for name in _PARAMS:
+            setattr(
+                self, name, nn.Parameter(torch.stack([getattr(m, name).detach() for m in members]))
+            )
+        self.register_buffer("code_mean", torch.stack([m.code_mean for m in members]))
+        self.register_buffer("code_mean_count", torch.zeros(()))
+        self.n_models = len(members)
+        register_input_frame(self, cfg.rescale_inputs_to, stack=len(members))
+        if cfg.rescale_inputs_to is not None:  # a member's own frame, if it has one set
+            self.input_scale.copy_(torch.stack([m.input_scale for m in members]))
+            self.input_shift.copy_(torch.stack([m.input_shift for m in members]))
+        if cfg.resample_every > 0:  # per BAE, as BAETrainingSAE keeps them
+            counts = torch.zeros(len(members), cfg.n_bits, dtype=torch.int64)
+            self.register_buffer("window_counts", counts)
+            self.register_buffer("window_samples", torch.zeros((), dtype=torch.int64))
+
+    @staticmethod
+    def _members(
+        cfg: BAETrainingSAEConfig, seeds: Sequence[int], init: Sequence[BAETrainingSAE] | None
+    ) -> list[BAETrainingSAE]:
+        """The BAEs to stack: ``init``, or each initialised as ``train_sae(seed=seed)`` does."""
+        if init is not None:
+            if len(init) != len(seeds):
+                raise ValueError(f"{len(seeds)} seeds but {len(init)} BAEs to start from")
+            return list(init)
+        members = []
+        for seed in seeds:
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                members.append(BAETrainingSAE(cfg))
+        return members
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> StackedBAE:
+        """As ``BAETrainingSAE``: a cast leaves the running mean codes and the frame in fp32."""
+        apply_keeping_dtypes(
+            lambda: super(StackedBAE, self)._apply(fn, recurse),
+            self._buffers,
+            (*RUNNING_MEAN_BUFFERS, INPUT_SCALE_BUFFER, INPUT_SHIFT_BUFFER),
+        )
+        return self
+
+    def _rows(self, members: Tensor | None) -> _Rows:
+        """The stack rows ``members`` (gradients flow back to them); all rows for None."""
+        input_frame = module_frame(self)
+        if members is None:
+            return _Rows(self.W_enc, self.b_enc, self.W_dec, self.b_dec, input_frame)
+        if input_frame is not None:
+            input_frame = (input_frame[0][members], input_frame[1][members])
+        weights = (getattr(self, name)[members] for name in _PARAMS)
+        return _Rows(*weights, input_frame)
+
+    def _check_shape(self, x: Tensor, members: Tensor | None) -> Tensor:
+        n = self.n_models if members is None else len(members)
+        if x.ndim != 3 or x.shape[0] != n or x.shape[-1] != self.cfg.d_in:
+            raise ValueError(
+                f"Expected activations of shape [{n}, batch, {self.cfg.d_in}], got {tuple(x.shape)}"
+            )
+        return x.to(self.W_enc.dtype)
+
+    def _encoder_inputs(self, rows: _Rows, x: Tensor) -> Tensor:
+        framed = frame(x, rows.frame)
+        return framed - rows.b_dec.unsqueeze(-2) if self.cfg.apply_b_dec_to_input else framed
+
+    def hidden_pre(
+        self, x: Float[Tensor, "G batch d_in"], members: Tensor | None = None
+    ) -> Float[Tensor, "G batch n_bits"]:
+        """Pre-activations of every BAE (or of the stack rows ``members``) on its own inputs."""
+        rows = self._rows(members)
+        return _affine(
+            rows.b_enc, self._encoder_inputs(rows, self._check_shape(x, members)), rows.W_enc
+        )
+
+    def decode(
+        self, bits: Float[Tensor, "G batch n_bits"], members: Tensor | None = None
+    ) -> Float[Tensor, "G batch d_in"]:
+        """Each BAE's reconstruction of its bits, in the inputs' units."""
+        rows = self._rows(members)
+        return unframe(
+            _affine(rows.b_dec, bits_to_values(bits, self.cfg.bits), rows.W_dec), rows.frame
+        )
+
+    def losses(
+        self,
+        x: Float[Tensor, "G batch d_in"],
+        n_training_steps: int,
+        members: Tensor | None = None,
+        covariance_off: Sequence[bool] | None = None,
+        resample: bool = True,
+    ) -> dict[str, Tensor]:
+        """One step of every BAE (or of the stack rows ``members``, ``x`` holding their
+        minibatches: the others cost nothing and get no gradient) at schedule step
+        ``n_training_steps``: the frame and resampling as a single BAE's step, then
+        ``bae_objective``'s terms (each of shape [G]) measured in each frame's units, then the
+        running mean codes and window counts. ``covariance_off``: per row of ``x``, True where
+        that BAE trains without the covariance term (its final phase after it converged).
+        ``resample``: False on a second step at the same ``n_training_steps`` (a held schedule)."""
+        schedule, n = self.schedule or self.cfg.schedule(), n_training_steps
+        self.schedule = schedule
+        x = self._check_shape(x, members)
+        self._before_step(x, n, schedule, members, resample)
+        rows = self._rows(members)
+        bits = step(
+            _affine(rows.b_enc, self._encoder_inputs(rows, x), rows.W_enc),
+            self.cfg.surrogate,
+            self.cfg.surrogate_temperature,
+        )
+        output = unframe(
+            _affine(rows.b_dec, bits_to_values(bits, self.cfg.bits), rows.W_dec), rows.frame
+        )
+        if rows.frame is not None:  # the reconstruction error in the frame's units
+            scale = frame_factor(rows.frame[0])[..., None, None]
+            x, output = x * scale, output * scale
+        no_member_pays = covariance_off is not None and all(covariance_off)  # then not computed
+        coefficients = self.cfg.coefficients()
+        terms = bae_objective(
+            x,
+            output,
+            bits,
+            entropy_coefficient=coefficients["entropy"],
+            covariance_coefficient=coefficients["covariance"]
+            * (schedule.covariance_on(n) and not no_member_pays),
+            entropy_on=schedule.entropy_on(n),
+            batch=self.batch,
+            covariance_off=None
+            if covariance_off is None
+            else torch.tensor(covariance_off, device=x.device),
+        )
+        self._record(
+            terms.pop("global_bits"),
+            terms.pop("batch_mean_code"),
+            members,
+            schedule.window_counted(n),
+        )
+        return terms
+
+    @torch.no_grad()
+    def _before_step(
+        self, x: Tensor, n: int, schedule: Schedule, members: Tensor | None, resample: bool
+    ) -> None:
+        """Each member's unset frame fixed on its (global) minibatch; at the end of a resampling
+        window, each member's constant bits resampled on it (``resample_window``)."""
+        input_frame = module_frame(self)
+        framing = input_frame is not None and (n == 0 or self.batch.world == 1)
+        resampling = resample and schedule.resamples_before(n)
+        if not (framing or resampling):
+            return
+        x = self.batch.gather(x)
+        if framing and input_frame is not None and self.cfg.rescale_inputs_to is not None:
+            rows = (
+                input_frame
+                if members is None
+                else (input_frame[0][members], input_frame[1][members])
+            )
+            fix_frame(rows, x, self.cfg.rescale_inputs_to)
+            if members is not None:  # an indexed copy: written back
+                input_frame[0][members], input_frame[1][members] = rows
+        if resampling:
+            self._resample(x, members)
+
+    def _resample(self, x: Tensor, members: Tensor | None) -> None:
+        rows = self._rows(members)
+        inputs = self._encoder_inputs(rows, x)
+        values = bits_to_values(step(_affine(rows.b_enc, inputs, rows.W_enc)), self.cfg.bits)
+        residuals = x - unframe(_affine(rows.b_dec, values, rows.W_dec), rows.frame)
+        if rows.frame is not None:  # decoder rows live in the frame's units
+            residuals = residuals * frame_factor(rows.frame[0])[..., None, None]
+        ids = range(self.n_models) if members is None else members.tolist()
+        samples = int(self.window_samples)
+        for i, g in enumerate(ids):
+            resample_window(
+                self.W_enc.data[g],
+                self.b_enc.data[g],
+                self.W_dec.data[g],
+                inputs[i],
+                residuals[i],
+                self.window_counts[g],
+                samples,
+                self.code_mean[g],
+                bits_per_feature=self.cfg.bits,
+            )
+        self.window_samples.zero_()
+
+    @torch.no_grad()
+    def _record(
+        self, codes: Tensor, mean_code: Tensor, members: Tensor | None, counting: bool
+    ) -> None:
+        """Each trained member's running mean code moves towards its minibatch's; inside a
+        resampling window its bits' firings are counted (the shared counts advance once)."""
+        rows = self.code_mean if members is None else self.code_mean[members]
+        update_running_mean(rows, self.code_mean_count, mean_code)
+        if members is not None:  # an indexed copy: written back
+            self.code_mean[members] = rows
+        if counting and self.cfg.resample_every > 0:
+            fired = codes.sum(-2, dtype=torch.int64)
+            if members is None:
+                self.window_counts += fired
+            else:
+                self.window_counts[members] += fired
+            self.window_samples += codes.shape[-2]
+
+    @torch.no_grad()
+    def clip_grad_norms_(self, max_norm: float = 1.0) -> Tensor:
+        """Clip each BAE's gradient to ``max_norm`` separately (as SAETrainer clips one BAE)."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        norms = torch.stack([g.flatten(1).pow(2).sum(1) for g in grads]).sum(0).sqrt()
+        scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(scale.view(-1, *([1] * (g.ndim - 1))))
+        return norms
+
+    def unstack(self) -> list[BAETrainingSAE]:
+        """The G BAEs as ordinary (SAELens) ``BAETrainingSAE`` objects."""
+        members = []
+        for g in range(self.n_models):
+            sae = BAETrainingSAE(self.cfg)
+            state = {name: getattr(self, name)[g] for name in _PARAMS}
+            state["code_mean"], state["code_mean_count"] = self.code_mean[g], self.code_mean_count
+            if self.cfg.rescale_inputs_to is not None:
+                state[INPUT_SCALE_BUFFER] = self.input_scale[g]
+                state[INPUT_SHIFT_BUFFER] = self.input_shift[g]
+            if self.cfg.resample_every > 0:
+                state["window_counts"] = self.window_counts[g]
+                state["window_samples"] = self.window_samples
+            sae.load_state_dict(state)
+            members.append(sae)
+        return members
