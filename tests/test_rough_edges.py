@@ -98,3 +98,18 @@ def test_records_keep_their_margins_through_a_save(tmp_path):
     loaded = FeatureRecords.load(tmp_path / "r.safetensors")
     assert loaded.margins is not None and torch.equal(loaded.margins, records.margins)
     assert (records.margins > 0).all()
+
+
+def test_a_hub_dataset_name_may_pick_a_configuration(monkeypatch):
+    """What the docs point users at: ``Salesforce/wikitext:wikitext-2-raw-v1`` is WikiText-2's
+    configuration of the hub dataset (asked of the hub, never here)."""
+    from sae_lens_bae import data
+
+    asked = []
+    monkeypatch.setattr(data, "load_dataset", lambda *a, **k: asked.append((a, k)) or [])
+    list(data.iter_texts("Salesforce/wikitext:wikitext-2-raw-v1", split="validation"))
+    list(data.iter_texts("stanfordnlp/sst2"))
+    assert asked == [
+        (("Salesforce/wikitext", "wikitext-2-raw-v1"), {"split": "validation", "streaming": True}),
+        (("stanfordnlp/sst2", None), {"split": "train", "streaming": True}),
+    ]
