@@ -161,7 +161,6 @@ def test_an_unreachable_hub_name_ends_in_one_line(monkeypatch):
         load_model("granite")  # not owner/name: never asks the hub
 
 
-@pytest.mark.slow
 def test_commands_end_to_end_on_the_bridge_only_model(tiny_hf_granite_dir, tiny_corpus, tmp_path):
     model, text = ["--model", str(tiny_hf_granite_dir)], ["--dataset", str(tiny_corpus)]
     quick = runner.invoke(app, ["quickstart", *model, *text, "--steps", "20",
@@ -186,6 +185,17 @@ def test_commands_end_to_end_on_the_bridge_only_model(tiny_hf_granite_dir, tiny_
     assert compare.exit_code == 0, compare.output
     rows = json.loads((tmp_path / "c" / "compare.json").read_text())["rows"]
     assert all(row["kl"] >= 0 for row in rows if row["split"] == "test")
+    records = tmp_path / "c" / "records" / "bae.safetensors"
+    site = runner.invoke(app, ["dashboard", "--records", str(records),
+                               "--sae", str(tmp_path / "c" / "models" / "bae"),
+                               "--out", str(tmp_path / "d")])  # fmt: skip
+    assert site.exit_code == 0, site.output  # the logit lens through the bridge's unembedding
+    assert "feature" in (tmp_path / "d" / "index.html").read_text()
+    train = runner.invoke(app, ["train", *model, *text, "--context-size", "32",
+                                "--training-tokens", "256", "--batch-size", "128",
+                                "--checkpoints", "0", "--out", str(tmp_path / "t")])  # fmt: skip
+    assert train.exit_code == 0, train.output  # SAELens' runner on the booted bridge
+    assert json.loads((tmp_path / "t" / "cfg.json").read_text())["d_in"] == 32
 
 
 @pytest.mark.skipif(not STORIES.is_dir(), reason=f"needs {STORIES} (../shared, not in a clone)")
