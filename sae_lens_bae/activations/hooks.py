@@ -1,4 +1,6 @@
-"""Hook-point names of a HookedTransformer: checked before any work, and the layer they sit in."""
+"""Hook-point names of a TransformerLens model (a ``HookedTransformer`` or a ``TransformerBridge``
+in compatibility mode, which carry the same names): checked before any work, and the layer they
+sit in."""
 
 from __future__ import annotations
 
@@ -8,7 +10,15 @@ from collections.abc import Sequence
 import torch
 from transformer_lens import HookedTransformer
 
-__all__ = ["check_hooks", "check_layers", "hook_point", "hook_width", "layer_of", "stop_layer"]
+__all__ = [
+    "check_hooks",
+    "check_layers",
+    "hook_point",
+    "hook_width",
+    "layer_of",
+    "stop_layer",
+    "unembeds_residual",
+]
 
 
 def check_hooks(model: HookedTransformer, hooks: Sequence[str]) -> None:
@@ -73,3 +83,12 @@ def hook_width(model: HookedTransformer, hook: str) -> int:
         one, names_filter=[hook], prepend_bos=False, stop_at_layer=stop_layer([hook])
     )
     return cache[hook].shape[-1]
+
+
+def unembeds_residual(model: object) -> bool:
+    """Whether ``model`` is TransformerLens' own implementation (a ``HookedTransformer``): a
+    forward pass can start at a block, and its logits are ``ln_final(resid) @ W_U + b_U`` of the
+    last block's residual. A ``TransformerBridge`` runs the Hugging Face model's own forward pass,
+    from the tokens to its head's logits (which may rescale them, as Granite's
+    ``logits_scaling`` does)."""
+    return isinstance(model, HookedTransformer)

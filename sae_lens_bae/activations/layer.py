@@ -18,7 +18,7 @@ from torch import Tensor
 
 from sae_lens_bae.activations.cache import harvest_activations
 from sae_lens_bae.activations.hooks import check_hooks, hook_point, layer_of
-from sae_lens_bae.data import default_corpus, load_token_dataset
+from sae_lens_bae.data import default_corpus, iter_texts, tokenize_texts
 from sae_lens_bae.models import load_model
 
 __all__ = [
@@ -129,6 +129,8 @@ def harvest_layer(
     out, for an out-of-distribution test set."""
     if not 0.0 < held_out_fraction < 1.0:
         raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
+    source = dataset if dataset is not None else str(default_corpus())
+    texts = iter_texts(source, text_column=text_column)  # a missing path fails before the model
     model = load_model(model_name, device=device)
     if like is None:
         hook = hook_point(model, hook, layer)
@@ -136,10 +138,7 @@ def harvest_layer(
     else:
         hook, hooks = like.hook, list(like.scales)
     check_hooks(model, hooks)
-    source = dataset if dataset is not None else str(default_corpus())
-    tokens = load_token_dataset(
-        source, model.tokenizer, context_size, text_column=text_column, max_sequences=max_sequences
-    )
+    tokens = tokenize_texts(texts, model.tokenizer, context_size, max_sequences=max_sequences)
     cache = harvest_activations(
         model, tokens, hooks, Path(out_dir), batch_size=8, progress=progress
     )

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -18,7 +20,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from sae_lens_bae.activations.hooks import check_hooks, stop_layer
+from sae_lens_bae.activations.hooks import check_hooks, stop_layer, unembeds_residual
 from sae_lens_bae.reports import read_torch, write_torch
 
 __all__ = ["gather_states", "prompt_states"]
@@ -43,9 +45,10 @@ def gather_states(
     file of another call.
 
     Rows may be right-padded with any token: in a causal model the state at position p depends on
-    tokens 0..p only, so gathering each row's own positions is exact. Logits are computed from the
-    gathered final residual only (never a [batch, ctx, vocab] tensor). States come back in float32
-    on the CPU. NaN/Inf states stop with an error naming the rows.
+    tokens 0..p only, so gathering each row's own positions is exact. A HookedTransformer's
+    logits are computed from the gathered final residual only (never a [batch, ctx, vocab]
+    tensor); a bridge's are read from its whole forward pass. States come back in float32 on the
+    CPU. NaN/Inf states stop with an error naming the rows.
     """
     hooks = list(dict.fromkeys(hooks))
     check_hooks(model, hooks)
@@ -112,39 +115,52 @@ def _gather(
             f"positions must lie in [0, {tokens.shape[1] - 1}] (the rows' length); got "
             f"{int(positions.min())}..{int(positions.max())}"
         )
-    stop_at = stop_layer(wanted)
-    gathered: dict[str, list[Tensor]] = {h: [] for h in wanted}
-    logits_parts: list[Tensor] = []
     ids = None
     if logit_tokens is not None:
         ids = torch.as_tensor(list(logit_tokens), dtype=torch.long, device=model.cfg.device)
+    # a bridge's logits come from its own head: the whole forward pass runs
+    stop_at = stop_layer(wanted) if ids is None or unembeds_residual(model) else None
+    gathered: dict[str, list[Tensor]] = {h: [] for h in wanted}
+    logits_parts: list[Tensor] = []
     for start in tqdm(
         range(0, tokens.shape[0], batch_size), desc=desc, unit="batch", disable=not progress
     ):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
         index = positions[start : start + batch_size].to(model.cfg.device)
 
-        def keep(act: Tensor, hook, index=index, start=start) -> None:
+        # the name each hook was asked for: a bridge's hook point answers to its canonical name
+        def keep(act: Tensor, hook: Any, name: str, index=index, start=start) -> None:  # noqa: ARG001
             rows = torch.gather(act, 1, index[..., None].expand(-1, -1, act.shape[-1]))
             if not torch.isfinite(rows).all():
                 raise ValueError(
-                    f"NaN/Inf hidden states at {hook.name} in rows {start}..{start + len(rows) - 1}"
+                    f"NaN/Inf hidden states at {name} in rows {start}..{start + len(rows) - 1}"
                 )
-            gathered[hook.name].append(rows.float().cpu())
+            gathered[name].append(rows.float().cpu())
 
-        model.run_with_hooks(
+        output = model.run_with_hooks(
             batch,
-            fwd_hooks=[(h, keep) for h in wanted],
+            fwd_hooks=[(h, partial(keep, name=h)) for h in wanted],
             stop_at_layer=stop_at,
             prepend_bos=False,
         )
         if ids is not None:
-            resid = gathered[final][-1].to(model.cfg.device, model.cfg.dtype)
-            normalised = model.ln_final(resid)
-            logits = normalised @ model.W_U[:, ids] + model.b_U[ids]
+            logits = _label_logits(model, output, gathered[final][-1], index, ids)
             logits_parts.append(logits.float().cpu())
     states = {h: torch.cat(gathered[h]) for h in hooks}
     return states, None if ids is None else torch.cat(logits_parts)
+
+
+def _label_logits(
+    model: Any, output: Tensor, final_rows: Tensor, index: Tensor, ids: Tensor
+) -> Tensor:
+    """The ``ids`` logits at the gathered positions: from the final residual rows where the
+    model's logits are ``ln_final(resid) @ W_U + b_U`` (a HookedTransformer), else from the
+    forward pass's own logits."""
+    if unembeds_residual(model):
+        resid = final_rows.to(model.cfg.device, model.cfg.dtype)
+        return model.ln_final(resid) @ model.W_U[:, ids] + model.b_U[ids]
+    rows = torch.arange(output.shape[0], device=output.device)[:, None]
+    return output[rows, index][..., ids]
 
 
 def prompt_states(

@@ -15,7 +15,7 @@ from sae_lens_bae.checks import check_ranges, existing, ranged
 from sae_lens_bae.comsem.client import ClientConfig
 from sae_lens_bae.comsem.estimate import estimate_run
 from sae_lens_bae.comsem.pipeline import ComSemConfig, comsem
-from sae_lens_bae.data import load_token_dataset
+from sae_lens_bae.data import iter_texts, tokenize_texts
 from sae_lens_bae.features.records import FeatureRecords, records_from_text
 from sae_lens_bae.models import load_model, load_tokenizer
 from sae_lens_bae.saes.loading import load_sae
@@ -101,11 +101,10 @@ def records_from_sae(cfg: InterpretConfig) -> FeatureRecords:
     name = cfg.model or sae.cfg.metadata.model_name or "smollm2-135m"
     if hook is None:
         raise ValueError("this SAE does not name its hook point: pass --hook")
+    texts = iter_texts(cfg.dataset)  # a missing path fails before the model loads
     model = load_model(name)
     hook = hook_point(model, hook, cfg.layer)
-    tokens = load_token_dataset(
-        cfg.dataset, model.tokenizer, cfg.context_size, max_sequences=cfg.sentences
-    )
+    tokens = tokenize_texts(texts, model.tokenizer, cfg.context_size, max_sequences=cfg.sentences)
     records = records_from_text(
         model,
         sae,

@@ -28,7 +28,7 @@ from sae_lens_bae.activations.cache import ActivationCache
 from sae_lens_bae.activations.hooks import hook_point
 from sae_lens_bae.activations.states import gather_states
 from sae_lens_bae.checks import check_ranges, existing, ranged
-from sae_lens_bae.data import default_corpus, load_token_dataset, token_rows
+from sae_lens_bae.data import default_corpus, iter_texts, token_rows, tokenize_texts
 from sae_lens_bae.entropy.cells import estimate_entropies
 from sae_lens_bae.entropy.recipe import EntropyRecipe
 from sae_lens_bae.entropy.tables import cell_columns, reliability_note
@@ -128,17 +128,12 @@ def _read(path: Path) -> dict[str | None, Any]:
 def harvest_state_sets(cfg: EstimateConfig, progress: bool = True) -> dict[str, Tensor]:
     """The sets ``cfg`` asks a model for: its hook point's states over the dataset's sequences,
     every position after BOS as one set, or one set per position of ``cfg.positions``."""
+    source = cfg.dataset if cfg.dataset is not None else str(default_corpus())
+    texts = iter_texts(source, text_column=cfg.text_column)  # a missing path fails before the model
     model = load_model(cfg.model, device=cfg.device)
     hook = hook_point(model, cfg.hook, cfg.layer)
-    source = cfg.dataset if cfg.dataset is not None else str(default_corpus())
     tokens = token_rows(
-        load_token_dataset(
-            source,
-            model.tokenizer,
-            cfg.context_size,
-            text_column=cfg.text_column,
-            max_sequences=cfg.max_sequences,
-        )
+        tokenize_texts(texts, model.tokenizer, cfg.context_size, max_sequences=cfg.max_sequences)
     )
     wanted = list(cfg.positions) if cfg.positions else list(range(1, tokens.shape[1]))
     positions = torch.tensor(wanted).expand(tokens.shape[0], -1)

@@ -128,11 +128,12 @@ def run(cfg: PositionTracingConfig, progress: bool = True) -> dict[str, Any]:
     ``positions.png`` to ``cfg.out``; returns the JSON summary."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)  # before any work: an unusable folder fails now
+    source = cfg.dataset if cfg.dataset is not None else default_corpus()
+    texts = iter_texts(source, text_column=cfg.text_column)  # a missing path fails before the model
     model = load_model(cfg.model, device=cfg.device)
     check_layers(model, cfg.layers)
-    source = cfg.dataset if cfg.dataset is not None else default_corpus()
     tokens = document_windows(
-        iter_texts(source, text_column=cfg.text_column),
+        texts,
         model.tokenizer,
         2**cfg.max_log2_position,
         max_sequences=cfg.n_sequences,

@@ -29,6 +29,7 @@ __all__ = [
     "FeatureRecords",
     "Magnitude",
     "feature_magnitudes",
+    "pre_activation_margins",
     "records_from_text",
     "top_k_records",
 ]
@@ -47,7 +48,9 @@ class FeatureRecords:
     ``off_tokens[f]``: a uniform sample of tokens on which feature f is off, drawn from the full
     codes while the records were made (-1 pads); the detection score's negatives come from it,
     since top-k records alone rarely prove a feature off (a BAE has hundreds of bits in their
-    rare state on every token, far more than k).
+    rare state on every token, far more than k). ``margins[i]``: for burstiness records, each
+    record's pre-activation margin, |pre-activation| of the code bit (how far it is from
+    flipping): the order of records whose burstiness ties.
     """
 
     features: Int[Tensor, "n k"]
@@ -59,6 +62,7 @@ class FeatureRecords:
     sequences: Int[Tensor, "n_seq ctx"] | None = None  # token rows, to show a sample in context
     info: dict[str, str] = field(default_factory=dict)  # where they come from: model, hook, ...
     off_tokens: Int[Tensor, "d_sae m"] | None = None
+    margins: Float[Tensor, "n k"] | None = None
 
     def context(self, index: int, tokenizer: Any, before: int = 24, after: int = 4) -> str:
         """Text around token ``index`` with the token itself marked as <<token>>."""
@@ -90,6 +94,8 @@ class FeatureRecords:
             tensors["sequences"] = self.sequences.contiguous()
         if self.off_tokens is not None:
             tensors["off_tokens"] = self.off_tokens.contiguous()
+        if self.margins is not None:
+            tensors["margins"] = self.margins.contiguous()
         meta = {
             "d_sae": str(self.d_sae),
             "magnitude": self.magnitude,
@@ -129,6 +135,7 @@ class FeatureRecords:
             sequences=tensors.get("sequences"),
             info=json.loads(meta.get("info", "{}")),
             off_tokens=tensors.get("off_tokens"),
+            margins=tensors.get("margins"),
         )
 
     def counts(self) -> Int[Tensor, " d_sae"]:
@@ -167,7 +174,9 @@ class FeatureRecords:
 
         Ties are common: a BAE bit's burstiness takes one value wherever it fires. With ``seed``
         tied tokens come in a seeded random order (so a feature's first records are not simply
-        the first tokens of the data, often one passage); without, in data order.
+        the first tokens of the data, often one passage); without, by their pre-activation margin
+        (the bit farthest from flipping first) where the records hold margins, else in data
+        order.
         """
         if not 0 <= feature < self.d_sae:
             raise IndexError(f"feature {feature} outside 0..{self.d_sae - 1}")
@@ -176,6 +185,9 @@ class FeatureRecords:
         if seed is not None:
             shuffle = torch.randperm(rows.numel(), generator=torch.Generator().manual_seed(seed))
             rows, values = rows[shuffle], values[shuffle]
+        elif self.margins is not None:
+            by_margin = torch.argsort(self.margins[rows, slots], descending=True, stable=True)
+            rows, values = rows[by_margin], values[by_margin]
         order = torch.argsort(values, descending=True, stable=True)[:limit]
         return [(int(rows[i]), float(values[i])) for i in order]
 
@@ -267,7 +279,7 @@ def top_k_records(
             f"{token_ids.shape[0]} token ids; pass those of the same rows"
         )
     rows_of = feature_magnitudes(sae, activations, magnitude, prior=prior, batch_size=batch_size)
-    features, magnitudes = [], []
+    features, magnitudes, margins = [], [], []
     width = 0
     generator = torch.Generator().manual_seed(seed)
     off_keys = off_rows = None  # the off_samples largest random keys per feature, and their rows
@@ -290,6 +302,10 @@ def top_k_records(
         top_features = top_features.masked_fill(top_values == float("-inf"), -1)
         features.append(top_features.cpu())
         magnitudes.append(top_values.cpu())
+        # SAELens' BAEs expose their pre-activations; a bare encoder of bits does not
+        if magnitude == "burstiness" and hasattr(sae, "hook_sae_acts_pre"):
+            rows_margins = pre_activation_margins(sae, activations[start : start + values.shape[0]])
+            margins.append(rows_margins.gather(-1, top_features.clamp_min(0)).cpu())
     off_tokens = None
     if off_keys is not None and off_rows is not None:
         off_tokens = off_rows.masked_fill(off_keys < 0, -1).T.contiguous()
@@ -302,7 +318,21 @@ def top_k_records(
         magnitude=magnitude,
         sequences=sequences,
         off_tokens=off_tokens,
+        margins=torch.cat(margins) if margins else None,
     )
+
+
+@torch.no_grad()
+def pre_activation_margins(sae: Any, x: Float[Tensor, "n d_in"]) -> Float[Tensor, "n n_bits"]:
+    """|pre-activation| of every code bit of a BAE on ``x``: how far each bit is from flipping
+    (a bit is 1 where its pre-activation is >= 0), read at SAELens' ``hook_sae_acts_pre``."""
+    seen: list[Tensor] = []
+    handle = sae.hook_sae_acts_pre.register_forward_hook(lambda *args: seen.append(args[-1]))
+    try:
+        sae.encode_bits(x)
+    finally:
+        handle.remove()
+    return seen[-1].abs()
 
 
 def records_from_text(

@@ -13,7 +13,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from sae_lens_bae.activations.hooks import check_hooks, layer_of
+from sae_lens_bae.activations.hooks import check_hooks, layer_of, unembeds_residual
 from sae_lens_bae.steering.hooks import steering_hook
 
 __all__ = ["SteeredClassifier", "label_accuracy"]
@@ -51,9 +51,11 @@ def label_accuracy(
 
 class SteeredClassifier:
     """``label_accuracy`` for many (vector, strength) pairs on the same prompts, steering a hook
-    of block ``layer``: the residual stream entering that block is computed once, and each
-    evaluation runs only blocks ``layer``.. with the steering hook, and reads the label-word
-    logits at the last tokens (never the whole vocabulary)."""
+    of block ``layer``. On a ``HookedTransformer`` the residual stream entering that block is
+    computed once, and each evaluation runs only blocks ``layer``.. with the steering hook, and
+    reads the label-word logits at the last tokens (never the whole vocabulary). A
+    ``TransformerBridge`` cannot start a forward pass at a block: each evaluation runs the whole
+    model, as ``label_accuracy`` does."""
 
     @torch.no_grad()
     def __init__(
@@ -72,28 +74,38 @@ class SteeredClassifier:
             raise ValueError(f"{hook_name} is not inside a block (blocks.L....)")
         self.model, self.layer, self.hook_name, self.truth = model, layer, hook_name, truth
         self.ids = torch.as_tensor(list(label_ids), device=model.cfg.device)
-        self.batches = []
+        self.resumes = unembeds_residual(model)
+        self.batches = []  # (the residual entering block ``layer``, or the tokens; last tokens)
         for start in range(0, tokens.shape[0], batch_size):
             batch = tokens[start : start + batch_size].to(model.cfg.device)
-            resid = model(batch, stop_at_layer=layer, prepend_bos=False)
-            self.batches.append((resid, last[start : start + batch_size].to(model.cfg.device)))
+            if self.resumes:
+                batch = model(batch, stop_at_layer=layer, prepend_bos=False)
+            self.batches.append((batch, last[start : start + batch_size].to(model.cfg.device)))
 
     @torch.no_grad()
     def accuracy(self, vector: Float[Tensor, " d"] | None = None, strength: float = 0.0) -> float:
-        model, correct, seen = self.model, 0, 0
-        for resid, rows_last in self.batches:
+        correct, seen = 0, 0
+        for inputs, rows_last in self.batches:
             hooks = []
             if vector is not None and strength != 0.0:
                 hooks = [(self.hook_name, steering_hook(vector, strength, positions=rows_last))]
-            final = model.run_with_hooks(
-                resid.clone(),
-                start_at_layer=self.layer,
-                stop_at_layer=model.cfg.n_layers,
-                fwd_hooks=hooks,
-            )
-            at_last = model.ln_final(final[torch.arange(final.shape[0]), rows_last])
-            logits = at_last @ model.W_U[:, self.ids] + model.b_U[self.ids]
-            truth = self.truth[seen : seen + final.shape[0]]
+            logits = self._label_logits(inputs, rows_last, hooks)
+            truth = self.truth[seen : seen + logits.shape[0]]
             correct += int((logits.argmax(-1).cpu() == truth).sum())
-            seen += final.shape[0]
+            seen += logits.shape[0]
         return correct / seen
+
+    def _label_logits(self, inputs: Tensor, rows_last: Tensor, hooks: list) -> Tensor:
+        """The label words' logits at each prompt's last token, with ``hooks`` on."""
+        model, at = self.model, torch.arange(inputs.shape[0])
+        if not self.resumes:
+            logits = model.run_with_hooks(inputs, fwd_hooks=hooks, prepend_bos=False)
+            return logits[at, rows_last][:, self.ids]
+        final = model.run_with_hooks(
+            inputs.clone(),
+            start_at_layer=self.layer,
+            stop_at_layer=model.cfg.n_layers,
+            fwd_hooks=hooks,
+        )
+        at_last = model.ln_final(final[at, rows_last])
+        return at_last @ model.W_U[:, self.ids] + model.b_U[self.ids]

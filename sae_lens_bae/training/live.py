@@ -9,8 +9,11 @@ Activations come from the model's forward passes as training goes (SAELens'
 
 from __future__ import annotations
 
+import logging
 import os
 import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -18,13 +21,14 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner, LoggingConfig
+from sae_lens import logger as sae_lens_logger
 from sae_lens.saes.sae import SAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
 
 from sae_lens_bae.activations.hooks import hook_point, hook_width
 from sae_lens_bae.activations.store import ResumableActivationsStore
 from sae_lens_bae.checks import check_ranges, ranged
-from sae_lens_bae.data import load_token_dataset
+from sae_lens_bae.data import iter_texts, tokenize_texts
 from sae_lens_bae.models import load_model
 from sae_lens_bae.parallel.distributed import data_parallel, is_distributed, rank_world
 from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, RecipeName, bae_config
@@ -230,11 +234,10 @@ def train_live(cfg: LiveTrainingConfig, progress: bool = True) -> Path:  # noqa:
 
 def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
     rank, world = rank_world() if cfg.distributed else (0, 1)
+    texts = iter_texts(cfg.dataset, text_column=cfg.text_column)  # a missing path fails first
     model = load_model(cfg.model, device=device)
     hook = hook_point(model, cfg.hook, cfg.layer)
-    tokens = load_token_dataset(
-        cfg.dataset, model.tokenizer, cfg.context_size, text_column=cfg.text_column
-    )
+    tokens = tokenize_texts(texts, model.tokenizer, cfg.context_size)
     d_in = hook_width(model, hook)
     if world > 1:  # every rank reads its own contiguous shard of the sequences
         tokens = tokens.shard(num_shards=world, index=rank, contiguous=True)
@@ -253,7 +256,41 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         normalize_activations=cfg.normalize_activations,
         **chosen,
     )
-    runner_cfg = LanguageModelSAERunnerConfig(
+    runner_cfg = _runner_config(cfg, sae_cfg, hook, device, rank)
+    if world > 1:  # SAELens appends a random run id: take rank 0's
+        shared = [runner_cfg.checkpoint_path]
+        dist.broadcast_object_list(shared, src=0)
+        runner_cfg.checkpoint_path = shared[0]
+    if cfg.resume is not None:
+        checkpoint = latest_checkpoint(cfg.resume)
+        check_resumable(
+            checkpoint,
+            {"world_size": world},
+            rank_streams="a live run resumes on the ranks' own activation streams",
+            model=sae_cfg.to_dict(),
+        )
+        check_checkpoint_files(checkpoint)
+        runner_cfg.resume_from_checkpoint = str(checkpoint)
+        if rank == 0:
+            print(f"Resuming from {checkpoint}")
+    with torch.random.fork_rng(), _overrides_set_on_purpose():
+        torch.manual_seed(cfg.seed)  # the BAE's initial weights follow the seed
+        runner = BAETrainingRunner(
+            runner_cfg, distributed=cfg.distributed, override_dataset=tokens, override_model=model
+        )
+    runner.run()
+    if rank == 0:
+        print(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")
+    return out
+
+
+def _runner_config(
+    cfg: LiveTrainingConfig, sae_cfg: Any, hook: str, device: str, rank: int
+) -> LanguageModelSAERunnerConfig[Any]:
+    """SAELens' runner config of this run: the tokenised rows and the loaded model come as the
+    runner's overrides, so its dataset and model fields only name them."""
+    out = Path(cfg.out)
+    return LanguageModelSAERunnerConfig(
         sae=sae_cfg,
         model_name=str(cfg.model),
         hook_name=hook,
@@ -274,28 +311,24 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         compile_sae=cfg.compiles,
         sae_compilation_mode=cfg.compile_mode,
     )
-    if world > 1:  # SAELens appends a random run id: take rank 0's
-        shared = [runner_cfg.checkpoint_path]
-        dist.broadcast_object_list(shared, src=0)
-        runner_cfg.checkpoint_path = shared[0]
-    if cfg.resume is not None:
-        checkpoint = latest_checkpoint(cfg.resume)
-        check_resumable(
-            checkpoint,
-            {"world_size": world},
-            rank_streams="a live run resumes on the ranks' own activation streams",
-            model=sae_cfg.to_dict(),
-        )
-        check_checkpoint_files(checkpoint)
-        runner_cfg.resume_from_checkpoint = str(checkpoint)
-        if rank == 0:
-            print(f"Resuming from {checkpoint}")
-    with torch.random.fork_rng():  # the BAE's initial weights follow the seed
-        torch.manual_seed(cfg.seed)
-        runner = BAETrainingRunner(
-            runner_cfg, distributed=cfg.distributed, override_dataset=tokens, override_model=model
-        )
-    runner.run()
-    if rank == 0:
-        print(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")
-    return out
+
+
+class _NotReproducibleNote(logging.Filter):
+    """Drops SAELens' warning that an ``override_dataset`` / ``override_model`` makes a run "not
+    reproducible via configuration alone": ``bae train`` passes both on purpose, built from its
+    own config (``--dataset``, ``--model``), which the saved run records; the warning would only
+    repeat on every run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "not be reproducible via configuration alone" not in record.getMessage()
+
+
+@contextmanager
+def _overrides_set_on_purpose() -> Iterator[None]:
+    """SAELens' runner built without its override warnings (``_NotReproducibleNote``)."""
+    note = _NotReproducibleNote()
+    sae_lens_logger.addFilter(note)
+    try:
+        yield
+    finally:
+        sae_lens_logger.removeFilter(note)
