@@ -79,62 +79,59 @@ def plot_training_curves(
     return save_figure(fig, path)
 
 
-def _log_frequency_bins(firing_rates: Mapping[str, Tensor]) -> np.ndarray:
+def _log_frequency_bins(frequencies: Mapping[str, Tensor]) -> np.ndarray:
     floor = min(
-        (float(r[r > 0].min()) for r in firing_rates.values() if (r > 0).any()), default=1e-6
+        (float(r[r > 0].min()) for r in frequencies.values() if (r > 0).any()), default=1e-6
     )
     return np.linspace(np.log10(floor) - 0.1, 0.0, 50)
 
 
-def _firing_histogram(
-    ax: Any, firing_rates: Mapping[str, Tensor], bins: np.ndarray, dense_threshold: float = 0.5
-) -> None:
-    for name, rates in firing_rates.items():
-        rates = rates.detach().float().cpu().numpy()
-        alive = rates[rates > 0]
-        dead = int((rates == 0).sum())
-        dense = int((rates > dense_threshold).sum())
+def _firing_histogram(ax: Any, frequencies: Mapping[str, Tensor], bins: np.ndarray) -> None:
+    from sae_lens_bae.features.statistics import DENSE_FREQUENCY, frequency_counts
+
+    for name, frequency in frequencies.items():
+        counts = frequency_counts(frequency)  # the counts every table reports
+        values = frequency.detach().float().cpu().numpy()
         ax.hist(
-            np.log10(alive),
+            np.log10(values[values > 0]),
             bins=bins,
             alpha=0.55,
-            label=f"{name} ({len(rates)} features, {dead} dead, {dense} dense)",
+            label=f"{name} ({counts['channels']} features, {counts['dead']} dead, "
+            f"{counts['dense']} dense)",
         )
-    ax.axvline(np.log10(dense_threshold), color="k", linestyle=":", linewidth=1)
+    ax.axvline(np.log10(DENSE_FREQUENCY), color="k", linestyle=":", linewidth=1)
     ax.set(xlabel="log10 firing frequency on held-out tokens", ylabel="features")
     ax.legend(fontsize=7)
 
 
 def plot_firing_frequencies(
-    firing_rates: Mapping[str, Tensor], path: str | Path, title: str = ""
+    frequencies: Mapping[str, Tensor], path: str | Path, title: str = ""
 ) -> Path:
-    """Histogram of log10 feature firing frequency per model; dead features counted apart."""
+    """Histogram of log10 firing frequency per model (``features.statistics.firing_frequency``:
+    an SAE latent that fires, a BAE bit in its rare state), its dead and dense features (dotted:
+    the dense threshold) counted in the legend as every table counts them: the paper's
+    feature-density figure."""
     fig, ax = subplots(figsize=(7, 4))
-    _firing_histogram(ax, firing_rates, _log_frequency_bins(firing_rates))
+    _firing_histogram(ax, frequencies, _log_frequency_bins(frequencies))
     ax.set_title(title or "Feature firing frequency")
     return save_figure(fig, path)
 
 
 def plot_firing_frequency_grid(
-    firing_rates: Mapping[str, Tensor],
-    path: str | Path,
-    reference: str = "bae",
-    dense_threshold: float = 0.5,
-    title: str = "",
+    frequencies: Mapping[str, Tensor], path: str | Path, reference: str = "bae", title: str = ""
 ) -> Path:
-    """One panel per baseline: its firing-frequency histogram over the reference model's."""
-    others = [name for name in firing_rates if name != reference]
-    if reference not in firing_rates or not others:
+    """One panel per other model: its firing-frequency histogram over the reference model's."""
+    others = [name for name in frequencies if name != reference]
+    if reference not in frequencies or not others:
         raise ValueError(
-            f"Need {reference!r} and at least one other model; got {list(firing_rates)}"
+            f"Need {reference!r} and at least one other model; got {list(frequencies)}"
         )
     columns = min(3, len(others))
     rows = -(-len(others) // columns)
     fig, axes = subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
-    bins = _log_frequency_bins(firing_rates)
+    bins = _log_frequency_bins(frequencies)
     for ax, name in zip(axes.flat, others, strict=False):
-        pair = {reference: firing_rates[reference], name: firing_rates[name]}
-        _firing_histogram(ax, pair, bins, dense_threshold)
+        _firing_histogram(ax, {reference: frequencies[reference], name: frequencies[name]}, bins)
         ax.set_title(f"{reference} vs {name}", fontsize=9)
     for ax in list(axes.flat)[len(others) :]:
         ax.axis("off")
