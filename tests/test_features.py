@@ -96,7 +96,7 @@ def test_top_k_records_keep_only_active_features_best_first():
     assert shuffled == [i for i, _ in tied.samples(0, limit=5, seed=1)] != [0, 1, 2, 3, 4]
     assert records.samples(1, seed=3) == [(0, 5.0), (2, 4.0)]  # no ties: by magnitude
     # z-scored per channel: channel 2 (small values, rare) now outranks channel 1 on token 2
-    rescaled = top_k_records(FixedSAE(4), acts, positions, torch.arange(4), "rescaled", k=1)
+    rescaled = top_k_records(FixedLatents(4), acts, positions, torch.arange(4), "rescaled", k=1)
     raw_mean, raw_std = acts[:, 2].mean(), acts[:, 2].std(unbiased=False)
     assert rescaled.magnitudes[0, 0].item() == pytest.approx(((1.0 - raw_mean) / raw_std).item())
     assert rescaled.features[0, 0].item() == 2

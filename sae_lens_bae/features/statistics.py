@@ -22,10 +22,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.evaluation import evaluate_sae
+from sae_lens_bae.features.activity import channel_activity, rarity
 from sae_lens_bae.features.burstiness import code_prior
 from sae_lens_bae.features.records import FeatureRecords
 from sae_lens_bae.saes.resampling import CONSTANT_RARITY
@@ -47,24 +48,6 @@ TABLE_1_MIN_RECORDS = 8
 DENSE_FREQUENCY = 0.1
 """A channel active on more than this fraction of tokens is dense (the dense-latent threshold of
 the SAE literature; a BAE bit's rarity is at most 1/2, so 1/2 could never count one)."""
-
-
-def rarity(p: Float[Tensor, " bits"]) -> Float[Tensor, " bits"]:
-    """A bit's firing frequency from its mean code p: the frequency of its rare state."""
-    return torch.minimum(p, 1.0 - p)
-
-
-@torch.no_grad()
-def channel_activity(
-    sae: Any, x: Float[Tensor, "n d_in"], majority: Bool[Tensor, " bits"] | None = None
-) -> Bool[Tensor, "n channels"]:
-    """Which channels are active on each row of ``x``: an SAE latent that fires; a BAE bit whose
-    bit differs from ``majority`` (its usual value, ``mean code > 1/2`` on the tokens read)."""
-    if hasattr(sae, "encode_bits"):
-        if majority is None:
-            raise ValueError("a BAE's activity needs each bit's usual value (majority=p > 0.5)")
-        return (sae.encode_bits(x) > 0) != majority.to(x.device)
-    return sae.encode(x) != 0
 
 
 @torch.no_grad()
