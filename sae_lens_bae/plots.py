@@ -23,7 +23,6 @@ __all__ = [
     "plot_comsem_scores",
     "plot_entropy_curves",
     "plot_firing_frequencies",
-    "plot_firing_frequency_grid",
     "plot_magnitude_heatmaps",
     "plot_training_curves",
     "save_figure",
@@ -86,57 +85,44 @@ def _log_frequency_bins(frequencies: Mapping[str, Tensor]) -> np.ndarray:
     return np.linspace(np.log10(floor) - 0.1, 0.0, 50)
 
 
-def _firing_histogram(ax: Any, frequencies: Mapping[str, Tensor], bins: np.ndarray) -> None:
-    from sae_lens_bae.features.statistics import DENSE_FREQUENCY, frequency_counts
-
+def _firing_histogram(
+    ax: Any,
+    frequencies: Mapping[str, Tensor],
+    bins: np.ndarray,
+    counts: Mapping[str, Mapping[str, Any]],
+    dense_threshold: float,
+) -> None:
     for name, frequency in frequencies.items():
-        counts = frequency_counts(frequency)  # the counts every table reports
         values = frequency.detach().float().cpu().numpy()
+        held = counts[name]  # the caller's features.statistics.frequency_counts: every table's
         ax.hist(
             np.log10(values[values > 0]),
             bins=bins,
             alpha=0.55,
-            label=f"{name} ({counts['channels']} features, {counts['dead']} dead, "
-            f"{counts['dense']} dense)",
+            label=f"{name} ({held['channels']} features, {held['dead']} dead, "
+            f"{held['dense']} dense)",
         )
-    ax.axvline(np.log10(DENSE_FREQUENCY), color="k", linestyle=":", linewidth=1)
+    ax.axvline(np.log10(dense_threshold), color="k", linestyle=":", linewidth=1)
     ax.set(xlabel="log10 firing frequency on held-out tokens", ylabel="features")
     ax.legend(fontsize=7)
 
 
 def plot_firing_frequencies(
-    frequencies: Mapping[str, Tensor], path: str | Path, title: str = ""
+    frequencies: Mapping[str, Tensor],
+    path: str | Path,
+    counts: Mapping[str, Mapping[str, Any]],
+    dense_threshold: float,
+    title: str = "",
 ) -> Path:
     """Histogram of log10 firing frequency per model (``features.statistics.firing_frequency``:
-    an SAE latent that fires, a BAE bit in its rare state), its dead and dense features (dotted:
-    the dense threshold) counted in the legend as every table counts them: the paper's
-    feature-density figure."""
+    an SAE latent that fires, a BAE bit in its rare state), the paper's feature-density figure;
+    the legend gives each model's ``counts`` (``features.statistics.frequency_counts`` of the
+    same frequencies: channels, dead, dense), the dotted line ``dense_threshold``."""
     fig, ax = subplots(figsize=(7, 4))
-    _firing_histogram(ax, frequencies, _log_frequency_bins(frequencies))
+    bins = _log_frequency_bins(frequencies)
+    _firing_histogram(ax, frequencies, bins, counts, dense_threshold)
     ax.set_title(title or "Feature firing frequency")
     return save_figure(fig, path)
-
-
-def plot_firing_frequency_grid(
-    frequencies: Mapping[str, Tensor], path: str | Path, reference: str = "bae", title: str = ""
-) -> Path:
-    """One panel per other model: its firing-frequency histogram over the reference model's."""
-    others = [name for name in frequencies if name != reference]
-    if reference not in frequencies or not others:
-        raise ValueError(
-            f"Need {reference!r} and at least one other model; got {list(frequencies)}"
-        )
-    columns = min(3, len(others))
-    rows = -(-len(others) // columns)
-    fig, axes = subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
-    bins = _log_frequency_bins(frequencies)
-    for ax, name in zip(axes.flat, others, strict=False):
-        _firing_histogram(ax, {reference: frequencies[reference], name: frequencies[name]}, bins)
-        ax.set_title(f"{reference} vs {name}", fontsize=9)
-    for ax in list(axes.flat)[len(others) :]:
-        ax.axis("off")
-    fig.suptitle(title or "Feature firing frequency (dotted: dense threshold)")
-    return save_figure(fig, path, dpi=110)
 
 
 def plot_magnitude_heatmaps(

@@ -620,7 +620,6 @@ PREVIOUS_OPTIONS = {
         "steps",
         "prior",
         "records_k",
-        "dense_threshold",
         "device",
         "out",
         "comsem_llm",

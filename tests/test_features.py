@@ -14,6 +14,7 @@ from sae_lens_bae.features import (
     decoder_covariance_norm,
     feature_statistics,
     firing_frequency,
+    frequency_counts,
     top_k_records,
 )
 
@@ -211,7 +212,8 @@ def test_the_quickstart_table_and_the_firing_plot_count_the_same_dead_and_dense(
         stats = feature_statistics(model, codes)
         frequencies = {"model": stats["firing_frequency"]}
         fig, ax = subplots()
-        _firing_histogram(ax, frequencies, _log_frequency_bins(frequencies))
+        counts = {"model": frequency_counts(stats["firing_frequency"])}
+        _firing_histogram(ax, frequencies, _log_frequency_bins(frequencies), counts, 0.1)
         label = ax.get_legend_handles_labels()[1][0]
         assert label == f"model (5 features, {stats['dead']} dead, {stats['dense']} dense)"
     assert (stats["dead"], stats["dense"]) == (1, 2)  # the SAE: channel 0 fires on every token

@@ -73,6 +73,20 @@ def test_a_setting_is_chosen_from_validation_rows_only():
         assert [(r["lr"], r["seed"]) for r in reported] == [(1e-3, 0), (1e-3, 1)]
 
 
+def _held_out(n_sequences=10, per_sequence=4, held_from=6):
+    """A LayerActivations whose held-out rows are sequences ``held_from``.. of ``n_sequences``."""
+    positions = torch.tensor(
+        [(s, t) for s in range(held_from, n_sequences) for t in range(1, per_sequence + 1)]
+    )
+    states = torch.arange(len(positions), dtype=torch.float32)[:, None].repeat(1, 3)
+    return LayerActivations(
+        hook="h", train={"h": torch.zeros(5, 3)}, test={"h": states}, scales={"h": 2.0},
+        positions=positions, token_ids=positions[:, 1] + 100,
+        sequences=torch.zeros(n_sequences, per_sequence + 1, dtype=torch.long), tokenizer=None,
+        model="m", dataset="d", outliers_dropped=0,
+    )  # fmt: skip
+
+
 def test_validation_and_test_share_no_sequence_and_keep_every_held_out_row():
     data = _held_out()
     views = held_out_splits(data, ("validation", "test"))

@@ -16,7 +16,8 @@ from sae_lens_bae.checks import ranged, renamed
 from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.experiments.layer_study import EvaluationSettings, spliced_columns
-from sae_lens_bae.features import feature_statistics
+from sae_lens_bae.features import feature_statistics, frequency_counts
+from sae_lens_bae.features.statistics import DENSE_FREQUENCY
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
 from sae_lens_bae.reports import Stopwatch, cell, write_json, write_text
@@ -144,7 +145,11 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         title=f"{cfg.model} {hook}",
     )
     plot_firing_frequencies(
-        rates, out / "firing_frequency.png", title=f"Firing frequency on held-out tokens, {hook}"
+        rates,
+        out / "firing_frequency.png",
+        {name: frequency_counts(rate) for name, rate in rates.items()},
+        DENSE_FREQUENCY,
+        title=f"Firing frequency on held-out tokens, {hook}",
     )
     lap("plots")
     summary = {
