@@ -3,7 +3,7 @@ spliced into its model (the next-token loss and KL it costs, as SAELens' evals d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -17,7 +17,13 @@ from sae_lens_bae.saes.binary import bits_to_values
 from sae_lens_bae.saes.input_frame import frame_factor, module_frame
 from sae_lens_bae.saes.objective import bae_objective, binary_entropy
 
-__all__ = ["evaluate_sae", "held_out_objective", "spliced_losses", "unexplained_variance"]
+__all__ = [
+    "evaluate_sae",
+    "held_out_objective",
+    "spliced_losses",
+    "spliced_scores",
+    "unexplained_variance",
+]
 
 
 @torch.no_grad()
@@ -119,10 +125,55 @@ def held_out_objective(
 
 
 def _kl(clean: Tensor, other: Tensor) -> Tensor:
-    """KL(clean || other) per position, from logits."""
+    """KL(clean || other) per position, from logits (``sae_lens.evals._kl``)."""
     return F.kl_div(
         F.log_softmax(other, -1), F.log_softmax(clean, -1), log_target=True, reduction="none"
     ).sum(-1)
+
+
+SPLICED_KEYS = (
+    "ce_loss_with_sae",
+    "ce_loss_without_sae",
+    "ce_loss_with_ablation",
+    "kl_div_with_sae",
+    "kl_div_with_ablation",
+)
+
+
+def spliced_scores(sums: Mapping[str, Any], weights: Any = None) -> dict[str, float | None]:
+    """SAELens' means and scores from per-sequence sums (``spliced_losses``' ``per_sequence``),
+    each sequence counted ``weights[i]`` times (a bootstrap resample; default once): every loss
+    the mean over the counted tokens, ``ce_loss_score`` = (ablated - with SAE) / (ablated -
+    clean), ``kl_div_score`` = (ablated - with SAE) / ablated."""
+    n = len(sums["kl_tokens"])
+    w = torch.ones(n, dtype=torch.float64) if weights is None else torch.as_tensor(weights).double()
+
+    def mean(key: str) -> float:
+        tokens = "kl_tokens" if key.startswith("kl") else "ce_tokens"
+        total = float((w * torch.as_tensor(sums[tokens]).double()).sum())
+        return float((w * torch.as_tensor(sums[key]).double()).sum()) / max(total, 1.0)
+
+    means: dict[str, float | None] = {key: mean(key) for key in SPLICED_KEYS}
+    ablated, with_sae = means["ce_loss_with_ablation"], means["ce_loss_with_sae"]
+    gap = ablated - means["ce_loss_without_sae"]  # type: ignore[operator]
+    kl_ablated, kl_sae = means["kl_div_with_ablation"], means["kl_div_with_sae"]
+    means["ce_loss_score"] = (ablated - with_sae) / gap if gap else None  # type: ignore[operator]
+    means["kl_div_score"] = (kl_ablated - kl_sae) / kl_ablated if kl_ablated else None  # type: ignore[operator]
+    return means
+
+
+def _replacing(sae: Any, keep: Tensor, input_scale: float) -> Any:
+    """A hook writing ``sae``'s reconstruction where ``keep`` holds (the input elsewhere), or
+    zeros at every position without an SAE (SAELens' zero ablation)."""
+
+    def hook_fn(acts: Tensor, hook: Any) -> Tensor:  # noqa: ARG001
+        if sae is None:
+            return torch.zeros_like(acts)
+        x = acts.to(sae.device, sae.dtype) * input_scale
+        new = (sae.decode(sae.encode(x)) / input_scale).to(acts.device, acts.dtype)
+        return torch.where(keep[..., None], new, acts)
+
+    return hook_fn
 
 
 @torch.no_grad()
@@ -135,81 +186,69 @@ def spliced_losses(
     input_scale: float = 1.0,
     outlier_norm_ratio: float | None = 10.0,
     batch_size: int = 8,
-) -> dict[str, dict[str, float | None]]:
-    """Per SAE, what replacing ``hook``'s activations by its reconstruction costs the model, with
-    SAELens' definitions (``sae_lens.evals.get_recons_loss``): next-token cross-entropy with the
-    SAE, without it and with the activations zero-ablated, ``ce_loss_score`` = the fraction of
-    the ablation's loss increase that the SAE recovers, the KL divergence from the clean logits
-    with the SAE and with ablation, and ``kl_div_score`` likewise.
-
-    Positions are spliced where the SAE was trained to read: not the BOS, and not attention-sink
-    outliers (norm above ``outlier_norm_ratio`` times the batch's median norm, which
-    ``harvest_layer`` drops from training); elsewhere the activations pass unchanged, for the
-    ablation too. ``input_scale``: what the SAEs' training activations were multiplied by.
-    """
-    sums: dict[str, dict[str, float]] = {name: {} for name in saes}
-    count = 0
-
-    def spliced_positions(acts: Tensor) -> Tensor:
-        norms = acts.float().norm(dim=-1)
-        keep = torch.ones_like(norms, dtype=torch.bool)
-        keep[:, 0] = False
-        if outlier_norm_ratio is not None:
-            keep &= norms <= outlier_norm_ratio * norms[:, 1:].median()
-        return keep
-
-    def replacing(sae: Any | None) -> Any:
-        def hook_fn(acts: Tensor, hook: Any) -> Tensor:  # noqa: ARG001
-            keep = spliced_positions(acts)[..., None]
-            if sae is None:
-                new = torch.zeros_like(acts)
-            else:
-                x = acts.to(sae.device, sae.dtype) * input_scale
-                new = (sae.decode(sae.encode(x)) / input_scale).to(acts.device, acts.dtype)
-            return torch.where(keep, new, acts)
-
-        return hook_fn
-
+    ignore_tokens: Iterable[int] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Per SAE, what replacing ``hook``'s activations by its reconstruction costs the model, as
+    SAELens' evals compute it (``get_recons_loss`` and ``get_downstream_reconstruction_metrics``,
+    ignoring ``ignore_tokens``, by default ``run_evals``' BOS, EOS and padding of the model's
+    tokenizer): next-token cross-entropy with the
+    SAE, clean and with every position zero-ablated, the KL divergence from the clean logits
+    with the SAE and with ablation, each the mean over the tokens not ignored (the CE at a
+    position whose token is not ignored), and ``ce_loss_score``/``kl_div_score``
+    (``spliced_scores``). One addition: attention-sink outliers (norm above
+    ``outlier_norm_ratio`` times the sequence batch's median, which ``harvest_layer`` drops
+    from training) pass unchanged, as ignored tokens do. ``per_sequence``: each sequence's sums
+    and token counts, for a bootstrap over sequences. ``input_scale``: what the SAEs' training
+    activations were multiplied by."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if ignore_tokens is None:
+        ignore_tokens = {getattr(tokenizer, f"{t}_token_id", None) for t in ("bos", "eos", "pad")}
+    ignored = set(ignore_tokens) - {None}
+    sums: dict[str, dict[str, list[float]]] = {name: {} for name in saes}
     for start in range(0, tokens.shape[0], batch_size):
         batch = tokens[start : start + batch_size].to(model.cfg.device)
-        clean_logits, clean_loss = model(
-            batch, return_type="both", loss_per_token=True, prepend_bos=False
+        mask = ~torch.isin(batch, torch.tensor(sorted(ignored), device=batch.device))
+        (clean_logits, clean_loss), cache = model.run_with_cache(
+            batch, return_type="both", loss_per_token=True, prepend_bos=False, names_filter=hook
         )
-        ablated_logits, ablated_loss = model.run_with_hooks(
+        keep = mask & _not_outliers(cache[hook], outlier_norm_ratio)
+        run = _spliced_runner(model, batch, hook)
+        ablated_logits, ablated_loss = run(_replacing(None, keep, input_scale))
+        for name, sae in saes.items():
+            logits, loss = run(_replacing(sae, keep, input_scale))
+            per_token = {
+                "ce_loss_with_sae": loss, "ce_loss_without_sae": clean_loss,
+                "ce_loss_with_ablation": ablated_loss,
+                "kl_div_with_sae": _kl(clean_logits, logits),
+                "kl_div_with_ablation": _kl(clean_logits, ablated_logits),
+            }  # fmt: skip
+            per_token["kl_tokens"], per_token["ce_tokens"] = mask.float(), mask[:, :-1].float()
+            for key, values in per_token.items():
+                counted = mask[:, :-1] if key.startswith("ce_loss") else mask
+                sequence_sums = (
+                    (values * counted).sum(-1) if "tokens" not in key else values.sum(-1)
+                )
+                sums[name].setdefault(key, []).extend(sequence_sums.double().cpu().tolist())
+    return {name: {**spliced_scores(held), "per_sequence": held} for name, held in sums.items()}
+
+
+def _spliced_runner(model: HookedTransformer, batch: Tensor, hook: str) -> Any:
+    def run(hook_fn: Any) -> tuple[Tensor, Tensor]:
+        return model.run_with_hooks(
             batch,
             return_type="both",
             loss_per_token=True,
             prepend_bos=False,
-            fwd_hooks=[(hook, replacing(None))],
+            fwd_hooks=[(hook, hook_fn)],
         )
-        ablated_kl = _kl(clean_logits, ablated_logits)
-        for name, sae in saes.items():
-            logits, loss = model.run_with_hooks(
-                batch,
-                return_type="both",
-                loss_per_token=True,
-                prepend_bos=False,
-                fwd_hooks=[(hook, replacing(sae))],
-            )
-            totals = {
-                "ce_loss_with_sae": loss.sum(),
-                "ce_loss_without_sae": clean_loss.sum(),
-                "ce_loss_with_ablation": ablated_loss.sum(),
-                "kl_div_with_sae": _kl(clean_logits, logits)[:, :-1].sum(),
-                "kl_div_with_ablation": ablated_kl[:, :-1].sum(),
-            }
-            for key, value in totals.items():
-                sums[name][key] = sums[name].get(key, 0.0) + float(value)
-        count += clean_loss.numel()
-    results = {}
-    for name, totals in sums.items():
-        mean = {key: value / count for key, value in totals.items()}
-        ablated, with_sae = mean["ce_loss_with_ablation"], mean["ce_loss_with_sae"]
-        gap = ablated - mean["ce_loss_without_sae"]
-        kl_ablated, kl_sae = mean["kl_div_with_ablation"], mean["kl_div_with_sae"]
-        results[name] = {
-            **mean,
-            "ce_loss_score": (ablated - with_sae) / gap if gap else None,
-            "kl_div_score": (kl_ablated - kl_sae) / kl_ablated if kl_ablated else None,
-        }
-    return results
+
+    return run
+
+
+def _not_outliers(acts: Tensor, outlier_norm_ratio: float | None) -> Tensor:
+    """Positions whose activation norm is at most ``outlier_norm_ratio`` times the batch's
+    median over positions after the first (all, without a ratio)."""
+    norms = acts.float().norm(dim=-1)
+    if outlier_norm_ratio is None:
+        return torch.ones_like(norms, dtype=torch.bool)
+    return norms <= outlier_norm_ratio * norms[:, 1:].median()

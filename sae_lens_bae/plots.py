@@ -23,7 +23,6 @@ __all__ = [
     "plot_comsem_scores",
     "plot_entropy_curves",
     "plot_firing_frequencies",
-    "plot_firing_frequency_grid",
     "plot_magnitude_heatmaps",
     "plot_training_curves",
     "save_figure",
@@ -79,26 +78,29 @@ def plot_training_curves(
     return save_figure(fig, path)
 
 
-def _log_frequency_bins(firing_rates: Mapping[str, Tensor]) -> np.ndarray:
+def _log_frequency_bins(frequencies: Mapping[str, Tensor]) -> np.ndarray:
     floor = min(
-        (float(r[r > 0].min()) for r in firing_rates.values() if (r > 0).any()), default=1e-6
+        (float(r[r > 0].min()) for r in frequencies.values() if (r > 0).any()), default=1e-6
     )
     return np.linspace(np.log10(floor) - 0.1, 0.0, 50)
 
 
 def _firing_histogram(
-    ax: Any, firing_rates: Mapping[str, Tensor], bins: np.ndarray, dense_threshold: float = 0.5
+    ax: Any,
+    frequencies: Mapping[str, Tensor],
+    bins: np.ndarray,
+    counts: Mapping[str, Mapping[str, Any]],
+    dense_threshold: float,
 ) -> None:
-    for name, rates in firing_rates.items():
-        rates = rates.detach().float().cpu().numpy()
-        alive = rates[rates > 0]
-        dead = int((rates == 0).sum())
-        dense = int((rates > dense_threshold).sum())
+    for name, frequency in frequencies.items():
+        values = frequency.detach().float().cpu().numpy()
+        held = counts[name]  # the caller's features.statistics.frequency_counts: every table's
         ax.hist(
-            np.log10(alive),
+            np.log10(values[values > 0]),
             bins=bins,
             alpha=0.55,
-            label=f"{name} ({len(rates)} features, {dead} dead, {dense} dense)",
+            label=f"{name} ({held['channels']} features, {held['dead']} dead, "
+            f"{held['dense']} dense)",
         )
     ax.axvline(np.log10(dense_threshold), color="k", linestyle=":", linewidth=1)
     ax.set(xlabel="log10 firing frequency on held-out tokens", ylabel="features")
@@ -106,40 +108,21 @@ def _firing_histogram(
 
 
 def plot_firing_frequencies(
-    firing_rates: Mapping[str, Tensor], path: str | Path, title: str = ""
-) -> Path:
-    """Histogram of log10 feature firing frequency per model; dead features counted apart."""
-    fig, ax = subplots(figsize=(7, 4))
-    _firing_histogram(ax, firing_rates, _log_frequency_bins(firing_rates))
-    ax.set_title(title or "Feature firing frequency")
-    return save_figure(fig, path)
-
-
-def plot_firing_frequency_grid(
-    firing_rates: Mapping[str, Tensor],
+    frequencies: Mapping[str, Tensor],
     path: str | Path,
-    reference: str = "bae",
-    dense_threshold: float = 0.5,
+    counts: Mapping[str, Mapping[str, Any]],
+    dense_threshold: float,
     title: str = "",
 ) -> Path:
-    """One panel per baseline: its firing-frequency histogram over the reference model's."""
-    others = [name for name in firing_rates if name != reference]
-    if reference not in firing_rates or not others:
-        raise ValueError(
-            f"Need {reference!r} and at least one other model; got {list(firing_rates)}"
-        )
-    columns = min(3, len(others))
-    rows = -(-len(others) // columns)
-    fig, axes = subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
-    bins = _log_frequency_bins(firing_rates)
-    for ax, name in zip(axes.flat, others, strict=False):
-        pair = {reference: firing_rates[reference], name: firing_rates[name]}
-        _firing_histogram(ax, pair, bins, dense_threshold)
-        ax.set_title(f"{reference} vs {name}", fontsize=9)
-    for ax in list(axes.flat)[len(others) :]:
-        ax.axis("off")
-    fig.suptitle(title or "Feature firing frequency (dotted: dense threshold)")
-    return save_figure(fig, path, dpi=110)
+    """Histogram of log10 firing frequency per model (``features.statistics.firing_frequency``:
+    an SAE latent that fires, a BAE bit in its rare state), the paper's feature-density figure;
+    the legend gives each model's ``counts`` (``features.statistics.frequency_counts`` of the
+    same frequencies: channels, dead, dense), the dotted line ``dense_threshold``."""
+    fig, ax = subplots(figsize=(7, 4))
+    bins = _log_frequency_bins(frequencies)
+    _firing_histogram(ax, frequencies, bins, counts, dense_threshold)
+    ax.set_title(title or "Feature firing frequency")
+    return save_figure(fig, path)
 
 
 def plot_magnitude_heatmaps(

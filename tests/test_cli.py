@@ -491,7 +491,7 @@ def test_quickstart_pipeline_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_p
         )
         ours = metrics["models"][name]
         shared = {k for k, v in stats.items() if k in ours and not isinstance(v, torch.Tensor)}
-        assert shared >= {"dead", "dense", "constant", "l0", "relative_error", "firing_over_half"}
+        assert shared >= {"dead", "dense", "constant", "l0", "relative_error"}
         for key in shared:
             assert ours[key] == pytest.approx(stats[key], rel=1e-6), (name, key)
     headline = "**Entropy of the held-out hidden states"
@@ -620,7 +620,6 @@ PREVIOUS_OPTIONS = {
         "steps",
         "prior",
         "records_k",
-        "dense_threshold",
         "device",
         "out",
         "comsem_llm",

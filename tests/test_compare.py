@@ -8,7 +8,7 @@ import torch
 from sae_lens import SAE
 
 import sae_lens_bae  # noqa: F401  (registers the architectures)
-from sae_lens_bae.experiments import compare
+from sae_lens_bae.experiments import compare, compare_study
 from sae_lens_bae.experiments.compare import CompareConfig
 from sae_lens_bae.saes.gated_relu import GatedReLUSAE, GatedReLUTrainingSAEConfig
 from sae_lens_bae.training import train_sae
@@ -41,7 +41,8 @@ def test_gated_relu_gate_training_and_round_trip(tmp_path):
 def _tiny_compare(model, corpus, out, **changes):
     settings = dict(dataset=str(corpus), model=str(model), context_size=32, max_sequences=96,
                     held_out_fraction=0.15, families=("bae", "bae_no_resampling", "topk"),
-                    bae_scales=(0.5, 1.0, 2.0), d_sae=32, steps=12,
+                    bae_scales=(0.5, 0.7071, 1.0), d_sae=32, steps=12, lrs=(1e-3, 2e-3),
+                    lr_extensions=1, seeds=(0, 1, 2), bootstrap=20,
                     batch_size=64, records_k=4, spliced_sequences=2, probe_sentences=40,
                     out=out)  # fmt: skip
     return CompareConfig(**{**settings, **changes})
@@ -51,49 +52,61 @@ def _tiny_compare(model, corpus, out, **changes):
 def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
     tiny_hf_llama_dir, tiny_corpus, tmp_path
 ):
-    cfg = _tiny_compare(tiny_hf_llama_dir, tiny_corpus, tmp_path, topk_k=(4, 8, 16))
+    cfg = _tiny_compare(tiny_hf_llama_dir, tiny_corpus, tmp_path, topk_k=(4, 6, 8))
     summary = compare.run(cfg, progress=False)
     rows = summary["rows"]
     assert json.loads((tmp_path / "compare.json").read_text())["rows"] == rows
-    # the lr search: each family's middle setting at both candidates on the first seed, read
-    # on validation only; then the final grid at the chosen rate, every setting and seed
-    for family, middle in (("bae", 1.0), ("topk", 8.0)):
+    # the lr search: each family's middle setting at every rate tried, first two seeds, read on
+    # validation only; the grid extended once beyond an edge that wins
+    for family, middle in (("bae", 0.7071), ("topk", 6.0)):
+        tried = summary["lr_candidates"][family]
+        assert set(cfg.lrs) <= set(tried) and len(tried) in (2, 3)
         search = [r for r in rows if r["family"] == family and r["setting"] == middle
-                  and r["seed"] == 0 and r["split"] == "validation"]  # fmt: skip
-        assert sorted(r["lr"] for r in search) == sorted(cfg.lrs)
-        best = min(search, key=lambda r: r["objective"])
-        assert summary["chosen_lr"][family] == best["lr"]
+                  and r["seed"] in (0, 1) and r["split"] == "validation"]  # fmt: skip
+        assert sorted({r["lr"] for r in search}) == pytest.approx(tried)
+        means = {lr: sum(r["objective"] for r in search if r["lr"] == lr) / 2 for lr in tried}
+        assert summary["chosen_lr"][family] == min(means, key=means.get)
         final = [r for r in rows if r["family"] == family and r["split"] == "test"]
         assert {(r["setting"], r["seed"]) for r in final} == {
             (s, seed) for s in cfg.settings(family) for seed in cfg.seeds
         }
-        assert {r["lr"] for r in final} == {best["lr"]}
-        assert all(r["lr_candidates"] == list(cfg.lrs) for r in final)
+        assert {r["lr"] for r in final} == {summary["chosen_lr"][family]}
+        assert all(r["lr_candidates"] == tried for r in final)
     assert summary["chosen_lr"]["bae_no_resampling"] == summary["chosen_lr"]["bae"]
-    ablation = [r for r in rows if r["family"] == "bae_no_resampling" and r["split"] == "test"]
-    assert {(r["setting"], r["lr"]) for r in ablation} == {(1.0, summary["chosen_lr"]["bae"])}
-    assert all(r["lr_candidates"] == list(cfg.lrs) for r in ablation)
     assert summary["bae_default"] in cfg.settings("bae")  # its rule: test_protocol.py
     names = {r["name"] for r in rows if r["split"] == "test"}
     assert names == {r["name"] for r in rows if r["split"] == "ood"}
     for row in rows:
-        assert {"family", "setting", "seed", "split", "lr", "lr_candidates", "explained_variance",
-                "ce_loss_recovered", "kl", "l0", "l0_rare", "dead", "constant", "activated",
-                "activated_strict", "probe_accuracy"} <= set(row)  # fmt: skip
+        assert "replicates" not in row
+        assert set(row["activated_by_magnitude"]) == {"native", "rescaled", "support"}
+        assert row["activated_by_magnitude"]["native"] == row["activated"]
+        assert row["activated_strict_by_magnitude"]["native"] == row["activated_strict"]
         assert 0 <= row["dead"] <= row["constant"] <= cfg.d_sae
         assert row["activated_strict"] <= row["activated"] <= cfg.d_sae
         if row["split"] == "validation":  # validation reads no spliced loss and no probe
             assert row["kl"] is None and row["probe_accuracy"] is None
         else:
-            assert row["kl"] >= 0 and set(row["probe_accuracy"]) == {"1", "5", "20"}
-        if row["family"] == "topk":  # an SAE's rare-state L0 is its L0
-            assert row["l0_rare"] == pytest.approx(row["l0"], rel=1e-5)
+            assert row["kl"] >= 0
+        if row["split"] == "test":  # one probe task: its own held-out half, with its error
+            (task,) = row["probe_accuracy"]
+            assert set(row["probe_accuracy"][task]) == {"1", "5", "20"}
+            accuracy = row["probe_accuracy"][task]["5"]
+            assert row["probe_standard_error"][task]["5"] == pytest.approx(
+                (accuracy * (1 - accuracy) / 20) ** 0.5
+            )
+        if row["split"] == "ood":  # one task: no probe of its own on OOD, none copied
+            assert row["probe_accuracy"] is None
     tokens = summary["tokens"]
     assert min(tokens.values()) > 0 and summary["ood_dataset"].endswith("ood-text.txt")
-    assert {v["against"] for v in summary["verdicts"]} == {"topk"}
+    for verdict in summary["verdicts"]:
+        assert verdict["against"] in ("topk", "bae_no_resampling")
+        assert verdict["verdict"] in ("better", "worse", "no difference", "no overlap",
+                                      "too few points")  # fmt: skip
+        decided = verdict["verdict"] in ("better", "worse", "no difference")
+        assert decided == (verdict["points_in_overlap"] >= 3)
     table = (tmp_path / "compare.md").read_text()
     assert table.index("## The decision rule") < table.index("## Test") < table.index("## OOD")
-    for png in ("frontier_kl_l0.png", "frontier_activated_kl.png", "frontier_probe_l0.png",
+    for png in ("frontier_kl_l0.png", "frontier_activated_kl.png", "density.png",
                 "training_curves.png"):  # fmt: skip
         assert matplotlib.image.imread(tmp_path / png).shape[0] > 100
     name = next(r["name"] for r in rows if r["family"] == "bae" and r["split"] == "test")
@@ -102,16 +115,11 @@ def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
 
     held = FeatureRecords.load(tmp_path / "records" / f"{name}.safetensors")
     assert held.magnitude == "burstiness" and held.sequences is not None
-    # the chosen BAE's first seed, where bae interpret and bae dashboard look
-    chosen = f"bae-{summary['bae_default']:g}-lr{summary['chosen_lr']['bae']:g}-seed0"
-    same = FeatureRecords.load(tmp_path / "records" / "bae.safetensors")
-    assert torch.equal(same.features, FeatureRecords.load(
-        tmp_path / "records" / f"{chosen}.safetensors").features)  # fmt: skip
     assert (tmp_path / "models" / "bae" / "cfg.json").exists()
     with pytest.raises(ValueError, match="unknown families"):
         CompareConfig(families=("standard", "gated"))
-    with pytest.raises(ValueError, match="lrs must be distinct positive values"):
-        CompareConfig(lrs=(1e-3, 1e-3))
+    with pytest.raises(ValueError, match="at least 2 rates"):
+        CompareConfig(lrs=(1e-3,))
     with pytest.raises(ValueError, match="bae_no_resampling trains at the BAE's"):
         CompareConfig(families=("bae_no_resampling", "topk"))
 
@@ -139,30 +147,30 @@ def test_compare_killed_midway_trains_no_finished_model_again(
     def run(out, kill_at=None):
         steps.update(sae=0, kill_at=kill_at)
         cfg = _tiny_compare(tiny_hf_llama_dir, tiny_corpus, out, families=("bae", "topk"),
-                            bae_scales=(1.0,), topk_k=(8,), lrs=(2e-3,), seeds=(0,), steps=20,
-                            probe_sentences=0)  # fmt: skip
+                            bae_scales=(1.0,), topk_k=(8,), lr_extensions=0, seeds=(0,),
+                            steps=20, probe_sentences=0, bootstrap=10)  # fmt: skip
         return compare.run(cfg, progress=False)
 
     never_killed = run(tmp_path / "whole")
-    assert steps == {"sae": 40, "kill_at": None}
+    assert steps == {"sae": 80, "kill_at": None}  # two rates per family, the final grid reused
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "killed", kill_at=20 + 12)  # the BAE done, topk at step 12 of 20
-    read = compare.evaluate_model
+        run(tmp_path / "killed", kill_at=60 + 12)  # the BAE done, topk's second rate at step 12
+    read = compare_study.read_split
     calls = {"n": 0}
 
-    def killed_on_test(name, sae, split, settings):
+    def killed_on_test(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] > 2:  # the two validation reads done: killed on the first test read
+        if calls["n"] > 4:  # the four validation reads done: killed on the first test read
             raise KeyboardInterrupt
-        return read(name, sae, split, settings)
+        return read(*args, **kwargs)
 
-    monkeypatch.setattr(compare, "evaluate_model", killed_on_test)
+    monkeypatch.setattr(compare_study, "read_split", killed_on_test)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "killed")
     # topk went on from its last checkpoint: SAELens checkpoints once past each fifth of the
     # 1280 samples, i.e. after steps 5, 9, 13 and 17 of 64 rows
     assert steps["sae"] == 20 - 9
-    monkeypatch.setattr(compare, "evaluate_model", read)
+    monkeypatch.setattr(compare_study, "read_split", read)
     finished = run(tmp_path / "killed")
     assert steps["sae"] == 0  # every model read from its checkpoint
     assert finished["rows"] == never_killed["rows"]

@@ -9,9 +9,12 @@ import torch
 from sae_lens_bae import BAE, BAEConfig, burstiness
 from sae_lens_bae.features import (
     FeatureRecords,
+    channel_activity,
     code_prior,
     decoder_covariance_norm,
     feature_statistics,
+    firing_frequency,
+    frequency_counts,
     top_k_records,
 )
 
@@ -94,7 +97,7 @@ def test_top_k_records_keep_only_active_features_best_first():
     assert shuffled == [i for i, _ in tied.samples(0, limit=5, seed=1)] != [0, 1, 2, 3, 4]
     assert records.samples(1, seed=3) == [(0, 5.0), (2, 4.0)]  # no ties: by magnitude
     # z-scored per channel: channel 2 (small values, rare) now outranks channel 1 on token 2
-    rescaled = top_k_records(FixedSAE(4), acts, positions, torch.arange(4), "rescaled", k=1)
+    rescaled = top_k_records(FixedLatents(4), acts, positions, torch.arange(4), "rescaled", k=1)
     raw_mean, raw_std = acts[:, 2].mean(), acts[:, 2].std(unbiased=False)
     assert rescaled.magnitudes[0, 0].item() == pytest.approx(((1.0 - raw_mean) / raw_std).item())
     assert rescaled.features[0, 0].item() == 2
@@ -158,30 +161,64 @@ def test_feature_statistics_columns():
         bae, x, torch.zeros(64, 2).long(), torch.arange(64), "burstiness", k=3,
         prior=code_prior(bae, x, source="evaluation"),
     )  # fmt: skip
-    stats = feature_statistics(bae, x, records, dense_threshold=0.3, n_explain=4,
-                               frequent_threshold=0.2)  # fmt: skip
+    stats = feature_statistics(bae, x, records, dense_threshold=0.3, n_explain=4)
     rates = bae.encode_bits(x).mean(0)
     rarity = torch.minimum(rates, 1 - rates)
     assert rates[0] == 1.0 and stats["dead"] == int((rarity == 0).sum()) >= 1
     assert stats["constant"] == int((rarity < 1e-4).sum()) >= 1
     assert stats["dense"] == int((rarity > 0.3).sum())
-    assert stats["frequent"] == int((rarity > 0.2).sum())
-    assert stats["firing_over_half"] == int((rates > 0.5).sum()) >= 1
-    assert torch.equal(stats["active_frequency"], rarity)
+    assert torch.equal(stats["firing_frequency"], rarity)
     assert stats["activated"] == int((records.counts() > 4).sum())
     assert stats["decoder_covariance_norm"] == pytest.approx(decoder_covariance_norm(bae.W_dec))
-    assert stats["l0"] == pytest.approx(rates.sum().item(), rel=1e-5)
+    # L0: the bits in their rare state per token (the canonical code's L0), not the bits at 1
+    assert stats["l0"] == pytest.approx(rarity.sum().item(), rel=1e-5)
+    assert stats["l0"] < rates.sum().item()
 
 
 def test_constant_counts_a_channel_fixed_at_one_and_sae_statistics_use_firing():
     codes = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
     stats = feature_statistics(FixedSAE(3), codes)  # a BAE's code: rarity min(p, 1 - p)
-    assert stats["active_frequency"].tolist() == [0.0, 0.5, 0.25]
+    assert stats["firing_frequency"].tolist() == [0.0, 0.5, 0.25]
     assert stats["constant"] == 1 and stats["dead"] == 1  # channel 0, fixed at 1
-    assert stats["firing_over_half"] == 1 and stats["dense"] == 0
+    assert stats["dense"] == 2 and stats["l0"] == 0.75
     stats = feature_statistics(FixedLatents(3), codes)  # an SAE's latents: firing rates
-    assert stats["active_frequency"].tolist() == [1.0, 0.5, 0.25]
-    assert stats["dead"] == 0 and stats["dense"] == 1 and stats["constant"] == 0
+    assert stats["firing_frequency"].tolist() == [1.0, 0.5, 0.25]
+    assert stats["dead"] == 0 and stats["dense"] == 3 and stats["constant"] == 0
+    assert stats["l0"] == 1.75
+
+
+def test_the_activity_of_a_bit_is_its_rare_state_token_by_token():
+    codes = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
+    majority = codes.mean(0) > 0.5  # bit 0 usually on, bit 1 usually off
+    active = channel_activity(FixedSAE(2), codes, majority)
+    assert active.tolist() == [[False, True], [False, False], [True, False], [False, False]]
+    assert torch.equal(active.float().mean(0), firing_frequency(FixedSAE(2), codes))
+    with pytest.raises(ValueError, match="majority"):
+        channel_activity(FixedSAE(2), codes)
+
+
+def test_the_quickstart_table_and_the_firing_plot_count_the_same_dead_and_dense():
+    """The quickstart's table (``feature_statistics``) and its plot's legend read one firing
+    frequency: a BAE whose raw bits are on for most tokens has dense bits by its raw firing
+    rate and none by its rare state; both say the latter."""
+    from sae_lens_bae.plots import _firing_histogram, _log_frequency_bins, subplots
+
+    codes = torch.zeros(40, 5)
+    codes[:, 0] = 1.0  # always on: dead and constant
+    codes[:30, 1] = 1.0  # on for 75%: active (rare state) on 25%, dense
+    codes[:2, 2] = 1.0  # 5%
+    codes[:1, 3] = 1.0  # 2.5%; channel 4 never on: dead
+    for model in (FixedSAE(5), FixedLatents(5)):
+        stats = feature_statistics(model, codes)
+        frequencies = {"model": stats["firing_frequency"]}
+        fig, ax = subplots()
+        counts = {"model": frequency_counts(stats["firing_frequency"])}
+        _firing_histogram(ax, frequencies, _log_frequency_bins(frequencies), counts, 0.1)
+        label = ax.get_legend_handles_labels()[1][0]
+        assert label == f"model (5 features, {stats['dead']} dead, {stats['dense']} dense)"
+    assert (stats["dead"], stats["dense"]) == (1, 2)  # the SAE: channel 0 fires on every token
+    bae = feature_statistics(FixedSAE(5), codes)
+    assert (bae["dead"], bae["dense"], bae["constant"]) == (2, 1, 2)
 
 
 def test_records_save_load_and_context(tmp_path, tiny_hf_llama_dir):

@@ -1,6 +1,9 @@
 """The comparison's rules: disjoint splits, settings chosen on validation rows only, and a
 decision that needs a gap larger than the seeds' spread."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -8,15 +11,14 @@ from hypothesis import strategies as st
 
 from sae_lens_bae.activations import LayerActivations, held_out_splits, sequence_splits
 from sae_lens_bae.experiments.compare import _bae_default
-from sae_lens_bae.experiments.compare_report import verdicts
 from sae_lens_bae.experiments.protocol import (
     Point,
-    beats,
+    bracket_learning_rate,
     choose_on_validation,
     frontier,
     frontier_verdict,
+    ladder,
     rows_of_choice,
-    seed_mean_and_spread,
 )
 from sae_lens_bae.training import FAMILIES, TRAINED_BASELINES, baseline_configs, family_config
 
@@ -71,15 +73,6 @@ def test_a_setting_is_chosen_from_validation_rows_only():
         assert [(r["lr"], r["seed"]) for r in reported] == [(1e-3, 0), (1e-3, 1)]
 
 
-def test_one_family_beats_another_only_by_more_than_the_seed_spread():
-    assert seed_mean_and_spread([1.0, 3.0]) == (2.0, pytest.approx(2**0.5))
-    assert beats([10.0, 10.2], [9.0, 9.1])  # gap 1.05 > spread 0.14
-    assert beats([10.0, 12.0], [9.5, 9.6])  # gap 1.45 > spread 1.41, just
-    assert not beats([10.0, 13.0], [9.5, 9.6])  # gap 1.95 < spread 2.12
-    assert beats([0.10, 0.11], [0.30, 0.31], higher_is_better=False)  # a lower KL wins
-    assert not beats([10.0], [1.0])  # one seed decides nothing
-
-
 def _held_out(n_sequences=10, per_sequence=4, held_from=6):
     """A LayerActivations whose held-out rows are sequences ``held_from``.. of ``n_sequences``."""
     positions = torch.tensor(
@@ -121,49 +114,112 @@ def test_a_frontier_is_the_mean_and_spread_of_each_setting_over_seeds():
     rows = _family_rows("a", "test", [(1, 0, 2.0, 10.0), (1, 1, 4.0, 12.0), (2, 0, 1.0, 5.0),
                                       (2, 1, 1.0, 5.0)])  # fmt: skip
     rows += _family_rows("a", "ood", [(1, 0, 9.0, 9.0)]) + _family_rows("b", "test", [(1, 0, 0, 0)])
-    points = frontier(rows, "a", "test", lambda r: r["x"], lambda r: r["y"])
+    points = frontier(rows, "a", "test", "x", "y")
     assert [p.setting for p in points] == [2, 1]  # sorted by x
-    assert points[1] == Point(1, 3.0, pytest.approx(2**0.5), 11.0, pytest.approx(2**0.5), 2)
-    assert points[0] == Point(2, 1.0, 0.0, 5.0, 0.0, 2)
+    assert points[1][:6] == (1, 3.0, pytest.approx(2**0.5), 11.0, pytest.approx(2**0.5), 2)
+    assert points[0][:6] == (2, 1.0, 0.0, 5.0, 0.0, 2)
+    assert points[0].xs == ()  # rows without replicates: no bootstrap
 
 
-def _points(*xy_spread):
-    return [Point(i, x, 0.0, y, spread, 2) for i, (x, y, spread) in enumerate(xy_spread)]
+def test_a_frontier_point_bootstraps_its_seeds_over_the_shared_sequence_replicates():
+    rows = _family_rows("a", "test", [(1, 0, 2.0, 10.0), (1, 1, 4.0, 12.0)])
+    rows[0]["replicates"] = {"x": [1.0, 2.0, 3.0] * 100, "y": [10.0] * 300}
+    rows[1]["replicates"] = {"x": [5.0, 6.0, 7.0] * 100, "y": [12.0] * 300}
+    (point,) = frontier(rows, "a", "test", "x", "y")
+    # replicate b: the mean of b's values over a resample of the two seeds
+    for b, x in enumerate(point.xs):
+        assert x in {(1, 2, 3)[b % 3] + d for d in (0.0, 2.0, 4.0)}
+        assert point.ys[b] in {10.0, 11.0, 12.0}
+    assert {round(x - (1, 2, 3)[b % 3], 6) for b, x in enumerate(point.xs)} == {0.0, 2.0, 4.0}
 
 
-def test_a_verdict_reads_the_other_frontier_at_the_same_x_and_needs_more_than_the_spread():
-    theirs = _points((0.0, 0.0, 0.1), (10.0, 10.0, 0.1))  # y = x between 0 and 10
-    assert frontier_verdict(_points((5.0, 6.0, 0.5)), theirs) == "better"  # 6 > 5 + 0.5
-    assert frontier_verdict(_points((5.0, 5.4, 0.5)), theirs) == "no difference"
-    assert frontier_verdict(_points((5.0, 4.0, 0.5)), theirs) == "worse"
-    assert frontier_verdict(_points((5.0, 4.0, 0.5)), theirs, higher_is_better=False) == "better"
-    # a point outside their x range is not compared; none inside: no overlap
-    assert frontier_verdict(_points((5.0, 6.0, 0.5), (20.0, 0.0, 0.1)), theirs) == "better"
-    assert frontier_verdict(_points((20.0, 0.0, 0.1)), theirs) == "no overlap"
-    # better at one point and worse at another: no difference
-    assert frontier_verdict(_points((2.0, 4.0, 0.1), (8.0, 6.0, 0.1)), theirs) == "no difference"
-    one_seed = [Point(0, 5.0, 0.0, 9.0, 0.0, 1)]
-    assert frontier_verdict(one_seed, theirs) == "one seed"
+def _points(xy, noise=0.05, x_noise=None, seed=0):
+    """A frontier of hand-made points with 400 bootstrap replicates: Gaussian noise on y
+    (sd ``noise``) and on x (sd ``x_noise``, default the same)."""
+    rng = np.random.default_rng(seed)
+    x_noise = noise if x_noise is None else x_noise
+    return [
+        Point(i, x, 0.0, y, 0.0, 3, tuple(x + x_noise * rng.standard_normal(400)),
+              tuple(y + noise * rng.standard_normal(400)))
+        for i, (x, y) in enumerate(xy)
+    ]  # fmt: skip
 
 
-def test_a_verdict_holds_only_where_test_and_ood_agree():
-    rows = []
-    for split, bae_activated in (("test", 900), ("ood", 500)):
-        for seed, wiggle in ((0, 0), (1, 4)):
-            rows += [
-                {"family": "bae", "split": split, "setting": 1.0, "seed": seed, "kl": 0.3,
-                 "activated": bae_activated + wiggle},
-                {"family": "topk", "split": split, "setting": 16, "seed": seed, "kl": 0.1,
-                 "activated": 600 + wiggle},
-                {"family": "topk", "split": split, "setting": 8, "seed": seed, "kl": 0.5,
-                 "activated": 600 + wiggle},
-            ]  # fmt: skip
-    for row in rows:  # the other checks' columns
-        row.update(l0_rare=10.0, explained_variance=0.5, probe_accuracy=None, activated_strict=1)
-    found = {v["metric"]: v for v in verdicts(rows, ["bae", "topk"]) if v["against"] == "topk"}
-    assert found["activated at matched KL"]["test"] == "better"
-    assert found["activated at matched KL"]["ood"] == "worse"
-    assert found["activated at matched KL"]["verdict"] == "split"
+THEIRS = [(0.0, 0.0), (5.0, 5.0), (10.0, 10.0)]  # y = x between 0 and 10
+
+
+@pytest.mark.parametrize("shift, higher, expected", [
+    (1.0, True, "better"), (-1.0, True, "worse"), (1.0, False, "worse"), (-1.0, False, "better"),
+])  # fmt: skip
+def test_a_verdict_on_many_points_reads_both_frontiers_in_both_directions(shift, higher, expected):
+    ours = _points([(x, x + shift) for x in (2.0, 4.0, 6.0, 8.0)], seed=1)
+    found = frontier_verdict(ours, _points(THEIRS), higher_is_better=higher)
+    # the overlap [2, 8] holds our 4 points and their point at 5
+    assert found["points_in_overlap"] == 5
+    assert found["verdict"] == expected
+    assert found["gap"] == pytest.approx(shift if higher else -shift)
+    low, high = found["interval"]
+    assert low < found["gap"] < high
+
+
+def test_a_verdict_needs_three_points_in_the_overlap():
+    theirs = _points(THEIRS)
+    two = _points([(9.0, 12.0), (10.5, 13.0), (12.0, 14.0)])  # overlap [9, 10]: 9 and their 10
+    assert frontier_verdict(two, theirs) == {
+        "points_in_overlap": 2, "gap": None, "interval": None, "verdict": "too few points"
+    }  # fmt: skip
+    three = _points([(8.0, 11.0), (9.5, 12.0), (12.0, 14.0)])  # 8, 9.5 and their 10
+    found = frontier_verdict(three, theirs)
+    assert (found["points_in_overlap"], found["verdict"]) == (3, "better")
+    # their 10 read on our frontier between 9.5 and 12: 12 + 0.5 / 2.5 * 2 = 12.4
+    assert found["gap"] == pytest.approx((3.0 + 2.5 + 2.4) / 3)
+    far = _points([(20.0, 0.0), (30.0, 1.0), (40.0, 2.0)])
+    assert frontier_verdict(far, theirs)["verdict"] == "no overlap"
+    assert frontier_verdict(far, theirs)["points_in_overlap"] == 0
+
+
+def test_the_uncertainty_of_x_can_undo_a_verdict():
+    ours = [(x, x + 0.5) for x in (2.0, 4.0, 6.0, 8.0)]
+    assert frontier_verdict(_points(ours, x_noise=0.05), _points(THEIRS))["verdict"] == "better"
+    # the same means with x known to +-1.5: their frontier, read at x, moves by as much
+    found = frontier_verdict(_points(ours, x_noise=1.5), _points(THEIRS, x_noise=1.5))
+    assert found["verdict"] == "no difference" and found["gap"] == pytest.approx(0.5)
+
+
+def test_crossing_frontiers_make_no_difference():
+    ours = _points([(2.0, 4.0), (5.0, 5.0), (8.0, 6.0)])  # above at 2, below at 8
+    assert frontier_verdict(ours, _points(THEIRS))["verdict"] == "no difference"
+
+
+def test_a_learning_rate_grid_is_extended_while_its_edge_wins():
+    def valley(best):
+        calls = []
+
+        def score(lr):
+            calls.append(lr)
+            return (math.log(lr) - math.log(best)) ** 2
+
+        return score, calls
+
+    grid = [2.5e-4, 5e-4, 1e-3, 2e-3]
+    score, calls = valley(8e-3)  # beyond the top: two more rungs, 4e-3 and 8e-3, then 1.6e-2
+    chosen, tried = bracket_learning_rate(grid, score)
+    assert chosen == pytest.approx(8e-3)
+    assert tried == pytest.approx([2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2])
+    assert tried[0] < chosen < tried[-1]  # bracketed
+    score, calls = valley(1e-3)  # inside: nothing added
+    assert bracket_learning_rate(grid, score) == (1e-3, grid) and len(calls) == 4
+    score, _ = valley(1e-9)  # below the grid: extended at most max_extensions times
+    chosen, tried = bracket_learning_rate(grid, score, max_extensions=2)
+    assert tried[:2] == pytest.approx([6.25e-5, 1.25e-4]) and chosen == tried[0]
+    # a diverged run (NaN objective) never wins
+    nan_top = bracket_learning_rate(grid, lambda lr: math.nan if lr > 1e-3 else -lr)
+    assert nan_top == (1e-3, grid)
+
+
+def test_settings_climb_a_square_root_of_two_ladder():
+    assert ladder(0.25, 5) == [0.25, 0.3536, 0.5, 0.7071, 1.0]
+    assert ladder(16, 5, whole=True) == [16.0, 23.0, 32.0, 45.0, 64.0]
 
 
 def _default_rows(bae, topk_ev=0.70, test_activated=0):

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.features.records import FeatureRecords
+from sae_lens_bae.features.statistics import rarity as bit_rarity
 from sae_lens_bae.reports import read_jsonl
 
 __all__ = ["Context", "FeaturePage", "build_pages", "comsem_results", "logit_lens"]
@@ -91,7 +91,7 @@ def build_pages(
     counts = records.counts()
     n_tokens = max(records.features.shape[0], 1)
     chosen = features if features is not None else counts.nonzero().flatten().tolist()
-    rarity = None if prior is None else torch.minimum(prior, 1 - prior).reshape(-1, bits).mean(-1)
+    rarity = None if prior is None else bit_rarity(prior).reshape(-1, bits).mean(-1)
     pages = []
     for feature in chosen:
         ranked = records.samples(feature)

@@ -4,82 +4,100 @@ markdown report and the frontier plots (means over seeds, error bars their sprea
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from sae_lens_bae.comsem import COMSEM_COLUMNS
-from sae_lens_bae.experiments.protocol import frontier, frontier_verdict, seed_mean_and_spread
+from sae_lens_bae.experiments.compare_read import MAGNITUDES_READ
+from sae_lens_bae.experiments.protocol import (
+    frontier,
+    frontier_verdict,
+    seed_mean_and_spread,
+    value,
+)
+from sae_lens_bae.features import frequency_counts
 from sae_lens_bae.features.probing import PROBE_KS
-from sae_lens_bae.plots import save_figure, subplots
+from sae_lens_bae.features.statistics import DENSE_FREQUENCY
+from sae_lens_bae.plots import plot_firing_frequencies, save_figure, subplots
 from sae_lens_bae.reports import cell, markdown_table
 
-__all__ = ["CHECKS", "RULE", "plot_frontiers", "report", "verdicts"]
+__all__ = ["CHECKS", "HEADLINE", "RULE", "plot_density", "plot_frontiers", "report", "verdicts"]
 
 Row = dict[str, Any]
 
 PROBE_K = "5"
 """The probe the verdicts read (every k is in the rows and tables)."""
 
+HEADLINE = "activated_by_magnitude.support"
+"""The headline metric (docs/research/protocol-v2.md): activated under the support's burstiness,
+a stick that is the same definition for every family."""
 
-def _probe(row: Row) -> float | None:
-    return (row.get("probe_accuracy") or {}).get(PROBE_K)
-
-
-CHECKS: tuple[tuple[str, Callable[[Row], Any], Callable[[Row], Any], bool], ...] = (
-    ("activated at matched KL", itemgetter("kl"), itemgetter("activated"), True),
-    ("activated (>8) at matched KL", itemgetter("kl"), itemgetter("activated_strict"), True),
-    ("KL at matched L0", itemgetter("l0_rare"), itemgetter("kl"), False),
-    ("EV at matched L0", itemgetter("l0_rare"), itemgetter("explained_variance"), True),
-    (f"probe accuracy (k={PROBE_K}) at matched L0", itemgetter("l0_rare"), _probe, True),
+CHECKS: tuple[tuple[str, str, str, bool], ...] = (
+    *(
+        (f"activated ({m}) at matched KL", "kl", f"activated_by_magnitude.{m}", True)
+        for m in MAGNITUDES_READ
+    ),
+    *(
+        (f"activated >8 ({m}) at matched KL", "kl", f"activated_strict_by_magnitude.{m}", True)
+        for m in MAGNITUDES_READ
+    ),
+    ("KL at matched L0", "l0", "kl", False),
+    ("EV at matched L0", "l0", "explained_variance", True),
 )
-"""(metric, x, y, higher y is better) of every verdict."""
+"""(metric, x, y, higher y is better) of every verdict; probing adds one per task."""
 
 RULE = (
-    "Learning rate per family: the lowest validation value of the family's own training "
-    "objective at its middle setting, first seed. BAE default, on validation means over seeds: "
-    "the most `activated` features among the settings with EV at least the sparsest TopK's "
-    "minus 0.02 and under 1% constant channels (none: scale 1). Every model of the final grid is "
-    "read once on test and on OOD. A family's frontier is its settings' points, each the mean "
-    "over seeds with the sample standard deviation as spread. The BAE **beats** a family on a "
-    "metric at matched x when, at every BAE point inside the other frontier's x range, its value "
-    "exceeds the other frontier's (linear between its points) by more than the larger spread; "
-    "it **loses** when the reverse holds at every such point; otherwise **no difference**; "
-    "**no overlap** when no BAE point lies in the other's x range. A verdict holds only when "
-    "test and OOD agree. L0 in the verdicts and plots is `L0 rare`: per token, the latents in "
-    "their informative state, an SAE's L0 and a BAE's bits in their rare state (its L0 once "
-    "canonicalised, an exact reparametrisation)."
+    "Learning rate per family: its middle setting at each candidate (log-spaced), first two "
+    "seeds, the grid extended while its edge wins; the lowest mean validation value of the "
+    "family's own training objective. BAE default, on validation means over seeds: the most "
+    "`activated` features among the settings with EV at least the sparsest TopK's minus 0.02 and "
+    "under 1% constant channels (none: scale 1). Every model of the final grid is read once on "
+    "test and on OOD. A frontier point is a setting's mean over seeds; its bootstrap replicates "
+    "resample the split's sequences (the same resample for every model) and the seeds. Verdict, "
+    "per split: the points of both frontiers inside the x range both span are read against the "
+    "other frontier at their x (linear between its points); with fewer than 3 such points "
+    "**too few points** (none: **no overlap**); otherwise the mean gap (BAE minus the other) "
+    "and its 95% bootstrap interval: **better** above 0, **worse** below, **no difference** "
+    "when it holds 0. L0 is the mean number of active channels per token: an SAE latent that "
+    "fires, a BAE bit in its rare state. Headline: `activated` under the support's burstiness "
+    "at matched KL."
 )
 
 
-def verdicts(rows: Sequence[Row], families: Sequence[str]) -> list[Row]:
-    """The BAE against every SAE family on every check of ``CHECKS``, on test and OOD."""
+def _probe_tasks(rows: Sequence[Row]) -> list[str]:
+    return sorted({t for r in rows if r["split"] == "test" for t in r.get("probe_accuracy") or {}})
+
+
+def verdicts(rows: Sequence[Row], families: Sequence[str], seed: int = 0) -> list[Row]:
+    """The BAE against every other family on every check, on test and on OOD: one dict each."""
     if "bae" not in families:
         return []
+    checks = list(CHECKS) + [
+        (f"probe {t} (k={PROBE_K}) at matched L0", "l0", f"probe_accuracy.{t}.{PROBE_K}", True)
+        for t in _probe_tasks(rows)
+    ]
     found = []
-    for family in [f for f in families if not f.startswith("bae")]:
-        for metric, x, y, higher in CHECKS:
-            per_split = {
-                split: frontier_verdict(
-                    frontier(rows, "bae", split, x, y), frontier(rows, family, split, x, y), higher
-                )
-                for split in ("test", "ood")
-            }
-            agreed = per_split["test"] if per_split["test"] == per_split["ood"] else "split"
-            found.append({"metric": metric, "against": family, **per_split, "verdict": agreed})
+    for family in [f for f in families if f != "bae"]:
+        for metric, x, y, higher in checks:
+            for split in ("test", "ood"):
+                ours = frontier(rows, "bae", split, x, y, seed)
+                theirs = frontier(rows, family, split, x, y, seed)
+                decided = frontier_verdict(ours, theirs, higher)
+                found.append({"metric": metric, "against": family, "split": split, **decided})
     return found
 
 
 COLUMNS = (
     ("L0", "l0", ".1f"),
-    ("L0 rare", "l0_rare", ".1f"),
     ("EV", "explained_variance", ".3f"),
     ("CE recovered", "ce_loss_recovered", ".3f"),
     ("KL", "kl", ".3f"),
     ("dead", "dead", ".0f"),
     ("constant", "constant", ".0f"),
+    ("dense", "dense", ".0f"),
     ("activated", "activated", ".0f"),
     ("activated (>8)", "activated_strict", ".0f"),
+    *((f"activated ({m})", f"activated_by_magnitude.{m}", ".0f") for m in MAGNITUDES_READ[1:]),
 )
 
 
@@ -106,16 +124,17 @@ def split_table(rows: Sequence[Row], split: str) -> str:
         ("seeds", lambda g: str(len(g["rows"]))),
     ]
     columns += [
-        (title, lambda g, key=key, spec=spec: _cell([r.get(key) for r in g["rows"]], spec))
+        (title, lambda g, key=key, spec=spec: _cell([value(r, key) for r in g["rows"]], spec))
         for title, key, spec in COLUMNS
     ]
     columns += [
         (
-            f"probe k={k}",
-            lambda g, k=k: _cell(
-                [(r.get("probe_accuracy") or {}).get(str(k)) for r in g["rows"]], ".3f"
+            f"probe {task} k={k}",
+            lambda g, key=f"probe_accuracy.{task}.{k}": _cell(
+                [value(r, key) for r in g["rows"]], ".3f"
             ),
         )
+        for task in _probe_tasks(rows)
         for k in PROBE_KS
     ]
     return markdown_table(lines, columns)
@@ -155,7 +174,12 @@ def report(summary: dict[str, Any]) -> str:
         "",
         "## Chosen on validation",
         "",
-        f"BAE default setting: {summary['bae_default']}.",
+        f"BAE default setting: {summary['bae_default']}. Learning rates tried: "
+        + "; ".join(
+            f"{f}: {', '.join(f'{lr:g}' for lr in rates)}"
+            for f, rates in summary["lr_candidates"].items()
+        )
+        + ".",
         "",
         choices,
     ]
@@ -172,53 +196,39 @@ def report(summary: dict[str, Any]) -> str:
         ]
         lines.append(markdown_table(judged, columns))
     if summary["verdicts"]:
-        lines += ["## Verdicts (the BAE against each family)", ""]
-        lines.append(
-            markdown_table(
-                summary["verdicts"],
-                [
-                    (title, lambda v, key=key: str(v[key]))
-                    for title, key in (
-                        ("metric", "metric"),
-                        ("against", "against"),
-                        ("test", "test"),
-                        ("OOD", "ood"),
-                        ("verdict", "verdict"),
-                    )
-                ],
-            )
-        )
+        lines += ["## Verdicts (the BAE against each family)", "", _verdict_table(summary)]
     return "\n".join(lines)
 
 
+def _verdict_table(summary: dict[str, Any]) -> str:
+    return markdown_table(
+        summary["verdicts"],
+        [
+            ("metric", lambda v: v["metric"]),
+            ("against", lambda v: v["against"]),
+            ("split", lambda v: v["split"]),
+            ("points in overlap", lambda v: str(v["points_in_overlap"])),
+            ("mean gap", lambda v: cell(v["gap"], ".4g")),
+            ("95% interval", lambda v: _interval(v["interval"])),
+            ("verdict", lambda v: v["verdict"]),
+        ],
+    )
+
+
+def _interval(interval: list[float] | None) -> str:
+    return "-" if interval is None else f"[{interval[0]:.4g}, {interval[1]:.4g}]"
+
+
 PLOTS = (
-    (
-        "frontier_kl_l0.png",
-        "L0 (rare state)",
-        itemgetter("l0_rare"),
-        "KL (spliced)",
-        itemgetter("kl"),
-    ),
-    (
-        "frontier_activated_kl.png",
-        "KL (spliced)",
-        itemgetter("kl"),
-        "activated",
-        itemgetter("activated"),
-    ),
-    (
-        "frontier_probe_l0.png",
-        "L0 (rare state)",
-        itemgetter("l0_rare"),
-        f"probe accuracy (k={PROBE_K})",
-        _probe,
-    ),
+    ("frontier_kl_l0.png", "L0", "l0", "KL (spliced)", "kl"),
+    ("frontier_activated_kl.png", "KL (spliced)", "kl", "activated (support)", HEADLINE),
+    ("frontier_activated_native_kl.png", "KL (spliced)", "kl", "activated (native)", "activated"),
 )
 
 
 def plot_frontiers(rows: Sequence[Row], families: Sequence[str], out: Path, title: str) -> None:
-    """The three frontier PNGs, test on the left and OOD on the right: one marker per family, a
-    point per setting (mean over seeds), error bars the seeds' spread."""
+    """The frontier PNGs, test on the left and OOD on the right: one marker per family, a point
+    per setting (mean over seeds), error bars the seeds' spread."""
     for file, x_label, x, y_label, y in PLOTS:
         fig, axes = subplots(1, 2, figsize=(11, 4.5))
         for ax, split in zip(axes, ("test", "ood"), strict=True):
@@ -239,3 +249,21 @@ def plot_frontiers(rows: Sequence[Row], families: Sequence[str], out: Path, titl
                 ax.set_xscale("log")
             ax.legend(fontsize=7)
         save_figure(fig, out / file)
+
+
+def plot_density(frequencies: dict[str, Any], rows: Sequence[Row], path: Path, title: str) -> Path:
+    """The paper's feature-density figure: every family's log10 firing frequency on test, one
+    model each (its middle setting, first seed), dead and dense counted as every table counts
+    them."""
+    picked = {}
+    for row in rows:
+        if row["split"] == "test" and row["family"] not in picked and row["name"] in frequencies:
+            settings = sorted({r["setting"] for r in rows if r["family"] == row["family"]})
+            middle = settings[(len(settings) - 1) // 2]
+            first = min(r["seed"] for r in rows if r["family"] == row["family"])
+            if row["setting"] == middle and row["seed"] == first:
+                picked[row["family"]] = frequencies[row["name"]]
+    counts = {family: frequency_counts(frequency) for family, frequency in picked.items()}
+    return plot_firing_frequencies(
+        picked, path, counts, DENSE_FREQUENCY, title=f"Feature density, {title} (test)"
+    )

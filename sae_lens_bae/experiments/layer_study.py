@@ -33,6 +33,7 @@ from sae_lens_bae.features import (
 )
 from sae_lens_bae.features.burstiness import PriorSource
 from sae_lens_bae.features.probing import k_sparse_probe_accuracy, sentence_features
+from sae_lens_bae.features.statistics import DENSE_FREQUENCY
 from sae_lens_bae.prompts import encode_prompts
 from sae_lens_bae.saes.protocols import BinaryEncoder
 
@@ -51,7 +52,7 @@ class EvaluationSettings:
 
     records_k: int = 10
     n_explain: int = 5
-    dense_threshold: float = 0.5
+    dense_threshold: float = DENSE_FREQUENCY
     prior: PriorSource = "training"
     spliced_sequences: int = 64
     outlier_norm_ratio: float = 10.0

@@ -125,8 +125,7 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
             dense_threshold=cfg.dense_threshold,
             activated_min_samples=cfg.activated_min_samples,
         )
-        stats.pop("firing_rates")
-        stats.pop("active_frequency")
+        stats.pop("firing_frequency")
         rows.append(
             {
                 "bits": c,

@@ -2,24 +2,32 @@
 seed and split: ``family``, ``setting``, ``seed``, ``split``, ``lr`` and the metrics).
 
 Settings are chosen on ``validation`` rows only and then frozen: the ``test`` and ``ood`` rows of
-the chosen settings are what the report reads, once. A family beats another on a metric only by
-more than the seeds' spread."""
+the chosen settings are what the report reads, once. A family beats another on a metric only
+where a bootstrap over sequences and seeds says so, on at least three points
+(``frontier_verdict``; the rules are pre-registered in docs/research/protocol-v2.md)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
 __all__ = [
+    "LEVEL",
+    "MIN_POINTS",
     "SPLITS",
     "Point",
-    "beats",
+    "bracket_learning_rate",
     "choose_on_validation",
     "frontier",
     "frontier_verdict",
+    "ladder",
     "rows_of_choice",
     "seed_mean_and_spread",
+    "value",
 ]
 
 SPLITS = ("validation", "test", "ood")
@@ -59,21 +67,10 @@ def seed_mean_and_spread(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), spread
 
 
-def beats(ours: Sequence[float], theirs: Sequence[float], higher_is_better: bool = True) -> bool:
-    """The pre-registered rule: ``ours`` beats ``theirs`` (one value per seed each) when the gap
-    of the means exceeds both spreads; with a single seed on either side nothing beats anything."""
-    if len(ours) < 2 or len(theirs) < 2:
-        return False
-    (mean_a, spread_a), (mean_b, spread_b) = (
-        seed_mean_and_spread(ours),
-        seed_mean_and_spread(theirs),
-    )
-    gap = mean_a - mean_b if higher_is_better else mean_b - mean_a
-    return gap > max(spread_a, spread_b)
-
-
 class Point(NamedTuple):
-    """One setting of one family on one split: x and y as means over seeds, with their spreads."""
+    """One setting of one family on one split: x and y as means over seeds with their spreads
+    (sample standard deviations), and ``xs``/``ys``: the bootstrap replicates of the means
+    (sequences and seeds resampled; empty without replicates)."""
 
     setting: float
     x: float
@@ -81,59 +78,154 @@ class Point(NamedTuple):
     y: float
     y_spread: float
     seeds: int
+    xs: tuple[float, ...] = ()
+    ys: tuple[float, ...] = ()
+
+
+Metric = Callable[[Row], Any]
+
+
+def value(row: Row, key: str, replicate: int | None = None) -> Any:
+    """``row``'s metric ``key`` (dotted for nested: ``activated_by_magnitude.support``), or its
+    bootstrap replicate number ``replicate`` (``row["replicates"][key]``); None if absent."""
+    if replicate is not None:
+        held = (row.get("replicates") or {}).get(key)
+        return None if held is None else held[replicate]
+    found: Any = row
+    for part in key.split("."):
+        found = found.get(part) if isinstance(found, Mapping) else None
+    return found
 
 
 def frontier(
-    rows: Iterable[Row], family: str, split: str, x: Callable[[Row], Any], y: Callable[[Row], Any]
+    rows: Iterable[Row], family: str, split: str, x: str, y: str, seed: int = 0
 ) -> list[Point]:
     """A family's points on ``split``, one per setting (every seed of it; rows whose x or y is
-    None left out), sorted by x."""
-    by_setting: dict[float, list[tuple[float, float]]] = {}
+    None left out), sorted by x. With replicates in the rows, each point's replicate b is the
+    mean over a resample (with replacement, seeded) of its seeds of their replicate b: the
+    bootstrap over sequences (shared by every model of the split) and seeds."""
+    by_setting: dict[float, list[Row]] = {}
     for row in rows:
-        if row["family"] == family and row["split"] == split:
-            values = (x(row), y(row))
-            if None not in values:
-                by_setting.setdefault(row["setting"], []).append(values)
+        mine = row["family"] == family and row["split"] == split
+        if mine and value(row, x) is not None and value(row, y) is not None:
+            by_setting.setdefault(row["setting"], []).append(row)
     points = []
-    for setting, values in by_setting.items():
-        x_mean, x_spread = seed_mean_and_spread([v[0] for v in values])
-        y_mean, y_spread = seed_mean_and_spread([v[1] for v in values])
-        points.append(Point(setting, x_mean, x_spread, y_mean, y_spread, len(values)))
+    for setting, held in by_setting.items():
+        x_mean, x_spread = seed_mean_and_spread([value(r, x) for r in held])
+        y_mean, y_spread = seed_mean_and_spread([value(r, y) for r in held])
+        xs, ys = _seed_bootstrap(held, x, seed, setting), _seed_bootstrap(held, y, seed, setting)
+        points.append(Point(setting, x_mean, x_spread, y_mean, y_spread, len(held), xs, ys))
     return sorted(points, key=lambda point: point.x)
 
 
-def _at(points: Sequence[Point], x: float) -> tuple[float, float] | None:
-    """The frontier's y and spread at ``x``, linear between the two points around it (the larger
-    spread of the two); None outside the points' x range."""
-    for left, right in zip(points, points[1:], strict=False):
-        if left.x <= x <= right.x:
-            t = 0.0 if right.x == left.x else (x - left.x) / (right.x - left.x)
-            return left.y + t * (right.y - left.y), max(left.y_spread, right.y_spread)
-    if len(points) == 1 and points[0].x == x:
-        return points[0].y, points[0].y_spread
-    return None
+def _seed_bootstrap(rows: Sequence[Row], key: str, seed: int, setting: float) -> tuple[float, ...]:
+    replicates = [(r.get("replicates") or {}).get(key) for r in rows]
+    if any(r is None for r in replicates):
+        return ()
+    table = np.asarray(replicates, dtype=float)  # [seeds, replicates]
+    rng = np.random.default_rng([seed, abs(hash(round(setting, 9))) % 2**32])
+    draws = rng.integers(0, table.shape[0], size=(table.shape[1], table.shape[0]))
+    return tuple(table[draws, np.arange(table.shape[1])[:, None]].mean(1).tolist())
+
+
+MIN_POINTS = 3
+"""A verdict is decided on at least this many points (both families') in the x overlap."""
+LEVEL = 0.95
+"""The bootstrap interval of the mean gap that must exclude 0."""
 
 
 def frontier_verdict(
     ours: Sequence[Point], theirs: Sequence[Point], higher_is_better: bool = True
-) -> str:
-    """The pre-registered rule on one split: where the x ranges overlap, ``ours`` is ``better``
-    when at every one of its points in the overlap its y beats the other frontier's (read at the
-    same x) by more than both spreads, ``worse`` when the other way round at every point,
-    ``no difference`` otherwise; ``no overlap`` when no point of ours lies in their x range.
-    Points with one seed decide nothing (``one seed``)."""
-    if any(p.seeds < 2 for p in (*ours, *theirs)):
-        return "one seed"
-    gaps = []
-    for point in ours:
-        read = _at(theirs, point.x)
-        if read is not None:
-            gap = point.y - read[0] if higher_is_better else read[0] - point.y
-            gaps.append((gap, max(point.y_spread, read[1])))
-    if not gaps:
-        return "no overlap"
-    if all(gap > spread for gap, spread in gaps):
-        return "better"
-    if all(-gap > spread for gap, spread in gaps):
-        return "worse"
-    return "no difference"
+) -> dict[str, Any]:
+    """The pre-registered rule (docs/research/protocol-v2.md) on one split. The overlap is the
+    x interval both frontiers span; every point of either family inside it is read against the
+    other frontier at its x (linear between the other's points): the gap is ours minus theirs
+    (the other way for a lower-is-better y). Fewer than ``MIN_POINTS`` such points: ``too few
+    points`` (none: ``no overlap``). Otherwise the mean gap over them, and its ``LEVEL``
+    percentile interval over the bootstrap replicates (each replicate recomputes every point's
+    x and y, so x's uncertainty moves the reading too): ``better`` when the interval lies above
+    0, ``worse`` below, ``no difference`` when it holds 0."""
+    found: dict[str, Any] = {"points_in_overlap": 0, "gap": None, "interval": None}
+    if not ours or not theirs:
+        return {**found, "verdict": "no overlap"}
+    low = max(ours[0].x, theirs[0].x)
+    high = min(ours[-1].x, theirs[-1].x)
+    inside = [[i for i, p in enumerate(side) if low <= p.x <= high] for side in (ours, theirs)]
+    found["points_in_overlap"] = n = len(inside[0]) + len(inside[1])
+    if low > high or n == 0:
+        return {**found, "verdict": "no overlap"}
+    if n < MIN_POINTS:
+        return {**found, "verdict": "too few points"}
+    sign = 1.0 if higher_is_better else -1.0
+    found["gap"] = sign * _mean_gap(ours, theirs, inside, lambda p: p.x, lambda p: p.y)
+    replicates = min((len(p.xs) for p in (*ours, *theirs)), default=0)
+    if replicates == 0:
+        return {**found, "verdict": "no difference"}
+    gaps = [
+        sign * _mean_gap(ours, theirs, inside, lambda p, b=b: p.xs[b], lambda p, b=b: p.ys[b])
+        for b in range(replicates)
+    ]
+    tail = 100 * (1 - LEVEL) / 2
+    interval = [float(np.percentile(gaps, tail)), float(np.percentile(gaps, 100 - tail))]
+    found["interval"] = interval
+    verdict = "better" if interval[0] > 0 else "worse" if interval[1] < 0 else "no difference"
+    return {**found, "verdict": verdict}
+
+
+def _mean_gap(
+    ours: Sequence[Point],
+    theirs: Sequence[Point],
+    inside: list[list[int]],
+    x: Callable[[Point], float],
+    y: Callable[[Point], float],
+) -> float:
+    """Mean over the points in the overlap of (our y - their y) at the same x."""
+
+    def read(side: Sequence[Point]) -> Callable[[float], float]:
+        order = sorted(side, key=x)
+        return lambda at: float(np.interp(at, [x(p) for p in order], [y(p) for p in order]))
+
+    at_theirs, at_ours = read(theirs), read(ours)
+    gaps = [y(ours[i]) - at_theirs(x(ours[i])) for i in inside[0]]
+    gaps += [at_ours(x(theirs[i])) - y(theirs[i]) for i in inside[1]]
+    return float(np.mean(gaps))
+
+
+def bracket_learning_rate(
+    candidates: Sequence[float],
+    score: Callable[[float], float],
+    max_extensions: int = 4,
+) -> tuple[float, list[float]]:
+    """The learning rate with the lowest ``score`` (a validation objective, lower is better;
+    NaN counts as the worst), over ``candidates`` (log-spaced, at least 2) extended while the
+    best lies on an edge: the next rate one ratio beyond that edge is tried, at most
+    ``max_extensions`` times. Returns the chosen rate and every rate tried, sorted."""
+    rates = sorted(candidates)
+    if len(rates) < 2:
+        raise ValueError(f"bracketing needs at least 2 learning rates, got {list(candidates)}")
+    ratio = rates[1] / rates[0]
+    scores = {lr: _finite(score(lr)) for lr in rates}
+    for _ in range(max_extensions):
+        best = min(scores, key=lambda lr: (scores[lr], lr))
+        tried = sorted(scores)
+        if tried[0] < best < tried[-1]:
+            break
+        beyond = best / ratio if best == tried[0] else best * ratio
+        scores[beyond] = _finite(score(beyond))
+    best = min(scores, key=lambda lr: (scores[lr], lr))
+    return best, sorted(scores)
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else math.inf
+
+
+def ladder(
+    start: float, rungs: int, ratio: float = math.sqrt(2), whole: bool = False
+) -> list[float]:
+    """``rungs`` settings from ``start`` up by ``ratio`` (sqrt(2): twice the setting every two
+    rungs), rounded to whole numbers for TopK's k."""
+    values = [start * ratio**i for i in range(rungs)]
+    if whole:
+        return sorted({float(round(v)) for v in values})
+    return [float(f"{v:.4g}") for v in values]

@@ -16,7 +16,8 @@ from sae_lens_bae.checks import ranged
 from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.experiments.layer_study import EvaluationSettings, spliced_columns
-from sae_lens_bae.features import feature_statistics
+from sae_lens_bae.features import feature_statistics, frequency_counts
+from sae_lens_bae.features.statistics import DENSE_FREQUENCY
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_firing_frequencies, plot_training_curves
 from sae_lens_bae.reports import Stopwatch, cell, write_json, write_text
@@ -109,8 +110,7 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         run.sae.save_inference_model(out / name)
         saved[name] = load_sae(out / name, device=cfg.device)
         evaluation = feature_statistics(saved[name], raw_test)  # compare's columns and rules
-        rates[name] = evaluation.pop("firing_rates")
-        evaluation.pop("active_frequency")
+        rates[name] = evaluation.pop("firing_frequency")  # what the table counts, plotted
         metrics[name] = evaluation
     estimate = code_entropy(saved["bae"], raw_test)
     metrics["bae"].update(
@@ -139,7 +139,11 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         title=f"{cfg.model} {hook}",
     )
     plot_firing_frequencies(
-        rates, out / "firing_frequency.png", title=f"Firing frequency on held-out tokens, {hook}"
+        rates,
+        out / "firing_frequency.png",
+        {name: frequency_counts(rate) for name, rate in rates.items()},
+        DENSE_FREQUENCY,
+        title=f"Firing frequency on held-out tokens, {hook}",
     )
     lap("plots")
     summary = {
@@ -199,8 +203,7 @@ def _report(summary: dict[str, Any]) -> str:
         ("entropy of firing rates (bits)", "entropy_bits", ".1f"),
         ("dead features (never active on held-out)", "dead", ""),
         ("constant features (active on < 0.01% of tokens)", "constant", ""),
-        ("dense features (active on > 50% of tokens)", "dense", ""),
-        ("features that fire on > 50% of tokens", "firing_over_half", ""),
+        ("dense features (active on > 10% of tokens)", "dense", ""),
         ("features", "d_sae", ""),
     ]
     if "ce_loss_score" in bae:
@@ -234,7 +237,7 @@ the scale folded back afterwards.
 {table}
 
 Active: a SAE latent that fires; a BAE bit in its rarer state (a bit on for 90% of tokens is \
-active on the other 10%), as `bae compare` counts them.
+active on the other 10%), as `bae compare` and the firing-frequency plot count them.
 
 {_entropy_paragraph(bae)}
 

@@ -7,15 +7,24 @@ from sae_lens_bae.features.records import (
     records_from_text,
     top_k_records,
 )
-from sae_lens_bae.features.statistics import decoder_covariance_norm, feature_statistics
+from sae_lens_bae.features.statistics import (
+    channel_activity,
+    decoder_covariance_norm,
+    feature_statistics,
+    firing_frequency,
+    frequency_counts,
+)
 
 __all__ = [
     "FeatureRecords",
     "burstiness",
+    "channel_activity",
     "code_prior",
     "decoder_covariance_norm",
     "feature_magnitudes",
     "feature_statistics",
+    "firing_frequency",
+    "frequency_counts",
     "records_from_text",
     "top_k_records",
 ]

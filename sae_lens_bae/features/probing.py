@@ -1,6 +1,7 @@
 """k-sparse probing, as SAEBench defines it: a judge-free measure of whether a dictionary has
 latents for a concept. On labelled sentences (one feature vector each: the SAE's latents
-mean-pooled over the sentence's tokens), the k latents whose class means differ most on the
+mean-pooled over the sentence's tokens, standardised on the probe's training sentences), the k
+latents whose class means differ most on the
 probe's training sentences are kept, a logistic-regression probe is fitted on them, and its
 accuracy on held-out sentences is the score, for each k."""
 
@@ -15,7 +16,13 @@ from jaxtyping import Float, Int
 from sklearn.linear_model import LogisticRegression
 from torch import Tensor
 
-__all__ = ["PROBE_KS", "k_sparse_probe_accuracy", "sentence_features", "top_latents"]
+__all__ = [
+    "PROBE_KS",
+    "k_sparse_probe_accuracy",
+    "k_sparse_probe_correct",
+    "sentence_features",
+    "top_latents",
+]
 
 PROBE_KS = (1, 5, 20)
 """The k of the probes (SAEBench reads 1, 2, 5 and more; 1, 5 and 20 span a small dictionary)."""
@@ -40,17 +47,32 @@ def k_sparse_probe_accuracy(
     test_labels: Int[Tensor, " m"],
     ks: Sequence[int] = PROBE_KS,
 ) -> dict[int, float]:
-    """Held-out accuracy of the logistic-regression probe on the top-k latents (``top_latents``
-    on the training sentences only), for each k; sklearn's L2 probe at C = 1 as SAEBench fits it."""
-    accuracies = {}
-    y_train, y_test = train_labels.cpu().numpy(), test_labels.cpu().numpy()
+    """Held-out accuracy of the k-sparse probe (``k_sparse_probe_correct``), for each k."""
+    correct = k_sparse_probe_correct(train, train_labels, {"test": (test, test_labels)}, ks)
+    return {k: float(np.mean(hits)) for k, hits in correct["test"].items()}
+
+
+def k_sparse_probe_correct(
+    train: Float[Tensor, "n d_sae"],
+    train_labels: Int[Tensor, " n"],
+    tests: dict[str, tuple[Tensor, Tensor]],
+    ks: Sequence[int] = PROBE_KS,
+) -> dict[str, dict[int, np.ndarray]]:
+    """Per test set and k, which of its sentences the probe labels right. Features are
+    standardised by the training sentences' mean and standard deviation (so no latent wins
+    for its scale), the k latents chosen on the training sentences (``top_latents``) and
+    sklearn's L2 logistic regression at C = 1 fitted on them, as SAEBench fits it."""
+    mean, std = train.double().mean(0), train.double().std(0).clamp_min(1e-8)
+    train_z = (train.double() - mean) / std
+    y_train = train_labels.cpu().numpy()
+    found: dict[str, dict[int, np.ndarray]] = {name: {} for name in tests}
     for k in ks:
-        keep = top_latents(train, train_labels, min(k, train.shape[1]))
-        x_train = train[:, keep].double().cpu().numpy()
-        x_test = test[:, keep].double().cpu().numpy()
-        probe = LogisticRegression(C=1.0, max_iter=1000).fit(x_train, y_train)
-        accuracies[k] = float(np.mean(probe.predict(x_test) == y_test))
-    return accuracies
+        keep = top_latents(train_z, train_labels, min(k, train.shape[1]))
+        probe = LogisticRegression(C=1.0, max_iter=1000).fit(train_z[:, keep].numpy(), y_train)
+        for name, (features, labels) in tests.items():
+            z = ((features.double() - mean) / std)[:, keep].numpy()
+            found[name][k] = probe.predict(z) == labels.cpu().numpy()
+    return found
 
 
 @torch.no_grad()

@@ -1,9 +1,10 @@
 """Feature activation records: for every token its top-k features, and per feature its tokens.
 
 The raw material of feature interpretation (ComSem reads it): which tokens, in which sentences,
-make a feature fire most. Magnitudes are model-specific: burstiness for a BAE, the raw
-activation for an SAE, or an SAE's activation z-scored per channel ("rescaled"), so that
-channels with large decoder-compensated scales do not crowd out the rest.
+make a feature fire most. Magnitudes are model-specific (burstiness for a BAE, the raw
+activation for an SAE) or common to every family (``feature_magnitudes``): a channel's value
+z-scored per channel ("rescaled", so that channels with large decoder-compensated scales do not
+crowd out the rest) or the burstiness of its support ("support").
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from sae_lens_bae.activations.cache import harvest_activations
+from sae_lens_bae.features.activity import channel_activity
 from sae_lens_bae.features.burstiness import burstiness, code_prior
 from sae_lens_bae.saes.protocols import BinaryEncoder, Encoder
 
 __all__ = [
     "Candidates",
     "FeatureRecords",
+    "MAGNITUDES",
     "Magnitude",
     "feature_magnitudes",
     "pre_activation_margins",
@@ -34,7 +37,10 @@ __all__ = [
     "top_k_records",
 ]
 
-Magnitude = Literal["burstiness", "raw", "rescaled"]
+Magnitude = Literal["burstiness", "raw", "rescaled", "support"]
+MAGNITUDES = ("burstiness", "raw", "rescaled", "support")
+TWO_SIDED = ("burstiness", "support")
+"""Magnitudes that rank both states of a channel (the rare state on, the usual state off)."""
 Candidates = Literal["all", "firing"]
 
 
@@ -143,6 +149,17 @@ class FeatureRecords:
         valid = self.features[self.features >= 0]
         return torch.bincount(valid, minlength=self.d_sae)
 
+    def counts_by_sequence(self) -> tuple[Int[Tensor, " n_seq"], Int[Tensor, "n_seq d_sae"]]:
+        """The sequences the records' tokens come from (sorted) and, per sequence, how many of
+        its tokens hold each feature in their top-k: ``counts`` is their sum over sequences,
+        and a resample of sequences sums a resample of these rows."""
+        sequences, index = self.token_positions[:, 0].unique(return_inverse=True)
+        rows = index[:, None].expand_as(self.features)
+        keep = self.features >= 0
+        flat = rows[keep] * self.d_sae + self.features[keep]
+        counts = torch.bincount(flat, minlength=len(sequences) * self.d_sae)
+        return sequences, counts.reshape(len(sequences), self.d_sae)
+
     def surely_off(self, feature: int) -> Bool[Tensor, " n"]:
         """Tokens on which ``feature`` certainly does not fire: those of its ``off_tokens`` sample,
         and those the top-k records prove: it is not among their records, and every feature
@@ -154,7 +171,7 @@ class FeatureRecords:
             raise IndexError(f"feature {feature} outside 0..{self.d_sae - 1}")
         absent = ~(self.features == feature).any(-1)
         complete = (self.features < 0).any(-1)
-        if self.magnitude == "burstiness":
+        if self.magnitude in TWO_SIDED:
             weakest = self.magnitudes.masked_fill(self.features < 0, float("inf")).min(-1).values
             complete |= weakest < -1.0
         off = absent & complete
@@ -203,8 +220,12 @@ def feature_magnitudes(
 ) -> Callable[[int, int], tuple[Tensor, Tensor]]:
     """A function (start, stop) -> (magnitudes, active mask) of rows start:stop, per ``magnitude``.
 
-    ``burstiness`` needs ``prior`` (see ``code_prior``); ``rescaled`` first measures each channel's
-    mean and standard deviation over all of ``activations``.
+    ``burstiness`` (a BAE's own) needs ``prior`` (see ``code_prior``); ``raw`` is an SAE's
+    activation. The two common to every family read each channel's value v: an SAE latent's
+    activation, a BAE bit's canonical bit (1 in its rare state, ``features.activity``):
+    ``rescaled`` z-scores v per channel over all of ``activations`` (the paper's rescaled SAE);
+    ``support`` is the burstiness of its support, log2|1[v != 0] - f| with f the channel's firing
+    frequency (for a BAE its burstiness under the evaluation prior). Active: v != 0.
     """
     if magnitude == "burstiness":
         if prior is None:
@@ -212,7 +233,7 @@ def feature_magnitudes(
         if not isinstance(sae, BinaryEncoder):
             raise ValueError(
                 f"burstiness magnitudes need a binary code; a {type(sae).__name__} has none "
-                "(use raw or rescaled)"
+                "(use raw, rescaled or support)"
             )
         bae = sae
 
@@ -221,26 +242,51 @@ def feature_magnitudes(
             return burstiness(bits, prior), bits > 0
 
         return bae_rows
-    if magnitude not in ("raw", "rescaled"):
-        raise ValueError(f"magnitude must be burstiness, raw or rescaled, got {magnitude!r}")
-    mean = std = None
-    if magnitude == "rescaled":
-        total = total_sq = torch.zeros((), dtype=torch.float64)
-        for start in range(0, activations.shape[0], batch_size):
-            acts = sae.encode(activations[start : start + batch_size]).double()
-            total, total_sq = total + acts.sum(0), total_sq + acts.pow(2).sum(0)
-        n = activations.shape[0]
-        mean = total / n
-        std = (total_sq / n - mean.pow(2)).clamp_min(0).sqrt().clamp_min(1e-8)
+    if magnitude not in MAGNITUDES:
+        raise ValueError(f"magnitude must be one of {', '.join(MAGNITUDES)}, got {magnitude!r}")
+    if magnitude == "raw":
 
-    def sae_rows(start: int, stop: int) -> tuple[Tensor, Tensor]:
-        acts = sae.encode(activations[start:stop])
-        active = acts != 0
-        if mean is None or std is None:
-            return acts.float(), active
-        return ((acts.double() - mean) / std).float(), active
+        def raw_rows(start: int, stop: int) -> tuple[Tensor, Tensor]:
+            acts = sae.encode(activations[start:stop]).float()
+            return acts, acts != 0
 
-    return sae_rows
+        return raw_rows
+    majority = None
+    if isinstance(sae, BinaryEncoder):
+        majority = code_prior(sae, activations, source="evaluation", batch_size=batch_size) > 0.5
+
+    def values(start: int, stop: int) -> Tensor:
+        if majority is None:
+            return sae.encode(activations[start:stop]).float()
+        return channel_activity(sae, activations[start:stop], majority).float()
+
+    mean, std = _channel_moments(values, activations.shape[0], batch_size)
+    frequency = None
+    if magnitude == "support":
+        frequency = _channel_moments(
+            lambda a, b: (values(a, b) != 0).float(), activations.shape[0], batch_size
+        )[0].float()
+
+    def rows(start: int, stop: int) -> tuple[Tensor, Tensor]:
+        v = values(start, stop)
+        active = v != 0
+        if frequency is not None:
+            return burstiness(active.float(), frequency), active
+        return ((v.double() - mean) / std).float(), active
+
+    return rows
+
+
+def _channel_moments(
+    values: Callable[[int, int], Tensor], n: int, batch_size: int
+) -> tuple[Tensor, Tensor]:
+    """Each channel's mean and standard deviation (floored at 1e-8) of ``values`` over n rows."""
+    total = total_sq = torch.zeros((), dtype=torch.float64)
+    for start in range(0, n, batch_size):
+        v = values(start, min(start + batch_size, n)).double()
+        total, total_sq = total + v.sum(0), total_sq + v.pow(2).sum(0)
+    mean = total / n
+    return mean, (total_sq / n - mean.pow(2)).clamp_min(0).sqrt().clamp_min(1e-8)
 
 
 @torch.no_grad()
@@ -287,7 +333,7 @@ def top_k_records(
         values, active = rows_of(start, min(start + batch_size, n))
         width = values.shape[-1]  # features, or code bits for a more-bit BAE
         kk = min(k, width)
-        usual = candidates == "all" and magnitude == "burstiness"
+        usual = candidates == "all" and magnitude in TWO_SIDED
         off = values < -1.0 if usual else ~active
         keys = torch.rand(values.shape, generator=generator).masked_fill(~off.cpu(), -1.0)
         rows = torch.arange(start, start + values.shape[0]).expand(width, -1).T
@@ -295,7 +341,7 @@ def top_k_records(
             keys, rows = torch.cat([off_keys, keys]), torch.cat([off_rows, rows])
         off_keys, picked = keys.topk(min(off_samples, keys.shape[0]), dim=0)
         off_rows = rows.gather(0, picked)
-        if candidates == "all" and magnitude == "burstiness":
+        if usual:
             active = torch.ones_like(active)
         masked = values.masked_fill(~active, float("-inf"))
         top_values, top_features = masked.topk(kk, dim=-1)

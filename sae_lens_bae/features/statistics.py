@@ -1,21 +1,20 @@
 """Per-model feature statistics: the columns of the BAE-vs-SAE comparison table.
 
-Which definition each count follows (see also ``docs/research/feature-study.md``):
+One definition of how often a channel is active, used by every table, plot and report
+(``bae quickstart``, ``bae compare``, the firing-frequency and density plots, the dashboard):
 
+* **active**: an SAE latent is active on a token when it fires (z != 0); a BAE bit when it is in
+  its rare state (its bit differs from the bit's usual value on the tokens read: the bit of its
+  canonical code is 1, see ``saes.canonical``). ``channel_activity`` decides it per token.
+* **firing frequency** (``firing_frequency``): per channel, the fraction of tokens on which it is
+  active; a BAE bit's rarity min(p, 1 - p).
+* ``frequency_counts`` of it: **L0** (its sum: mean active channels per token), **dead** (0),
+  **constant** (below ``CONSTANT_RARITY`` = 1e-4, dead ones included), **dense** (above
+  ``DENSE_FREQUENCY`` = 0.1).
 * ``activated``: the paper's ComSem definition: every token's top-k features over *all*
-  channels by the model's magnitude (``top_k_records(..., candidates="all")``: for a BAE the
-  two-sided burstiness log2|h_B - p|, so a mostly-on channel that is off counts), and a feature is
-  activated with at least ``n_explain + 1`` records (Algorithm 1). ``activated_strict``: the same
-  records, more than ``TABLE_1_MIN_RECORDS`` = 8 of them (Table 1's caption). ``activated_firing``:
-  ours before, top-k over firing channels only and more than ``activated_min_samples`` records.
-* ``active_frequency`` per channel: how often a channel is in its informative state: an SAE
-  latent's firing frequency, a BAE bit's rarity ``min(p, 1 - p)`` (its rare state, whichever of
-  0/1 that is; see ``saes.canonical``). ``dead`` (never active), ``constant`` (active on fewer
-  than ``constant_threshold`` of the tokens: no information), ``dense`` (active on more than
-  ``dense_threshold``) and ``frequent`` (more than ``frequent_threshold``) count on it, for both.
-  A BAE bit's rarity is at most 1/2, so at the default ``dense_threshold`` = 1/2 a BAE has no
-  dense bit by construction; ``frequent`` compares the two kinds fairly, and
-  ``firing_over_half`` counts a BAE's raw code bits on for more than half of the tokens.
+  channels by a magnitude (``top_k_records``), a feature activated with at least ``n_explain + 1``
+  records (Algorithm 1); ``activated_strict``: more than ``TABLE_1_MIN_RECORDS`` = 8 of them
+  (Table 1's caption). ``activated_firing``: top-k over firing channels only.
 """
 
 from __future__ import annotations
@@ -27,19 +26,63 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.evaluation import evaluate_sae
+from sae_lens_bae.features.activity import channel_activity, rarity
 from sae_lens_bae.features.burstiness import code_prior
 from sae_lens_bae.features.records import FeatureRecords
 from sae_lens_bae.saes.resampling import CONSTANT_RARITY
 
 __all__ = [
+    "DENSE_FREQUENCY",
     "TABLE_1_MIN_RECORDS",
-    "active_frequency",
+    "channel_activity",
     "decoder_covariance_norm",
     "feature_statistics",
+    "firing_frequency",
+    "frequency_counts",
+    "rarity",
 ]
 
 TABLE_1_MIN_RECORDS = 8
 """The paper's Table 1 counts a feature activated with more than this many records."""
+
+DENSE_FREQUENCY = 0.1
+"""A channel active on more than this fraction of tokens is dense (the dense-latent threshold of
+the SAE literature; a BAE bit's rarity is at most 1/2, so 1/2 could never count one)."""
+
+
+@torch.no_grad()
+def firing_frequency(
+    sae: Any, activations: Float[Tensor, "n d_in"], batch_size: int = 4096
+) -> Float[Tensor, " channels"]:
+    """Per channel, the fraction of ``activations`` on which it is active (``channel_activity``):
+    an SAE latent's firing rate, a BAE bit's rarity min(p, 1 - p)."""
+    if hasattr(sae, "encode_bits"):
+        return rarity(code_prior(sae, activations, source="evaluation", batch_size=batch_size))
+    total = None
+    for start in range(0, activations.shape[0], batch_size):
+        x = activations[start : start + batch_size].to(sae.W_dec.device, sae.W_dec.dtype)
+        part = channel_activity(sae, x).sum(0, dtype=torch.float64).cpu()
+        total = part if total is None else total + part
+    if total is None:
+        raise ValueError("firing_frequency needs at least one activation")
+    return (total / activations.shape[0]).float()
+
+
+def frequency_counts(
+    frequency: Float[Tensor, " channels"],
+    dense_threshold: float = DENSE_FREQUENCY,
+    constant_threshold: float = CONSTANT_RARITY,
+) -> dict[str, Any]:
+    """What every report counts on the firing frequency: ``l0`` (its sum), ``dead``,
+    ``constant``, ``dense`` and ``channels``."""
+    frequency = frequency.detach().double().cpu()
+    return {
+        "l0": float(frequency.sum()),
+        "dead": int((frequency == 0).sum()),
+        "constant": int((frequency < constant_threshold).sum()),
+        "dense": int((frequency > dense_threshold).sum()),
+        "channels": int(frequency.numel()),
+    }
 
 
 @torch.no_grad()
@@ -56,18 +99,6 @@ def decoder_covariance_norm(W_dec: Float[Tensor, "d_sae d_in"]) -> float:
     return float(torch.linalg.eigvalsh(cov).abs().max())
 
 
-def active_frequency(
-    sae: Any, activations: Float[Tensor, "n d_in"], firing_rates: Float[Tensor, " d_sae"]
-) -> tuple[Float[Tensor, " channels"], Float[Tensor, " channels"]]:
-    """Per channel, the fraction of ``activations`` on which it is in its informative state (a
-    BAE code bit's rarity min(p, 1 - p) with p its mean code here, an SAE latent's firing rate),
-    and the fraction on which it is on (p, or the firing rate)."""
-    if hasattr(sae, "encode_bits"):
-        p = code_prior(sae, activations, source="evaluation")
-        return torch.minimum(p, 1.0 - p), p
-    return firing_rates.float(), firing_rates.float()
-
-
 def feature_statistics(
     sae: Any,
     activations: Float[Tensor, "n d_in"],
@@ -76,35 +107,26 @@ def feature_statistics(
     firing_records: FeatureRecords | None = None,
     n_explain: int = 5,
     activated_min_samples: int = 8,
-    dense_threshold: float = 0.5,
+    dense_threshold: float = DENSE_FREQUENCY,
     constant_threshold: float = CONSTANT_RARITY,
-    frequent_threshold: float = 0.1,
     targets: Float[Tensor, "n d_out"] | None = None,
 ) -> dict[str, Any]:
-    """Held-out reconstruction loss, explained variance, L0 and firing rates (``evaluate_sae``),
-    the decoder covariance norm, the per-channel ``active_frequency`` and its counts (``dead``,
-    ``constant``, ``dense``, ``frequent``), and, given records, ``activated`` (``records`` made
-    over all channels: at least ``n_explain + 1`` records) and ``activated_firing``
-    (``firing_records``: more than ``activated_min_samples``). See the module for the
-    definitions. ``targets``: a transcoder's output hook point (errors are measured against
-    them)."""
-    stats = evaluate_sae(sae, activations, dense_threshold=dense_threshold, targets=targets)
+    """Held-out reconstruction loss and explained variance (``evaluate_sae``), the decoder
+    covariance norm, the per-channel ``firing_frequency`` and its ``frequency_counts`` (``l0``,
+    ``dead``, ``constant``, ``dense``), and, given records, ``activated`` (``records`` made over
+    all channels: at least ``n_explain + 1`` records), ``activated_strict`` (more than 8) and
+    ``activated_firing`` (``firing_records``: more than ``activated_min_samples``). See the
+    module for the definitions. ``targets``: a transcoder's output hook point (errors are
+    measured against them)."""
+    stats = evaluate_sae(sae, activations, targets=targets)
+    stats.pop("firing_rates")  # a BAE's raw bits: the frequency below is the one definition
     stats["decoder_covariance_norm"] = decoder_covariance_norm(sae.W_dec)
-    frequency, on = active_frequency(sae, activations, stats["firing_rates"])
-    stats["active_frequency"] = frequency
-    stats["channels"] = int(frequency.numel())
-    # per token, the channels in their informative state, averaged: an SAE's L0, and a BAE's
-    # bits in their rare state (each bit is rare on min(p, 1 - p) of the tokens)
-    stats["l0_rare"] = float(frequency.double().sum())
-    stats["dead"] = int((frequency == 0).sum())
-    stats["constant"] = int((frequency < constant_threshold).sum())
-    stats["dense"] = int((frequency > dense_threshold).sum())
-    stats["frequent"] = int((frequency > frequent_threshold).sum())
-    stats["firing_over_half"] = int((on > 0.5).sum())
+    frequency = firing_frequency(sae, activations)
+    stats["firing_frequency"] = frequency
+    stats.update(frequency_counts(frequency, dense_threshold, constant_threshold))
     stats["thresholds"] = {
         "dense": dense_threshold,
         "constant": constant_threshold,
-        "frequent": frequent_threshold,
         "n_explain": n_explain,
         "activated_min_samples": activated_min_samples,
     }
