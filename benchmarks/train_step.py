@@ -37,7 +37,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, covariance_products, fused_covariance
+from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.kernels import fused as fused_covariance
+from sae_lens_bae.kernels import products as covariance_products
 from sae_lens_bae.saes.objective import covariance_penalty, dense_covariance_penalty
 
 

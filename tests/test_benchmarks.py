@@ -191,7 +191,7 @@ def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_pa
         assert row["bits"] == pytest.approx(cell.bits, rel=1e-6)
         assert row["relative_error"] == pytest.approx(cell.relative_error, rel=1e-6)
         assert row["steps"] == 200  # no convergence stop in this recipe
-    lowered = benchmark.recipe_for(16, "paper", None, {"lr": 1e-3})
+    lowered = benchmark.recipe_for(16, "long_run", None, {"lr": 1e-3})
     # as EntropyRecipe.long_run(16, lr=1e-3): the cosine ends at a tenth of the lr given
     assert (lowered.optimiser.lr, lowered.optimiser.lr_end) == (1e-3, 1e-4)
     code, error = _refused(capsys, benchmark, "--recipe-base", "long_run",

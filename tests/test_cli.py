@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 
 from sae_lens_bae import BAE, BAETrainingSAE
 from sae_lens_bae.cli import COMMANDS, app
-from sae_lens_bae.cli.app import build_app
 from sae_lens_bae.cli.options import config_class, config_command, options_of
 from sae_lens_bae.entropy.estimate import is_reliable
 from sae_lens_bae.experiments.synthetic import GRIDS
@@ -48,9 +47,8 @@ def test_every_command_has_help_with_every_config_field(path):
     result = runner.invoke(app, [*path, "--help"])
     assert result.exit_code == 0, result.output
     run = next(run for p, run, *_ in COMMANDS if p == path)
-    for option in options_of(config_class(run)):  # an old name works but is not offered
-        shown = re.search(rf"^  {option.flag}\b", result.output, re.MULTILINE) is not None
-        assert shown == (option.renamed_to is None), option.flag
+    for option in options_of(config_class(run)):
+        assert re.search(rf"^  {option.flag}\b", result.output, re.MULTILINE), option.flag
 
 
 @pytest.mark.parametrize("path", [(), *[path for path, *_ in COMMANDS]], ids=["bae", *IDS])
@@ -69,40 +67,14 @@ def test_help_reads_at_80_columns(path):
 
 
 @pytest.mark.parametrize(
-    ("old", "new", "field", "value"),
-    [
-        (["quickstart", "--corpus", "{text}"], ["quickstart", "--dataset", "{text}"], "dataset",
-         None),
-        (["train", "--dataset", "x", "--out", "o", "--preset", "entropy"],
-         ["train", "--dataset", "x", "--out", "o", "--recipe", "entropy"], "recipe", "entropy"),
-        (["bench", "synthetic", "--preset", "test", "--ranks", "0,2"],
-         ["bench", "synthetic", "--grid", "test", "--planted-bits", "0,2"], "planted_bits", (0, 2)),
-        (["bench", "two-token", "--ranks", "0,3"], ["bench", "two-token", "--planted-bits", "0,3"],
-         "planted_bits", (0, 3)),
-    ],
+    "old",
+    [["quickstart", "--corpus", "x"], ["train", "--dataset", "x", "--out", "o", "--preset", "a"],
+     ["bench", "synthetic", "--ranks", "0,2"], ["bench", "two-token", "--ranks", "0,3"]],
 )  # fmt: skip
-def test_an_old_option_name_builds_the_same_config_with_a_warning(
-    old, new, field, value, tiny_corpus
-):
-    seen = []
-
-    def recorder(run):
-        def record(cfg, progress=True):  # noqa: ARG001
-            seen.append(cfg)
-
-        record.__annotations__ = {"cfg": config_class(run), "progress": bool}
-        return record
-
-    app_ = build_app(recorder)
-    old = [str(tiny_corpus) if part == "{text}" else part for part in old]
-    new = [str(tiny_corpus) if part == "{text}" else part for part in new]
-    by_old = CliRunner().invoke(app_, old)
-    by_new = CliRunner().invoke(app_, new)
-    assert by_old.exit_code == by_new.exit_code == 0, by_old.output + by_new.output
-    assert seen[0] == seen[1] and getattr(seen[0], field) == (value or str(tiny_corpus))
-    for flag in (part for part in old if part.startswith("--") and part not in new):
-        assert f"Warning: {flag} is deprecated and goes in 0.3.0: use --" in by_old.output
-    assert "deprecated" not in by_new.output
+def test_names_no_release_shipped_are_not_options(old):
+    """0.2.0 is the first release: no option keeps a name it had before it."""
+    result = CliRunner().invoke(app, old)
+    assert result.exit_code == 2 and "No such option" in result.output, result.output
 
 
 def _recording_app(run):
@@ -191,8 +163,6 @@ def test_cli_defaults_and_options_are_the_config_fields(path, tmp_path, monkeypa
     assert seen.pop() == expected  # the defaults of the CLI are the config's
 
     for option in options:
-        if option.renamed_to is not None:
-            continue  # an old name: test_an_old_option_name_builds_the_same_config_with_a_warning
         text = _other_value(option, cls)
         if text is None:
             default = option.default
@@ -583,7 +553,7 @@ PREVIOUS_OPTIONS = {
         "out",
         "model",
         "layer",
-        "corpus",
+        "dataset",
         "text_column",
         "steps",
         "context_size",
@@ -598,7 +568,7 @@ PREVIOUS_OPTIONS = {
         "training_tokens",
         "batch_size",
         "lr",
-        "d_sae",
+        "expansion",
         "bits",
         "entropy_coefficient",
         "covariance_coefficient",
@@ -655,10 +625,10 @@ PREVIOUS_OPTIONS = {
         "top",
     ),
     ("bench", "synthetic"): (
-        "preset",
+        "grid",
         "out",
         "steps",
-        "ranks",
+        "planted_bits",
         "expansions",
         "seeds",
         "ablation",
@@ -670,7 +640,7 @@ PREVIOUS_OPTIONS = {
         "layer",
         "hook",
         "words",
-        "ranks",
+        "planted_bits",
         "n_samples",
         "expansion",
         "steps",

@@ -52,7 +52,8 @@ def compare_out(tiny_hf_llama_dir, tiny_corpus, tmp_path_factory) -> Path:
             families=("bae", "standard"),
             bae_scales=(1.0,),
             l1_coefficients=(5.0,),
-            lrs=(2e-3,),
+            lrs=(1e-3, 2e-3),
+            lr_extensions=0,
             seeds=(0,),
             d_sae=64,
             steps=24,  # shorter than the remedy window: no resampled channel, no twin records

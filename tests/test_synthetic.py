@@ -82,7 +82,7 @@ def test_restarts_from_the_command_line_reach_the_recipe_and_the_rows(tmp_path):
     assert SyntheticConfig(grid="mid", restarts=3).chosen_grid().recipe.selection.restarts == 3
     with pytest.raises(ValueError, match="^restarts must be at least 1, got 0$"):
         SyntheticConfig(grid="cpu", restarts=0)
-    summary = run(SyntheticConfig(grid="test", ranks=[2], ablation=False, restarts=2,
+    summary = run(SyntheticConfig(grid="test", planted_bits=[2], ablation=False, restarts=2,
                                   out=tmp_path), False)  # fmt: skip
     [row] = summary["results"]
     [objectives] = row["restart_objectives"]  # one seed, two restarts (each repaired here to
@@ -252,7 +252,7 @@ def test_the_ablation_can_be_left_out_from_the_command_line(tmp_path):
     assert SyntheticConfig(grid="gpu").chosen_grid().ablation is True
     assert SyntheticConfig(grid="gpu", ablation=False).chosen_grid().ablation is False
     assert SyntheticConfig(grid="mid", ablation=True).chosen_grid().ablation is True
-    summary = run(SyntheticConfig(grid="test", ranks=[0], ablation=False, out=tmp_path), False)
+    summary = run(SyntheticConfig(grid="test", planted_bits=[0], ablation=False, out=tmp_path), False)
     assert [row["objective"] for row in summary["results"]] == [True]
     report = (tmp_path / "synthetic.md").read_text()
     assert "Bar met with the objective (every cell, >= 1 seeds): True\n" in report

@@ -98,6 +98,7 @@ class Study:
             self.models[name], self.splits[split], self.cfg.records_k, self.cfg.prior
         )
         if split == "test":
+            records.info = {"model": self.data.model, "hook": self.data.hook, "sae": name}
             self.records[name] = records
             self.frequencies[name] = (sums.active.sum(0) / sums.tokens.sum()).float()
         self._sums = sums

@@ -427,7 +427,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             bits = feature_acts
         else:
             bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
-        self._codes = code_penalties(
+        terms = code_penalties(
             bits.reshape(-1, bits.shape[-1]),
             entropy_coefficient=step_input.coefficients["entropy"],
             covariance_coefficient=step_input.coefficients["covariance"]
@@ -435,7 +435,9 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             entropy_on=schedule.entropy_on(n),
             batch=self.batch,
         )
-        return {name: self._codes[name] for name in ("entropy_loss", "covariance_loss")}
+        losses = {name: terms.pop(name) for name in ("entropy_loss", "covariance_loss")}
+        self._codes = terms  # detached statistics, for the record after the step
+        return losses
 
     @override
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:

@@ -149,7 +149,7 @@ def code_penalties(
         entropy_bits = entropy.detach() * (1.0 / entropy_coefficient)
     else:
         entropy_bits = binary_entropy(mean_code.detach(), eps)
-        entropy = torch.zeros_like(entropy_bits)
+        entropy = _zero_like(entropy_bits)
     if covariance_coefficient > 0:  # every rank computes its band of tiles; the bands add up
         share = (batch.rank, batch.world)
         penalty = covariance_penalty(
@@ -159,7 +159,7 @@ def code_penalties(
         if covariance_off is not None:
             covariance = covariance.masked_fill(covariance_off, 0.0)
     else:
-        covariance = torch.zeros_like(entropy_bits)
+        covariance = _zero_like(entropy_bits)
     return {
         "entropy_loss": entropy,
         "covariance_loss": covariance,
@@ -167,6 +167,21 @@ def code_penalties(
         "batch_mean_code": mean_code.detach(),
         "global_bits": global_bits.detach(),
     }
+
+
+_ZEROS: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+"""One zero per device and dtype: the terms that are off are views of it."""
+
+
+def _zero_like(like: Tensor) -> Tensor:
+    """A term that is off: outside a compiled graph a view of a zero made once, which costs no
+    kernel (a small BAE's GPU step costs its launches)."""
+    if torch.compiler.is_compiling():  # a compiled graph fuses it anyway
+        return torch.zeros_like(like)
+    key = (like.device, like.dtype)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros((), dtype=like.dtype, device=like.device)
+    return _ZEROS[key].expand(like.shape)
 
 
 def bae_objective(
