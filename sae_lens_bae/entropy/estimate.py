@@ -323,35 +323,51 @@ def code_entropy(
     has_variance = variance > 1e-12 * max(total, 1e-30)
     relative_error = sse / variance if has_variance else None
     typical_error = reservoir.typical_relative_error() if has_variance else None
-    ceiling = math.log2(len(states))
     bootstrap_std = None
     if replicate_counts is not None and replicate_sizes is not None:
         p = (replicate_counts / replicate_sizes.clamp_min(1.0)[:, None]).float().clamp(0.0, 1.0)
         bootstrap_std = float(binary_entropy(p).clamp_min(0.0).std()) if bootstrap > 1 else 0.0
-    excess = excess_bits(bits_estimate, codes.values())
+    errors = (relative_error, typical_error)
+    return _estimate(bits_estimate, rates, states, codes, errors, bootstrap_std, max_relative_error)
+
+
+def _estimate(
+    bits: float,
+    rates: Tensor,
+    states: Counter[int],
+    codes: Counter[int],
+    errors: tuple[float | None, float | None],
+    bootstrap_std: float | None,
+    max_relative_error: float,
+) -> EntropyEstimate:
+    """The estimate of a set whose distinct states and codes were counted (hash -> states), with
+    its relative and typical errors and bootstrap spread, judged by the rule."""
+    n = sum(states.values())
+    ceiling = math.log2(len(states))
+    excess = excess_bits(bits, codes.values())
     state_bits, code_bits = plugin_entropy(states.values()), plugin_entropy(codes.values())
     reliable = is_reliable(
-        bits_estimate,
+        bits,
         ceiling,
-        relative_error,
+        errors[0],
         excess,
         max_relative_error,
-        typical_error,
+        errors[1],
         state_bits=discrete_set_bits(state_bits, len(states), n),
         code_bits=code_bits,
     )
     return EntropyEstimate(
-        bits=bits_estimate,
+        bits=bits,
         firing_rates=rates,
         n_samples=n,
         n_distinct=len(states),
         ceiling_bits=ceiling,
         code_bits=code_bits,
-        relative_error=relative_error,
+        relative_error=errors[0],
         reliable=reliable,
         bootstrap_std=bootstrap_std,
         n_codes=len(codes),
         excess_bits=excess,
-        typical_relative_error=typical_error,
+        typical_relative_error=errors[1],
         state_bits=state_bits,
     )
