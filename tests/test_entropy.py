@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from sae_lens_bae import BAE, BAEConfig, code_entropy
+from sae_lens_bae.entropy.estimate import unreliable_reasons
 from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.saes.decoder_refit import least_squares_decoder
 
@@ -78,7 +79,12 @@ def test_dependent_channels_below_the_ceiling_are_flagged_by_their_excess():
     correction = 3 / (2 * 1280 * math.log(2))  # Miller-Madow: 4 codes in 1280 states
     single = code_entropy(TwoBitCodes(1), states)
     assert single.n_codes == 4 and single.code_bits == pytest.approx(2.0)
-    assert single.excess_bits == pytest.approx(-correction) and single.reliable
+    assert single.excess_bits == pytest.approx(-correction) and single.state_bits == 6.0
+    # reconstructed and not double-counted, but 4 of the set's 6 bits merged: not its entropy
+    assert not single.reliable
+    assert unreliable_reasons(
+        single.bits, 6.0, single.relative_error, single.excess_bits, state_bits=6.0, code_bits=2.0
+    ) == ["the code merges states: 2.00 of the set's 6.00 bits kept"]
     # SSE: the 4 small coordinates' squares (c^2 / 2 each); variance: 1/4 and c^2 / 4 each
     assert single.relative_error == pytest.approx((4 * 0.05**2 / 2) / (2 / 4 + 4 * 0.05**2 / 4))
     twice = code_entropy(TwoBitCodes(2), states)

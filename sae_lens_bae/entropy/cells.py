@@ -24,7 +24,8 @@ from sae_lens_bae.entropy.estimate import (
     DEFAULT_MAX_RELATIVE_ERROR,
     EntropyEstimate,
     code_entropy,
-    is_reliable,
+    discrete_set_bits,
+    unreliable_reasons,
 )
 from sae_lens_bae.entropy.recipe import TRACING_RECIPE, EntropyRecipe
 from sae_lens_bae.entropy.reference import QuantizerReading, reference_reading
@@ -68,7 +69,7 @@ class CellEntropy:
     n_samples: int
     n_distinct: int
     ceiling_bits: float
-    code_bits: float
+    code_bits: float  # the plug-in entropy of the codes on the set, mean over seeds
     bootstrap_std: float | None
     reliable: bool
     excess_bits: float | None  # over the codes' joint entropy, mean over seeds (see estimate)
@@ -86,6 +87,8 @@ class CellEntropy:
     repaired_channels: list[list[int]] | None = None  # per seed, the channels knocked out of its
     # kept BAE by a repair (entropy.repair; [] for none); None where the recipe never repairs
     repair_steps: int = 0  # the most steps the repairs of a kept BAE trained (beside ``steps``)
+    state_bits: float | None = None  # the plug-in entropy of the set's distinct states
+    reasons: list[str] = field(default_factory=list)  # the rule's failed conditions, in words
 
     @torch.no_grad()
     def codes(self, states: Float[Tensor, "n d"]) -> Float[Tensor, "n n_bits"]:
@@ -120,6 +123,8 @@ class CellEntropy:
             "decoder_refits": self.decoder_refits,
             "repaired_channels": self.repaired_channels,
             "repair_steps": self.repair_steps,
+            "state_bits": self.state_bits,
+            "reasons": self.reasons,
             **reference,
         }
 
@@ -146,9 +151,17 @@ def _cell(
     typical_error = _mean([e.typical_relative_error for e in estimates])
     mean_bits = sum(bits) / len(bits)
     excess = _mean([e.excess_bits for e in estimates])
+    code_bits = sum(e.code_bits for e in estimates) / len(estimates)
     frame = current_input_scale(bae)
-    reliable = is_reliable(
-        mean_bits, first.ceiling_bits, relative_error, excess, max_relative_error, typical_error
+    reasons = unreliable_reasons(
+        mean_bits,
+        first.ceiling_bits,
+        relative_error,
+        excess,
+        max_relative_error,
+        typical_error,
+        state_bits=discrete_set_bits(first.state_bits, first.n_distinct, first.n_samples),
+        code_bits=code_bits,
     )
     return CellEntropy(
         bits=mean_bits,
@@ -160,9 +173,9 @@ def _cell(
         n_samples=first.n_samples,
         n_distinct=first.n_distinct,
         ceiling_bits=first.ceiling_bits,
-        code_bits=first.code_bits,
+        code_bits=code_bits,
         bootstrap_std=first.bootstrap_std,
-        reliable=reliable,
+        reliable=not reasons,
         excess_bits=excess,
         steps=max(steps),
         scale=1.0 if frame is None else float(frame),
@@ -170,6 +183,8 @@ def _cell(
         history=history,
         restart_objectives=restart_objectives,
         restart_bits=restart_bits,
+        state_bits=first.state_bits,
+        reasons=reasons,
     )
 
 
@@ -209,7 +224,8 @@ def estimate_entropies(
     bootstrap spread over states (``bootstrap`` replicates, first seed), the reconstruction
     error, the ceiling and ``reliable`` (``entropy.estimate.is_reliable`` on the seeds' means:
     relative error, in total and for the typical state, at most ``max_relative_error``, within
-    the ceiling, no excess over the codes' joint entropy).
+    the ceiling, no excess over the codes' joint entropy, and the codes neither merging nor
+    double-counting the set's own plug-in entropy; ``reasons`` names what fails).
 
     Estimates and reconstruction are measured on ``eval_sets`` when given (held-out samples of the
     same distributions), else on the training sets themselves: the entropy *of that set* is the

@@ -23,8 +23,20 @@ covariance penalty pushes towards), and the code's entropy is at most the set's.
   far from the rest can carry it, and a code of those few passes the total while the median
   state keeps most of its error (docs/research/code-notes.md). The centre is a median, not the
   mean, because such states pull the mean away from all the others too;
+* ``state_bits``: the plug-in entropy of the distinct states themselves, the entropy of the
+  set's own empirical distribution (log2 n when every state is distinct). The code is a
+  function of the state, so ``code_bits`` is at most it; the difference is what the code merges
+  (``lost_bits``), and ``bits - code_bits`` is what the channels count twice *on this set*
+  (exact, no sample-size condition: both are plug-ins of the same states). The estimate minus
+  ``state_bits`` is the second less the first, so with both within ``set_tolerance`` the
+  estimate is within it of the set's entropy (docs/research/llm-truth.md). Both are asked only
+  of a *discrete* set, one where some state repeats exactly (``discrete_set_bits``): where
+  every state is distinct, the states may be noisy copies of fewer values, which a code should
+  merge (the rule then cannot tell merging from reading);
 * ``reliable``: both errors at most ``max_relative_error``, the estimate within the ceiling,
-  and an excess (where known) at most ``max(MIN_EXCESS_BITS, EXCESS_FRACTION * joint entropy)``;
+  an excess (where known) at most ``max(MIN_EXCESS_BITS, EXCESS_FRACTION * joint entropy)``,
+  and the code neither merging nor double-counting more than ``set_tolerance(state_bits)``;
+  ``unreliable_reasons`` names the conditions that fail;
 * ``bootstrap_std``: the spread of the estimate over states resampled with replacement (Poisson
   bootstrap, streamed), for the same BAE.
 """
@@ -52,8 +64,11 @@ __all__ = [
     "code_entropy",
     "excess_bits",
     "is_reliable",
+    "discrete_set_bits",
     "plugin_entropy",
+    "set_tolerance",
     "typical_relative_error",
+    "unreliable_reasons",
 ]
 
 DEFAULT_MAX_RELATIVE_ERROR = 0.2
@@ -66,6 +81,11 @@ EXCESS_FRACTION = 0.05
 benchmark's accuracy bar, 0.05 r bits) ..."""
 MIN_EXCESS_BITS = 0.1
 """... or by this many bits, whichever is larger."""
+SET_TOLERANCE_BITS = 0.25
+"""A code may merge, or count twice, this many bits of the set's own entropy ..."""
+SET_TOLERANCE_FRACTION = 0.03
+"""... or this fraction of it, whichever is larger: the accuracy asked of a reading of real
+states whose entropy is known (``bae bench llm-truth``)."""
 TYPICAL_SAMPLE = 8192
 """States kept (a uniform reservoir sample of the stream) to measure the typical state's error:
 a median needs the states, and a set may not fit in memory."""
@@ -87,6 +107,18 @@ class EntropyEstimate:
     n_codes: int = 0
     excess_bits: float | None = None
     typical_relative_error: float | None = None
+    state_bits: float | None = None
+
+
+def discrete_set_bits(state_bits: float | None, n_distinct: int, n_samples: int) -> float | None:
+    """``state_bits`` where the set is discrete (some state repeats: fewer distinct states than
+    states), else None: the set-level conditions are asked of discrete sets only (see module)."""
+    return state_bits if n_distinct < n_samples else None
+
+
+def set_tolerance(state_bits: float) -> float:
+    """How far a reading may sit from a set's own entropy ``state_bits`` (see module)."""
+    return max(SET_TOLERANCE_BITS, SET_TOLERANCE_FRACTION * state_bits)
 
 
 def plugin_entropy(counts: Iterable[int]) -> float:
@@ -110,6 +142,41 @@ def excess_bits(bits: float, code_counts: Iterable[int]) -> float | None:
     return bits - joint
 
 
+def unreliable_reasons(
+    bits: float,
+    ceiling_bits: float,
+    relative_error: float | None,
+    excess: float | None,
+    max_relative_error: float = DEFAULT_MAX_RELATIVE_ERROR,
+    typical_error: float | None = None,
+    *,
+    state_bits: float | None = None,
+    code_bits: float | None = None,
+) -> list[str]:
+    """The conditions of the reliability rule (see module) that a reading fails, each in words
+    with its number; empty for a reliable reading. ``state_bits`` and ``code_bits`` (a discrete
+    set's plug-in entropy, ``discrete_set_bits``, and its code's) add the two set-level
+    conditions where both are given."""
+    reasons = []
+    errors = (("relative error", relative_error), ("typical state's error", typical_error))
+    for what, error in errors:
+        if error is not None and error > max_relative_error:
+            reasons.append(f"{what} {error:.2f}")
+    if bits > ceiling_bits + 1e-6:
+        reasons.append(f"estimate {bits:.1f} bits, over its ceiling {ceiling_bits:.1f}")
+    if excess is not None and excess > max(MIN_EXCESS_BITS, EXCESS_FRACTION * (bits - excess)):
+        reasons.append(f"dependent channels: {excess:.1f} bits over the code's joint entropy")
+    if state_bits is not None and code_bits is not None:
+        tolerance = set_tolerance(state_bits)
+        if state_bits - code_bits > tolerance:
+            reasons.append(
+                f"the code merges states: {code_bits:.2f} of the set's {state_bits:.2f} bits kept"
+            )
+        if bits - code_bits > tolerance:
+            reasons.append(f"channels count {bits - code_bits:.2f} bits twice on this set")
+    return reasons
+
+
 def is_reliable(
     bits: float,
     ceiling_bits: float,
@@ -117,15 +184,23 @@ def is_reliable(
     excess: float | None,
     max_relative_error: float = DEFAULT_MAX_RELATIVE_ERROR,
     typical_error: float | None = None,
+    *,
+    state_bits: float | None = None,
+    code_bits: float | None = None,
 ) -> bool:
     """The reliability rule (see module): reconstruction (in total and for the typical state),
-    ceiling and excess."""
-    for error in (relative_error, typical_error):
-        if error is not None and error > max_relative_error:
-            return False
-    if bits > ceiling_bits + 1e-6:
-        return False
-    return excess is None or excess <= max(MIN_EXCESS_BITS, EXCESS_FRACTION * (bits - excess))
+    ceiling, excess and, given the set's and the code's plug-in entropies, separation and
+    double counting on the set."""
+    return not unreliable_reasons(
+        bits,
+        ceiling_bits,
+        relative_error,
+        excess,
+        max_relative_error,
+        typical_error,
+        state_bits=state_bits,
+        code_bits=code_bits,
+    )
 
 
 def typical_relative_error(
@@ -211,7 +286,7 @@ def code_entropy(
     reservoir = _Reservoir(TYPICAL_SAMPLE, torch.Generator().manual_seed(seed))
     counts: Tensor | None = None
     replicate_counts = replicate_sizes = None
-    states: set[int] = set()
+    states: Counter[int] = Counter()
     codes: Counter[int] = Counter()
     n = 0
     sse = total = 0.0
@@ -248,26 +323,51 @@ def code_entropy(
     has_variance = variance > 1e-12 * max(total, 1e-30)
     relative_error = sse / variance if has_variance else None
     typical_error = reservoir.typical_relative_error() if has_variance else None
-    ceiling = math.log2(len(states))
     bootstrap_std = None
     if replicate_counts is not None and replicate_sizes is not None:
         p = (replicate_counts / replicate_sizes.clamp_min(1.0)[:, None]).float().clamp(0.0, 1.0)
         bootstrap_std = float(binary_entropy(p).clamp_min(0.0).std()) if bootstrap > 1 else 0.0
-    excess = excess_bits(bits_estimate, codes.values())
+    errors = (relative_error, typical_error)
+    return _estimate(bits_estimate, rates, states, codes, errors, bootstrap_std, max_relative_error)
+
+
+def _estimate(
+    bits: float,
+    rates: Tensor,
+    states: Counter[int],
+    codes: Counter[int],
+    errors: tuple[float | None, float | None],
+    bootstrap_std: float | None,
+    max_relative_error: float,
+) -> EntropyEstimate:
+    """The estimate of a set whose distinct states and codes were counted (hash -> states), with
+    its relative and typical errors and bootstrap spread, judged by the rule."""
+    n = sum(states.values())
+    ceiling = math.log2(len(states))
+    excess = excess_bits(bits, codes.values())
+    state_bits, code_bits = plugin_entropy(states.values()), plugin_entropy(codes.values())
     reliable = is_reliable(
-        bits_estimate, ceiling, relative_error, excess, max_relative_error, typical_error
+        bits,
+        ceiling,
+        errors[0],
+        excess,
+        max_relative_error,
+        errors[1],
+        state_bits=discrete_set_bits(state_bits, len(states), n),
+        code_bits=code_bits,
     )
     return EntropyEstimate(
-        bits=bits_estimate,
+        bits=bits,
         firing_rates=rates,
         n_samples=n,
         n_distinct=len(states),
         ceiling_bits=ceiling,
-        code_bits=plugin_entropy(codes.values()),
-        relative_error=relative_error,
+        code_bits=code_bits,
+        relative_error=errors[0],
         reliable=reliable,
         bootstrap_std=bootstrap_std,
         n_codes=len(codes),
         excess_bits=excess,
-        typical_relative_error=typical_error,
+        typical_relative_error=errors[1],
+        state_bits=state_bits,
     )
