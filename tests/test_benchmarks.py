@@ -356,11 +356,9 @@ def test_terms_that_are_off_cost_no_kernel_and_add_nothing():
 
 def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does():
     """One SAELens training step of a BAE without its covariance term costs fewer ATen ops than
-    SAELens' ``standard`` SAE (91 against 100 with torch 2.13 and sae-lens 6.54; the bound,
-    4 fewer, leaves room for 5 more; it was 125 before the step's losses, surrogate and input
-    check were written in fewer kernels, and 102 before its encoder and decoder became one addmm
-    each and its off terms and coefficients stopped costing kernels), so that a GPU step whose
-    launches dominate costs no more than ``standard``'s does."""
+    SAELens' ``standard`` SAE (97 against 100 with torch 2.13 and sae-lens 6.54: the step is
+    SAELens' own, its reconstruction SAELens' summed squared error divided by d_in), so that a
+    GPU step whose launches dominate costs no more than ``standard``'s does."""
     bench = _load_benchmark("train_step")
     from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
 
@@ -371,7 +369,7 @@ def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does(
         "bae_no_covariance": bench.bae_at_density(16, 64, batch, None, covariance_coefficient=0.0),
     }
     ops = bench.ops_per_step(saes, batch)
-    assert ops["bae_no_covariance"] <= ops["standard"] - 4, ops
+    assert ops["bae_no_covariance"] <= ops["standard"] - 3, ops
 
 
 def test_the_step_benchmark_times_compiled_steps_beside_the_eager_ones():
@@ -424,9 +422,9 @@ def test_the_step_profile_finds_the_covariance_function_in_the_bae_step_alone(tm
     assert list(report) == ["standard", "bae", "bae_no_covariance"]
     calls = {name: {row["call"]: row["calls_per_step"] for row in model["by_host_time"]}
              for name, model in report.items()}  # fmt: skip
-    assert calls["bae"]["_CovariancePenalty"] == calls["bae"]["_CovariancePenaltyBackward"] == 1.0
-    assert "_CovariancePenalty" not in calls["bae_no_covariance"]
-    assert "_CovariancePenalty" not in calls["standard"]
+    assert calls["bae"]["_TiledPenalty"] == calls["bae"]["_TiledPenaltyBackward"] == 1.0
+    assert "_TiledPenalty" not in calls["bae_no_covariance"]
+    assert "_TiledPenalty" not in calls["standard"]
     for model in report.values():
         assert model["device_busy_ms_per_step"] == 0.0 and model["by_device_time"] == []
         parts = model["host_in_calls_ms_per_step"] + model["host_outside_calls_ms_per_step"]

@@ -18,7 +18,6 @@ import dataclasses
 import inspect
 import types
 import typing
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass
 from pathlib import Path
@@ -310,9 +309,7 @@ def config_command(
 
     def command(**values: Any) -> None:
         try:
-            with warnings.catch_warnings():  # said below, in the command line's own words
-                warnings.simplefilter("ignore", DeprecationWarning)
-                config = build_config(config_cls, options, values)
+            config = build_config(config_cls, options, values)
         except (ValueError, FileNotFoundError) as e:  # a value out of range, a path to nothing
             fail(e)
         try:

@@ -188,31 +188,31 @@ def _entropy_paragraph(bae: dict[str, Any]) -> str:
     )
 
 
+_ROWS = [
+    ("reconstruction loss (mean sq. error, raw scale)", "reconstruction_loss", ".4g"),
+    ("relative error (SSE / SST)", "relative_error", ".4f"),
+    ("typical state's relative error (median error / median spread)", "typical_relative_error",
+     ".4f"),
+    ("explained variance", "explained_variance", ".4f"),
+    ("mean active features per token (L0)", "l0", ".1f"),
+    ("entropy of firing rates (bits)", "entropy_bits", ".1f"),
+    ("dead features (never active on held-out)", "dead", ""),
+    ("constant features (active on < 0.01% of tokens)", "constant", ""),
+    ("dense features (active on > 10% of tokens)", "dense", ""),
+    ("features", "d_sae", ""),
+]  # fmt: skip
+"""The report's table: (label, the metric's key, its format)."""
+_SPLICED_ROWS = [
+    ("CE loss recovered, spliced into the model", "ce_loss_score", ".4f"),
+    ("KL divergence from the clean logits (nats/token)", "kl_div_with_sae", ".4f"),
+    ("next-token CE loss, spliced in", "ce_loss_with_sae", ".4f"),
+    ("next-token CE loss, clean model", "ce_loss_without_sae", ".4f"),
+]
+
+
 def _report(summary: dict[str, Any]) -> str:
     bae, topk = summary["models"]["bae"], summary["models"]["topk"]
-    rows = [
-        ("reconstruction loss (mean sq. error, raw scale)", "reconstruction_loss", ".4g"),
-        ("relative error (SSE / SST)", "relative_error", ".4f"),
-        (
-            "typical state's relative error (median error / median spread)",
-            "typical_relative_error",
-            ".4f",
-        ),
-        ("explained variance", "explained_variance", ".4f"),
-        ("mean active features per token (L0)", "l0", ".1f"),
-        ("entropy of firing rates (bits)", "entropy_bits", ".1f"),
-        ("dead features (never active on held-out)", "dead", ""),
-        ("constant features (active on < 0.01% of tokens)", "constant", ""),
-        ("dense features (active on > 10% of tokens)", "dense", ""),
-        ("features", "d_sae", ""),
-    ]
-    if "ce_loss_score" in bae:
-        rows += [
-            ("CE loss recovered, spliced into the model", "ce_loss_score", ".4f"),
-            ("KL divergence from the clean logits (nats/token)", "kl_div_with_sae", ".4f"),
-            ("next-token CE loss, spliced in", "ce_loss_with_sae", ".4f"),
-            ("next-token CE loss, clean model", "ce_loss_without_sae", ".4f"),
-        ]
+    rows = _ROWS + (_SPLICED_ROWS if "ce_loss_score" in bae else [])
     table = "\n".join(
         f"| {label} | {cell(bae.get(key), fmt)} | {cell(topk.get(key), fmt)} |"
         for label, key, fmt in rows

@@ -120,6 +120,39 @@ def run(cfg: SyntheticConfig, progress: bool = True) -> dict[str, Any]:
     return summarise(grid, rows)
 
 
+def _row(
+    r: int,
+    seed: int,
+    n_train: int,
+    expansion: int,
+    objective: bool,
+    cell: Any,
+    test: Any,
+    bits: Any,
+) -> dict[str, Any]:
+    """One BAE's row of ``synthetic.json``."""
+    return {
+        "r": r,
+        "seed": seed,
+        "n_train": n_train,
+        "expansion": expansion,
+        "objective": objective,
+        "estimate_bits": cell.bits,
+        "reconstruction_mse": cell.reconstruction_mse,
+        # held-out SSE as a fraction of the data variance (None for r = 0)
+        "relative_error": cell.relative_error,
+        # the same with the decoder as trained, before its least-squares refit
+        "trained_relative_error": cell.trained_relative_error,
+        # planted bits some bit of the code copies on >= RECOVERED of the held-out states
+        "recovered_bits": recovered_bits(cell.codes(test), bits),
+        "steps": cell.steps,  # at most the recipe's; fewer once converged
+        "restart_objectives": cell.restart_objectives,  # None without restarts
+        "restart_bits": cell.restart_bits,  # each restart's estimate, or None
+        "repaired_channels": cell.repaired_channels,  # per seed (entropy.repair)
+        "repair_steps": cell.repair_steps,  # trained by the repairs, beyond steps
+    }
+
+
 def run_grid(
     grid: SyntheticGrid,
     out_dir: str | Path | None = None,
@@ -167,28 +200,7 @@ def run_grid(
         )
         for (r, seed), cell in zip(cells, estimates, strict=True):
             train, test, test_bits = data[(r, seed)]
-            rows.append(
-                {
-                    "r": r,
-                    "seed": seed,
-                    "n_train": len(train),
-                    "expansion": expansion,
-                    "objective": objective,
-                    "estimate_bits": cell.bits,
-                    "reconstruction_mse": cell.reconstruction_mse,
-                    # held-out SSE as a fraction of the data variance (None for r = 0)
-                    "relative_error": cell.relative_error,
-                    # the same with the decoder as trained, before its least-squares refit
-                    "trained_relative_error": cell.trained_relative_error,
-                    # planted bits some channel copies on >= RECOVERED of the held-out states
-                    "recovered_bits": recovered_bits(cell.codes(test), test_bits),
-                    "steps": cell.steps,  # at most the recipe's; fewer once converged
-                    "restart_objectives": cell.restart_objectives,  # None without restarts
-                    "restart_bits": cell.restart_bits,  # each restart's estimate, or None
-                    "repaired_channels": cell.repaired_channels,  # per seed (entropy.repair)
-                    "repair_steps": cell.repair_steps,  # trained by the repairs, beyond steps
-                }
-            )
+            rows.append(_row(r, seed, len(train), expansion, objective, cell, test, test_bits))
             if seed == grid.seeds[0] and r == max(grid.ranks):
                 label = f"{'with' if objective else 'without'} objective, {expansion}x"
                 dynamics[label] = thin_history(cell.history)

@@ -201,13 +201,21 @@ def bae_objective(
     batch = penalties.get("batch", LOCAL_BATCH)
     # in fp32 whatever the autocast dtype: a bf16 mean would round the loss to 3 digits
     wide = torch.promote_types(sae_out.dtype, torch.float32)
-    error = F.mse_loss(sae_out.to(wide), sae_in.to(wide), reduction="none")
-    if batch.world == 1:
-        reconstruction = error.mean(dim=(-2, -1))
+    out, target = sae_out.to(wide), sae_in.to(wide)
+    if batch.world == 1 and out.ndim == 2:  # one kernel
+        reconstruction = F.mse_loss(out, target)
+    elif batch.world == 1:
+        reconstruction = F.mse_loss(out, target, reduction="none").mean(dim=(-2, -1))
     else:  # the ranks' sums over the global count
-        reconstruction = batch.sum(error.sum(dim=(-2, -1))) / (batch.world * error[0].numel())
+        error = F.mse_loss(out, target, reduction="none").sum(dim=(-2, -1))
+        reconstruction = batch.sum(error) / (batch.world * out.shape[-2] * out.shape[-1])
     terms = {"reconstruction_loss": reconstruction, **code_penalties(bits, **penalties)}
-    terms["loss"] = reconstruction + terms["entropy_loss"] + terms["covariance_loss"]
+    loss = reconstruction  # the terms that are off add nothing, and no kernel
+    if penalties.get("entropy_on", True) and penalties["entropy_coefficient"] != 0:
+        loss = loss + terms["entropy_loss"]
+    if penalties["covariance_coefficient"] > 0:
+        loss = loss + terms["covariance_loss"]
+    terms["loss"] = loss
     return terms
 
 
