@@ -1,6 +1,6 @@
 """Entropy of held-out fair-bit sets made outside the synthetic presets' generator, read through
 both paths a user takes: ``estimate_entropies`` with its default ``EntropyRecipe``, and a BAE of
-the registry's ``entropy`` preset trained by SAELens' ``SAETrainer`` (``train_sae``), then
+the registry's ``entropy`` recipe trained by SAELens' ``SAETrainer`` (``train_sae``), then
 ``code_entropy``. The check behind docs/research/heldout-sets.md's held-out tables: defaults
 that are right on sets no recipe was tuned on, whatever their scale and wherever they sit.
 

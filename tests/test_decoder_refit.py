@@ -81,9 +81,9 @@ def test_the_refit_is_the_regression_and_leaves_the_code(frame):
         bae = _bae(rescale_inputs_to=frame)
         states = torch.randn(2000, 6, generator=torch.Generator().manual_seed(2)) * 2 + 1
         if frame is not None:
-            from sae_lens_bae.saes.input_frame import fix_input_frame
+            from sae_lens_bae.saes.input_frame import fix_frame, module_frame
 
-            fix_input_frame(bae, states, frame)
+            fix_frame(module_frame(bae), states.reshape(-1, states.shape[-1]), frame)
         codes = bae.encode_bits(states)
         encoder, prior = bae.W_enc.detach().clone(), torch.cat([bae.W_dec, bae.b_dec[None]])
         scale = 1.0 if frame is None else float(bae.input_scale)

@@ -88,7 +88,7 @@ def _stacked_steps(rank: int | None, steps: int = 10) -> dict[str, Any]:
     )  # fmt: skip
     model = StackedBAE(cfg, seeds=[3, 4])
     if rank is not None:
-        model.global_batch = GlobalBatch.of()
+        model.batch = GlobalBatch.of()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     sets = torch.stack([_activations(), 2 * _activations() + 1])
     terms, grads = [], []

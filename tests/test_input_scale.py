@@ -10,7 +10,7 @@ from sae_lens.saes.sae import TrainStepInput
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.saes.bae_recipes import bae_config
-from sae_lens_bae.saes.input_frame import frame_input
+from sae_lens_bae.saes.input_frame import frame, module_frame
 from sae_lens_bae.training import train_sae
 
 
@@ -63,8 +63,8 @@ def test_the_frame_does_not_depend_on_where_the_states_sit():
     # the same first batch, moved: equal up to fp32 rounding of states 100 times farther out
     assert far.input_scale.item() == pytest.approx(near.input_scale.item(), rel=1e-4)
     assert torch.allclose(far.input_shift, near.input_shift - move, atol=1e-3)
-    framed = frame_input(near, x[:64])
-    assert torch.allclose(frame_input(far, x[:64] + move), framed, atol=1e-4)
+    framed = frame(x[:64], module_frame(near))
+    assert torch.allclose(frame(x[:64] + move, module_frame(far)), framed, atol=1e-4)
     assert framed.mean(0) == pytest.approx(torch.full((12,), 0.5**0.5 / 12**0.5), abs=1e-5)
     assert (framed - framed.mean(0)).pow(2).sum(-1).mean().item() == pytest.approx(0.5, rel=1e-5)
 

@@ -252,7 +252,9 @@ def test_the_ablation_can_be_left_out_from_the_command_line(tmp_path):
     assert SyntheticConfig(grid="gpu").chosen_grid().ablation is True
     assert SyntheticConfig(grid="gpu", ablation=False).chosen_grid().ablation is False
     assert SyntheticConfig(grid="mid", ablation=True).chosen_grid().ablation is True
-    summary = run(SyntheticConfig(grid="test", planted_bits=[0], ablation=False, out=tmp_path), False)
+    summary = run(
+        SyntheticConfig(grid="test", planted_bits=[0], ablation=False, out=tmp_path), False
+    )
     assert [row["objective"] for row in summary["results"]] == [True]
     report = (tmp_path / "synthetic.md").read_text()
     assert "Bar met with the objective (every cell, >= 1 seeds): True\n" in report

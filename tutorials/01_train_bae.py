@@ -54,9 +54,10 @@ print(f"{len(tokens)} sequences of 64 tokens; d_model = {model.cfg.d_model}")
 
 # %% [markdown]
 # ## Live: SAELens' runner
-# A registry BAE config (`BAETrainingSAEConfig(d_in=576, d_sae=2304)`: d_sae = 4 x 576, the default recipe
-# scaled to the width) in SAELens' own runner config. The runner tells the BAE how long training
-# is, so its entropy term switches on after 25% of the steps without any call of ours.
+# A registry BAE config (`BAETrainingSAEConfig(d_in=576, d_sae=2304)`: the default recipe, its
+# coefficients weighed by 2048 / 576) in SAELens' own runner config. The runner tells the BAE
+# how long training is, so its entropy term switches on after 25% of the steps without any call
+# of ours.
 
 # %%
 cfg = LanguageModelSAERunnerConfig(

@@ -231,7 +231,7 @@ def estimate_entropies(
     same distributions), else on the training sets themselves: the entropy *of that set* is the
     question there; convergence is checked on the same states. ``normalise``: each BAE reads its
     set in an input frame fixed on its first minibatch (``EntropyRecipe.config``), scaled to the
-    variance the recipe was calibrated at and placed where it was (``saes.input_scale``), so a
+    variance the recipe was calibrated at and placed where it was (``saes.input_frame``), so a
     scaled or translated set gives the same estimate. ``seeds``: a
     base seed per set (default its index); seed s of a set is
     its base + 1000 s. ``reference``: also read each evaluation set with the smallest k-means

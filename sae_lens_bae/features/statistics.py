@@ -29,7 +29,7 @@ from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.features.activity import channel_activity, rarity
 from sae_lens_bae.features.burstiness import code_prior
 from sae_lens_bae.features.records import FeatureRecords
-from sae_lens_bae.saes.resampling import CONSTANT_RARITY
+from sae_lens_bae.saes.resampling import CONSTANT_RARITY, DENSE_FREQUENCY
 
 __all__ = [
     "DENSE_FREQUENCY",
@@ -44,10 +44,6 @@ __all__ = [
 
 TABLE_1_MIN_RECORDS = 8
 """The paper's Table 1 counts a feature activated with more than this many records."""
-
-DENSE_FREQUENCY = 0.1
-"""A channel active on more than this fraction of tokens is dense (the dense-latent threshold of
-the SAE literature; a BAE bit's rarity is at most 1/2, so 1/2 could never count one)."""
 
 
 @torch.no_grad()

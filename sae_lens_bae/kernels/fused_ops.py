@@ -24,7 +24,7 @@ __all__ = [
 def fused_applies(codes: Tensor, max_batch: int) -> bool:
     """Whether binary codes [G, B, n] take the kernels: triton, a device of ``FUSED_DEVICES``,
     and a batch of at most ``max_batch`` (exact fp32 tiles). Eager steps reach them through
-    ``covariance``'s autograd Function, compiled graphs through :func:`compiled_penalty`."""
+    ``_FusedPenalty``, compiled graphs through :func:`compiled_penalty`."""
     return (
         fused_covariance.HAS_TRITON
         and codes.device.type in fused_covariance.FUSED_DEVICES

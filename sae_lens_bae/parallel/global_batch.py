@@ -125,7 +125,3 @@ class GlobalBatch:
         else:
             gathered = _all_gather(moved, self.group, codes)
         return gathered.movedim(0, dim)
-
-    def rows(self, local_rows: int) -> int:
-        """Rows of the global minibatch."""
-        return local_rows * self.world

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from sae_lens_bae.saes.binary import (
+    RUNNING_MEAN_BUFFERS,
     SURROGATES,
     apply_keeping_dtypes,
     bits_to_values,
@@ -56,9 +57,14 @@ from sae_lens_bae.saes.input_frame import (
     register_input_frame,
     unframe,
 )
-from sae_lens_bae.saes.loading import read_cfg_json, strict_config
+from sae_lens_bae.saes.loading import is_count, read_cfg_json, refuse_fields, strict_config
 from sae_lens_bae.saes.objective import LOCAL_BATCH, code_penalties
-from sae_lens_bae.saes.resampling import RESAMPLE_UNTIL_FRACTION, Schedule, resample_window
+from sae_lens_bae.saes.resampling import (
+    DENSE_FREQUENCY,
+    RESAMPLE_UNTIL_FRACTION,
+    Schedule,
+    resample_window,
+)
 
 __all__ = [
     "ARCHITECTURE",
@@ -69,8 +75,6 @@ __all__ = [
 ]
 
 ARCHITECTURE = "bae"
-DENSE_FIRING_RATE = 0.5
-"""A code bit firing on more than this fraction of a minibatch is dense in the step's metrics."""
 WINDOW_BUFFERS = ("window_counts", "window_samples")
 """A resampling BAE's training-only buffers (the firings of each bit in the current window)."""
 
@@ -78,32 +82,21 @@ WINDOW_BUFFERS = ("window_counts", "window_samples")
 # ----------------------------------------------------------------------------- configs
 
 
-def _check_fields(
-    cfg: BAEConfig | BAETrainingSAEConfig, rules: dict[str, tuple[bool, str]]
-) -> None:
-    """Refuse the config in one line naming every field that breaks its rule."""
-    bad = [
-        f"{name}={getattr(cfg, name)!r} ({must})" for name, (ok, must) in rules.items() if not ok
-    ]
-    if bad:
-        raise ValueError(f"Invalid BAE config: {'; '.join(bad)}")
-
-
-def _is_int(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
 def _check_inference_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
     target = cfg.rescale_inputs_to
     positive = not isinstance(target, bool) and target is not None and target > 0
-    _check_fields(
+    refuse_fields(
         cfg,
         {
-            "d_in": (_is_int(cfg.d_in, 1), "a positive integer"),
-            "d_sae": (_is_int(cfg.d_sae, 1), "a positive integer"),
-            "bits": (_is_int(cfg.bits, 1), "bits per feature, an integer >= 1"),
+            "d_in": (is_count(cfg.d_in, 1), "a positive integer"),
+            "d_sae": (is_count(cfg.d_sae, 1), "a positive integer"),
+            "bits": (is_count(cfg.bits, 1), "bits per feature, an integer >= 1"),
             "rescale_inputs_to": (target is None or positive, "a positive variance or None"),
             "reshape_activations": (cfg.reshape_activations == "none", "flatten hook_z upstream"),
+            "normalize_activations": (
+                target is None or cfg.normalize_activations == "none",
+                "none with an input frame, which scales the inputs itself",
+            ),
         },
     )
 
@@ -177,21 +170,21 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         _check_inference_fields(self)
         steps, width = self.total_training_steps, self.coefficient_width
         fraction = "in [0, 1]"
-        _check_fields(
+        refuse_fields(
             self,
             {
                 "surrogate": (self.surrogate in SURROGATES, f"one of {sorted(SURROGATES)}"),
                 "surrogate_temperature": (self.surrogate_temperature > 0, "above 0"),
                 "entropy_coefficient": (self.entropy_coefficient >= 0, "at least 0"),
                 "covariance_coefficient": (self.covariance_coefficient >= 0, "at least 0"),
-                "coefficient_width": (width is None or _is_int(width, 1), "a width or None"),
+                "coefficient_width": (width is None or is_count(width, 1), "a width or None"),
                 "entropy_off_fraction": (0 <= self.entropy_off_fraction <= 1, fraction),
                 "covariance_off_final_fraction": (
                     0 <= self.covariance_off_final_fraction <= 1,
                     fraction,
                 ),
-                "resample_every": (_is_int(self.resample_every, 0), "steps, 0 for never"),
-                "total_training_steps": (steps is None or _is_int(steps, 0), "steps or None"),
+                "resample_every": (is_count(self.resample_every, 0), "steps, 0 for never"),
+                "total_training_steps": (steps is None or is_count(steps, 0), "steps or None"),
             },
         )
         super().__post_init__()
@@ -200,6 +193,9 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     def n_bits(self) -> int:
         """Width of the binary code: ``bits * d_sae``."""
         return self.bits * self.d_sae
+
+    def __str__(self) -> str:
+        return f"{self!r}, training at d_in {self.d_in} with {self.coefficients()}"
 
     def coefficients(self) -> dict[str, float]:
         """a_e and a_c as the objective uses them at this d_in, by the names SAELens schedules
@@ -279,7 +275,7 @@ class _BAEMixin(InputFrameFolds):
         apply_keeping_dtypes(
             lambda: super(_BAEMixin, self)._apply(fn, recurse),  # type: ignore[misc]
             self._buffers,  # type: ignore[attr-defined]
-            ("code_mean", "code_mean_count", INPUT_SCALE_BUFFER, INPUT_SHIFT_BUFFER),
+            (*RUNNING_MEAN_BUFFERS, INPUT_SCALE_BUFFER, INPUT_SHIFT_BUFFER),
         )
         return self
 
@@ -364,6 +360,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     batch: Any = LOCAL_BATCH
     schedule: Schedule | None = None
+    _framed = False  # whether the input frame is known to be set
 
     def __init__(self, cfg: BAETrainingSAEConfig, use_error_term: bool = False) -> None:
         super().__init__(cfg, use_error_term)
@@ -407,7 +404,9 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         divided by d_in and in the frame's units (k^2), the mean the recipes are given against."""
         scale = module_frame(self)  # type: ignore[arg-type]
         weight = 1.0 if scale is None else frame_factor(scale[0]) ** 2
-        return F.mse_loss(sae_out, sae_in, reduction="none") * (weight / self.cfg.d_in)
+        wide = torch.promote_types(sae_out.dtype, torch.float32)  # a bf16 loss keeps 3 digits
+        error = F.mse_loss(sae_out.to(wide), sae_in.to(wide), reduction="none")
+        return error * (weight / self.cfg.d_in)
 
     @override
     def encode_with_hidden_pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -451,11 +450,11 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             if self.cfg.resample_every > 0 and schedule.window_counted(n):
                 self.window_counts += codes.sum(-2, dtype=torch.int64)
                 self.window_samples += codes.shape[-2]
-        dead = step_input.dead_neuron_mask  # SAETrainer's window-based mask, else this batch
+        rare = torch.minimum(mean, 1.0 - mean)  # each bit's rare-state rate on the batch
         output.metrics.update(
             batch_entropy_bits=self._codes["batch_entropy_bits"],
-            dead_fraction=lambda: (mean == 0 if dead is None else dead).float().mean().item(),
-            dense_fraction=lambda: (mean > DENSE_FIRING_RATE).float().mean().item(),
+            dead_fraction=lambda: (rare == 0).float().mean().item(),
+            dense_fraction=lambda: (rare > DENSE_FREQUENCY).float().mean().item(),
         )
         return output
 
@@ -464,7 +463,8 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         """Fix an unset input frame on the (global) minibatch (every rank from the first one);
         at the end of a resampling window, resample the bits that were constant through it."""
         input_frame = module_frame(self)  # type: ignore[arg-type]
-        framing = input_frame is not None and (n == 0 or self.batch.world == 1)
+        # every rank frames from the first global batch; one process until a batch had variance
+        framing = input_frame is not None and (n == 0 or self.batch.world == 1 and not self._framed)
         resampling = schedule.resamples_before(n)
         if not (framing or resampling):
             return
@@ -472,6 +472,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         x = self.batch.gather(x.reshape(-1, x.shape[-1]))
         if framing and input_frame is not None and self.cfg.rescale_inputs_to is not None:
             fix_frame(input_frame, x, self.cfg.rescale_inputs_to)
+            self._framed = bool((input_frame[0] > 0).all())  # one wait, until it is set
         if not resampling:
             return
         framed = frame(x, input_frame)

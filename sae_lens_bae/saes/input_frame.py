@@ -20,8 +20,8 @@ component of the inputs steers every update (biases can absorb a translation of 
 pass, not of the gradients). t moves the inputs so that their mean sits at ``sqrt(variance)``
 along the unit diagonal ``(1, ..., 1) / sqrt(d)``, where sets of fair bits sit (the recipes were
 calibrated on them), so a translated set trains as the set itself, up to rounding. The inputs
-are not centred: centred, every channel of the initial encoder splits the set in half; moved
-off the origin by as much as they spread, channels start at many rates and can settle constant
+are not centred: centred, every bit of the initial encoder splits the set in half; moved
+off the origin by as much as they spread, bits start at many rates and can settle constant
 (docs/research/entropy-reading.md, "Placed where the recipe was calibrated"). Both are fixed
 once (never re-estimated): the weights are learnt for them. The entropy recipe
 (``EntropyRecipe.config``) and the registry's ``entropy`` recipe frame every BAE this way, one
@@ -44,15 +44,12 @@ __all__ = [
     "Frame",
     "current_input_scale",
     "fix_frame",
-    "fix_input_frame",
     "frame",
     "frame_factor",
-    "frame_input",
     "module_frame",
     "placement",
     "register_input_frame",
     "unframe",
-    "unframe_output",
 ]
 
 INPUT_SCALE_BUFFER = "input_scale"
@@ -143,16 +140,6 @@ def current_input_scale(module: nn.Module) -> Tensor | None:
     return None if scale is None else frame_factor(scale)
 
 
-def frame_input(module: nn.Module, x: Tensor) -> Tensor:
-    """``k (x + t)`` with the module's frame (``x`` without one)."""
-    return frame(x, module_frame(module))
-
-
-def unframe_output(module: nn.Module, y: Tensor) -> Tensor:
-    """``y / k - t`` with the module's frame (``y`` without one)."""
-    return unframe(y, module_frame(module))
-
-
 def placement(rows: Float[Tensor, "*stack n d_in"]) -> tuple[Tensor, Tensor]:
     """(total variance, shift t) of states (of each set of a stack), in their dtype: the mean
     squared distance from their mean, and the vector that puts their mean at ``sqrt(variance)``
@@ -176,14 +163,6 @@ def fix_frame(frame: Frame, x: Float[Tensor, "*stack batch d_in"], target: float
     setting = (scale <= 0) & ~flat
     scale.copy_(torch.where(setting, fresh, scale))
     shift.copy_(torch.where(setting.unsqueeze(-1), fresh_shift, shift))
-
-
-def fix_input_frame(module: nn.Module, x: Float[Tensor, "... d_in"], target: float) -> None:
-    """``fix_frame`` on the module's frame, from states of any leading shape."""
-    module_frame_ = module_frame(module)
-    if module_frame_ is None:
-        raise ValueError("this BAE has no input frame (its config's rescale_inputs_to is None)")
-    fix_frame(module_frame_, x.reshape(-1, x.shape[-1]), target)
 
 
 def _refuse_decoder_norm_folding() -> NoReturn:

@@ -1,4 +1,5 @@
-"""Loading a saved SAE (a BAE or any SAELens architecture) with errors that say what to do.
+"""Loading a saved SAE (a BAE or any SAELens architecture) with errors that say what to do, and the
+checks of a config's fields that refuse a bad one in one line.
 
 ``SAE.load_from_disk`` reports a foreign or truncated folder as a ``KeyError`` or a safetensors
 header error from deep inside SAELens; ``load_sae`` checks the folder first.
@@ -17,7 +18,7 @@ from sae_lens.registry import SAE_CLASS_REGISTRY
 from sae_lens.saes.sae import SAEConfig, SAEMetadata
 from safetensors import SafetensorError
 
-__all__ = ["load_sae", "read_cfg_json", "strict_config"]
+__all__ = ["is_count", "load_sae", "read_cfg_json", "refuse_fields", "strict_config"]
 
 
 def read_cfg_json(folder: str | Path) -> dict[str, Any]:
@@ -39,6 +40,21 @@ def read_cfg_json(folder: str | Path) -> dict[str, Any]:
 
 
 Config = TypeVar("Config", bound=SAEConfig)
+
+
+def refuse_fields(cfg: SAEConfig, rules: dict[str, tuple[bool, str]]) -> None:
+    """Refuse a config in one line naming every field that breaks its rule (name -> (ok, what
+    the field must be))."""
+    bad = [
+        f"{name}={getattr(cfg, name)!r} ({must})" for name, (ok, must) in rules.items() if not ok
+    ]
+    if bad:
+        raise ValueError(f"Invalid {cfg.architecture()} config: {'; '.join(bad)}")
+
+
+def is_count(value: Any, low: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``low``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def strict_config(config_dict: dict[str, Any], config_class: type[Config]) -> Config:

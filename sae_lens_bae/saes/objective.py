@@ -256,7 +256,7 @@ class DenseProducts:
 
     int8_signs = True  # cached sign tiles in int8 (a quarter of the memory)
     int32_results = False  # the products come in the work dtype
-    flips: Tensor | None = None  # no channel flipped (see kernels.products.SparseProducts)
+    flips: Tensor | None = None  # no bit flipped (see kernels.products.SparseProducts)
 
     def __init__(self, x: Tensor, integer_entries: bool) -> None:
         self.x, self.integer_entries = x, integer_entries
@@ -275,7 +275,7 @@ class DenseProducts:
 
 def dense_products(x: Tensor, counts: Tensor, dtype: torch.dtype, block: int) -> tuple[Any, Tensor]:  # noqa: ARG001
     """The plain products of 0/1 codes and their counts (a faster path passes its own chooser
-    of this signature to :func:`tiled_penalty`, which may flip channels: ``products.flips``)."""
+    of this signature to :func:`tiled_penalty`, which may flip bits: ``products.flips``)."""
     return DenseProducts(x, True), counts
 
 
@@ -391,7 +391,7 @@ class _TiledPenalty(torch.autograd.Function):
             grad = grad.to(dtype)
             if ctx.binary:  # minus 1 (c^T S) / B: c^T S is the column sums of H S
                 grad -= grad.sum(1, keepdim=True) / batch
-            if products.flips is not None:  # back from flipped channels to the codes
+            if products.flips is not None:  # back from flipped bits to the codes
                 grad *= products.flips[:, None, :]
             grad *= grad_out.to(dtype).view(groups, 1, 1) * (2.0 * ctx.scale / (batch - 1))
             return grad, None, None, None, None, None
@@ -438,6 +438,8 @@ def covariance_penalty(
     if not 0 <= share[0] < share[1]:
         raise ValueError(f"share must be (rank, world) with 0 <= rank < world, got {share}")
     codes = codes if codes.is_floating_point() else codes.float()
+    if binary is None:  # a wait for the device: callers that know (training) say so
+        binary = bool(((codes == 0) | (codes == 1)).all())
     lead, (batch, n) = codes.shape[:-2], codes.shape[-2:]
     stacked = codes.reshape(math.prod(lead), batch, n)
     for path in _PENALTY_PATHS:

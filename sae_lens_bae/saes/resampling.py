@@ -20,6 +20,7 @@ from torch import Tensor
 
 __all__ = [
     "CONSTANT_RARITY",
+    "DENSE_FREQUENCY",
     "RESAMPLE_RATE",
     "constant_bits",
     "resample_constant_bits",
@@ -31,6 +32,10 @@ __all__ = [
 CONSTANT_RARITY = 1e-4
 """A bit whose rare state occurs on fewer than this fraction of tokens is constant: it carries
 (almost) no information. The feature statistics' ``constant`` column uses the same threshold."""
+
+DENSE_FREQUENCY = 0.1
+"""A bit (or an SAE latent) in its rare state on more than this fraction of tokens is dense (the
+SAE literature's 10%; a bit's rare state is at most half of them, so 1/2 could never count one)."""
 
 RESAMPLE_RATE = 0.05
 """A resampled bit fires on this fraction of the minibatch it is resampled on: rare, so its
