@@ -58,8 +58,8 @@ INPUT_SHIFT_BUFFER = "input_shift"
 """The buffer holding t (fp32, d_in; 0 until the first training batch sets it)."""
 
 Frame = tuple[Tensor, Tensor]
-"""(k, t) of a BAE, or of each BAE of a stack: k of shape [*stack] (0 while unset), t of shape
-[*stack, d_in]."""
+"""(k, t) of a BAE, or of each BAE of a stack: k of shape [...] (0 while unset), t of shape
+[..., d_in]."""
 
 
 _ADVICE = "Check the model's dtype (fp16 overflow) and the activation source."
@@ -90,14 +90,12 @@ def check_activations(x: Tensor, d_in: int, hook_name: str | None, on_device: bo
         )
 
 
-def register_input_frame(module: nn.Module, target: float | None, stack: int | None = None) -> None:
-    """Give a BAE (or a stack of ``stack`` BAEs) its unset input frame when its config asks for
-    one (``target`` not None)."""
+def register_input_frame(module: nn.Module, target: float | None) -> None:
+    """Give a BAE its unset input frame when its config asks for one (``target`` not None)."""
     if target is not None:
         device = next(module.parameters()).device
-        lead = () if stack is None else (stack,)
         d_in = module.cfg.d_in  # type: ignore[union-attr]
-        for name, shape in ((INPUT_SCALE_BUFFER, lead), (INPUT_SHIFT_BUFFER, (*lead, d_in))):
+        for name, shape in ((INPUT_SCALE_BUFFER, ()), (INPUT_SHIFT_BUFFER, (d_in,))):
             module.register_buffer(name, torch.zeros(shape, dtype=torch.float32, device=device))
 
 
@@ -113,13 +111,13 @@ def frame_factor(scale: Tensor) -> Tensor:
 
 
 def _factors(frame: Frame, like: Tensor) -> tuple[Tensor, Tensor]:
-    """k (1 while unset) and t, shaped to broadcast over ``like``'s [*stack, batch, d_in]."""
+    """k (1 while unset) and t, shaped to broadcast over ``like``'s [..., batch, d_in]."""
     scale, shift = frame
     return frame_factor(scale)[..., None, None].to(like.dtype), shift.unsqueeze(-2).to(like.dtype)
 
 
 def frame(x: Tensor, frame: Frame | None) -> Tensor:
-    """``k (x + t)``: inputs [*stack, batch, d_in] in the frame their BAE trains in."""
+    """``k (x + t)``: inputs [..., batch, d_in] in the frame their BAE trains in."""
     if frame is None:
         return x
     scale, shift = _factors(frame, x)
@@ -127,7 +125,7 @@ def frame(x: Tensor, frame: Frame | None) -> Tensor:
 
 
 def unframe(y: Tensor, frame: Frame | None) -> Tensor:
-    """``y / k - t``: reconstructions [*stack, batch, d_in] back in the inputs' own units."""
+    """``y / k - t``: reconstructions [..., batch, d_in] back in the inputs' own units."""
     if frame is None:
         return y
     scale, shift = _factors(frame, y)
@@ -140,7 +138,7 @@ def current_input_scale(module: nn.Module) -> Tensor | None:
     return None if scale is None else frame_factor(scale)
 
 
-def placement(rows: Float[Tensor, "*stack n d_in"]) -> tuple[Tensor, Tensor]:
+def placement(rows: Float[Tensor, "... n d_in"]) -> tuple[Tensor, Tensor]:
     """(total variance, shift t) of states (of each set of a stack), in their dtype: the mean
     squared distance from their mean, and the vector that puts their mean at ``sqrt(variance)``
     along the unit diagonal."""
@@ -150,7 +148,7 @@ def placement(rows: Float[Tensor, "*stack n d_in"]) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def fix_frame(frame: Frame, x: Float[Tensor, "*stack batch d_in"], target: float) -> None:
+def fix_frame(frame: Frame, x: Float[Tensor, "... batch d_in"], target: float) -> None:
     """Set each unset k so that ``k x`` has total variance ``target``, and in the same call its
     shift t (``placement``); a set frame is kept (a resumed or continued run keeps the frame its
     weights were learnt for), and a batch without variance leaves it unset. On the device,

@@ -132,11 +132,10 @@ def code_penalties(
     covariance_coefficient: float,
     entropy_on: bool = True,
     batch: Any = LOCAL_BATCH,
-    covariance_off: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """The code's two terms on the (global) minibatch: ``entropy_loss`` (a_e times the entropy in
     bits of the mean code, zero while ``entropy_on`` is False) and ``covariance_loss`` (a_c times
-    the summed |off-diagonal covariance|, zero where ``covariance_off``); and, detached,
+    the summed |off-diagonal covariance|); and, detached,
     ``batch_entropy_bits``, ``batch_mean_code`` and ``global_bits`` (the gathered codes)."""
     rows = batch.world * bits.shape[-2]
     global_bits = batch.gather(bits, codes=True)  # one gather for the covariance and the counts
@@ -156,8 +155,6 @@ def code_penalties(
             global_bits, binary=True, share=share, scale=covariance_coefficient
         )
         covariance = batch.sum(penalty)
-        if covariance_off is not None:
-            covariance = covariance.masked_fill(covariance_off, 0.0)
     else:
         covariance = _zero_like(entropy_bits)
     return {

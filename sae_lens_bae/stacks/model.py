@@ -31,7 +31,6 @@ from sae_lens_bae.saes.input_frame import (
     frame,
     frame_factor,
     module_frame,
-    register_input_frame,
     unframe,
 )
 from sae_lens_bae.saes.objective import LOCAL_BATCH, bae_objective
@@ -86,10 +85,9 @@ class StackedBAE(nn.Module):
         self.register_buffer("code_mean", torch.stack([m.code_mean for m in members]))
         self.register_buffer("code_mean_count", torch.zeros(()))
         self.n_models = len(members)
-        register_input_frame(self, cfg.rescale_inputs_to, stack=len(members))
-        if cfg.rescale_inputs_to is not None:  # a member's own frame, if it has one set
-            self.input_scale.copy_(torch.stack([m.input_scale for m in members]))
-            self.input_shift.copy_(torch.stack([m.input_shift for m in members]))
+        if cfg.rescale_inputs_to is not None:  # each member's frame (unset: zeros), stacked
+            self.register_buffer(INPUT_SCALE_BUFFER, torch.stack([m.input_scale for m in members]))
+            self.register_buffer(INPUT_SHIFT_BUFFER, torch.stack([m.input_shift for m in members]))
         if cfg.resample_every > 0:  # per BAE, as BAETrainingSAE keeps them
             counts = torch.zeros(len(members), cfg.n_bits, dtype=torch.int64)
             self.register_buffer("window_counts", counts)
@@ -193,19 +191,19 @@ class StackedBAE(nn.Module):
             x, output = x * scale, output * scale
         no_member_pays = covariance_off is not None and all(covariance_off)  # then not computed
         coefficients = self.cfg.coefficients()
+        entropy = coefficients["entropy"] if schedule.entropy_on(n) else 0.0
+        covariance = coefficients["covariance"] * (schedule.covariance_on(n) and not no_member_pays)
         terms = bae_objective(
-            x,
-            output,
-            bits,
-            entropy_coefficient=coefficients["entropy"],
-            covariance_coefficient=coefficients["covariance"]
-            * (schedule.covariance_on(n) and not no_member_pays),
-            entropy_on=schedule.entropy_on(n),
-            batch=self.batch,
-            covariance_off=None
-            if covariance_off is None
-            else torch.tensor(covariance_off, device=x.device),
-        )
+            x, output, bits, entropy_coefficient=entropy, covariance_coefficient=covariance,
+            entropy_on=entropy != 0, batch=self.batch,
+        )  # fmt: skip
+        if covariance_off is not None and covariance > 0:  # the members in their final phase
+            off = torch.tensor(covariance_off, device=x.device)
+            terms["covariance_loss"] = terms["covariance_loss"].masked_fill(off, 0.0)
+            terms["loss"] = terms["reconstruction_loss"]
+            if entropy != 0:
+                terms["loss"] = terms["loss"] + terms["entropy_loss"]
+            terms["loss"] = terms["loss"] + terms["covariance_loss"]
         self._record(
             terms.pop("global_bits"),
             terms.pop("batch_mean_code"),
