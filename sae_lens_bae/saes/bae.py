@@ -1,5 +1,5 @@
-"""The Binary Autoencoder (BAE) as a SAELens architecture: its configs, inference and training
-classes.
+"""The Binary Autoencoder (BAE) as a SAELens architecture: configs, inference and training classes.
+
 A BAE encodes a hidden state h0 (dim d_in) into a binary code
 ``h_B = step(h0 @ W_enc + b_enc)`` in {0, 1}^(bits * d_sae), with ``step(x) = 1`` for ``x >= 0``,
 and decodes ``h_R @ W_dec + b_dec`` where ``h_R`` groups every ``bits`` code bits into one
@@ -9,9 +9,9 @@ feature value (``h_R = h_B`` for ``bits = 1``). Training minimises
 
 with gradients through the step from a surrogate derivative (``saes.binary``). The training step
 is SAELens' own: the reconstruction through ``mse_loss_fn``, the entropy and covariance terms
-through ``calculate_aux_loss`` (``saes.objective``), and around it the input frame, resampling
-(``saes.resampling``) and the running mean code, the prior of burstiness. SAELens' parameter
-names and hook points are kept, so its evals, histograms and splicing work unchanged.
+through ``calculate_aux_loss`` (``saes.objective``), around it the input frame, resampling
+(``saes.resampling``) and the running mean code (the burstiness prior). SAELens' parameter names
+and hook points are kept, so its evals, histograms and splicing work unchanged.
 """
 
 from __future__ import annotations
@@ -450,11 +450,14 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             if self.cfg.resample_every > 0 and schedule.window_counted(n):
                 self.window_counts += codes.sum(-2, dtype=torch.int64)
                 self.window_samples += codes.shape[-2]
-        rare = torch.minimum(mean, 1.0 - mean)  # each bit's rare-state rate on the batch
+
+        def rare() -> Tensor:  # each bit's rare-state rate on the batch, when a log reads it
+            return torch.minimum(mean, 1.0 - mean)
+
         output.metrics.update(
             batch_entropy_bits=self._codes["batch_entropy_bits"],
-            dead_fraction=lambda: (rare == 0).float().mean().item(),
-            dense_fraction=lambda: (rare > DENSE_FREQUENCY).float().mean().item(),
+            dead_fraction=lambda: (rare() == 0).float().mean().item(),
+            dense_fraction=lambda: (rare() > DENSE_FREQUENCY).float().mean().item(),
         )
         return output
 
