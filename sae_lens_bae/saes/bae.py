@@ -371,13 +371,9 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     def initialize_weights(self) -> None:
         super().initialize_weights()
         if self.cfg.resample_every > 0:  # each bit's firings since the last resampling
-            device = self.W_dec.device
-            self.register_buffer(
-                "window_counts", torch.zeros(self.cfg.n_bits, dtype=torch.int64, device=device)
-            )
-            self.register_buffer(
-                "window_samples", torch.zeros((), dtype=torch.int64, device=device)
-            )
+            counts = torch.zeros(self.cfg.n_bits, dtype=torch.int64, device=self.W_dec.device)
+            self.register_buffer("window_counts", counts)
+            self.register_buffer("window_samples", counts.new_zeros(()))
 
     def resolve_schedule(self, total_steps: int | None = None) -> Schedule:
         """Fix the phases in steps for a run of ``total_steps`` (the config's
