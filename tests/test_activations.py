@@ -123,7 +123,13 @@ def test_training_from_cache_matches_live_training(
     train_tokens = torch.as_tensor(token_dataset["input_ids"][:160])
     held_out_tokens = torch.as_tensor(token_dataset["input_ids"][160:])
     steps, batch = 150, 256
-    bae_cfg = dict(d_in=32, d_sae=64, entropy_coefficient=1e-3, covariance_coefficient=1e-4)
+    bae_cfg = dict(
+        d_in=32,
+        d_sae=64,
+        entropy_coefficient=1e-3,
+        covariance_coefficient=1e-4,
+        coefficient_width=None,
+    )
 
     cache = harvest_activations(
         tiny_llama, train_tokens, [hook], tmp_path / "cache", drop_bos=False

@@ -232,7 +232,7 @@ def test_two_token_benchmark_stays_under_its_ceiling(tiny_hf_llama_dir, tmp_path
         model=str(tiny_hf_llama_dir),
         layer=1,
         words=("w5", "w6"),
-        ranks=(0, 1, 2, 3),
+        planted_bits=(0, 1, 2, 3),
         n_samples=1024,
         recipe=TRACING_RECIPE,  # the default of the LLM runs
         out=tmp_path,

@@ -3,6 +3,7 @@ the plots, and reading back an earlier run of the same grid (so an interrupted o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ def earlier_rows(
         "use another --out (or --no-resume to overwrite it)",
         ("preset", "results"),
     )
-    if saved.get("preset") != grid.record():
+    if saved.get("preset") != json.loads(json.dumps(grid.record())):  # as the file holds it
         raise ValueError(
             f"{path} holds the results of another grid or recipe; use another --out "
             f"(or --no-resume to overwrite them)"
