@@ -38,6 +38,7 @@ from sae_lens_bae.activations.cache import ActivationCache
 from sae_lens_bae.parallel.global_batch import GlobalBatch, is_distributed
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.binary import bits_to_values
+from sae_lens_bae.saes.objective import LOCAL_BATCH
 
 __all__ = [
     "batch_indices",
@@ -52,7 +53,7 @@ __all__ = [
 
 def rank_world(group: Any = None) -> tuple[int, int]:
     """(rank, world size) of this process; (0, 1) outside ``torch.distributed``."""
-    batch = GlobalBatch.of(group) if is_distributed() else GlobalBatch.local()
+    batch = GlobalBatch.of(group) if is_distributed() else LOCAL_BATCH
     return batch.rank, batch.world
 
 

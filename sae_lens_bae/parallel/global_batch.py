@@ -9,7 +9,7 @@ tensor over the ranks and ``gather`` concatenates the ranks' rows, both with aut
 the collective. Their backward passes add the gradients of every rank (each rank computes the
 same global loss L, so rank r's samples get N dL/dx), which ``DistributedDataParallel``'s
 average over N ranks turns back into dL/dx: N ranks with batch b train exactly the BAE one
-process would train with batch N * b. ``GlobalBatch(None)`` (or one rank) is the identity.
+process would train with batch N * b. One rank is the identity.
 """
 
 from __future__ import annotations
@@ -78,15 +78,11 @@ class _GatherRows(torch.autograd.Function):
 class GlobalBatch:
     """The ranks of ``group`` (None: the default group, if initialised) as one minibatch.
 
-    Every rank must hold the same number of rows. ``GlobalBatch.local()`` is one process.
+    Every rank must hold the same number of rows.
     """
 
     group: Any = None
     distributed: bool = False
-
-    @classmethod
-    def local(cls) -> GlobalBatch:
-        return cls(None, False)
 
     @classmethod
     def of(cls, group: Any = None) -> GlobalBatch:

@@ -136,27 +136,31 @@ class StackedBAE(nn.Module):
             )
         return x.to(self.W_enc.dtype)
 
-    def _encoder_inputs(self, rows: _Rows, x: Tensor) -> Tensor:
-        framed = frame(x, rows.frame)
+    def _encoder_inputs(self, rows: _Rows, framed: Tensor) -> Tensor:
+        """What each encoder reads of its framed inputs: less its decoder bias when centring."""
         return framed - rows.b_dec.unsqueeze(-2) if self.cfg.apply_b_dec_to_input else framed
+
+    def _pre(self, rows: _Rows, framed: Tensor) -> Tensor:
+        """Pre-activations of the rows' BAEs on their framed inputs."""
+        return _affine(rows.b_enc, self._encoder_inputs(rows, framed), rows.W_enc)
+
+    def _out(self, rows: _Rows, bits: Tensor) -> Tensor:
+        """The rows' reconstructions of their codes, in their frames."""
+        return _affine(rows.b_dec, bits_to_values(bits, self.cfg.bits), rows.W_dec)
 
     def hidden_pre(
         self, x: Float[Tensor, "G batch d_in"], members: Tensor | None = None
     ) -> Float[Tensor, "G batch n_bits"]:
         """Pre-activations of every BAE (or of the stack rows ``members``) on its own inputs."""
         rows = self._rows(members)
-        return _affine(
-            rows.b_enc, self._encoder_inputs(rows, self._check_shape(x, members)), rows.W_enc
-        )
+        return self._pre(rows, frame(self._check_shape(x, members), rows.frame))
 
     def decode(
         self, bits: Float[Tensor, "G batch n_bits"], members: Tensor | None = None
     ) -> Float[Tensor, "G batch d_in"]:
         """Each BAE's reconstruction of its bits, in the inputs' units."""
         rows = self._rows(members)
-        return unframe(
-            _affine(rows.b_dec, bits_to_values(bits, self.cfg.bits), rows.W_dec), rows.frame
-        )
+        return unframe(self._out(rows, bits), rows.frame)
 
     def losses(
         self,
@@ -178,14 +182,9 @@ class StackedBAE(nn.Module):
         x = self._check_shape(x, members)
         self._before_step(x, n, schedule, members, resample)
         rows = self._rows(members)
-        bits = step(
-            _affine(rows.b_enc, self._encoder_inputs(rows, x), rows.W_enc),
-            self.cfg.surrogate,
-            self.cfg.surrogate_temperature,
-        )
-        output = unframe(
-            _affine(rows.b_dec, bits_to_values(bits, self.cfg.bits), rows.W_dec), rows.frame
-        )
+        pre = self._pre(rows, frame(x, rows.frame))
+        bits = step(pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
+        output = unframe(self._out(rows, bits), rows.frame)
         if rows.frame is not None:  # the reconstruction error in the frame's units
             scale = frame_factor(rows.frame[0])[..., None, None]
             x, output = x * scale, output * scale
@@ -238,9 +237,9 @@ class StackedBAE(nn.Module):
 
     def _resample(self, x: Tensor, members: Tensor | None) -> None:
         rows = self._rows(members)
-        inputs = self._encoder_inputs(rows, x)
-        values = bits_to_values(step(_affine(rows.b_enc, inputs, rows.W_enc)), self.cfg.bits)
-        residuals = x - unframe(_affine(rows.b_dec, values, rows.W_dec), rows.frame)
+        inputs = self._encoder_inputs(rows, frame(x, rows.frame))
+        bits = step(_affine(rows.b_enc, inputs, rows.W_enc))
+        residuals = x - unframe(self._out(rows, bits), rows.frame)
         if rows.frame is not None:  # decoder rows live in the frame's units
             residuals = residuals * frame_factor(rows.frame[0])[..., None, None]
         ids = range(self.n_models) if members is None else members.tolist()

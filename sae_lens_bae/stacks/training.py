@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from sae_lens_bae.reports import read_torch, write_torch
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import DEFAULT_BATCH_SIZE, DEFAULT_LR
-from sae_lens_bae.saes.binary import bits_to_values, step
+from sae_lens_bae.saes.binary import step
 from sae_lens_bae.saes.input_frame import fix_frame, frame, module_frame
 from sae_lens_bae.saes.objective import binary_entropy
 from sae_lens_bae.stacks.model import StackedBAE
@@ -109,9 +109,8 @@ def _check(
     [G, m, d]."""
     rows = model._rows(members)
     framed = frame(states.to(rows.W_enc.dtype), rows.frame)
-    inputs = model._encoder_inputs(rows, states.to(rows.W_enc.dtype))
-    bits = step(torch.baddbmm(rows.b_enc.unsqueeze(-2), inputs, rows.W_enc))
-    out = torch.baddbmm(rows.b_dec.unsqueeze(-2), bits_to_values(bits, model.cfg.bits), rows.W_dec)
+    bits = step(model._pre(rows, framed))
+    out = model._out(rows, bits)
     sse = (out - framed).double().pow(2).sum(dim=(1, 2))
     squares = framed.double().pow(2).sum(dim=(1, 2)).clamp_min(1e-30)
     entropy = binary_entropy(bits.float().mean(1))
