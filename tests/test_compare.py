@@ -42,7 +42,7 @@ def _tiny_compare(model, corpus, out, **changes):
     settings = dict(dataset=str(corpus), model=str(model), context_size=32, max_sequences=96,
                     held_out_fraction=0.15, families=("bae", "bae_no_resampling", "topk"),
                     bae_scales=(0.5, 0.7071, 1.0), d_sae=32, steps=12, lrs=(1e-3, 2e-3),
-                    lr_extensions=1, seeds=(0, 1, 2), bootstrap=20,
+                    lr_extensions=1, ladder_extensions=1, seeds=(0, 1, 2), bootstrap=20,
                     batch_size=64, records_k=4, spliced_sequences=2, probe_sentences=40,
                     out=out)  # fmt: skip
     return CompareConfig(**{**settings, **changes})
@@ -68,12 +68,21 @@ def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
         assert summary["chosen_lr"][family] == min(means, key=means.get)
         final = [r for r in rows if r["family"] == family and r["split"] == "test"]
         assert {(r["setting"], r["seed"]) for r in final} == {
-            (s, seed) for s in cfg.settings(family) for seed in cfg.seeds
+            (s, seed) for s in summary["settings"][family] for seed in cfg.seeds
         }
         assert {r["lr"] for r in final} == {summary["chosen_lr"][family]}
         assert all(r["lr_candidates"] == tried for r in final)
     assert summary["chosen_lr"]["bae_no_resampling"] == summary["chosen_lr"]["bae"]
-    assert summary["bae_default"] in cfg.settings("bae")  # its rule: test_protocol.py
+    # one round of rungs (the tiny models' ranges miss each other), each one sqrt(2) beyond an
+    # end of the ladder as given
+    assert summary["settings_added"]
+    for family, given in ((f, cfg.settings(f)) for f in cfg.families):
+        added = summary["settings_added"].get(family, [])
+        assert summary["settings"][family] == sorted([*given, *added])
+        ends = {given[0] / 2**0.5, given[-1] * 2**0.5}
+        assert all(min(abs(a - e) for e in ends) < 0.51 for a in added)
+    assert "bae_no_resampling" not in summary["settings_added"]
+    assert summary["bae_default"] in summary["settings"]["bae"]  # its rule: test_protocol.py
     names = {r["name"] for r in rows if r["split"] == "test"}
     assert names == {r["name"] for r in rows if r["split"] == "ood"}
     for row in rows:
@@ -83,8 +92,9 @@ def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
         assert row["activated_strict_by_magnitude"]["native"] == row["activated_strict"]
         assert 0 <= row["dead"] <= row["constant"] <= cfg.d_sae
         assert row["activated_strict"] <= row["activated"] <= cfg.d_sae
-        if row["split"] == "validation":  # validation reads no spliced loss and no probe
-            assert row["kl"] is None and row["probe_accuracy"] is None
+        if row["split"] == "validation":  # no probe; the final grid spliced, for its ladders
+            assert row["probe_accuracy"] is None
+            assert (row["kl"] is None) == (row["name"] not in names)
         else:
             assert row["kl"] >= 0
         if row["split"] == "test":  # one probe task: its own held-out half, with its error
@@ -147,7 +157,8 @@ def test_compare_killed_midway_trains_no_finished_model_again(
     def run(out, kill_at=None):
         steps.update(sae=0, kill_at=kill_at)
         cfg = _tiny_compare(tiny_hf_llama_dir, tiny_corpus, out, families=("bae", "topk"),
-                            bae_scales=(1.0,), topk_k=(8,), lr_extensions=0, seeds=(0,),
+                            bae_scales=(1.0,), topk_k=(8,), lr_extensions=0,
+                            ladder_extensions=0, seeds=(0,),
                             steps=20, probe_sentences=0, bootstrap=10)  # fmt: skip
         return compare.run(cfg, progress=False)
 

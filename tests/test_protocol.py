@@ -15,6 +15,7 @@ from sae_lens_bae.experiments.protocol import (
     Point,
     bracket_learning_rate,
     choose_on_validation,
+    extend_ladders,
     frontier,
     frontier_verdict,
     ladder,
@@ -220,6 +221,57 @@ def test_a_learning_rate_grid_is_extended_while_its_edge_wins():
 def test_settings_climb_a_square_root_of_two_ladder():
     assert ladder(0.25, 5) == [0.25, 0.3536, 0.5, 0.7071, 1.0]
     assert ladder(16, 5, whole=True) == [16.0, 23.0, 32.0, 45.0, 64.0]
+
+
+def _ladder_rows(points):
+    """Validation rows, two seeds each, of {family: {setting: (kl, l0)}} (seed 1 a hair off)."""
+    return [
+        {"family": family, "setting": setting, "seed": seed, "split": split,
+         "kl": kl + 0.001 * seed, "l0": l0 + 0.1 * seed}
+        for family, settings in points.items()
+        for setting, (kl, l0) in settings.items()
+        for seed in (0, 1)
+        for split in ("validation", "test")
+    ]  # fmt: skip
+
+
+def test_ladders_that_overlap_three_points_each_way_gain_no_rung():
+    topk = {32: (0.5, 32), 45: (0.4, 45), 64: (0.3, 64), 91: (0.2, 91)}
+    bae = {0.3536: (0.48, 35), 0.5: (0.4, 50), 0.7071: (0.3, 70), 1.0: (0.19, 95)}
+    ladders = {"topk": sorted(topk), "bae": sorted(bae)}
+    assert extend_ladders(_ladder_rows({"topk": topk, "bae": bae}), ladders, whole=("topk",)) == {}
+
+
+def test_a_ladder_climbs_towards_the_range_it_misses_from_the_end_nearer_it():
+    """JumpReLU's L0 falls as its coefficient rises and lies below the BAE's: it gains the rung
+    below its smallest coefficient (the largest L0); the BAE, above JumpReLU's, the rung above
+    its largest scale. On KL both span the same range, so only L0 asks."""
+    jumprelu = {0.125: (0.30, 60), 0.1768: (0.35, 45), 0.25: (0.40, 33)}
+    bae = {0.5: (0.30, 170), 0.7071: (0.35, 120), 1.0: (0.40, 82)}
+    rows = _ladder_rows({"jumprelu": jumprelu, "bae": bae})
+    ladders = {"jumprelu": sorted(jumprelu), "bae": sorted(bae)}
+    assert extend_ladders(rows, ladders, axes=("kl",)) == {}
+    assert extend_ladders(rows, ladders) == {"jumprelu": [0.08839], "bae": [1.414]}
+    # test rows that would ask for other rungs are never read
+    shifted = [dict(r, l0=100.0) if r["split"] == "test" else r for r in rows]
+    assert extend_ladders(shifted, ladders) == {"jumprelu": [0.08839], "bae": [1.414]}
+
+
+def test_a_narrow_range_widens_and_a_short_ladder_grows_at_both_ends():
+    """TopK's rungs straddle the BAE's narrow L0 range, one inside: the BAE gains a rung at
+    both ends. Two TopK rungs, both inside the BAE's range, gain one at each end (whole
+    numbers); a rung already on the ladder is never added."""
+    topk = {16: (0.6, 16), 32: (0.4, 32), 64: (0.2, 64)}
+    bae = {0.7071: (0.41, 30), 1.0: (0.39, 34), 1.414: (0.38, 36)}
+    rows = _ladder_rows({"topk": topk, "bae": bae})
+    ladders = {"topk": sorted(topk), "bae": sorted(bae)}
+    assert extend_ladders(rows, ladders, axes=("l0",), whole=("topk",)) == {"bae": [0.5, 2.0]}
+    short = {23: (0.45, 31), 32: (0.4, 33)}
+    rows = _ladder_rows({"topk": short, "bae": bae})
+    grown = extend_ladders(rows, {"topk": [23, 32], "bae": sorted(bae)}, ("l0",), ("topk",))
+    assert grown["topk"] == [16.0, 45.0]
+    assert "topk" not in extend_ladders(rows, {"topk": [16, 23, 32, 45], "bae": sorted(bae)},
+                                        ("l0",), ("topk",))  # fmt: skip
 
 
 def _default_rows(bae, topk_ev=0.70, test_activated=0):

@@ -39,6 +39,7 @@ from sae_lens_bae.checks import ranged
 from sae_lens_bae.experiments.common import ComSemJudge, LayerData
 from sae_lens_bae.experiments.compare_report import verdicts
 from sae_lens_bae.experiments.compare_study import Study
+from sae_lens_bae.experiments.protocol import extend_ladders
 from sae_lens_bae.training import FAMILIES
 
 __all__ = ["REPORT", "CompareConfig", "run"]
@@ -91,6 +92,10 @@ class CompareConfig(ComSemJudge, LayerData):
     """Labelled sentence sets for k-sparse probing, one task each (default: gensim's reviews)."""
     probe_sentences: int = ranged(200, low=0)
     """Labelled sentences read per task (a seeded sample, half to fit, half to score); 0: skip."""
+    ladder_extensions: int = ranged(2, low=0)
+    """Rounds of rungs added to the ladders (validation KL and L0) until every family has at
+    least 3 points inside every other's range (``protocol.extend_ladders``); 0: the grids as
+    given."""
     bootstrap: int = ranged(200, low=10)
     """Bootstrap replicates (sequences and seeds resampled) behind every verdict."""
     out: Path = Path("runs/compare")
@@ -138,12 +143,17 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     study = Study(cfg, out, progress)
     chosen_lr, tried = study.choose_learning_rates()
-    final = [
-        study.fit(family, setting, chosen_lr[family], seed)
-        for family in cfg.families
-        for setting in cfg.settings(family)
-        for seed in cfg.seeds
-    ]
+    ladders = {family: cfg.settings(family) for family in cfg.families}
+    final = study.train_grid(ladders, chosen_lr)
+    added: dict[str, list[float]] = {}
+    for _ in range(cfg.ladder_extensions):
+        more = _rungs_to_add(cfg, [r for r in study.rows if r["name"] in final], ladders)
+        if not more:
+            break
+        for family, rungs in more.items():
+            ladders[family] = sorted([*ladders[family], *rungs])
+            added[family] = sorted([*added.get(family, []), *rungs])
+        final += study.train_grid(more, chosen_lr)
     bae_default = _bae_default(study.rows, final, cfg.d_sae) if "bae" in cfg.families else None
     study.read_final(final)
     summary = {
@@ -155,6 +165,8 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         "activation_scale": study.data.scales[study.data.hook],
         "chosen_lr": chosen_lr,
         "lr_candidates": tried,
+        "settings": ladders,
+        "settings_added": added,
         "bae_default": bae_default,
         "rows": study.rows,
         "verdicts": verdicts(study.rows, list(cfg.families), seed=cfg.seeds[0]),
@@ -162,6 +174,19 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     }
     study.write(summary, final)
     return summary
+
+
+def _rungs_to_add(
+    cfg: CompareConfig, rows: list[dict[str, Any]], ladders: dict[str, list[float]]
+) -> dict[str, list[float]]:
+    """``protocol.extend_ladders`` on the final grid's validation rows, over every family but
+    ``bae_no_resampling`` (one setting by design), without a k above ``d_sae``."""
+    compared = {f: v for f, v in ladders.items() if f != "bae_no_resampling"}
+    more = extend_ladders(rows, compared, whole=("topk", "batchtopk"))
+    for family in ("topk", "batchtopk"):
+        if family in more:
+            more[family] = [k for k in more[family] if k <= cfg.d_sae]
+    return {family: rungs for family, rungs in more.items() if rungs}
 
 
 EV_MARGIN = 0.02

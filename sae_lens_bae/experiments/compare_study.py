@@ -4,6 +4,7 @@ bootstrap replicates, and the files written at the end."""
 
 from __future__ import annotations
 
+import functools
 import random
 import shutil
 import statistics
@@ -60,6 +61,27 @@ class Study:
         self.records: dict[str, Any] = {}
         self.frequencies: dict[str, Any] = {}
         self.tried: dict[str, list[float]] = {}
+
+    @functools.cached_property
+    def lm(self) -> Any:
+        """The language model, loaded once on first use (splicing and probing)."""
+        return load_model(self.data.model, device=self.cfg.device)
+
+    def train_grid(self, ladders: dict[str, list[float]], lr: dict[str, float]) -> list[str]:
+        """Every setting of ``ladders`` at every seed, at its family's rate, read on validation
+        and spliced there (the KL the ladders are extended on); returns the models' names."""
+        cfg = self.cfg
+        names = [
+            self.fit(family, setting, lr[family], seed)
+            for family, settings in ladders.items()
+            for setting in settings
+            for seed in cfg.seeds
+        ]
+        by_key = {(r["name"], r["split"]): r for r in self.rows}
+        unspliced = [n for n in names if by_key[(n, "validation")].get("kl") is None]
+        if cfg.spliced_sequences > 0 and unspliced:
+            self.splice(unspliced, ("validation",))
+        return names
 
     def tokens(self) -> dict[str, int]:
         counts = {s: int(self.splits[s].test[self.data.hook].shape[0]) for s in SPLITS}
@@ -140,25 +162,24 @@ class Study:
                 self.rows.append({**row, **self._read(name, split)})
                 sums[(name, split)] = self._sums
         self.watch.lap("read on test and OOD")
-        cfg = self.cfg
-        needs_model = cfg.spliced_sequences > 0 or cfg.probe_sentences > 0
-        lm = load_model(self.data.model, device=cfg.device) if needs_model else None
-        by_key = {(r["name"], r["split"]): r for r in self.rows}
-        if cfg.spliced_sequences > 0:
-            self._splice(final, lm, by_key)
-        if cfg.probe_sentences > 0:
-            self._probe(final, lm, by_key)
+        if self.cfg.spliced_sequences > 0:
+            self.splice(final, ("test", "ood"))
+        if self.cfg.probe_sentences > 0:
+            self._probe(final)
         for row in self.rows:
             for key in ("ce_loss_recovered", "kl", "probe_accuracy"):
                 row.setdefault(key, None)
 
-    def _splice(self, final: list[str], lm: Any, by_key: dict[tuple[str, str], Any]) -> None:
-        models = {name: self.models[name] for name in final}
-        for split in ("test", "ood"):
+    def splice(self, names: list[str], splits: tuple[str, ...]) -> None:
+        """CE recovered and KL of ``names`` on the first ``spliced_sequences`` sequences of each
+        split, with their bootstrap replicates, into the models' rows of that split."""
+        models = {name: self.models[name] for name in names}
+        by_key = {(r["name"], r["split"]): r for r in self.rows}
+        for split in splits:
             view = self.splits[split]
             held = view.sequences[view.positions[:, 0].unique()][: self.cfg.spliced_sequences]
             found = spliced_losses(
-                lm, models, held, view.hook, input_scale=view.scales[view.hook],
+                self.lm, models, held, view.hook, input_scale=view.scales[view.hook],
                 outlier_norm_ratio=self.cfg.outlier_norm_ratio,
             )  # fmt: skip
             weights = self.weights[split][:, : len(held)]
@@ -171,10 +192,11 @@ class Study:
                 scores = [spliced_scores(values["per_sequence"], w) for w in weights]
                 row["replicates"]["kl"] = [s["kl_div_with_sae"] for s in scores]
                 row["replicates"]["ce_loss_recovered"] = [s["ce_loss_score"] for s in scores]
-        self.watch.lap("spliced into the model")
+        self.watch.lap(f"spliced into the model ({', '.join(splits)})")
 
-    def _probe(self, final: list[str], lm: Any, by_key: dict[tuple[str, str], Any]) -> None:
+    def _probe(self, final: list[str]) -> None:
         cfg = self.cfg
+        by_key = {(r["name"], r["split"]): r for r in self.rows}
         tasks = {}
         for source in cfg.probe_datasets or [str(default_labelled_sentences())]:
             pairs = load_labelled_sentences(source)
@@ -183,7 +205,7 @@ class Study:
                 pairs, min(cfg.probe_sentences, len(pairs))
             )
         models = {name: self.models[name] for name in final}
-        found = probe_reads(models, self.data, tasks, lm, cfg.seeds[0], cfg.bootstrap)
+        found = probe_reads(models, self.data, tasks, self.lm, cfg.seeds[0], cfg.bootstrap)
         for name, per_split in found.items():
             for split, per_task in per_split.items():
                 if not per_task:  # one task: OOD rows carry no probe of their own

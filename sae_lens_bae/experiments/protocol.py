@@ -16,12 +16,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = [
+    "LADDER_RATIO",
     "LEVEL",
     "MIN_POINTS",
     "SPLITS",
     "Point",
     "bracket_learning_rate",
     "choose_on_validation",
+    "extend_ladders",
     "frontier",
     "frontier_verdict",
     "ladder",
@@ -220,12 +222,70 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else math.inf
 
 
-def ladder(
-    start: float, rungs: int, ratio: float = math.sqrt(2), whole: bool = False
-) -> list[float]:
-    """``rungs`` settings from ``start`` up by ``ratio`` (sqrt(2): twice the setting every two
-    rungs), rounded to whole numbers for TopK's k."""
-    values = [start * ratio**i for i in range(rungs)]
-    if whole:
-        return sorted({float(round(v)) for v in values})
-    return [float(f"{v:.4g}") for v in values]
+LADDER_RATIO = math.sqrt(2)
+"""One rung of a settings ladder: twice the setting every two rungs."""
+
+
+def ladder(start: float, rungs: int, whole: bool = False) -> list[float]:
+    """``rungs`` settings from ``start`` up by ``LADDER_RATIO``, rounded to whole numbers for
+    TopK's k."""
+    return sorted({_rung(start * LADDER_RATIO**i, whole) for i in range(rungs)})
+
+
+def _rung(value: float, whole: bool) -> float:
+    return float(round(value)) if whole else float(f"{value:.4g}")
+
+
+def extend_ladders(
+    rows: Iterable[Row],
+    ladders: Mapping[str, Sequence[float]],
+    axes: Sequence[str] = ("kl", "l0"),
+    whole: Sequence[str] = (),
+    split: str = "validation",
+) -> dict[str, list[float]]:
+    """The rungs to add so that at least ``MIN_POINTS`` points of every family lie inside every
+    other family's range on each of ``axes`` (seed means on ``split``). Where too few of F's
+    points lie in G's range, F climbs one rung from the end of its ladder whose x lies nearer
+    G's side, the side most of F's outside points miss on; where as many miss on either side
+    (G's range narrower than F's rungs), G gains a rung at both ends (none miss: F is too
+    short and gains them). Families in ``whole``
+    take whole-number rungs (TopK's k); a rung is never taken twice. Empty: nothing to add."""
+    rows = list(rows)
+    added: dict[str, set[float]] = {f: set() for f in ladders}
+
+    def climb(family: str, end: float, up: bool) -> None:
+        step = LADDER_RATIO if up else 1 / LADDER_RATIO
+        rung = _rung(end * step, family in whole)
+        if rung > 0 and rung not in ladders[family]:
+            added[family].add(rung)
+
+    for axis in axes:
+        at = {f: _setting_means(rows, f, split, axis) for f in ladders}
+        for ours, theirs in ((f, g) for f in ladders for g in ladders if f != g):
+            if not at[ours] or not at[theirs]:
+                continue
+            low, high = min(at[theirs].values()), max(at[theirs].values())
+            xs = at[ours]
+            if sum(low <= x <= high for x in xs.values()) >= MIN_POINTS:
+                continue
+            below = sum(x < low for x in xs.values())
+            above = sum(x > high for x in xs.values())
+            first, last = min(xs), max(xs)  # the ladder's ends (settings)
+            if below == above:  # G too narrow for F's rungs, or F too short: both ends
+                widened = theirs if below else ours
+                for end in (min(at[widened]), max(at[widened])):
+                    climb(widened, end, end == max(at[widened]))
+                continue
+            want_larger_x = below > above
+            end = last if (xs[last] > xs[first]) == want_larger_x else first
+            climb(ours, end, end == last)
+    return {f: sorted(rungs) for f, rungs in added.items() if rungs}
+
+
+def _setting_means(rows: Sequence[Row], family: str, split: str, key: str) -> dict[float, float]:
+    """Per setting of ``family`` on ``split``, the mean over seeds of ``key`` (None left out)."""
+    held: dict[float, list[float]] = {}
+    for row in rows:
+        if row["family"] == family and row["split"] == split and value(row, key) is not None:
+            held.setdefault(row["setting"], []).append(value(row, key))
+    return {s: statistics.fmean(v) for s, v in held.items()}
