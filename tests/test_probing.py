@@ -82,3 +82,51 @@ def test_sentence_features_average_each_sentences_codes_over_its_tokens_after_bo
         _, cache = tiny_llama.run_with_cache(tokens[None], names_filter=hook)
         expected = sae.encode(cache[hook][0, 1:] * 2.0).mean(0)
         torch.testing.assert_close(row, expected)
+
+
+class _SignSplit:
+    """An SAE stand-in whose latents are relu(x) and relu(-x)."""
+
+    W_dec = torch.zeros(4, 2)
+
+    def encode(self, x):
+        return torch.cat([x, -x], dim=1).clamp(min=0)
+
+
+def test_each_split_is_probed_on_its_own_sentences_and_ood_reads_the_next_task(monkeypatch):
+    """Task a writes its label along +x0, task b along -x0. Each task's probe reads its own
+    held-out half perfectly (test); on OOD it reads the other task's held-out half, where the
+    direction is reversed, and gets every sentence wrong: OOD never copies test. One task: no
+    OOD probe."""
+    from types import SimpleNamespace
+
+    from sae_lens_bae.experiments import compare_read
+
+    def sentence(task, i):
+        return (f"{task} {i}", "pos" if i % 2 else "neg")
+
+    def states_of(_lm, texts, _last, _hook, **_options):
+        signs = [
+            (1.0 if int(t.split()[1]) % 2 else -1.0) * (1 if t[0] == "a" else -1) for t in texts
+        ]
+        states = torch.tensor([[s, 0.0] for s in signs])
+        where = torch.arange(len(texts))[:, None]
+        return states, where, None
+
+    monkeypatch.setattr(
+        compare_read, "encode_prompts", lambda texts, _tok: (texts, torch.zeros(len(texts), 1))
+    )
+    monkeypatch.setattr(compare_read, "prompt_states", states_of)
+    tasks = {t: [sentence(t, i) for i in range(40)] for t in ("a", "b")}
+    data = SimpleNamespace(hook="h", scales={"h": 1.0})
+    lm = SimpleNamespace(tokenizer=None)
+    found = compare_read.probe_reads({"m": _SignSplit()}, data, tasks, lm, seed=0, replicates=10)
+    for task in ("a", "b"):
+        test, ood = found["m"]["test"][task], found["m"]["ood"][task]
+        assert test["sentences"] == ood["sentences"] == 20  # each task's held-out half
+        assert all(a == 1.0 for a in test["accuracy"].values())
+        assert all(a == 0.0 for a in ood["accuracy"].values())
+        assert all(e == 0.0 for e in test["standard_error"].values())
+        assert len(test["replicates"]["5"]) == 10
+    alone = compare_read.probe_reads({"m": _SignSplit()}, data, {"a": tasks["a"]}, lm, 0, 10)
+    assert alone["m"]["ood"] == {} and alone["m"]["test"]["a"]["accuracy"]["1"] == 1.0
