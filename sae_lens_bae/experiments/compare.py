@@ -87,7 +87,7 @@ class CompareConfig(ComSemJudge, LayerData):
     prior: Literal["training", "evaluation"] = "evaluation"
     """The BAE's burstiness prior: the mean code of the split read (the paper's) or of training."""
     spliced_sequences: int = ranged(16, low=0)
-    """Sequences of test and of OOD on which each model is spliced into the LM (CE, KL)."""
+    """Sequences of each split on which each model is spliced into the LM (CE, KL)."""
     probe_datasets: Sequence[str] = ()
     """Labelled sentence sets for k-sparse probing, one task each (default: gensim's reviews)."""
     probe_sentences: int = ranged(200, low=0)
