@@ -10,6 +10,7 @@ from sae_lens import SAE
 import sae_lens_bae  # noqa: F401  (registers the architectures)
 from sae_lens_bae.experiments import compare, compare_study
 from sae_lens_bae.experiments.compare import CompareConfig
+from sae_lens_bae.experiments.protocol import frontier
 from sae_lens_bae.saes.gated_relu import GatedReLUSAE, GatedReLUTrainingSAEConfig
 from sae_lens_bae.training import train_sae
 
@@ -106,6 +107,14 @@ def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
             )
         if row["split"] == "ood":  # one task: no probe of its own on OOD, none copied
             assert row["probe_accuracy"] is None
+    # the probe is a frontier like any metric (its task's key has no dot to break the path);
+    # with one task only the test split carries a probe verdict
+    (task,) = next(r for r in rows if r["split"] == "test")["probe_accuracy"]
+    assert task == "pang_lee_polarity"
+    probe = f"probe_accuracy.{task}.5"
+    assert len(frontier(rows, "bae", "test", "l0", probe)) == len(summary["settings"]["bae"])
+    probed = {v["split"] for v in summary["verdicts"] if v["metric"].startswith("probe")}
+    assert probed == {"test"}
     tokens = summary["tokens"]
     assert min(tokens.values()) > 0 and summary["ood_dataset"].endswith("ood-text.txt")
     for verdict in summary["verdicts"]:
