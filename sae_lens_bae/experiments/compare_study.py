@@ -192,7 +192,7 @@ class Study:
                 scores = [spliced_scores(values["per_sequence"], w) for w in weights]
                 row["replicates"]["kl"] = [s["kl_div_with_sae"] for s in scores]
                 row["replicates"]["ce_loss_recovered"] = [s["ce_loss_score"] for s in scores]
-        self.watch.lap(f"spliced into the model ({', '.join(splits)})")
+        self.watch.lap(f"spliced {len(names)} models into the model ({', '.join(splits)})")
 
     def _probe(self, final: list[str]) -> None:
         cfg = self.cfg
