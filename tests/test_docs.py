@@ -107,3 +107,37 @@ def test_the_readme_example_runs(tmp_path, monkeypatch):
     namespace: dict[str, object] = {}
     exec(compile(code.replace("epochs=10", "epochs=1"), "README.md", "exec"), namespace)  # noqa: S102
     assert namespace["logits"].shape[:2] == (8, 128)
+
+
+def _documented_commands() -> list[tuple[str, list[str]]]:
+    """Every ``bae ...`` command in the bash blocks of the README and the user docs (research
+    notes keep the commands of their day), continuations joined, loop variables filled in."""
+    import shlex
+
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        blocks = re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S)
+        for block in blocks:
+            text = block.replace("\\\n", " ").replace("$layer", "15")
+            for line in text.splitlines():
+                for part in re.split(r";|&&|\bdo\b", line):
+                    words = shlex.split(part.split("#")[0])
+                    if words[:1] == ["bae"]:
+                        found.append((path.name, words[1:]))
+    return found
+
+
+@pytest.mark.parametrize(("doc", "args"), _documented_commands())
+def test_every_documented_command_names_options_that_exist(doc, args):
+    from typer.testing import CliRunner
+
+    from sae_lens_bae.cli.app import app
+
+    result = CliRunner().invoke(app, [*args, "--help"])
+    assert result.exit_code == 0, f"{doc}: bae {' '.join(args)}\n{result.output}"
+
+
+def test_the_documented_commands_are_found():
+    commands = _documented_commands()
+    assert len(commands) > 20
+    assert any(args[:1] == ["compare"] and "--probe-datasets" in args for _, args in commands)
