@@ -54,6 +54,7 @@ def compare_out(tiny_hf_llama_dir, tiny_corpus, tmp_path_factory) -> Path:
             l1_coefficients=(5.0,),
             lrs=(1e-3, 2e-3),
             lr_extensions=0,
+            ladder_extensions=0,
             seeds=(0,),
             d_sae=64,
             steps=24,  # shorter than the remedy window: no resampled channel, no twin records
