@@ -10,7 +10,7 @@ from sae_lens import SAE
 import sae_lens_bae  # noqa: F401  (registers the architectures)
 from sae_lens_bae.experiments import compare, compare_study
 from sae_lens_bae.experiments.compare import CompareConfig
-from sae_lens_bae.experiments.protocol import frontier
+from sae_lens_bae.experiments.protocol import _rung, frontier, ladder_shortfalls
 from sae_lens_bae.saes.gated_relu import GatedReLUSAE, GatedReLUTrainingSAEConfig
 from sae_lens_bae.training import train_sae
 
@@ -74,14 +74,18 @@ def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
         assert {r["lr"] for r in final} == {summary["chosen_lr"][family]}
         assert all(r["lr_candidates"] == tried for r in final)
     assert summary["chosen_lr"]["bae_no_resampling"] == summary["chosen_lr"]["bae"]
-    # one round of rungs (the tiny models' ranges miss each other), each one sqrt(2) beyond an
-    # end of the ladder as given
+    # one round of rungs (the tiny models' ranges miss each other), each exactly one sqrt(2)
+    # beyond an end of the ladder as given; what the rule still finds short is recorded
     assert summary["settings_added"]
     for family, given in ((f, cfg.settings(f)) for f in cfg.families):
         added = summary["settings_added"].get(family, [])
         assert summary["settings"][family] == sorted([*given, *added])
-        ends = {given[0] / 2**0.5, given[-1] * 2**0.5}
-        assert all(min(abs(a - e) for e in ends) < 0.51 for a in added)
+        whole = family == "topk"
+        beyond = {_rung(given[0] / 2**0.5, whole), _rung(given[-1] * 2**0.5, whole)}
+        assert set(added) <= beyond
+    final_names = {r["name"] for r in rows if r["split"] == "test"}
+    judged = [r for r in rows if r["name"] in final_names]
+    assert summary["ladder_shortfalls"] == ladder_shortfalls(judged, ["bae", "topk"])
     assert "bae_no_resampling" not in summary["settings_added"]
     assert summary["bae_default"] in summary["settings"]["bae"]  # its rule: test_protocol.py
     names = {r["name"] for r in rows if r["split"] == "test"}
@@ -137,6 +141,8 @@ def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
     assert (tmp_path / "models" / "bae" / "cfg.json").exists()
     with pytest.raises(ValueError, match="unknown families"):
         CompareConfig(families=("standard", "gated"))
+    with pytest.raises(ValueError, match="share task names"):
+        CompareConfig(probe_datasets=("a/sst2", "b/sst2.tsv"))
     with pytest.raises(ValueError, match="at least 2 rates"):
         CompareConfig(lrs=(1e-3,))
     with pytest.raises(ValueError, match="bae_no_resampling trains at the BAE's"):

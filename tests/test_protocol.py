@@ -19,6 +19,7 @@ from sae_lens_bae.experiments.protocol import (
     frontier,
     frontier_verdict,
     ladder,
+    ladder_shortfalls,
     rows_of_choice,
 )
 from sae_lens_bae.training import FAMILIES, TRAINED_BASELINES, baseline_configs, family_config
@@ -253,8 +254,30 @@ def test_a_ladder_climbs_towards_the_range_it_misses_from_the_end_nearer_it():
     assert extend_ladders(rows, ladders, axes=("kl",)) == {}
     assert extend_ladders(rows, ladders) == {"jumprelu": [0.08839], "bae": [1.414]}
     # test rows that would ask for other rungs are never read
-    shifted = [dict(r, l0=100.0) if r["split"] == "test" else r for r in rows]
+    shifted = [  # test rows that put JumpReLU above the BAE would ask for the other rungs
+        dict(r, l0=r["l0"] + 500 * (r["family"] == "jumprelu")) if r["split"] == "test" else r
+        for r in rows
+    ]
     assert extend_ladders(shifted, ladders) == {"jumprelu": [0.08839], "bae": [1.414]}
+
+
+def test_a_range_missed_on_both_sides_widens_and_one_setting_grows_both_ways():
+    """TopK's points miss the BAE's L0 range twice below and once above: the BAE's range is
+    the narrow one and widens at both ends (climbing TopK past its top would move away). A
+    family of one setting, whose direction is unknown, gains a rung each way."""
+    topk = {16: (0.6, 16), 23: (0.5, 23), 64: (0.2, 64)}
+    bae = {0.7071: (0.41, 30), 1.0: (0.39, 34), 1.414: (0.38, 36)}
+    rows = _ladder_rows({"topk": topk, "bae": bae})
+    ladders = {"topk": sorted(topk), "bae": sorted(bae)}
+    assert extend_ladders(rows, ladders, ("l0",), ("topk",)) == {"bae": [0.5, 2.0]}
+    alone = _ladder_rows({"topk": {64: (0.2, 64)}, "bae": bae})
+    grown = extend_ladders(alone, {"topk": [64], "bae": sorted(bae)}, ("l0",), ("topk",))
+    assert grown["topk"] == [45.0, 91.0]
+    shortfalls = ladder_shortfalls(alone, ["topk", "bae"], ("l0",))
+    assert {(g["family"], g["points"], g["below"], g["above"]) for g in shortfalls} == {
+        ("topk", 0, 0, 1),
+        ("bae", 0, 3, 0),
+    }
 
 
 def test_a_narrow_range_widens_and_a_short_ladder_grows_at_both_ends():
@@ -270,8 +293,11 @@ def test_a_narrow_range_widens_and_a_short_ladder_grows_at_both_ends():
     rows = _ladder_rows({"topk": short, "bae": bae})
     grown = extend_ladders(rows, {"topk": [23, 32], "bae": sorted(bae)}, ("l0",), ("topk",))
     assert grown["topk"] == [16.0, 45.0]
-    assert "topk" not in extend_ladders(rows, {"topk": [16, 23, 32, 45], "bae": sorted(bae)},
-                                        ("l0",), ("topk",))  # fmt: skip
+    tiny = _ladder_rows({"topk": {1: (0.45, 31), 2: (0.4, 33)}, "bae": bae})
+    # k = 1 / sqrt(2) rounds back to 1, already on the ladder: only the rung above is added
+    assert extend_ladders(tiny, {"topk": [1, 2], "bae": sorted(bae)}, ("l0",), ("topk",)) == {
+        "topk": [3.0]
+    }
 
 
 def _default_rows(bae, topk_ev=0.70, test_activated=0):

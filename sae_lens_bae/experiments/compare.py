@@ -38,8 +38,8 @@ from typing import Any, Literal
 from sae_lens_bae.checks import ranged
 from sae_lens_bae.experiments.common import ComSemJudge, LayerData
 from sae_lens_bae.experiments.compare_report import verdicts
-from sae_lens_bae.experiments.compare_study import Study
-from sae_lens_bae.experiments.protocol import extend_ladders
+from sae_lens_bae.experiments.compare_study import Study, task_name
+from sae_lens_bae.experiments.protocol import extend_ladders, ladder_shortfalls
 from sae_lens_bae.training import FAMILIES
 
 __all__ = ["REPORT", "CompareConfig", "run"]
@@ -114,6 +114,12 @@ class CompareConfig(ComSemJudge, LayerData):
                 raise ValueError(f"{name} must be distinct positive values, got {list(values)}")
         if "bae_no_resampling" in self.families and "bae" not in self.families:
             raise ValueError("bae_no_resampling trains at the BAE's learning rate: add bae")
+        names = [task_name(source) for source in self.probe_datasets]
+        if len(set(names)) < len(names):
+            raise ValueError(
+                f"probe_datasets {list(self.probe_datasets)} share task names {names}: give "
+                "each task a file or folder of its own name"
+            )
         if not self.seeds or len(set(self.seeds)) < len(self.seeds):
             raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
         uses_k = {"topk", "batchtopk"} & set(self.families)
@@ -154,6 +160,8 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             ladders[family] = sorted([*ladders[family], *rungs])
             added[family] = sorted([*added.get(family, []), *rungs])
         final += study.train_grid(more, chosen_lr)
+    judged = [r for r in study.rows if r["name"] in final]
+    compared = [f for f in cfg.families if f != "bae_no_resampling"]
     bae_default = _bae_default(study.rows, final, cfg.d_sae) if "bae" in cfg.families else None
     study.read_final(final)
     summary = {
@@ -167,6 +175,7 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         "lr_candidates": tried,
         "settings": ladders,
         "settings_added": added,
+        "ladder_shortfalls": ladder_shortfalls(judged, compared),
         "bae_default": bae_default,
         "rows": study.rows,
         "verdicts": verdicts(study.rows, list(cfg.families), seed=cfg.seeds[0]),

@@ -82,8 +82,8 @@ def verdicts(rows: Sequence[Row], families: Sequence[str], seed: int = 0) -> lis
             for split in ("test", "ood"):
                 ours = frontier(rows, "bae", split, x, y, seed)
                 theirs = frontier(rows, family, split, x, y, seed)
-                if not ours and not theirs:  # not measured on this split (OOD of one task)
-                    continue
+                if metric.startswith("probe") and not ours and not theirs:
+                    continue  # one task: no probe of its own on OOD
                 decided = frontier_verdict(ours, theirs, higher)
                 found.append({"metric": metric, "against": family, "split": split, **decided})
     return found

@@ -31,7 +31,7 @@ from sae_lens_bae.reports import Stopwatch, write_json, write_text
 from sae_lens_bae.training import family_config, shared_schedule, train_sae
 from sae_lens_bae.training.checkpoints import COMPLETE_MARKER
 
-__all__ = ["Study"]
+__all__ = ["Study", "task_name"]
 
 
 class Study:
@@ -201,7 +201,7 @@ class Study:
         for source in cfg.probe_datasets or [str(default_labelled_sentences())]:
             pairs = load_labelled_sentences(source)
             rng = random.Random(cfg.seeds[0])
-            tasks[_task_name(source)] = rng.sample(pairs, min(cfg.probe_sentences, len(pairs)))
+            tasks[task_name(source)] = rng.sample(pairs, min(cfg.probe_sentences, len(pairs)))
         models = {name: self.models[name] for name in final}
         found = probe_reads(models, self.data, tasks, self.lm, cfg.seeds[0], cfg.bootstrap)
         for name, per_split in found.items():
@@ -252,7 +252,7 @@ def _middle(values: list[float]) -> float:
     return values[(len(values) - 1) // 2]
 
 
-def _task_name(source: str) -> str:
+def task_name(source: str) -> str:
     """A probe task's key in the rows: the source's last name without suffixes, no dots (the
     verdicts read ``probe_accuracy.TASK.K`` as a dotted path)."""
     return Path(source.rstrip("/")).name.split(".")[0] or source.replace(".", "_")

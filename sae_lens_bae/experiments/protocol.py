@@ -24,6 +24,7 @@ __all__ = [
     "bracket_learning_rate",
     "choose_on_validation",
     "extend_ladders",
+    "ladder_shortfalls",
     "frontier",
     "frontier_verdict",
     "ladder",
@@ -236,6 +237,32 @@ def _rung(value: float, whole: bool) -> float:
     return float(round(value)) if whole else float(f"{value:.4g}")
 
 
+def ladder_shortfalls(
+    rows: Iterable[Row],
+    families: Sequence[str],
+    axes: Sequence[str] = ("kl", "l0"),
+    split: str = "validation",
+) -> list[dict[str, Any]]:
+    """Every (family, other family, axis) where fewer than ``MIN_POINTS`` of the family's points
+    (seed means on ``split``) lie inside the other's range: ``points`` inside, and how many
+    miss ``below`` and ``above`` it. Empty: every family has enough points in every range."""
+    rows = list(rows)
+    short = []
+    for axis in axes:
+        at = {f: _setting_means(rows, f, split, axis) for f in families}
+        for ours, theirs in ((f, g) for f in families for g in families if f != g):
+            if not at[ours] or not at[theirs]:
+                continue
+            low, high = min(at[theirs].values()), max(at[theirs].values())
+            xs = list(at[ours].values())
+            inside = sum(low <= x <= high for x in xs)
+            if inside < MIN_POINTS:
+                below, above = sum(x < low for x in xs), sum(x > high for x in xs)
+                short.append({"family": ours, "against": theirs, "axis": axis,
+                              "points": inside, "below": below, "above": above})  # fmt: skip
+    return short
+
+
 def extend_ladders(
     rows: Iterable[Row],
     ladders: Mapping[str, Sequence[float]],
@@ -243,42 +270,38 @@ def extend_ladders(
     whole: Sequence[str] = (),
     split: str = "validation",
 ) -> dict[str, list[float]]:
-    """The rungs to add so that at least ``MIN_POINTS`` points of every family lie inside every
-    other family's range on each of ``axes`` (seed means on ``split``). Where too few of F's
-    points lie in G's range, F climbs one rung from the end of its ladder whose x lies nearer
-    G's side, the side most of F's outside points miss on; where as many miss on either side
-    (G's range narrower than F's rungs), G gains a rung at both ends (none miss: F is too
-    short and gains them). Families in ``whole``
-    take whole-number rungs (TopK's k); a rung is never taken twice. Empty: nothing to add."""
+    """The rungs that answer ``ladder_shortfalls``. Where F's points miss G's range on one side
+    only, F climbs one rung beyond the end of its ladder whose x lies nearer that range (both
+    ends when F has one setting, whose direction is unknown); where they miss on both sides, G's
+    range is narrower than F's rungs and G gains a rung at both ends; where none miss, F has too
+    few settings and gains a rung at both ends. Families in ``whole`` take whole-number rungs
+    (TopK's k); a rung already on the ladder is never added. Empty: nothing to add."""
     rows = list(rows)
     added: dict[str, set[float]] = {f: set() for f in ladders}
 
-    def climb(family: str, end: float, up: bool) -> None:
-        step = LADDER_RATIO if up else 1 / LADDER_RATIO
-        rung = _rung(end * step, family in whole)
-        if rung > 0 and rung not in ladders[family]:
-            added[family].add(rung)
+    def climb(family: str, down: bool, up: bool) -> None:
+        ladder = sorted(ladders[family])
+        steps = [(ladder[0], 1 / LADDER_RATIO)] * down + [(ladder[-1], LADDER_RATIO)] * up
+        for end, step in steps:
+            rung = _rung(end * step, family in whole)
+            if rung > 0 and rung not in ladder:
+                added[family].add(rung)
 
-    for axis in axes:
-        at = {f: _setting_means(rows, f, split, axis) for f in ladders}
-        for ours, theirs in ((f, g) for f in ladders for g in ladders if f != g):
-            if not at[ours] or not at[theirs]:
-                continue
-            low, high = min(at[theirs].values()), max(at[theirs].values())
-            xs = at[ours]
-            if sum(low <= x <= high for x in xs.values()) >= MIN_POINTS:
-                continue
-            below = sum(x < low for x in xs.values())
-            above = sum(x > high for x in xs.values())
-            first, last = min(xs), max(xs)  # the ladder's ends (settings)
-            if below == above:  # G too narrow for F's rungs, or F too short: both ends
-                widened = theirs if below else ours
-                for end in (min(at[widened]), max(at[widened])):
-                    climb(widened, end, end == max(at[widened]))
-                continue
-            want_larger_x = below > above
-            end = last if (xs[last] > xs[first]) == want_larger_x else first
-            climb(ours, end, end == last)
+    for gap in ladder_shortfalls(rows, list(ladders), axes, split):
+        ours, theirs = gap["family"], gap["against"]
+        if gap["below"] and gap["above"]:  # G's range inside F's rungs: widen G
+            climb(theirs, down=True, up=True)
+            continue
+        ladder = sorted(ladders[ours])
+        if not (gap["below"] or gap["above"]) or len(ladder) == 1:
+            climb(ours, down=True, up=True)
+            continue
+        xs = _setting_means(rows, ours, split, gap["axis"])
+        first, last = xs.get(ladder[0]), xs.get(ladder[-1])
+        if first is None or last is None:
+            continue
+        up = (last > first) == (gap["below"] > 0)  # the end whose x lies nearer G's range
+        climb(ours, down=not up, up=up)
     return {f: sorted(rungs) for f, rungs in added.items() if rungs}
 
 
