@@ -151,9 +151,11 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     chosen_lr, tried = study.choose_learning_rates()
     ladders = {family: cfg.settings(family) for family in cfg.families}
     final = study.train_grid(ladders, chosen_lr)
+    compared = [f for f in cfg.families if f != "bae_no_resampling"]  # one setting by design
     added: dict[str, list[float]] = {}
     for _ in range(cfg.ladder_extensions):
-        more = _rungs_to_add(cfg, [r for r in study.rows if r["name"] in final], ladders)
+        judged = [r for r in study.rows if r["name"] in final]
+        more = _rungs_to_add(cfg, judged, {f: ladders[f] for f in compared})
         if not more:
             break
         for family, rungs in more.items():
@@ -161,7 +163,6 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
             added[family] = sorted([*added.get(family, []), *rungs])
         final += study.train_grid(more, chosen_lr)
     judged = [r for r in study.rows if r["name"] in final]
-    compared = [f for f in cfg.families if f != "bae_no_resampling"]
     bae_default = _bae_default(study.rows, final, cfg.d_sae) if "bae" in cfg.families else None
     study.read_final(final)
     summary = {
@@ -188,10 +189,9 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
 def _rungs_to_add(
     cfg: CompareConfig, rows: list[dict[str, Any]], ladders: dict[str, list[float]]
 ) -> dict[str, list[float]]:
-    """``protocol.extend_ladders`` on the final grid's validation rows, over every family but
-    ``bae_no_resampling`` (one setting by design), without a k above ``d_sae``."""
-    compared = {f: v for f, v in ladders.items() if f != "bae_no_resampling"}
-    more = extend_ladders(rows, compared, whole=("topk", "batchtopk"))
+    """``protocol.extend_ladders`` on the final grid's validation rows, without a k above
+    ``d_sae``."""
+    more = extend_ladders(rows, ladders, whole=("topk", "batchtopk"))
     for family in ("topk", "batchtopk"):
         if family in more:
             more[family] = [k for k in more[family] if k <= cfg.d_sae]

@@ -306,9 +306,5 @@ def extend_ladders(
 
 
 def _setting_means(rows: Sequence[Row], family: str, split: str, key: str) -> dict[float, float]:
-    """Per setting of ``family`` on ``split``, the mean over seeds of ``key`` (None left out)."""
-    held: dict[float, list[float]] = {}
-    for row in rows:
-        if row["family"] == family and row["split"] == split and value(row, key) is not None:
-            held.setdefault(row["setting"], []).append(value(row, key))
-    return {s: statistics.fmean(v) for s, v in held.items()}
+    """Per setting of ``family`` on ``split``, its frontier point's mean over seeds of ``key``."""
+    return {point.setting: point.x for point in frontier(rows, family, split, key, key)}
