@@ -19,6 +19,7 @@ from sae_lens_bae.entropy import (
     EntropyRecipe,
     code_entropy,
     estimate_entropies,
+    support_entropy,
 )
 from sae_lens_bae.features import burstiness, code_prior, top_k_records
 from sae_lens_bae.models import load_model
@@ -62,6 +63,7 @@ __all__ = [
     "EntropyRecipe",
     "code_entropy",
     "estimate_entropies",
+    "support_entropy",
     # features, ComSem, steering, compression
     "burstiness",
     "code_prior",
