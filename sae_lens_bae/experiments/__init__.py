@@ -23,6 +23,7 @@ from sae_lens_bae.experiments import (
     more_bits,
     quickstart,
     steer_icl,
+    synth_sae,
     synthetic,
     two_token,
 )
@@ -68,6 +69,7 @@ EXPERIMENTS = [
     Experiment(("bench", "two-token"), two_token),
     Experiment(("bench", "more-bits"), more_bits),
     Experiment(("bench", "llm-truth"), llm_truth),
+    Experiment(("bench", "synth-sae"), synth_sae),
     Experiment(("entropy", "positions"), entropy_positions),
     Experiment(("entropy", "icl"), entropy_icl),
     Experiment(("steer", "icl"), steer_icl),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from jaxtyping import Float
@@ -21,6 +21,7 @@ from sae_lens import LanguageModelSAERunnerConfig
 from sae_lens.config import SAETrainerConfig
 from sae_lens.multi_sae_training_runner import MultiSAETrainingRunnerConfig
 from sae_lens.saes.sae import TrainingSAE, TrainingSAEConfig, TrainStepOutput
+from sae_lens.synthetic import SyntheticSAERunnerConfig
 from sae_lens.training.sae_trainer import SAETrainer
 from torch import Tensor
 
@@ -57,14 +58,22 @@ __all__ = [
     "train_sae",
 ]
 
+RunnerConfig = TypeVar(
+    "RunnerConfig",
+    LanguageModelSAERunnerConfig[Any],
+    MultiSAETrainingRunnerConfig,
+    SyntheticSAERunnerConfig[Any],
+)
+"""The SAELens runner configs that hold SAE training configs."""
+
 HISTORY_FILE = "history.json"
 """The loss history so far, in a ``RecordingTrainer`` checkpoint."""
 
 
-def fill_training_schedule(
-    config: LanguageModelSAERunnerConfig[Any] | MultiSAETrainingRunnerConfig,
-) -> LanguageModelSAERunnerConfig[Any] | MultiSAETrainingRunnerConfig:
-    """Set ``total_training_steps`` on every BAE config inside a SAELens runner config.
+def fill_training_schedule(config: RunnerConfig) -> RunnerConfig:
+    """Set ``total_training_steps`` on every BAE config inside a SAELens runner config (a
+    ``LanguageModelSAERunnerConfig``, ``MultiSAETrainingRunnerConfig`` or
+    ``SyntheticSAERunnerConfig``), and return it.
 
     A BAE keeps its entropy term off for ``entropy_off_fraction`` of training, but SAELens does not
     tell an SAE how long training is. Call this once on the runner config; BAE configs with an
@@ -72,12 +81,13 @@ def fill_training_schedule(
     """
     if isinstance(config, MultiSAETrainingRunnerConfig):
         sae_cfgs = list(config.saes.values())
-    elif isinstance(config, LanguageModelSAERunnerConfig):
+    elif isinstance(config, (LanguageModelSAERunnerConfig, SyntheticSAERunnerConfig)):
         sae_cfgs = [config.sae]
     else:
         raise TypeError(
-            "fill_training_schedule takes a LanguageModelSAERunnerConfig or a "
-            f"MultiSAETrainingRunnerConfig, got {type(config).__name__}"
+            "fill_training_schedule takes a SAELens runner config (LanguageModelSAERunnerConfig, "
+            "MultiSAETrainingRunnerConfig or SyntheticSAERunnerConfig), "
+            f"got {type(config).__name__}"
         )
     for sae_cfg in sae_cfgs:
         if isinstance(sae_cfg, BAETrainingSAEConfig) and sae_cfg.total_training_steps is None:

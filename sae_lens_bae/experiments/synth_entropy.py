@@ -1,0 +1,103 @@
+"""Feature-set entropy with a known answer: SAELens synthetic models whose support pattern's
+entropy ``support_entropy`` gives exactly, read by the BAE (``estimate_entropies``, its trust
+columns included).
+
+Each cell is a model without correlation (no closed form exists with it) and with constant
+magnitudes, so a hidden state is a function of its support alone and the set of states holds
+exactly the support's entropy. The cells cross two sizes, two superposition ratios (dimensions
+per feature) and a hierarchy of mutually exclusive children against independent features. The
+estimator runs with ``CELL_RECIPE`` as fixed before any cell was read: it is not tuned on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from sae_lens.synthetic import (
+    HierarchyConfig,
+    SyntheticModel,
+    SyntheticModelConfig,
+    ZipfianFiringProbabilityConfig,
+)
+
+from sae_lens_bae.entropy import TRACING_RECIPE, estimate_entropies
+from sae_lens_bae.entropy.support import support_entropy
+
+__all__ = ["CELLS", "CELL_RECIPE", "cell_model", "entropy_rows", "within_tolerance"]
+
+CELLS = [
+    (features, ratio, hierarchy)
+    for features in (64, 256)
+    for ratio in (2, 4)
+    for hierarchy in (False, True)
+]
+"""(features, features per dimension, hierarchy) of every cell."""
+
+CELL_RECIPE = TRACING_RECIPE.changed(expansion=4, seeds=1)
+"""The tracing recipe with a code at least as wide as the features (4 bits per dimension, the
+widest ratio) and one seed."""
+CELL_SAMPLES = 16_384
+"""Training and held-out states per cell."""
+
+
+def cell_model(features: int, ratio: int, hierarchy: bool, seed: int) -> SyntheticModel:
+    """A cell's model: Zipfian firing as SynthSAEBench's, constant magnitude 1, no bias or
+    correlation; with ``hierarchy``, trees of depth 2 and branching 3 whose children exclude
+    each other, one root per 16 features."""
+    tree = HierarchyConfig(
+        total_root_nodes=features // 16,
+        branching_factor=3,
+        max_depth=2,
+        mutually_exclusive_portion=1.0,
+        mutually_exclusive_min_depth=0,
+        compensate_probabilities=False,
+    )
+    config = SyntheticModelConfig(
+        num_features=features,
+        hidden_dim=features // ratio,
+        firing_probability=ZipfianFiringProbabilityConfig(
+            exponent=0.5, max_prob=0.4, min_prob=5e-4
+        ),
+        hierarchy=tree if hierarchy else None,
+        std_firing_magnitudes=0.0,
+        mean_firing_magnitudes=1.0,
+        bias=False,
+        seed=seed,
+    )
+    return SyntheticModel(config)
+
+
+def within_tolerance(bits: float, truth: float) -> bool:
+    """Whether a reading is within max(0.25 bit, 3%) of the truth."""
+    return abs(bits - truth) <= max(0.25, 0.03 * truth)
+
+
+def entropy_rows(seed: int = 0, device: str = "cpu") -> list[dict[str, Any]]:
+    """Every cell's exact support entropy beside the BAE's reading of its held-out states."""
+    models = [cell_model(*cell, seed=seed + index) for index, cell in enumerate(CELLS)]
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        train = [model.sample(CELL_SAMPLES) for model in models]
+        held_out = [model.sample(CELL_SAMPLES) for model in models]
+    readings = estimate_entropies(
+        train, CELL_RECIPE, eval_sets=held_out, device=device, progress=False
+    )
+    rows = []
+    for (features, ratio, hierarchy), model, reading in zip(CELLS, models, readings, strict=True):
+        truth = support_entropy(model)
+        rows.append(
+            {
+                "cell": f"{features}f/{features // ratio}d{' hierarchy' if hierarchy else ''}",
+                "features": features,
+                "hidden_dim": features // ratio,
+                "hierarchy": hierarchy,
+                "truth_bits": truth,
+                "bits": reading.bits,
+                "reliable": reading.reliable,
+                "within_tolerance": within_tolerance(reading.bits, truth),
+                "relative_error": reading.relative_error,
+                "ceiling_bits": reading.ceiling_bits,
+            }
+        )
+    return rows
