@@ -17,6 +17,7 @@ from typing import Any
 from sae_lens_bae.experiments import (
     compare,
     compress,
+    entropy_estimate,
     entropy_icl,
     entropy_positions,
     llm_truth,
@@ -68,6 +69,7 @@ EXPERIMENTS = [
     Experiment(("bench", "two-token"), two_token),
     Experiment(("bench", "more-bits"), more_bits),
     Experiment(("bench", "llm-truth"), llm_truth),
+    Experiment(("entropy", "estimate"), entropy_estimate),
     Experiment(("entropy", "positions"), entropy_positions),
     Experiment(("entropy", "icl"), entropy_icl),
     Experiment(("steer", "icl"), steer_icl),
