@@ -41,6 +41,7 @@ def test_runner_throughput_trains_each_sae_through_saelens_runner(
     assert (out / "runner_throughput.md").read_text().count("| bae |") == 1
 
 
+@pytest.mark.slow
 def test_synthetic_cell_reads_one_cell_with_each_recipe_variant(tmp_path, capsys):
     """Each variant replaces recipe fields and is trained and read on the same cell: a variant
     without the convergence rule trains the whole budget, its trajectory has one point per
@@ -169,6 +170,7 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path, capsys):
     assert bad.stderr.strip().splitlines()[-1].endswith("0 < r <= d, got '4:6'")
 
 
+@pytest.mark.slow
 def test_heldout_entropy_trains_the_paper_recipe_for_each_cases_dimension(tmp_path, capsys):
     """``--recipe-base long_run`` reads each case with ``EntropyRecipe.long_run(d)`` (its lr
     rule for that d), ``--recipe`` changing its fields; a budget its warm-up does not fit is refused

@@ -124,6 +124,7 @@ def test_more_bit_decoding_matches_the_formula_on_hand_made_bits():
     assert torch.allclose(bae.decode(values), expected, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_bae_compress_and_more_bits_on_the_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
     from sae_lens_bae.experiments import compress, more_bits
     from sae_lens_bae.experiments.compress import CompressionConfig

@@ -150,6 +150,7 @@ def test_a_decoder_that_is_already_the_regression_is_kept():
     assert all(torch.equal(p, before[name]) for name, p in bae.named_parameters())
 
 
+@pytest.mark.slow
 def test_the_recipe_refits_and_reports_the_error_as_trained():
     """The same training with and without ``refit_decoder``: the same bits, the error as
     trained kept beside the refitted one, which is the kept BAE's own error."""

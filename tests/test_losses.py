@@ -134,14 +134,18 @@ def test_a_scale_inside_the_penalty_is_the_penalty_times_it(path, monkeypatch):
     torch.testing.assert_close(inside.grad, outside.grad, rtol=1e-6, atol=1e-12)
 
 
-def test_covariance_penalty_zero_for_independent_structure():
-    # identical columns have cov > 0; a constant column has zero covariance with everything
+def test_covariance_penalty_counts_each_dependent_pair_twice_and_uncorrelated_ones_never():
+    """|cov| summed over the off-diagonal: two identical columns count their covariance twice
+    (both (0, 1) and (1, 0)); a constant column and an uncorrelated pair add exactly nothing."""
     codes = torch.zeros(10, 3)
     codes[:5, 0] = 1
     codes[:, 1] = codes[:, 0]
     codes[:, 2] = 1
     cov01 = torch.cov(codes.T)[0, 1].item()
+    assert cov01 == pytest.approx(2.5 / 9)  # 10 rows of (x - 1/2)^2 = 1/4, over n - 1
     assert covariance_penalty(codes).item() == pytest.approx(2 * cov01)
+    uncorrelated = torch.tensor([[0.0, 0], [0, 1], [1, 0], [1, 1]]).repeat(3, 1)
+    assert covariance_penalty(uncorrelated).item() == 0.0
 
 
 @pytest.mark.parametrize("block", [None, 16])

@@ -18,7 +18,6 @@ from typer.core import TyperGroup
 from sae_lens_bae.cli.options import DEBUG, config_command
 from sae_lens_bae.comsem import interpret
 from sae_lens_bae.dashboard import site
-from sae_lens_bae.entropy import files
 from sae_lens_bae.experiments import EXPERIMENTS, command_help
 from sae_lens_bae.training import live
 
@@ -34,7 +33,6 @@ COMMANDS: list[tuple[tuple[str, ...], Callable[..., Any], str | None, str]] = [
     (("train",), live.train_live, None, command_help(live.__doc__ or "")),
     (("interpret",), interpret.interpret, "summary.md", command_help(interpret.__doc__ or "")),
     (("dashboard",), site.dashboard, None, command_help(site.__doc__ or "")),
-    (("entropy", "estimate"), files.estimate, files.REPORT, command_help(files.__doc__ or "")),
     *[(e.command, e.run, e.report, e.help) for e in EXPERIMENTS],
 ]
 """(command path, run function taking the command's config, markdown report printed after the

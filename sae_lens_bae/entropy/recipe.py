@@ -69,14 +69,12 @@ class Optimiser:
     lr: float = ranged(BAE_RECIPES["entropy"].lr, above=0.0)
     """Adam learning rate of the BAEs."""
     lr_warm_up_steps: int = ranged(0, low=0)
-    """Steps over which the learning rate rises linearly to ``lr``; without one the code fell
-    to near a constant early at d 512 (r 64, 256) and d 256 (r 128), lr 4e-3."""
+    """Steps over which the learning rate rises linearly to ``lr`` (0: none)."""
     lr_end: float | None = None
     """After the warm-up, a cosine from ``lr`` down to this at the end of the steps (None: the
     lr stays constant)."""
     adam_beta2: float = ranged(0.999, low=0.0, below=1.0)
-    """Adam's second-moment decay; 0.99 read r where 0.999 did not at d 512, r 256 (seeds 0, 2)
-    and on 8 bits in d 64 (seeds 0, 5)."""
+    """Adam's second-moment decay (SAELens' ``adam_beta2``)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -97,8 +95,8 @@ class Phases:
     """Fraction of the step budget trained without the entropy term."""
     covariance_off_final_fraction: float = ranged(0.0, low=0.0, below=1.0)
     """The last fraction of each BAE's training without the covariance term (with a stop rule,
-    a BAE that converges at step s with the term on trains f / (1 - f) s more steps without it):
-    the term, noisy on a minibatch, holds each threshold at the edge of its firing states."""
+    a BAE that converges at step s with the term on trains f / (1 - f) s more steps without
+    it)."""
     drain_hold: float = ranged(0.0, low=0.0)
     """While the code's entropy on the check states still falls, hold the learning rate and the
     phases where they stand, for at most this fraction of the steps more (0: never;
@@ -115,10 +113,10 @@ class Selection:
 
     restarts: int = ranged(1, low=1)
     """BAEs trained per seed, the one of lowest held-out objective kept (at ``restarts`` times
-    the cost); 3 read r where 1 did not at d 512 (r 256), d 64 (r 8), d 48 (r 12), d 40 (r 16)."""
+    the cost)."""
     refit_decoder: bool = True
     """Replace each BAE's decoder by its code's least-squares decoder where that is better on
-    held-back states; it lowered the held-out error at d 512, r 256 on seeds 0, 1 and 2."""
+    held-back states."""
     repair_rounds: int = ranged(2, low=0)
     """Rounds of repair (``entropy.repair``; 0: none): channels the rest of the code determines
     are knocked out, the BAE trains on, and the copy is kept if its held-out objective is

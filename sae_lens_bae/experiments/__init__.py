@@ -17,6 +17,7 @@ from typing import Any
 from sae_lens_bae.experiments import (
     compare,
     compress,
+    entropy_estimate,
     entropy_icl,
     entropy_positions,
     llm_truth,
@@ -70,6 +71,7 @@ EXPERIMENTS = [
     Experiment(("bench", "more-bits"), more_bits),
     Experiment(("bench", "llm-truth"), llm_truth),
     Experiment(("bench", "synth-sae"), synth_sae),
+    Experiment(("entropy", "estimate"), entropy_estimate),
     Experiment(("entropy", "positions"), entropy_positions),
     Experiment(("entropy", "icl"), entropy_icl),
     Experiment(("steer", "icl"), steer_icl),

@@ -4,7 +4,9 @@ split's sequences, shared by every model) come from one definition (``split_metr
 
 Per sequence: tokens, squared error, the sums EV's variance needs, each channel's active
 tokens (``features.activity``: an SAE latent that fires, a BAE bit in its rare state) and each
-feature's records under every magnitude (``MAGNITUDES_READ``)."""
+feature's records under every magnitude (``MAGNITUDES_READ``); with the language model at hand,
+what splicing each model into it costs (``spliced_reads``) and k-sparse probing accuracy on
+labelled sentences (``probe_reads``)."""
 
 from __future__ import annotations
 
@@ -16,13 +18,23 @@ import torch
 from torch import Tensor
 
 from sae_lens_bae.activations import LayerActivations, prompt_states, sequence_splits
+from sae_lens_bae.evaluation import spliced_losses
 from sae_lens_bae.features import FeatureRecords, code_prior, frequency_counts, top_k_records
 from sae_lens_bae.features.activity import channel_activity
 from sae_lens_bae.features.probing import k_sparse_probe_correct, sentence_features
 from sae_lens_bae.features.statistics import TABLE_1_MIN_RECORDS
 from sae_lens_bae.prompts import encode_prompts
 
-__all__ = ["MAGNITUDES_READ", "SplitSums", "read_split", "sequence_weights", "split_metrics"]
+__all__ = [
+    "MAGNITUDES_READ",
+    "SplitSums",
+    "probe_reads",
+    "read_split",
+    "row_of_metrics",
+    "sequence_weights",
+    "spliced_reads",
+    "split_metrics",
+]
 
 MAGNITUDES_READ = ("native", "rescaled", "support")
 """``activated`` under each family's own magnitude (burstiness for a BAE, the raw activation for
@@ -77,9 +89,15 @@ def read_split(
         magnitude = name if name != "native" else "burstiness" if is_bae else "raw"
         prior = code_prior(sae, x_all, source=prior_source) if magnitude == "burstiness" else None
         made = top_k_records(
-            sae, x_all, data.positions, data.token_ids, magnitude, k=records_k, prior=prior,
+            sae,
+            x_all,
+            data.positions,
+            data.token_ids,
+            magnitude,
+            k=records_k,
+            prior=prior,
             sequences=data.sequences,
-        )  # fmt: skip
+        )
         counted[name] = made.counts_by_sequence()[1].double()
         native = made if name == "native" else native
     return SplitSums(records=counted, **sums), native  # type: ignore[arg-type]
@@ -119,6 +137,28 @@ def row_of_metrics(sums: SplitSums, weights: np.ndarray, n_explain: int) -> dict
             row[key] = values[0]
     row["replicates"] = split_metrics(sums, weights, n_explain)
     return row
+
+
+def spliced_reads(
+    models: dict[str, Any],
+    data: LayerActivations,
+    language_model: Any,
+    sequences: int,
+    outlier_norm_ratio: float,
+) -> dict[str, dict[str, Any]]:
+    """``spliced_losses`` of every model that reads and writes ``data``'s hook, on its first
+    ``sequences`` held-out sequences (none: nothing read)."""
+    if not models or sequences <= 0:
+        return {}
+    held_out = data.sequences[data.positions[:, 0].unique()][:sequences]
+    return spliced_losses(
+        language_model,
+        models,
+        held_out,
+        data.hook,
+        input_scale=data.scales[data.hook],
+        outlier_norm_ratio=outlier_norm_ratio,
+    )
 
 
 @torch.no_grad()

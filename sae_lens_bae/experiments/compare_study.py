@@ -13,7 +13,7 @@ from typing import Any
 
 from sae_lens_bae.activations import harvest_layer, held_out_splits
 from sae_lens_bae.data import default_labelled_sentences, load_labelled_sentences
-from sae_lens_bae.evaluation import spliced_losses, spliced_scores
+from sae_lens_bae.evaluation import spliced_scores
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT
 from sae_lens_bae.experiments.compare_read import (
     SplitSums,
@@ -21,6 +21,7 @@ from sae_lens_bae.experiments.compare_read import (
     read_split,
     row_of_metrics,
     sequence_weights,
+    spliced_reads,
 )
 from sae_lens_bae.experiments.compare_report import plot_density, plot_frontiers, report
 from sae_lens_bae.experiments.layer_study import training_objective
@@ -44,10 +45,17 @@ class Study:
         self.splits = held_out_splits(self.data, SPLITS[:2])
         n_test = len(self.splits["test"].positions[:, 0].unique())
         self.splits["ood"] = harvest_layer(
-            cfg.model, cfg.ood_dataset or _default_ood_text(out), None, out / "ood-activations",
-            like=self.data, context_size=cfg.context_size, max_sequences=n_test,
-            outlier_norm_ratio=cfg.outlier_norm_ratio, device=cfg.device, progress=progress,
-        )  # fmt: skip
+            cfg.model,
+            cfg.ood_dataset or _default_ood_text(out),
+            None,
+            out / "ood-activations",
+            like=self.data,
+            context_size=cfg.context_size,
+            max_sequences=n_test,
+            outlier_norm_ratio=cfg.outlier_norm_ratio,
+            device=cfg.device,
+            progress=progress,
+        )
         self.watch.lap("harvest")
         self.weights = {  # one resample of the sequences per replicate, shared by every model
             split: sequence_weights(
@@ -96,12 +104,18 @@ class Study:
         cfg, train = self.cfg, self.data.train[self.data.hook]
         folder = self.out / TRAINING_CHECKPOINT / name
         trained = train_sae(
-            train, family_config(family, train.shape[1], cfg.d_sae, setting, cfg.steps),
-            training_samples=cfg.steps * cfg.batch_size, batch_size=cfg.batch_size,
-            device=cfg.device, seed=seed, checkpoint_dir=folder,
-            resume=folder.is_dir() and any(folder.rglob(COMPLETE_MARKER)), n_checkpoints=4,
-            save_final_checkpoint=True, **shared_schedule(lr, cfg.steps),
-        )  # fmt: skip
+            train,
+            family_config(family, train.shape[1], cfg.d_sae, setting, cfg.steps),
+            training_samples=cfg.steps * cfg.batch_size,
+            batch_size=cfg.batch_size,
+            device=cfg.device,
+            seed=seed,
+            checkpoint_dir=folder,
+            resume=folder.is_dir() and any(folder.rglob(COMPLETE_MARKER)),
+            n_checkpoints=4,
+            save_final_checkpoint=True,
+            **shared_schedule(lr, cfg.steps),
+        )
         for kept in folder.iterdir():  # the final checkpoint is all a rerun needs
             if kept.is_dir() and not kept.name.startswith("final_"):
                 shutil.rmtree(kept)
@@ -176,14 +190,15 @@ class Study:
         models = {name: self.models[name] for name in names}
         by_key = {(r["name"], r["split"]): r for r in self.rows}
         for split in splits:
-            view = self.splits[split]
-            held = view.sequences[view.positions[:, 0].unique()][: self.cfg.spliced_sequences]
-            found = spliced_losses(
-                self.lm, models, held, view.hook, input_scale=view.scales[view.hook],
-                outlier_norm_ratio=self.cfg.outlier_norm_ratio,
-            )  # fmt: skip
-            weights = self.weights[split][:, : len(held)]
+            found = spliced_reads(
+                models,
+                self.splits[split],
+                self.lm,
+                self.cfg.spliced_sequences,
+                self.cfg.outlier_norm_ratio,
+            )
             for name, values in found.items():
+                weights = self.weights[split][:, : len(values["per_sequence"]["kl_tokens"])]
                 row = by_key[(name, split)]
                 row["ce_loss_recovered"], row["kl"] = (
                     values["ce_loss_score"],

@@ -26,13 +26,23 @@ COLUMNS = [
     ("BAE bits", lambda r: cell(r["bits"], ".2f")),
     ("off", lambda r: cell(r["off_bits"], "+.2f")),
     ("joint code bits", lambda r: cell(r["joint_code_bits"], ".2f")),
-    ("error (typical)", lambda r: f"{cell(r['relative_error'], '.3f')} "
-     f"({cell(r.get('typical_relative_error'), '.3f')})"),
+    (
+        "error (typical)",
+        lambda r: (
+            f"{cell(r['relative_error'], '.3f')} ({cell(r.get('typical_relative_error'), '.3f')})"
+        ),
+    ),
     ("reliable", lambda r: _yes(r["reliable"])),
     ("within tolerance", lambda r: _yes(r["within_tolerance"])),
-    ("k-means bits (joint)", lambda r: "-" if r.get("reference_bits") is None else
-     f"{r['reference_bits']:.2f} ({r['reference_joint_bits']:.2f})"),
-]  # fmt: skip
+    (
+        "k-means bits (joint)",
+        lambda r: (
+            "-"
+            if r.get("reference_bits") is None
+            else f"{r['reference_bits']:.2f} ({r['reference_joint_bits']:.2f})"
+        ),
+    ),
+]
 """The markdown table's columns: truth, the BAE's reading and trust, the reference."""
 
 
@@ -69,8 +79,14 @@ def plot_truth(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
         face = "tab:blue" if r["reliable"] else "none"
         ax.scatter(r["truth_bits"], r["bits"], s=40, edgecolors="tab:blue", facecolors=face)
         if r.get("reference_joint_bits") is not None:
-            ax.scatter(r["truth_bits"], r["reference_joint_bits"], marker="s", s=30,
-                       edgecolors="tab:orange", facecolors="none")  # fmt: skip
+            ax.scatter(
+                r["truth_bits"],
+                r["reference_joint_bits"],
+                marker="s",
+                s=30,
+                edgecolors="tab:orange",
+                facecolors="none",
+            )
     top = max([*truths, *(r["bits"] for r in rows)]) * 1.05 + 0.5
     ax.plot([0, top], [0, top], color="grey", linestyle="--", linewidth=1)
     ax.set_xlim(0, top)

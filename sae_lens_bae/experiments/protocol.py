@@ -258,8 +258,16 @@ def ladder_shortfalls(
             inside = sum(low <= x <= high for x in xs)
             if inside < MIN_POINTS:
                 below, above = sum(x < low for x in xs), sum(x > high for x in xs)
-                short.append({"family": ours, "against": theirs, "axis": axis,
-                              "points": inside, "below": below, "above": above})  # fmt: skip
+                short.append(
+                    {
+                        "family": ours,
+                        "against": theirs,
+                        "axis": axis,
+                        "points": inside,
+                        "below": below,
+                        "above": above,
+                    }
+                )
     return short
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from sae_lens_bae.checks import ranged
 from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.experiments.common import LayerData
-from sae_lens_bae.experiments.layer_study import EvaluationSettings, spliced_columns
+from sae_lens_bae.experiments.compare_read import spliced_reads
 from sae_lens_bae.features import feature_statistics, frequency_counts
 from sae_lens_bae.features.statistics import DENSE_FREQUENCY
 from sae_lens_bae.models import load_model
@@ -124,12 +124,10 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
     )
     lap("evaluate")
     if cfg.spliced_sequences > 0:
-        settings = EvaluationSettings(
-            spliced_sequences=cfg.spliced_sequences, outlier_norm_ratio=cfg.outlier_norm_ratio
-        )
         raw = replace(data, scales={hook: 1.0})  # the saved models read raw activations
         model = load_model(cfg.model, device=cfg.device)
-        for name, losses in spliced_columns(saved, raw, settings, model).items():
+        spliced = spliced_reads(saved, raw, model, cfg.spliced_sequences, cfg.outlier_norm_ratio)
+        for name, losses in spliced.items():
             metrics[name].update(losses)
         lap("spliced into the model")
 
@@ -191,8 +189,11 @@ def _entropy_paragraph(bae: dict[str, Any]) -> str:
 _ROWS = [
     ("reconstruction loss (mean sq. error, raw scale)", "reconstruction_loss", ".4g"),
     ("relative error (SSE / SST)", "relative_error", ".4f"),
-    ("typical state's relative error (median error / median spread)", "typical_relative_error",
-     ".4f"),
+    (
+        "typical state's relative error (median error / median spread)",
+        "typical_relative_error",
+        ".4f",
+    ),
     ("explained variance", "explained_variance", ".4f"),
     ("mean active features per token (L0)", "l0", ".1f"),
     ("entropy of firing rates (bits)", "entropy_bits", ".1f"),
@@ -200,7 +201,7 @@ _ROWS = [
     ("constant features (active on < 0.01% of tokens)", "constant", ""),
     ("dense features (active on > 10% of tokens)", "dense", ""),
     ("features", "d_sae", ""),
-]  # fmt: skip
+]
 """The report's table: (label, the metric's key, its format)."""
 _SPLICED_ROWS = [
     ("CE loss recovered, spliced into the model", "ce_loss_score", ".4f"),

@@ -145,12 +145,21 @@ def run(cfg: SteerICLConfig, progress: bool = True) -> dict[str, Any]:
     )
     unsteered = classifier.accuracy()
     positive = sets["positive"]
-    k_shot = label_accuracy(model, positive["tokens"], positive["lastpos"], label_ids,
-                            positive["truth"], batch_size=cfg.prompt_batch_size)  # fmt: skip
+    k_shot = label_accuracy(
+        model,
+        positive["tokens"],
+        positive["lastpos"],
+        label_ids,
+        positive["truth"],
+        batch_size=cfg.prompt_batch_size,
+    )
     results = sweep_strengths(
-        lambda name, s: classifier.accuracy(vectors[name], s), list(vectors), cfg.strengths,
-        unsteered, progress,
-    )  # fmt: skip
+        lambda name, s: classifier.accuracy(vectors[name], s),
+        list(vectors),
+        cfg.strengths,
+        unsteered,
+        progress,
+    )
     watch.lap("steer")
     rows = [_row(name, results[name], *norms[name]) for name in vectors]
     summary = {
@@ -209,8 +218,13 @@ def _prompt_sets(
             desc=f"{name} prompts ({shots}-shot)",
         )
         truth = torch.tensor([labels.index(y) for _, y in prompts])
-        sets[name] = {"every": every, "last": at_last, "tokens": tokens, "lastpos": last[:, 0],
-                      "truth": truth}  # fmt: skip
+        sets[name] = {
+            "every": every,
+            "last": at_last,
+            "tokens": tokens,
+            "lastpos": last[:, 0],
+            "truth": truth,
+        }
     return sets
 
 
@@ -223,8 +237,12 @@ def _task_vectors(
     train = torch.cat([sets["positive"]["every"], sets["negative"]["every"]])
     scale = norm_scale(train)
     train = train[torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(cfg.seed))]
-    trainer = {"training_samples": cfg.steps * cfg.batch_size, "batch_size": cfg.batch_size,
-               "device": cfg.device, "seed": cfg.seed}  # fmt: skip
+    trainer = {
+        "training_samples": cfg.steps * cfg.batch_size,
+        "batch_size": cfg.batch_size,
+        "device": cfg.device,
+        "seed": cfg.seed,
+    }
     positive, negative = sets["positive"]["last"], sets["negative"]["last"]
     vectors = {}
     for name, sae_cfg in configs.items():
@@ -311,11 +329,16 @@ def _write_outputs(cfg: SteerICLConfig, out: Path, summary: dict[str, Any], hook
     columns = [("model", lambda r: r["model"])]
     columns += [(f"α={s}", lambda r, s=s: f"{r['accuracy'][s]:.3f}") for s in strengths]
     columns += [
-        ("best", lambda r: f"{r['best_accuracy']:.3f} (α={r['best_strength']:g})"
-                           + ("" if r["peaked"] else "*")),
+        (
+            "best",
+            lambda r: (
+                f"{r['best_accuracy']:.3f} (α={r['best_strength']:g})"
+                + ("" if r["peaked"] else "*")
+            ),
+        ),
         ("cos to mean diff.", lambda r: f"{r['cosine_to_mean_difference']:.3f}"),
         ("raw ‖v‖", lambda r: f"{r['raw_norm']:.2f}"),
-    ]  # fmt: skip
+    ]
     write_text(out / "steer.md", header + markdown_table(rows, columns))
 
 

@@ -15,7 +15,12 @@ from typer.testing import CliRunner
 
 from sae_lens_bae.cli import app
 from sae_lens_bae.entropy import EntropyRecipe, directional_data
-from sae_lens_bae.entropy.files import EstimateConfig, estimate, harvest_state_sets, read_state_sets
+from sae_lens_bae.experiments.entropy_estimate import (
+    EstimateConfig,
+    harvest_state_sets,
+    read_state_sets,
+    run,
+)
 
 RECIPE = EntropyRecipe.of(expansion=2, steps=2000, batch_size=256, lr=4e-3, seeds=1)
 
@@ -30,7 +35,7 @@ def test_planted_bits_in_every_kind_of_file_read_at_their_entropy(tmp_path):
     np.save(tmp_path / "two.npy", two.numpy())
     save_file({"layer": two.clone()}, str(tmp_path / "more.safetensors"))
     paths = [tmp_path / "sets.pt", tmp_path / "two.npy", tmp_path / "more.safetensors"]
-    summary = estimate(EstimateConfig(states=paths, recipe=RECIPE, out=tmp_path / "out"), False)
+    summary = run(EstimateConfig(states=paths, recipe=RECIPE, out=tmp_path / "out"), False)
     rows = {row["set"]: row for row in summary["sets"]}
     assert list(rows) == ["sets:two", "sets:constant", "two", "more:layer"]
     for name in ("sets:two", "two", "more:layer"):

@@ -36,7 +36,7 @@ from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import markdown_table, read_torch, write_json, write_text
 
-__all__ = ["REPORT", "EstimateConfig", "estimate", "harvest_state_sets", "read_state_sets"]
+__all__ = ["REPORT", "EstimateConfig", "harvest_state_sets", "read_state_sets", "run"]
 
 REPORT = "entropy.md"
 
@@ -151,8 +151,16 @@ def plot_bits(rows: list[dict[str, Any]], path: Path) -> Path:
     spread = np.array([r["bits_std"] or 0.0 for r in rows], dtype=float)
     trusted = np.array([bool(r["reliable"]) for r in rows])
     ax.bar(x[trusted], bits[trusted], yerr=spread[trusted], color="tab:blue", capsize=3)
-    ax.bar(x[~trusted], bits[~trusted], yerr=spread[~trusted], capsize=3, fill=False,
-           edgecolor="tab:gray", hatch="//", label="not reliable (see entropy.md)")  # fmt: skip
+    ax.bar(
+        x[~trusted],
+        bits[~trusted],
+        yerr=spread[~trusted],
+        capsize=3,
+        fill=False,
+        edgecolor="tab:gray",
+        hatch="//",
+        label="not reliable (see entropy.md)",
+    )
     ax.set_xticks(x, [r["set"] for r in rows], rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("entropy (bits)")
     if not trusted.all():
@@ -160,7 +168,7 @@ def plot_bits(rows: list[dict[str, Any]], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def estimate(cfg: EstimateConfig, progress: bool = True) -> dict[str, Any]:
+def run(cfg: EstimateConfig, progress: bool = True) -> dict[str, Any]:
     """Read or harvest the sets, estimate their entropy and write ``entropy.json``,
     ``entropy.md`` and ``entropy.png`` to ``cfg.out``; returns the summary."""
     out = Path(cfg.out)
