@@ -11,6 +11,7 @@ estimator runs with ``CELL_RECIPE`` as fixed before any cell was read: it is not
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from sae_lens.synthetic import (
     ZipfianFiringProbabilityConfig,
 )
 
-from sae_lens_bae.entropy import TRACING_RECIPE, estimate_entropies
+from sae_lens_bae.entropy import TRACING_RECIPE, EntropyRecipe, estimate_entropies
 from sae_lens_bae.entropy.support import support_entropy
 
 __all__ = ["CELLS", "CELL_RECIPE", "cell_model", "entropy_rows", "within_tolerance"]
@@ -73,18 +74,23 @@ def within_tolerance(bits: float, truth: float) -> bool:
     return abs(bits - truth) <= max(0.25, 0.03 * truth)
 
 
-def entropy_rows(seed: int = 0, device: str = "cpu") -> list[dict[str, Any]]:
-    """Every cell's exact support entropy beside the BAE's reading of its held-out states."""
-    models = [cell_model(*cell, seed=seed + index) for index, cell in enumerate(CELLS)]
+def entropy_rows(
+    seed: int = 0,
+    device: str = "cpu",
+    cells: Sequence[tuple[int, int, bool]] = tuple(CELLS),
+    samples: int = CELL_SAMPLES,
+    recipe: EntropyRecipe = CELL_RECIPE,
+) -> list[dict[str, Any]]:
+    """Every cell's exact support entropy beside the BAE's reading of ``samples`` held-out
+    states (trained on as many others)."""
+    models = [cell_model(*cell, seed=seed + index) for index, cell in enumerate(cells)]
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        train = [model.sample(CELL_SAMPLES) for model in models]
-        held_out = [model.sample(CELL_SAMPLES) for model in models]
-    readings = estimate_entropies(
-        train, CELL_RECIPE, eval_sets=held_out, device=device, progress=False
-    )
+        train = [model.sample(samples) for model in models]
+        held_out = [model.sample(samples) for model in models]
+    readings = estimate_entropies(train, recipe, eval_sets=held_out, device=device, progress=False)
     rows = []
-    for (features, ratio, hierarchy), model, reading in zip(CELLS, models, readings, strict=True):
+    for (features, ratio, hierarchy), model, reading in zip(cells, models, readings, strict=True):
         truth = support_entropy(model)
         rows.append(
             {
