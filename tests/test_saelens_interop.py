@@ -1,16 +1,21 @@
 """A BAE inside the SAELens ecosystem: spliced into a ``HookedSAETransformer``, read by SAELens'
-``run_evals``, and trained by SAELens' own trainer and runner with no call of ours."""
+``run_evals``, trained by SAELens' own trainer and runner with no call of ours, and loaded by
+SAELens' loader as by ours, with one strictness."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from sae_lens import (
+    SAE,
     HookedSAETransformer,
     LanguageModelSAERunnerConfig,
     LanguageModelSAETrainingRunner,
+    TrainingSAE,
 )
 from sae_lens.config import SAETrainerConfig
 from sae_lens.evals import EvalConfig, run_evals
@@ -18,10 +23,11 @@ from sae_lens.training.activation_scaler import ActivationScaler
 from sae_lens.training.activations_store import ActivationsStore
 from sae_lens.training.sae_trainer import SAETrainer
 
-from sae_lens_bae import load_model
+from sae_lens_bae import load_model, load_sae, train_sae
 from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.saes.bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.training import activation_batches, fill_training_schedule
+from sae_lens_bae.training.checkpoints import latest_checkpoint
 
 HOOK = "blocks.1.hook_resid_post"
 
@@ -130,3 +136,83 @@ def test_saelens_trainer_trains_a_bae_whose_config_knows_its_length():
     sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, total_training_steps=20))
     SAETrainer(cfg=trainer_cfg, sae=sae, data_provider=activation_batches(x, 64)).fit()
     assert sae.schedule is not None and sae.schedule.entropy_on_from == 5
+
+
+# ------------------------------------------------------------------ loading: one strictness
+
+LOADERS = {"load_sae": load_sae, "SAE.load_from_disk": SAE.load_from_disk,
+           "BAE.load_from_disk": BAE.load_from_disk}  # fmt: skip
+
+
+def _folders(tmp_path) -> dict[str, tuple[Path, BAETrainingSAE]]:
+    """A BAE trained 4 steps by ``train_sae`` (framed, resampling, 2 bits per feature) with
+    checkpoints on: its inference folder and the training checkpoint SAELens' trainer wrote,
+    each with the training BAE it holds (the checkpoint's read by SAELens' training loader)."""
+    x = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=6, bits=2, rescale_inputs_to=1.0, resample_every=2)
+    run = train_sae(x, cfg, training_samples=4 * 64, batch_size=64,
+                    checkpoint_dir=tmp_path / "run", n_checkpoints=1)  # fmt: skip
+    run.sae.save_inference_model(tmp_path / "inference")
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    assert "resample_every" in json.loads((checkpoint / "cfg.json").read_text())
+    return {
+        "inference": (tmp_path / "inference", run.sae),
+        "checkpoint": (checkpoint, TrainingSAE.load_from_disk(checkpoint)),
+    }
+
+
+@pytest.mark.parametrize("loader", list(LOADERS))
+def test_every_loader_reads_an_inference_folder_and_a_training_checkpoint_alike(loader, tmp_path):
+    x = torch.randn(32, 8)
+    for kind, (folder, trained) in _folders(tmp_path).items():
+        assert isinstance(trained, BAETrainingSAE) and hasattr(trained, "window_counts"), kind
+        loaded = LOADERS[loader](folder)
+        assert type(loaded) is BAE and not hasattr(loaded, "window_counts"), kind
+        assert loaded.cfg.bits == 2 and loaded.cfg.rescale_inputs_to == 1.0, kind
+        assert torch.equal(loaded.input_scale, trained.input_scale), kind
+        assert torch.equal(loaded.encode_bits(x), trained.encode_bits(x)), kind
+        assert torch.equal(loaded(x), trained(x)), kind
+
+
+def _edited(folder: Path, edit) -> Path:
+    cfg = json.loads((folder / "cfg.json").read_text())
+    edit(cfg)
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    return folder
+
+
+EDITS = {
+    "unknown field": (lambda cfg: cfg.update(bit=2), r"unknown field\(s\) \['bit'\]"),
+    "missing field": (lambda cfg: cfg.pop("bits"), r"missing field\(s\) \['bits'\]"),
+    # without it SAELens reads the file as a pre-6.0 config and drops unknown fields itself
+    "no SAELens version": (lambda cfg: cfg.pop("metadata"),
+                           r"missing field\(s\) \['metadata.sae_lens_version'\]"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+@pytest.mark.parametrize("loader", list(LOADERS))
+def test_every_loader_refuses_an_unknown_or_missing_field_in_one_line(loader, edit, tmp_path):
+    """``"bit": 2`` beside ``"bits": 2`` would load as 2 bits if dropped; a missing ``bits`` as
+    1 bit: refused in the inference folder and in the training checkpoint alike."""
+    change, message = EDITS[edit]
+    for kind, (folder, _) in _folders(tmp_path).items():
+        with pytest.raises(ValueError, match=message) as error:
+            LOADERS[loader](_edited(folder, change))
+        assert "\n" not in str(error.value) and "correct the file" in str(error.value), kind
+
+
+def test_the_cli_refuses_a_bae_folder_with_an_unknown_field_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from sae_lens_bae.cli import app
+
+    BAE(BAEConfig(d_in=8, d_sae=6)).save_model(tmp_path / "bae")
+    _edited(tmp_path / "bae", lambda cfg: cfg.update(bit=2))
+    (tmp_path / "texts.txt").write_text("w3 w4 w5\n")
+    args = ["interpret", "--sae", str(tmp_path / "bae"), "--dataset", str(tmp_path / "texts.txt"),
+            "--model", "no-model-is-loaded-before-the-sae"]  # fmt: skip
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and "unknown field(s) ['bit']" in errors[0], result.output

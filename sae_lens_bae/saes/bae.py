@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -57,7 +56,7 @@ from sae_lens_bae.saes.input_frame import (
     register_input_frame,
     unframe,
 )
-from sae_lens_bae.saes.loading import is_count, read_cfg_json, refuse_fields, strict_config
+from sae_lens_bae.saes.loading import StrictLoading, is_count, refuse_fields
 from sae_lens_bae.saes.objective import LOCAL_BATCH, code_penalties
 from sae_lens_bae.saes.resampling import (
     DENSE_FREQUENCY,
@@ -102,8 +101,9 @@ def _check_inference_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
 
 
 @dataclass
-class BAEConfig(SAEConfig):
-    """Inference configuration of a BAE (``d_in``, ``d_sae``: SAELens')."""
+class BAEConfig(StrictLoading, SAEConfig):
+    """Inference configuration of a BAE (``d_in``, ``d_sae``: SAELens'). Read from a cfg.json
+    strictly, by every loader (``saes.loading.StrictLoading``)."""
 
     bits: int = 1
     """Code bits per feature (more-bit decoding): the encoder emits ``bits * d_sae`` bits."""
@@ -329,14 +329,6 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
     @override
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
         return self.hook_sae_acts_post(bits_to_values(step(self.hidden_pre(x)), self.cfg.bits))
-
-    @classmethod
-    def load_from_disk(
-        cls, path: str | Path, device: str = "cpu", dtype: str | None = None, **kwargs: Any
-    ) -> BAE:
-        """Load a saved BAE, checking its cfg.json strictly (unknown or missing fields raise)."""
-        strict_config(read_cfg_json(path), BAEConfig)
-        return super().load_from_disk(path, device=device, dtype=dtype, **kwargs)
 
     @override
     def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:

@@ -2,7 +2,9 @@
 checks of a config's fields that refuse a bad one in one line.
 
 ``SAE.load_from_disk`` reports a foreign or truncated folder as a ``KeyError`` or a safetensors
-header error from deep inside SAELens; ``load_sae`` checks the folder first.
+header error from deep inside SAELens; ``load_sae`` checks the folder first. A BAE's cfg.json is
+read strictly (an unknown or missing field refused in one line) by every loader, the same way:
+``StrictLoading.from_dict``, which ``SAE.load_from_disk`` reaches for the BAE's architecture.
 """
 
 from __future__ import annotations
@@ -14,11 +16,18 @@ from typing import Any, TypeVar
 
 from sae_lens import SAE
 from sae_lens.constants import SAE_CFG_FILENAME, SAE_WEIGHTS_FILENAME
-from sae_lens.registry import SAE_CLASS_REGISTRY
-from sae_lens.saes.sae import SAEConfig, SAEMetadata
+from sae_lens.registry import SAE_CLASS_REGISTRY, SAE_TRAINING_CLASS_REGISTRY
+from sae_lens.saes.sae import SAEConfig, SAEMetadata, TrainingSAEConfig
 from safetensors import SafetensorError
 
-__all__ = ["is_count", "load_sae", "read_cfg_json", "refuse_fields", "strict_config"]
+__all__ = [
+    "StrictLoading",
+    "is_count",
+    "load_sae",
+    "read_cfg_json",
+    "refuse_fields",
+    "strict_config",
+]
 
 
 def read_cfg_json(folder: str | Path) -> dict[str, Any]:
@@ -57,30 +66,81 @@ def is_count(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
+READER_ADDED = {"finetuning_scaling_factor": False}
+"""What SAELens' disk reader adds to every cfg.json it reads (a pre-6.0 field, False when the
+weights hold no scaling factor): not a field of the file."""
+
+
 def strict_config(config_dict: dict[str, Any], config_class: type[Config]) -> Config:
     """``config_class`` from a saved cfg.json dict, strictly: SAELens' ``from_dict`` drops unknown
     keys and defaults missing ones, so a typo (``"bit": 2``) or a truncated file would load
-    another model; here both raise."""
+    another model; here both raise. An inference config also reads a training checkpoint's
+    cfg.json (every field of the architecture's registered training config), keeping its own
+    fields. ``metadata.sae_lens_version`` is required too: without it SAELens reads the file as a
+    pre-6.0 config, dropping unknown fields before any check."""
     architecture = config_class.architecture()
     if config_dict.get("architecture", architecture) != architecture:
         raise ValueError(
             f"Config is for architecture {config_dict['architecture']!r}, not {architecture!r}"
         )
-    known = {f.name for f in fields(config_class)} - {"metadata"}
-    extra = sorted(set(config_dict) - known - {"architecture", "metadata"})
-    missing = sorted(known - set(config_dict))
+    own = {f.name for f in fields(config_class)} - {"metadata"}
+    given = {
+        name
+        for name, value in config_dict.items()
+        if name not in ("architecture", "metadata")
+        and not (name in READER_ADDED and value == READER_ADDED[name])
+    }
+    expected, kinds = own, config_class.__name__
+    training = SAE_TRAINING_CLASS_REGISTRY.get(architecture, (None, None))[1]
+    if training is not None and not issubclass(config_class, TrainingSAEConfig):
+        training_fields = {f.name for f in fields(training)} - {"metadata"}
+        kinds = f"{config_class.__name__} (or {training.__name__}, a training checkpoint's)"
+        if given & (training_fields - own):  # a training checkpoint's cfg.json
+            expected = training_fields
+    extra, missing = sorted(given - expected), sorted(expected - given)
+    metadata = config_dict.get("metadata")
+    if not (isinstance(metadata, dict) and "sae_lens_version" in metadata):
+        missing.append("metadata.sae_lens_version")
     problems = [f"unknown field(s) {extra}"] * bool(extra) + [f"missing field(s) {missing}"] * bool(
         missing
     )
     if problems:
         raise ValueError(
-            f"Invalid {architecture} config: {'; '.join(problems)}. Its cfg.json holds exactly "
-            f"{sorted(known)} plus 'architecture' and optional 'metadata'."
+            f"Invalid {architecture} config: {'; '.join(problems)}. A {architecture} cfg.json "
+            f"holds exactly the fields of {kinds}, 'architecture' and 'metadata': correct the "
+            "file or save the SAE again."
         )
-    cfg = config_class(**{k: config_dict[k] for k in known})
-    if "metadata" in config_dict:
-        cfg.metadata = SAEMetadata(**config_dict["metadata"])
+    cfg = config_class(**{k: config_dict[k] for k in own})
+    cfg.metadata = SAEMetadata(**metadata)  # type: ignore[arg-type]
     return cfg
+
+
+class StrictLoading:
+    """Mixin of an inference config class whose saved cfg.json is read by :func:`strict_config`:
+    its ``from_dict``, the one place every loader reaches (SAELens' ``SAE.load_from_disk``, so
+    also the architecture's ``load_from_disk`` and :func:`load_sae`, through
+    ``_config_class_for_architecture``)."""
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any]) -> Any:
+        return strict_config(config_dict, cls)  # type: ignore[type-var]
+
+
+def _config_class_for_architecture(cls: type[SAE[Any]], architecture: str) -> type[SAEConfig]:
+    """The config class whose ``from_dict`` builds an inference SAE's config in SAELens'
+    ``SAE.load_from_disk``/``from_pretrained``/``from_dict``: SAELens' ``SAEConfig`` (which builds
+    any architecture's config leniently), or the architecture's own config class when it reads
+    its cfg.json strictly (:class:`StrictLoading`), as ``TrainingSAE`` already picks the
+    architecture's class. Every other architecture loads exactly as in SAELens."""
+    del cls  # SAELens' classmethod signature
+    config_class = SAE_CLASS_REGISTRY.get(architecture, (None, SAEConfig))[1]
+    return config_class if issubclass(config_class, StrictLoading) else SAEConfig
+
+
+# SAELens' SAE returns SAEConfig for every architecture ("in the future, this can be used to load
+# different config classes for different architectures"): without this, SAE.load_from_disk never
+# reaches an architecture's own from_dict, and a BAE folder loads with its unknown fields dropped
+SAE.get_sae_config_class_for_architecture = classmethod(_config_class_for_architecture)  # type: ignore[method-assign,assignment]
 
 
 def load_sae(path: str | Path, device: str = "cpu") -> SAE[Any]:
