@@ -199,9 +199,12 @@ def test_a_tiny_bench_run_writes_its_outputs_and_resumes(tmp_path, monkeypatch, 
     assert [r["mcc"] for r in again["rows"]] == [r["mcc"] for r in rows]
 
 
-def test_bad_families_are_refused_in_one_line():
+def test_bad_families_and_missing_models_are_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="unknown families \\['topk'\\]"):
         synth_sae.SynthSAEConfig(families=("bae", "topk"))
+    cfg = synth_sae.SynthSAEConfig(synthetic_model=str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="^cannot load the synthetic model .*SyntheticModel.save"):
+        synth_sae.synthetic_model(cfg)
 
 
 def test_training_bae_scores_like_its_inference_form():

@@ -230,7 +230,13 @@ def synthetic_model(cfg: SynthSAEConfig, device: str = "cpu") -> SyntheticModel:
     model, or the preset's config built once and cached under the package's cache folder."""
     source = cfg.synthetic_model or cfg.spec.hub_name
     if source is not None:
-        return SyntheticModel.load_from_source(source, device=device)
+        try:
+            return SyntheticModel.load_from_source(source, device=device)
+        except OSError as error:  # a missing folder or file, or an unreachable hub
+            raise ValueError(
+                f"cannot load the synthetic model {source!r} ({error}); give a folder written "
+                "by SyntheticModel.save or a reachable hub name"
+            ) from None
     model_cfg = bench_model_config(cfg.spec.num_features, cfg.spec.hidden_dim, seed=42)
     digest = hashlib.sha256(json.dumps(model_cfg.to_dict(), sort_keys=True).encode()).hexdigest()
     folder = cache_dir() / "synthetic" / digest[:16]
