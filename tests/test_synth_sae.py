@@ -19,7 +19,7 @@ from sae_lens.synthetic import (
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.entropy import TRACING_RECIPE
 from sae_lens_bae.experiments import synth_sae
-from sae_lens_bae.experiments.synth_entropy import entropy_rows, within_tolerance
+from sae_lens_bae.experiments.synth_entropy import cell_model, entropy_rows, within_tolerance
 from sae_lens_bae.experiments.synth_sae_report import verdicts
 from sae_lens_bae.experiments.synth_sae_score import (
     EvalSet,
@@ -123,6 +123,12 @@ def test_binary_ceiling_is_exact_for_a_code_of_every_feature_and_partial_below()
     fit, test = EvalSet.draw(model, 4096, seed=1), EvalSet.draw(model, 4096, seed=2)
     assert binary_ceiling(fit, test, width=6) == pytest.approx(1.0, abs=1e-6)
     assert binary_ceiling(fit, test, width=2) < 0.99
+    # rank-deficient least squares (rare features, exclusive children summing to their
+    # parent, constant magnitudes) is still exact
+    tree = cell_model(64, 2, hierarchy=True, seed=0)
+    fit_tree, test_tree = EvalSet.draw(tree, 4096, seed=1), EvalSet.draw(tree, 4096, seed=2)
+    assert binary_ceiling(fit_tree, fit_tree, width=64) == pytest.approx(1.0, abs=1e-9)
+    assert binary_ceiling(fit_tree, test_tree, width=64) > 0.99  # features fit never saw
     expected = float((test.feature_acts > 0).float().sum(-1).mean())
     assert target_l0(test.feature_acts, 6) == pytest.approx(expected)
 

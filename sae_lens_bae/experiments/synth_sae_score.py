@@ -130,12 +130,15 @@ def binary_ceiling(fit: EvalSet, test: EvalSet, width: int) -> float:
     top = (fit.feature_acts > 0).float().mean(0).argsort(descending=True)[:width]
 
     def design(data: EvalSet) -> Tensor:
-        code = (data.feature_acts[:, top] > 0).double()
+        code = (data.feature_acts[:, top] > 0).double().cpu()
         return torch.cat([code, torch.ones(code.shape[0], 1, dtype=code.dtype)], dim=1)
 
-    rows = torch.linalg.lstsq(design(fit), fit.hidden.double()).solution
+    # the design is rank-deficient (features never on in ``fit``, exclusive children that sum
+    # to their parent): the SVD driver gives the minimum-norm solution, where the default QR
+    # one returns rows that fit far worse
+    rows = torch.linalg.lstsq(design(fit), fit.hidden.double().cpu(), driver="gelsd").solution
     calculator = ExplainedVarianceCalculator()
-    calculator.add_batch((design(test) @ rows).float(), test.hidden)
+    calculator.add_batch((design(test) @ rows).float(), test.hidden.cpu())
     return float(calculator.compute())
 
 
