@@ -119,14 +119,14 @@ PRESETS = {
         num_features=1024,
         hidden_dim=48,
         width=256,
-        training_samples=6_144_000,
+        training_samples=10_240_000,
         lr=1e-3,
         settings={
-            "bae": (0.25, 0.5, 1.0, 2.0),
-            "batchtopk": _K_LADDER,
-            "jumprelu": (0.5, 1.0, 2.0, 4.0),
-            "matryoshka_batchtopk": _K_LADDER,
-            "standard": (1.0, 2.0, 4.0, 8.0),
+            "bae": (256.0, 362.0, 512.0, 724.0),
+            "batchtopk": (0.71, 1.0, 1.41),
+            "jumprelu": (4.0, 8.0, 16.0, 64.0),
+            "matryoshka_batchtopk": (0.71, 1.0, 1.41),
+            "standard": (4.0, 5.66, 8.0),
         },
     ),
     "16k": Preset(
@@ -205,8 +205,9 @@ class SynthSAEConfig:
     """Samples per model (default: the preset's)."""
     entropy: bool = True
     """Also read the feature-set entropy cells (exact support entropy against the BAE)."""
-    workers: int = ranged(2, low=1)
-    """Processes, one torch thread each; seeds and the entropy cells are their jobs."""
+    workers: int | None = ranged(None, low=1)
+    """Processes, one torch thread each, that the jobs (each seed, the entropy cells) share
+    (default: one per job, so the cores are never idle while a job is left)."""
     device: str = "cpu"
     """Torch device of training and scoring."""
     out: Path = Path("runs/synth-sae")
@@ -293,7 +294,8 @@ def run(cfg: SynthSAEConfig) -> dict[str, Any]:
             results[job] = held
     if len(todo) < len(jobs):
         print(f"resuming from {out}/jobs: {len(jobs) - len(todo)} of {len(jobs)} jobs kept")
-    with ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) as pool:
+    workers = cfg.workers or max(1, len(todo))
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         running = {job: pool.submit(_run_job, cfg, job, fingerprint) for job in todo}
         for job, future in tqdm(running.items(), desc="synth-sae jobs", unit="job"):
             results[job] = future.result()
