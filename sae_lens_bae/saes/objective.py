@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from sae_lens_bae.saes.input_frame import frame_factor
+
 __all__ = [
     "LOCAL_BATCH",
     "LocalBatch",
@@ -70,6 +72,11 @@ class LocalBatch:
 
 
 LOCAL_BATCH = LocalBatch()
+
+CovariancePenalty = Callable[..., Tensor]
+"""A covariance penalty as :func:`covariance_penalty` computes it: ``(codes [..., batch, n], *,
+binary, share, scale) -> [...]``; the seam through which a faster exact path
+(``sae_lens_bae.kernels.covariance_penalty``) replaces the plain one."""
 
 
 def reconstruction_loss(
@@ -125,45 +132,75 @@ def minibatch_entropy(codes: Float[Tensor, "... batch n"]) -> Float[Tensor, "...
     return binary_entropy(codes.float().mean(-2), eps=min(0.5 / batch, 0.25))
 
 
+def squared_error(
+    sae_out: Float[Tensor, "... batch d_in"],
+    sae_in: Float[Tensor, "... batch d_in"],
+    batch: Any = LOCAL_BATCH,
+) -> Float[Tensor, "..."]:
+    """SAELens' ``mse_loss``: the squared error summed over d_in and averaged over the (global)
+    minibatch, per leading index, in fp32 whatever the autocast dtype (a bf16 sum keeps 3
+    digits)."""
+    wide = torch.promote_types(sae_out.dtype, torch.float32)
+    error = F.mse_loss(sae_out.to(wide), sae_in.to(wide), reduction="none").sum(-1)
+    if batch.world == 1:
+        return error.mean(-1)
+    return batch.sum(error.sum(-1)) / (batch.world * error.shape[-1])
+
+
+def frame_weight(input_frame: tuple[Tensor, Tensor] | None) -> Tensor | None:
+    """What a BAE's penalties are multiplied by: 1 / k^2 for an input frame ``k (x + t)`` (the
+    coefficients weigh them against the squared error in the frame's units, ``mse_loss`` is in
+    the inputs' own); None without a frame."""
+    if input_frame is None:
+        return None
+    return frame_factor(input_frame[0]).pow(-2)
+
+
+def code_counts(bits: Float[Tensor, "... batch n_bits"], batch: Any = LOCAL_BATCH) -> Tensor:
+    """How often each bit fired in the (global) minibatch, detached: [..., n_bits] (fp32, exact
+    for minibatches below 2^24 rows); the mean code is ``counts / (batch.world * rows)``."""
+    return batch.sum(bits.detach().float().sum(-2))
+
+
 def code_penalties(
     bits: Float[Tensor, "... batch n_bits"],
     *,
     entropy_coefficient: float,
     covariance_coefficient: float,
-    entropy_on: bool = True,
+    weight: Tensor | None = None,
+    covariance_off: Tensor | None = None,
     batch: Any = LOCAL_BATCH,
+    covariance: CovariancePenalty | None = None,
 ) -> dict[str, Tensor]:
     """The code's two terms on the (global) minibatch: ``entropy_loss`` (a_e times the entropy in
-    bits of the mean code, zero while ``entropy_on`` is False) and ``covariance_loss`` (a_c times
-    the summed |off-diagonal covariance|); and, detached,
-    ``batch_entropy_bits``, ``batch_mean_code`` and ``global_bits`` (the gathered codes)."""
+    bits of the mean code) and ``covariance_loss`` (a_c times the summed |off-diagonal
+    covariance|, through ``covariance``: :func:`covariance_penalty` unless a faster exact path
+    is given), each times ``weight`` (per leading index: :func:`frame_weight`). A coefficient of
+    0 turns its term off (a zero, no kernel); ``covariance_off``: per leading index, True where
+    the covariance term is off."""
     rows = batch.world * bits.shape[-2]
-    global_bits = batch.gather(bits, codes=True)  # one gather for the covariance and the counts
-    mean_code = (
-        bits.float().mean(-2) if batch.world == 1 else batch.sum(bits.float().sum(-2)) / rows
-    )
-    eps = min(0.5 / rows, 0.25)  # minibatch_entropy's
-    if entropy_on and entropy_coefficient != 0:  # a_e applied inside: no kernel of its own
-        entropy = binary_entropy(mean_code, eps, scale=entropy_coefficient)
-        entropy_bits = entropy.detach() * (1.0 / entropy_coefficient)
-    else:
-        entropy_bits = binary_entropy(mean_code.detach(), eps)
-        entropy = _zero_like(entropy_bits)
-    if covariance_coefficient > 0:  # every rank computes its band of tiles; the bands add up
-        share = (batch.rank, batch.world)
-        penalty = covariance_penalty(
-            global_bits, binary=True, share=share, scale=covariance_coefficient
+    if entropy_coefficient != 0:  # a_e applied inside: no kernel of its own
+        mean_code = (
+            bits.float().mean(-2) if batch.world == 1 else batch.sum(bits.float().sum(-2)) / rows
         )
-        covariance = batch.sum(penalty)
+        entropy = binary_entropy(mean_code, min(0.5 / rows, 0.25), scale=entropy_coefficient)
     else:
-        covariance = _zero_like(entropy_bits)
-    return {
-        "entropy_loss": entropy,
-        "covariance_loss": covariance,
-        "batch_entropy_bits": entropy_bits.detach(),
-        "batch_mean_code": mean_code.detach(),
-        "global_bits": global_bits.detach(),
-    }
+        entropy = _zero_like(bits[..., 0, 0])
+    if covariance_coefficient > 0:  # every rank computes its share; the shares add up
+        penalty = (covariance or covariance_penalty)(
+            batch.gather(bits, codes=True),
+            binary=True,
+            share=(batch.rank, batch.world),
+            scale=covariance_coefficient,
+        )
+        if covariance_off is not None:
+            penalty = penalty.masked_fill(covariance_off, 0.0)
+        covariance_loss = batch.sum(penalty)
+    else:
+        covariance_loss = _zero_like(entropy)
+    if weight is not None:
+        entropy, covariance_loss = entropy * weight, covariance_loss * weight
+    return {"entropy_loss": entropy, "covariance_loss": covariance_loss}
 
 
 _ZEROS: dict[tuple[torch.device, torch.dtype], Tensor] = {}
@@ -174,10 +211,10 @@ def _zero_like(like: Tensor) -> Tensor:
     """A term that is off: outside a compiled graph a view of a zero made once, which costs no
     kernel (a small BAE's GPU step costs its launches)."""
     if torch.compiler.is_compiling():  # a compiled graph fuses it anyway
-        return torch.zeros_like(like)
-    key = (like.device, like.dtype)
+        return torch.zeros_like(like, dtype=torch.float32)
+    key = (like.device, torch.float32)
     if key not in _ZEROS:
-        _ZEROS[key] = torch.zeros((), dtype=like.dtype, device=like.device)
+        _ZEROS[key] = torch.zeros((), dtype=torch.float32, device=like.device)
     return _ZEROS[key].expand(like.shape)
 
 
@@ -187,8 +224,10 @@ def bae_objective(
     bits: Float[Tensor, "... batch n_bits"],
     **penalties: Any,
 ) -> dict[str, Tensor]:
-    """``loss`` = ``reconstruction_loss`` (mean over batch and d_in, per leading index; summed
-    over the ranks of ``batch``) + :func:`code_penalties`' terms, with every term returned."""
+    """The BAE's objective, per leading index: ``loss`` = ``mse_loss`` (SAELens':
+    :func:`squared_error`, in the inputs' own units) + :func:`code_penalties`' terms, with every
+    term returned. A BAE's training step is SAELens' (``mse_loss`` plus the terms its
+    ``calculate_aux_loss`` returns); a stack and the held-out evaluation call this."""
     if bits.shape[:-1] != sae_in.shape[:-1] or sae_out.shape != sae_in.shape:
         raise ValueError(
             "bae_objective needs sae_in and sae_out of one shape [..., batch, d_in] and bits "
@@ -196,23 +235,8 @@ def bae_objective(
             f"{tuple(bits.shape)}"
         )
     batch = penalties.get("batch", LOCAL_BATCH)
-    # in fp32 whatever the autocast dtype: a bf16 mean would round the loss to 3 digits
-    wide = torch.promote_types(sae_out.dtype, torch.float32)
-    out, target = sae_out.to(wide), sae_in.to(wide)
-    if batch.world == 1 and out.ndim == 2:  # one kernel
-        reconstruction = F.mse_loss(out, target)
-    elif batch.world == 1:
-        reconstruction = F.mse_loss(out, target, reduction="none").mean(dim=(-2, -1))
-    else:  # the ranks' sums over the global count
-        error = F.mse_loss(out, target, reduction="none").sum(dim=(-2, -1))
-        reconstruction = batch.sum(error) / (batch.world * out.shape[-2] * out.shape[-1])
-    terms = {"reconstruction_loss": reconstruction, **code_penalties(bits, **penalties)}
-    loss = reconstruction  # the terms that are off add nothing, and no kernel
-    if penalties.get("entropy_on", True) and penalties["entropy_coefficient"] != 0:
-        loss = loss + terms["entropy_loss"]
-    if penalties["covariance_coefficient"] > 0:
-        loss = loss + terms["covariance_loss"]
-    terms["loss"] = loss
+    terms = {"mse_loss": squared_error(sae_out, sae_in, batch), **code_penalties(bits, **penalties)}
+    terms["loss"] = terms["mse_loss"] + terms["entropy_loss"] + terms["covariance_loss"]
     return terms
 
 
