@@ -129,7 +129,8 @@ def rank_cache_batches(
 
 class _TrainingStep(nn.Module):
     """The BAE's training step as a module's forward, so that DDP sees the step; its output
-    covers the global minibatch (the trainer's firing statistics count every rank's rows)."""
+    covers the global minibatch (the trainer's firing statistics count every rank's rows, the
+    record reads the global ``mse_loss``)."""
 
     def __init__(self, sae: BAETrainingSAE) -> None:
         super().__init__()
@@ -140,6 +141,10 @@ class _TrainingStep(nn.Module):
         batch = self.sae.batch
         output.sae_in = batch.gather(output.sae_in.detach())
         output.sae_out = batch.gather(output.sae_out.detach())
+        # SAELens' mse_loss is this rank's mean (DDP averages its gradient); the record's is the
+        # global minibatch's, the mean of the ranks' means
+        mse = output.losses["mse_loss"].detach()
+        output.losses["mse_loss"] = batch.sum(mse) / batch.world
         binary = self.sae.cfg.bits == 1  # 0/1 features travel as bytes
         output.feature_acts = batch.gather(output.feature_acts.detach(), codes=binary)
         return output
