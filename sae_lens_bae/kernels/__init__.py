@@ -13,7 +13,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.kernels import fused_ops, products
-from sae_lens_bae.saes.objective import checked_codes
+from sae_lens_bae.saes.objective import penalty_input
 
 __all__ = ["covariance_penalty", "fused_ops", "products"]
 
@@ -33,7 +33,7 @@ def covariance_penalty(
     data-parallel group add up."""
     if block_size is not None and block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    codes = checked_codes(codes, share)
+    codes = penalty_input(codes, share)
     if binary is None:  # a wait for the device: callers that know (training) say so
         binary = bool(((codes == 0) | (codes == 1)).all())
     lead, (batch, n) = codes.shape[:-2], codes.shape[-2:]

@@ -7,13 +7,12 @@ feature value (``h_R = h_B`` for ``bits = 1``). Training minimises
 
     mse_loss + (a_e * H(mean code of the minibatch) + a_c * sum_{i != j} |cov(h_B)_ij|) / k^2
 
-(``mse_loss`` SAELens': the squared error summed over d_in, averaged over the minibatch; k the
-input frame's factor, 1 without one) with gradients through the step from a surrogate derivative
-(``saes.binary``). The training step is SAELens' own: ``mse_loss`` through its ``mse_loss_fn``,
-the entropy and covariance terms through ``calculate_aux_loss`` (``saes.objective``), around it
-the input frame, resampling
-(``saes.resampling``) and the running mean code (the burstiness prior). SAELens' parameter names
-and hook points are kept, so its evals, histograms and splicing work unchanged.
+(``mse_loss`` SAELens', in the inputs' units; k the input frame's factor, 1 without one) with
+gradients through the step from a surrogate derivative (``saes.binary``). The training step is
+SAELens' own: the penalties come through ``calculate_aux_loss`` (``saes.objective``), around it
+the input frame, resampling (``saes.resampling``) and the running mean code (the burstiness
+prior). SAELens' parameter names and hook points are kept, so its evals, histograms and
+splicing work unchanged.
 """
 
 from __future__ import annotations
@@ -62,7 +61,6 @@ from sae_lens_bae.saes.input_frame import (
 from sae_lens_bae.saes.loading import is_count, read_cfg_json, refuse_fields, strict_config
 from sae_lens_bae.saes.objective import (
     LOCAL_BATCH,
-    CovariancePenalty,
     binary_entropy,
     code_counts,
     code_penalties,
@@ -209,9 +207,8 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         return f"{self!r}, training at d_in {self.d_in} with {self.coefficients()}"
 
     def coefficients(self) -> dict[str, float]:
-        """a_e and a_c against SAELens' ``mse_loss`` in the input frame's units (summed over
-        d_in: the fields' weights times d_in), by the names SAELens schedules them under; the
-        step divides them by the frame's k^2 (``mse_loss`` is in the inputs' units)."""
+        """a_e and a_c against ``mse_loss`` in the frame's units (the fields' weights times d_in)
+        by SAELens' names; the step divides them by k^2 (``mse_loss`` is in the inputs' units)."""
         scale = float(self.d_in if self.coefficient_width is None else self.coefficient_width)
         return {
             "entropy": self.entropy_coefficient * scale,
@@ -292,10 +289,8 @@ class _BAEMixin(InputFrameFolds):
         return self
 
     def read_inputs(self, sae_in: Tensor, hooked: bool = True) -> Tensor:
-        """SAELens' input processing (dtype, reshape, input hook, run-time normalisation), after
-        checking the inputs' width and finiteness: the inputs before the frame. ``hooked``:
-        False for bookkeeping before a training step (which reads the batch through the hook
-        itself)."""
+        """SAELens' input processing (dtype, reshape, input hook unless not ``hooked``, run-time
+        normalisation), after checking the inputs' width and finiteness."""
         training = isinstance(self, TrainingSAE)
         check_activations(sae_in, self.cfg.d_in, self.cfg.metadata.hook_name, on_device=training)
         dtype = torch.promote_types(self.dtype, self.b_dec.dtype)  # type: ignore[attr-defined]
@@ -305,8 +300,7 @@ class _BAEMixin(InputFrameFolds):
         )
 
     def encoder_inputs(self, x: Tensor) -> Tensor:
-        """What the encoder reads of read inputs: ``k (x + t)`` (with a frame), less the decoder
-        bias when centring."""
+        """What the encoder reads: ``k (x + t)`` (with a frame), less ``b_dec`` when centring."""
         x = frame(x, module_frame(self))  # type: ignore[arg-type]
         return x - self.b_dec if self.cfg.apply_b_dec_to_input else x
 
@@ -376,19 +370,14 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
 
 
 class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
-    """Training BAE. Its step is SAELens' ``training_forward_pass``: ``mse_loss`` through
-    SAELens' ``mse_loss_fn`` (in the inputs' units), the code's penalties through
-    :meth:`calculate_aux_loss`. Around it, on the :class:`Schedule` resolved once from the length
-    of training: the input frame fixed on the first minibatch, resampling at the end of each
-    window, and after it the running mean code and the window's counts, from the step's output.
-
-    Two seams: ``batch``, this process alone (``saes.objective.LocalBatch``) unless
-    ``sae_lens_bae.parallel`` sets its ranks' global minibatch; ``covariance_penalty``, the plain
-    ``saes.objective.covariance_penalty`` unless a faster exact path is plugged in (the package
-    plugs ``sae_lens_bae.kernels.covariance_penalty``)."""
+    """Training BAE. Its step is SAELens' ``training_forward_pass`` (``mse_loss``, then the
+    code's penalties through :meth:`calculate_aux_loss`), after the input frame and resampling
+    (on the :class:`Schedule`), before the running mean code and window counts of its output.
+    Seams: ``batch`` (this process, unless ``sae_lens_bae.parallel`` sets its ranks' global
+    minibatch) and ``covariance_penalty`` (the plain maths; the package plugs in the kernels')."""
 
     batch: Any = LOCAL_BATCH
-    covariance_penalty: CovariancePenalty = staticmethod(covariance_penalty)
+    covariance_penalty = staticmethod(covariance_penalty)  # the plain maths (see the seams)
     schedule: Schedule | None = None
     _framed = False  # whether the input frame is known to be set
 
@@ -464,9 +453,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
                 self.window_counts += counts.to(torch.int64)
                 self.window_samples += rows
 
-        def rare() -> Tensor:  # each bit's rare-state rate on the batch, when a log reads it
-            return torch.minimum(mean, 1.0 - mean)
-
+        rare = lambda: torch.minimum(mean, 1.0 - mean)  # noqa: E731  (each bit's, when logged)
         output.metrics.update(
             batch_entropy_bits=lambda: binary_entropy(mean).item(),
             dead_fraction=lambda: (rare() == 0).float().mean().item(),
@@ -476,11 +463,10 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     @torch.no_grad()
     def _before_step(self, sae_in: Tensor, n: int, schedule: Schedule) -> None:
-        """Fix an unset input frame on the (global) minibatch (every rank from the first one);
-        at the end of a resampling window, resample the bits that were constant through it. The
-        batch is read without SAELens' input hook: the step's forward pass reads it through it."""
+        """Fix an unset input frame on the (global) minibatch; at the end of a resampling window,
+        resample the constant bits (reading the batch without the input hook: the step calls it)."""
         input_frame = module_frame(self)  # type: ignore[arg-type]
-        # every rank frames from the first global batch; one process until a batch had variance
+        # every rank frames from the first global batch, one process until a batch had variance
         framing = input_frame is not None and (n == 0 or self.batch.world == 1 and not self._framed)
         resampling = schedule.resamples_before(n)
         if not (framing or resampling):

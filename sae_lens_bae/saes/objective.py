@@ -36,7 +36,7 @@ __all__ = [
     "autocast_off",
     "bae_objective",
     "binary_entropy",
-    "checked_codes",
+    "penalty_input",
     "code_counts",
     "code_penalties",
     "covariance_penalty",
@@ -249,7 +249,7 @@ EXACT_FP32_BATCH = 4096
 B <= 4096 (B^2 <= 2^24); larger batches work in float64."""
 
 
-def checked_codes(codes: Tensor, share: tuple[int, int]) -> Tensor:
+def penalty_input(codes: Tensor, share: tuple[int, int]) -> Tensor:
     """``codes`` as a covariance penalty reads them (floating point), after refusing a shape,
     a batch or a share it cannot take."""
     if codes.ndim < 2:
@@ -277,7 +277,7 @@ def covariance_penalty(
     column counts c, B(B-1) cov = B H^T H - c c^T is an integer matrix (exact in the work dtype);
     other codes are centred. ``share = (rank, world)``: the rank's share of the sum that the ranks
     of a data-parallel group add up (here 1 / world of it)."""
-    codes = checked_codes(codes, share)
+    codes = penalty_input(codes, share)
     if binary is None:
         binary = bool(((codes == 0) | (codes == 1)).all())
     batch = codes.shape[-2]
