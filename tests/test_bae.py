@@ -642,3 +642,28 @@ def test_the_covariance_term_is_off_for_the_last_fraction_of_training():
     assert float(on["covariance_loss"]) > 0
     assert float(off["covariance_loss"]) == 0.0
     assert float(off["entropy_loss"]) == float(on["entropy_loss"]) > 0  # the entropy term stays
+
+
+@pytest.mark.parametrize("rescale_inputs_to", [None, 1.0])
+def test_a_step_reads_its_batch_through_the_input_hook_once_and_logs_saelens_mse(
+    rescale_inputs_to,
+):
+    """``hook_sae_input`` fires once per training step: on step 0 (which fixes the input frame),
+    on a plain step and on a step that resamples (step 2, after the window of steps 0-1). The
+    logged ``mse_loss`` is SAELens': the squared error summed over d_in and averaged over the
+    batch, in the inputs' own units (not the frame's), on step 0 with the frame on."""
+    bae = make_bae(rescale_inputs_to=rescale_inputs_to, resample_every=2, total_training_steps=100)
+    calls = []
+    bae.hook_sae_input.add_hook(lambda acts, hook: calls.append(acts.shape))  # noqa: ARG005
+    x = 3.0 * torch.randn(32, 8) + 1.0
+    with torch.no_grad():
+        bae.b_enc[0] = -100.0  # bit 0 never fires: constant through the window, resampled
+    for n in range(3):
+        before = bae.W_enc.detach().clone()
+        out = bae.training_forward_pass(step_input(x, n_training_steps=n))
+        assert len(calls) == n + 1, n
+        expected = ((out.sae_out - x) ** 2).sum(-1).mean()
+        assert out.losses["mse_loss"].item() == pytest.approx(expected.item(), rel=1e-6)
+    assert not torch.equal(before[:, 0], bae.W_enc[:, 0])  # step 2 resampled bit 0
+    if rescale_inputs_to is not None:
+        assert bae.input_scale.item() > 0 and bae.input_scale.item() != pytest.approx(1.0)
