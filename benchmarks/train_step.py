@@ -38,9 +38,10 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.kernels import covariance_penalty
 from sae_lens_bae.kernels import fused as fused_covariance
 from sae_lens_bae.kernels import products as covariance_products
-from sae_lens_bae.saes.objective import covariance_penalty, dense_covariance_penalty
+from sae_lens_bae.saes.objective import dense_covariance_penalty
 
 
 def _sync(device: str) -> None:

@@ -9,7 +9,7 @@ import importlib
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from sae_lens_bae import kernels as _kernels  # noqa: F401  (registers the faster covariance paths)
+from sae_lens_bae import kernels
 from sae_lens_bae.activations import ActivationCache, harvest_activations
 from sae_lens_bae.compression import compress, decompress
 from sae_lens_bae.data import load_token_dataset
@@ -34,6 +34,9 @@ if TYPE_CHECKING:  # imported on first use (``__getattr__``); named here for che
     from sae_lens_bae.comsem import ClientConfig, ComSemConfig, comsem
 
 _register_all()
+# the architecture's one seam for a faster exact covariance penalty: every BAE the package
+# trains (one, a stack, data-parallel) computes it through the kernels
+BAETrainingSAE.covariance_penalty = staticmethod(kernels.covariance_penalty)
 
 __version__ = metadata.version("sae-lens-bae")  # one version: pyproject.toml's
 

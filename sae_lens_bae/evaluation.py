@@ -14,8 +14,8 @@ from transformer_lens import HookedTransformer
 
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.binary import bits_to_values
-from sae_lens_bae.saes.input_frame import frame_factor, module_frame
-from sae_lens_bae.saes.objective import bae_objective, binary_entropy
+from sae_lens_bae.saes.input_frame import module_frame
+from sae_lens_bae.saes.objective import bae_objective, binary_entropy, frame_weight
 
 __all__ = [
     "evaluate_sae",
@@ -89,8 +89,9 @@ def unexplained_variance(sae: Any, activations: Float[Tensor, "n d_in"]) -> floa
 def held_out_objective(
     bae: BAETrainingSAE, activations: Float[Tensor, "n d_in"], batch_size: int
 ) -> float:
-    """The BAE's training objective (``saes.objective.bae_objective``: reconstruction + entropy +
-    covariance, in the units of its input frame) as at the end of its training (each
+    """The BAE's training objective (``saes.objective.bae_objective``: SAELens' ``mse_loss`` +
+    the entropy and covariance terms, as its training step weighs them) as at the end of its
+    training (each
     coefficient at its final value, the entropy term on) on ``activations``, averaged over its
     minibatches of ``batch_size`` rows in order (the last, shorter one left out, as its entropy
     would not be a minibatch's; a set smaller than one minibatch is one).
@@ -109,9 +110,6 @@ def held_out_objective(
         x = activations[start : start + size].to(bae.device, bae.dtype)
         bits = bae.encode_bits(x)
         out = bae.decode(bits_to_values(bits, bae.cfg.bits))
-        input_frame = module_frame(bae)
-        if input_frame is not None:  # the reconstruction error in the frame's units
-            x, out = (v * frame_factor(input_frame[0]) for v in (x, out))
         coefficients = bae.cfg.coefficients()
         terms = bae_objective(
             x,
@@ -119,6 +117,8 @@ def held_out_objective(
             bits,
             entropy_coefficient=coefficients["entropy"],
             covariance_coefficient=coefficients["covariance"],
+            weight=frame_weight(module_frame(bae)),
+            covariance=bae.covariance_penalty,
         )
         totals.append(float(terms["loss"]))
     return sum(totals) / len(totals)

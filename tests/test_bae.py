@@ -152,9 +152,10 @@ def test_a_default_bae_is_the_papers_shape_and_reads_raw_states(d_in):
 
 @pytest.mark.parametrize("d_in", [16, 576, 2048])
 def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
-    """The config shows the coefficients at d = 2048 and weighs them by 2048 / d_in in one place
-    (``coefficients``): the penalties are sums over bits, the reconstruction a mean over d."""
-    scale = 2048 / d_in
+    """The config shows the coefficients at d = 2048 against the squared error per element, so at
+    any d_in they weigh a * 2048 against SAELens' ``mse_loss`` (summed over d_in), in one place
+    (``coefficients``): the penalties are sums over bits."""
+    scale = 2048  # a * (2048 / d_in) per element, times d_in elements
     cfg = BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in)
     assert (cfg.entropy_coefficient, cfg.covariance_coefficient) == (5e-7, 8e-6)
     assert cfg.coefficients() == {"entropy": 5e-7 * scale, "covariance": 8e-6 * scale}
@@ -174,14 +175,14 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     assert mine.resample_every == 40
     # the paper's recipe keeps its fixed coefficients whatever d
     paper = bae_config(d_in, recipe="paper")
-    assert paper.coefficients() == {"entropy": 1e-7, "covariance": 1e-7}
+    assert paper.coefficients() == {"entropy": 1e-7 * d_in, "covariance": 1e-7 * d_in}
     assert paper.surrogate_temperature == 1.0 and BAE_RECIPES["paper"].lr == 5e-4
     scaled = bae_config(d_in, coefficient_scale=4.0).coefficients()["entropy"]
     assert scaled == pytest.approx(4 * cfg.coefficients()["entropy"])
     explicit = BAETrainingSAEConfig(
         d_in=d_in, d_sae=4, entropy_coefficient=0.5, coefficient_width=None
     )
-    assert explicit.coefficients()["entropy"] == 0.5
+    assert explicit.coefficients()["entropy"] == 0.5 * d_in
     with pytest.raises(ValueError, match="unknown BAE recipe"):
         bae_config(d_in, recipe="fast")
     # estimate_entropies trains with the registry's entropy recipe: one rule for both paths
@@ -221,13 +222,15 @@ def test_training_forward_pass_losses_and_metrics():
     x = torch.randn(64, 8)
     out = bae.training_forward_pass(step_input(x, n_training_steps=0, entropy=0.1, covariance=0.2))
     assert set(out.losses) == {"mse_loss", "entropy_loss", "covariance_loss"}  # SAELens' step's
-    assert out.losses["mse_loss"].item() == pytest.approx(((out.sae_out - x) ** 2).mean().item())
+    # SAELens' meaning: summed over d_in, averaged over the batch
+    expected = ((out.sae_out - x) ** 2).sum(-1).mean().item()
+    assert out.losses["mse_loss"].item() == pytest.approx(expected)
     bits = bae.encode_bits(x)
     assert out.losses["entropy_loss"].item() == 0.0  # still in the entropy-off phase
     assert out.losses["covariance_loss"].item() == pytest.approx(
         0.2 * covariance_penalty(bits).item(), rel=1e-5
     )
-    assert out.metrics["batch_entropy_bits"].item() == pytest.approx(
+    assert out.metrics["batch_entropy_bits"]() == pytest.approx(
         minibatch_entropy(bits).item(), rel=1e-6
     )
     assert out.loss.item() == pytest.approx(sum(v.item() for v in out.losses.values()), rel=1e-6)
@@ -465,7 +468,7 @@ def test_saelens_hands_the_bae_its_configured_coefficients():
                                covariance_coefficient=0.2, coefficient_width=None,
                                total_training_steps=10)  # fmt: skip
     coefficients = BAETrainingSAE(cfg).get_coefficients()
-    assert coefficients == {"entropy": 0.4, "covariance": 0.2}
+    assert coefficients == {"entropy": 0.4 * 8, "covariance": 0.2 * 8}  # against mse_loss
 
 
 def test_resampling_revives_constant_bits_on_the_worst_samples():
@@ -614,3 +617,28 @@ def test_the_covariance_term_is_off_for_the_last_fraction_of_training():
     assert float(on["covariance_loss"]) > 0
     assert float(off["covariance_loss"]) == 0.0
     assert float(off["entropy_loss"]) == float(on["entropy_loss"]) > 0  # the entropy term stays
+
+
+@pytest.mark.parametrize("rescale_inputs_to", [None, 1.0])
+def test_a_step_reads_its_batch_through_the_input_hook_once_and_logs_saelens_mse(
+    rescale_inputs_to,
+):
+    """``hook_sae_input`` fires once per training step: on step 0 (which fixes the input frame),
+    on a plain step and on a step that resamples (step 2, after the window of steps 0-1). The
+    logged ``mse_loss`` is SAELens': the squared error summed over d_in and averaged over the
+    batch, in the inputs' own units (not the frame's), on step 0 with the frame on."""
+    bae = make_bae(rescale_inputs_to=rescale_inputs_to, resample_every=2, total_training_steps=100)
+    calls = []
+    bae.hook_sae_input.add_hook(lambda acts, hook: calls.append(acts.shape))  # noqa: ARG005
+    x = 3.0 * torch.randn(32, 8) + 1.0
+    with torch.no_grad():
+        bae.b_enc[0] = -100.0  # bit 0 never fires: constant through the window, resampled
+    for n in range(3):
+        before = bae.W_enc.detach().clone()
+        out = bae.training_forward_pass(step_input(x, n_training_steps=n))
+        assert len(calls) == n + 1, n
+        expected = ((out.sae_out - x) ** 2).sum(-1).mean()
+        assert out.losses["mse_loss"].item() == pytest.approx(expected.item(), rel=1e-6)
+    assert not torch.equal(before[:, 0], bae.W_enc[:, 0])  # step 2 resampled bit 0
+    if rescale_inputs_to is not None:
+        assert bae.input_scale.item() > 0 and bae.input_scale.item() != pytest.approx(1.0)

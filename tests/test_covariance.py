@@ -2,12 +2,15 @@
 sparse sums over the entries that are 1, with dense channels flipped) agree with each other and
 with torch.cov."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from sae_lens_bae.kernels import covariance_penalty
 from sae_lens_bae.kernels import products as covariance_products
-from sae_lens_bae.saes import objective as covariance
-from sae_lens_bae.saes.objective import covariance_penalty
+from sae_lens_bae.kernels import tiles as covariance
+from sae_lens_bae.saes import objective
 
 
 def reference(codes: torch.Tensor) -> torch.Tensor:
@@ -129,3 +132,61 @@ def test_codes_with_no_one_at_all_take_the_sparse_path(monkeypatch):
     penalty, grad = run(torch.zeros(16, 12), "sparse", monkeypatch)
     assert penalty.item() == 0.0
     assert torch.equal(grad, torch.zeros(16, 12))
+
+
+@pytest.mark.parametrize("path", ["sparse", "int8", "fp32", "real"])
+@pytest.mark.parametrize(("shape", "share"), [((96, 37), (0, 1)), ((3, 64, 45), (1, 3))])
+def test_the_kernels_equal_the_plain_penalty(path, shape, share, monkeypatch):
+    """``kernels.covariance_penalty`` (tiles, any products) and the plain maths of
+    ``saes.objective.covariance_penalty`` give one penalty and one gradient per member, for 0/1
+    codes through every CPU path, for real-valued codes, and for a rank's share (the plain share
+    is 1 / world of the whole, the tiles' a band: the same once the ranks add them up)."""
+    for limit in ("SPARSE_DENSITY", "SPARSE_DENSITY_FP32"):
+        monkeypatch.setattr(covariance_products, limit, 1.0 if path == "sparse" else -1.0)
+    monkeypatch.setattr(covariance_products, "SPARSE_MIN_BLOCK", 0)
+    monkeypatch.setattr(covariance_products, "CPU_INT8", path != "fp32")
+    codes = codes_with_dense_and_silent_channels(shape, seed=3)
+    if path == "real":
+        codes = codes + 0.25 * torch.rand(shape, generator=torch.Generator().manual_seed(4))
+    binary = path != "real"
+    weights = torch.arange(1.0, codes[..., 0, 0].numel() + 1).reshape(shape[:-2])
+    totals, grads = [], []
+    for penalty in (objective.covariance_penalty, covariance_penalty):
+        leaf = codes.clone().requires_grad_()
+        world = share[1]
+        total = sum(penalty(leaf, binary=binary, share=(r, world), scale=0.5) for r in range(world))
+        (total * weights).sum().backward()
+        totals.append(total.detach())
+        grads.append(leaf.grad)
+    torch.testing.assert_close(totals[1], totals[0], rtol=1e-6, atol=0)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(
+        totals[0].double(), 0.5 * reference(codes.double()), rtol=1e-6, atol=0
+    )
+
+
+def test_the_package_trains_every_bae_through_the_kernels():
+    """The one seam: importing the package plugs the kernels into the training class, so one
+    BAE, a stack and a data-parallel run take them; the class's own default is the plain maths."""
+    from sae_lens_bae.saes import bae
+    from sae_lens_bae.stacks.model import StackedBAE
+
+    assert bae.BAETrainingSAE.covariance_penalty is covariance_penalty
+    source = Path(bae.__file__).read_text()
+    assert "covariance_penalty = staticmethod(covariance_penalty)" in source
+    cfg = bae.BAETrainingSAEConfig(d_in=6, d_sae=8, covariance_coefficient=1.0,
+                                   total_training_steps=10)  # fmt: skip
+    stack = StackedBAE(cfg, [0])
+    calls = []
+    original = bae.BAETrainingSAE.covariance_penalty
+
+    def spy(codes, **kwargs):
+        calls.append(codes.shape)
+        return original(codes, **kwargs)
+
+    bae.BAETrainingSAE.covariance_penalty = staticmethod(spy)
+    try:
+        stack.losses(torch.randn(1, 32, 6), 0)
+    finally:
+        bae.BAETrainingSAE.covariance_penalty = staticmethod(original)
+    assert calls == [torch.Size([1, 32, 8])]

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.slow  # ranks are spawned processes (torchrun or torch.
 
 D_IN, D_SAE, BATCH, STEPS, WORLD = 16, 64, 32, 20, 2
 ROWS = 700  # 10 global batches of 64 per epoch, 60 rows dropped: epochs wrap inside 20 steps
-TERMS = ("reconstruction_loss", "entropy_loss", "covariance_loss")
+TERMS = ("mse_loss", "entropy_loss", "covariance_loss")
 
 
 def _config() -> BAETrainingSAEConfig:

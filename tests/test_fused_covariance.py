@@ -18,6 +18,7 @@ from sae_lens.saes.sae import TrainStepInput
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 
 from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.kernels import covariance_penalty
 from sae_lens_bae.kernels import fused as fused_covariance
 from sae_lens_bae.kernels.fused import (
     HAS_TRITON,
@@ -29,7 +30,6 @@ from sae_lens_bae.kernels.fused import (
     tile_pairs,
 )
 from sae_lens_bae.kernels.fused_ops import fused_applies
-from sae_lens_bae.saes.objective import covariance_penalty
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from sae_lens_bae.kernels import covariance_penalty
 from sae_lens_bae.kernels import products as covariance_products
-from sae_lens_bae.saes import objective as covariance
+from sae_lens_bae.kernels import tiles as covariance
 from sae_lens_bae.saes.objective import (
     binary_entropy,
-    covariance_penalty,
     dense_covariance_penalty,
     minibatch_entropy,
     reconstruction_loss,

@@ -14,8 +14,9 @@ import sae_lens_bae  # noqa: F401  (registers the BAE with SAELens)
 from sae_lens_bae.compression import CompressedStates, compress
 from sae_lens_bae.features import code_prior, top_k_records
 from sae_lens_bae.features.records import FeatureRecords
+from sae_lens_bae.kernels import covariance_penalty
 from sae_lens_bae.saes.bae import BAE, BAEConfig
-from sae_lens_bae.saes.objective import covariance_penalty, minibatch_entropy
+from sae_lens_bae.saes.objective import minibatch_entropy
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
 

@@ -1,3 +1,4 @@
+import math
 import re
 
 import pytest
@@ -123,8 +124,9 @@ def test_stacked_training_equals_separate_trainings(bits, dtype, options, monkey
 
 def test_each_bae_of_a_stack_reads_its_set_in_its_own_input_frame():
     """A set and the same set scaled by 10 and moved: in one stack, the second BAE's frame
-    absorbs the change (k a tenth of the first's), and both train the same weights up to
-    rounding, as two separate runs of a framed BAE would."""
+    absorbs the change (k a tenth of the first's), and both learn the same codes, their weights
+    equal but for what SAELens' clipping at gradient norm 1 does with the second BAE's loss,
+    100 times the first's (``mse_loss`` is in the inputs' units), as two separate runs would."""
     x = binary_mixtures(1, dtype=torch.float64)[0]
     cfg = BAETrainingSAEConfig(coefficient_width=None, 
         d_in=8, d_sae=12, dtype="float64", rescale_inputs_to=0.5, resample_every=0,
@@ -136,14 +138,16 @@ def test_each_bae_of_a_stack_reads_its_set_in_its_own_input_frame():
     ).baes  # fmt: skip
     assert far.input_scale.item() == pytest.approx(near.input_scale.item() / 10, rel=1e-6)
     for name in ("W_enc", "b_enc", "W_dec"):
-        assert torch.allclose(getattr(far, name), getattr(near, name), atol=1e-6), name
+        assert torch.allclose(getattr(far, name), getattr(near, name), atol=1e-4), name
     assert torch.equal(far.encode_bits(10 * x + 3), near.encode_bits(x))
 
 
 def test_a_stack_that_frames_its_sets_trains_as_on_the_sets_framed_beforehand():
     """The input frame is the one input scaling: each BAE of a stack frames its set (from the
     whole set) and trains as a BAE without a frame trains on that set moved and scaled
-    beforehand (up to the rounding of the frame, kept in fp32)."""
+    beforehand: the same codes, the weights equal but for the rounding of the frame (kept in
+    fp32) and SAELens' clipping at gradient norm 1, which sees the framed BAE's loss 1 / k^2
+    times the other's (``mse_loss`` is in the inputs' units)."""
     mixtures = binary_mixtures(2, dtype=torch.float64)
     sets = [mixtures[0] * 3.0 + 1.0, mixtures[1] * 0.2 - 5.0]
     fields = {"d_in": 8, "d_sae": 12, "dtype": "float64", "resample_every": 0,
@@ -160,11 +164,11 @@ def test_a_stack_that_frames_its_sets_trains_as_on_the_sets_framed_beforehand():
         expected = (0.5 / placement(sets[g])[0]).item() ** 0.5
         assert mine.input_scale.item() == pytest.approx(expected, rel=1e-6)
         for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
-            assert torch.allclose(getattr(mine, name), getattr(theirs, name), atol=1e-6), name
+            assert torch.allclose(getattr(mine, name), getattr(theirs, name), atol=2e-2), name
         assert torch.equal(mine.encode_bits(sets[g]), theirs.encode_bits(moved[g]))
-    assert framed.histories[0]["reconstruction_loss"] == pytest.approx(
-        plain.histories[0]["reconstruction_loss"], rel=1e-5
-    )
+    k2 = 0.5 / placement(sets[0])[0].item()  # the first BAE's k^2: its error in frame units
+    framed_error = [k2 * value for value in framed.histories[0]["reconstruction_loss"]]
+    assert framed_error == pytest.approx(plain.histories[0]["reconstruction_loss"], rel=1e-2)
 
 
 def test_the_stacked_trainer_drops_the_covariance_term_for_the_last_fraction():
@@ -233,8 +237,9 @@ def test_converged_baes_drop_out_and_the_others_train_as_if_alone(final):
     if final:  # the first to converge trained its last quarter without the term, beside others
         first = stacked.steps.index(min(stacked.steps))
         covariance = stacked.histories[first]["covariance_loss"]
-        assert covariance[-(min(stacked.steps) // 4) :] == [0.0] * (min(stacked.steps) // 4)
-        assert all(value > 0 for value in covariance[: -(min(stacked.steps) // 4)])
+        paid = covariance.index(0.0)  # converged there: f / (1 - f) = 1/3 of that more, unpaid
+        assert all(value > 0 for value in covariance[:paid])
+        assert covariance[paid:] == [0.0] * math.ceil(paid / 3)
     for g, (x, seed) in enumerate(zip(sets, seeds, strict=True)):
         alone = train_stacked_baes([x], cfg, seeds=[seed], **kwargs)
         assert alone.steps == [stacked.steps[g]]
@@ -381,7 +386,7 @@ def test_a_stacks_record_of_codes_moves_only_its_trained_rows_as_each_bae_alone(
     model.code_mean_count.fill_(4.0)
     model.window_counts.copy_(counts)
     model.window_samples.fill_(32)
-    model._record(bits, bits.mean(1), torch.tensor([0, 2]), counting=True)
+    model._record(bits.sum(1), 16, torch.tensor([0, 2]), counting=True)
     for row, g in ((0, 0), (1, 2)):
         alone, alone_count = means[g].clone(), torch.tensor(4.0)
         update_running_mean(alone, alone_count, bits[row].mean(0))

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from sae_lens_bae.kernels.products import integer_mm
-from sae_lens_bae.saes.objective import band_tiles
+from sae_lens_bae.kernels.tiles import band_tiles
 
 try:
     import triton

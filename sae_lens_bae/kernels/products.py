@@ -1,5 +1,5 @@
-"""Faster exact products for the covariance penalty's tiles (``saes.objective.tiled_penalty``),
-registered as a penalty path on import: the co-occurrence counts
+"""Faster exact products for the covariance penalty's tiles (``kernels.tiles.tiled_penalty``):
+the co-occurrence counts
 H^T H of 0/1 codes H [G, B, n] block by block (``gram``) and the codes times a block of signs
 (``left``), exactly, whichever way is fastest where they run:
 
@@ -15,7 +15,7 @@ H^T H of 0/1 codes H [G, B, n] block by block (``gram``) and the codes times a b
   B * n^2 multiply-adds at density rho.
 
 ``binary_products`` picks one for a set of codes; :func:`penalty_path` hands that choice to the
-architecture's tiles.
+tiles.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sae_lens_bae.saes.objective import DenseProducts as _PlainProducts
-from sae_lens_bae.saes.objective import tiled_penalty
+from sae_lens_bae.kernels.tiles import DenseProducts as _PlainProducts
+from sae_lens_bae.kernels.tiles import tiled_penalty
 
 __all__ = [
     "CPU_INT8",
@@ -281,5 +281,5 @@ def _choose(x: Tensor, counts: Tensor, dtype: torch.dtype, block: int) -> tuple[
 def penalty_path(
     codes: Tensor, block: int | None, binary: bool | None, share: tuple[int, int], scale: float
 ) -> Tensor:
-    """The architecture's tiles with the products ``binary_products`` picks (every device)."""
+    """The tiles with the products ``binary_products`` picks (every device)."""
     return tiled_penalty(codes, block, binary, share, scale, _choose)

@@ -37,7 +37,6 @@ from torch.nn.parallel import DistributedDataParallel
 from sae_lens_bae.activations.cache import ActivationCache
 from sae_lens_bae.parallel.global_batch import GlobalBatch, is_distributed
 from sae_lens_bae.saes.bae import BAETrainingSAE
-from sae_lens_bae.saes.binary import bits_to_values
 from sae_lens_bae.saes.objective import LOCAL_BATCH
 
 __all__ = [
@@ -130,7 +129,8 @@ def rank_cache_batches(
 
 class _TrainingStep(nn.Module):
     """The BAE's training step as a module's forward, so that DDP sees the step; its output
-    covers the global minibatch (the trainer's firing statistics count every rank's rows)."""
+    covers the global minibatch (the trainer's firing statistics count every rank's rows, the
+    record reads the global ``mse_loss``)."""
 
     def __init__(self, sae: BAETrainingSAE) -> None:
         super().__init__()
@@ -138,10 +138,15 @@ class _TrainingStep(nn.Module):
 
     def forward(self, step_input: TrainStepInput) -> TrainStepOutput:
         output = type(self.sae).training_forward_pass(self.sae, step_input)
-        batch, codes = self.sae.batch, self.sae._codes["global_bits"]
+        batch = self.sae.batch
         output.sae_in = batch.gather(output.sae_in.detach())
         output.sae_out = batch.gather(output.sae_out.detach())
-        output.feature_acts = bits_to_values(codes, self.sae.cfg.bits)
+        # SAELens' mse_loss is this rank's mean (DDP averages its gradient); the record's is the
+        # global minibatch's, the mean of the ranks' means
+        mse = output.losses["mse_loss"].detach()
+        output.losses["mse_loss"] = batch.sum(mse) / batch.world
+        binary = self.sae.cfg.bits == 1  # 0/1 features travel as bytes
+        output.feature_acts = batch.gather(output.feature_acts.detach(), codes=binary)
         return output
 
 

@@ -5,13 +5,14 @@ A BAE encodes a hidden state h0 (dim d_in) into a binary code
 and decodes ``h_R @ W_dec + b_dec`` where ``h_R`` groups every ``bits`` code bits into one
 feature value (``h_R = h_B`` for ``bits = 1``). Training minimises
 
-    reconstruction + a_e * H(mean code of the minibatch) + a_c * sum_{i != j} |cov(h_B)_ij|
+    mse_loss + (a_e * H(mean code of the minibatch) + a_c * sum_{i != j} |cov(h_B)_ij|) / k^2
 
-with gradients through the step from a surrogate derivative (``saes.binary``). The training step
-is SAELens' own: the reconstruction through ``mse_loss_fn``, the entropy and covariance terms
-through ``calculate_aux_loss`` (``saes.objective``), around it the input frame, resampling
-(``saes.resampling``) and the running mean code (the burstiness prior). SAELens' parameter names
-and hook points are kept, so its evals, histograms and splicing work unchanged.
+(``mse_loss`` SAELens', in the inputs' units; k the input frame's factor, 1 without one) with
+gradients through the step from a surrogate derivative (``saes.binary``). The training step is
+SAELens' own: the penalties come through ``calculate_aux_loss`` (``saes.objective``), around it
+the input frame, resampling (``saes.resampling``) and the running mean code (the burstiness
+prior). SAELens' parameter names and hook points are kept, so its evals, histograms and
+splicing work unchanged.
 """
 
 from __future__ import annotations
@@ -57,7 +58,14 @@ from sae_lens_bae.saes.input_frame import (
     unframe,
 )
 from sae_lens_bae.saes.loading import StrictLoading, is_count, refuse_fields
-from sae_lens_bae.saes.objective import LOCAL_BATCH, code_penalties
+from sae_lens_bae.saes.objective import (
+    LOCAL_BATCH,
+    binary_entropy,
+    code_counts,
+    code_penalties,
+    covariance_penalty,
+    frame_weight,
+)
 from sae_lens_bae.saes.resampling import (
     DENSE_FREQUENCY,
     RESAMPLE_UNTIL_FRACTION,
@@ -145,12 +153,13 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     surrogate_temperature: float = 1.0
     """T of the sigmoid surrogate (1.0 is the paper's definition)."""
     entropy_coefficient: float = 5e-7
-    """a_e, weight of the minibatch entropy in bits, at ``coefficient_width``."""
+    """a_e, weight of the minibatch entropy in bits against the squared error per element in the
+    input frame's units, at ``coefficient_width``."""
     covariance_coefficient: float = 8e-6
-    """a_c, weight of the summed |off-diagonal covariance|, at ``coefficient_width``."""
+    """a_c, weight of the summed |off-diagonal covariance|, as ``entropy_coefficient``."""
     coefficient_width: int | None = 2048
-    """d_in the coefficients are given at: the objective uses a * coefficient_width / d_in (the
-    reconstruction is a mean over d_in, the penalties sums over bits). None: used as given."""
+    """d_in the coefficients are given at: at d_in they weigh a * coefficient_width / d_in
+    against the squared error per element (the penalties are sums over bits). None: as given."""
     entropy_off_fraction: float = 0.25
     """First fraction of training with the entropy term off."""
     covariance_off_final_fraction: float = 0.0
@@ -198,9 +207,9 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         return f"{self!r}, training at d_in {self.d_in} with {self.coefficients()}"
 
     def coefficients(self) -> dict[str, float]:
-        """a_e and a_c as the objective uses them at this d_in, by the names SAELens schedules
-        them under."""
-        scale = 1.0 if self.coefficient_width is None else self.coefficient_width / self.d_in
+        """a_e and a_c against ``mse_loss`` in the frame's units (the fields' weights times d_in)
+        by SAELens' names; the step divides them by k^2 (``mse_loss`` is in the inputs' units)."""
+        scale = float(self.d_in if self.coefficient_width is None else self.coefficient_width)
         return {
             "entropy": self.entropy_coefficient * scale,
             "covariance": self.covariance_coefficient * scale,
@@ -279,30 +288,42 @@ class _BAEMixin(InputFrameFolds):
         )
         return self
 
-    def read_inputs(self, sae_in: Tensor) -> Tensor:
-        """SAELens' input processing (dtype, reshape, input hook, run-time normalisation), after
-        checking the inputs' width and finiteness: the inputs before the frame."""
+    def read_inputs(self, sae_in: Tensor, hooked: bool = True) -> Tensor:
+        """SAELens' input processing (dtype, reshape, input hook unless not ``hooked``, run-time
+        normalisation), after checking the inputs' width and finiteness."""
         training = isinstance(self, TrainingSAE)
         check_activations(sae_in, self.cfg.d_in, self.cfg.metadata.hook_name, on_device=training)
         dtype = torch.promote_types(self.dtype, self.b_dec.dtype)  # type: ignore[attr-defined]
         sae_in = self.reshape_fn_in(sae_in.to(dtype))  # type: ignore[attr-defined]
-        return self.run_time_activation_norm_fn_in(self.hook_sae_input(sae_in))
+        return self.run_time_activation_norm_fn_in(
+            self.hook_sae_input(sae_in) if hooked else sae_in
+        )
+
+    def encoder_inputs(self, x: Tensor) -> Tensor:
+        """What the encoder reads: ``k (x + t)`` (with a frame), less ``b_dec`` when centring."""
+        x = frame(x, module_frame(self))  # type: ignore[arg-type]
+        return x - self.b_dec if self.cfg.apply_b_dec_to_input else x
+
+    def reconstruct(self, values: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
+        """``h_R W_dec + b_dec`` (one addmm), out of the frame."""
+        out = F.linear(values, self.W_dec.t(), self.b_dec)
+        return unframe(out, module_frame(self))  # type: ignore[arg-type]
 
     def process_sae_in(self, sae_in: Tensor) -> Tensor:
-        """What the encoder reads: the inputs in the frame ``k (x + t)`` (if any), less the
-        decoder bias when centring."""
-        x = frame(self.read_inputs(sae_in), module_frame(self))  # type: ignore[arg-type]
-        return x - self.b_dec if self.cfg.apply_b_dec_to_input else x
+        """SAELens' input processing, then :meth:`encoder_inputs`."""
+        return self.encoder_inputs(self.read_inputs(sae_in))
+
+    def pre_activations(self, inputs: Tensor) -> Tensor:
+        """``inputs W_enc + b_enc`` of :meth:`encoder_inputs` (one addmm)."""
+        return F.linear(inputs, self.W_enc.t(), self.b_enc)
 
     def hidden_pre(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... n_bits"]:
         """Encoder pre-activations of every code bit (their sign is the code)."""
-        pre = F.linear(self.process_sae_in(x), self.W_enc.t(), self.b_enc)
-        return self.hook_sae_acts_pre(pre)
+        return self.hook_sae_acts_pre(self.pre_activations(self.process_sae_in(x)))
 
     def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
-        """``h_R W_dec + b_dec`` (one addmm), out of the frame, through SAELens' output hooks."""
-        sae_out = F.linear(feature_acts, self.W_dec.t(), self.b_dec)
-        sae_out = unframe(sae_out, module_frame(self))  # type: ignore[arg-type]
+        """:meth:`reconstruct` through SAELens' output hooks."""
+        sae_out = self.reconstruct(feature_acts)
         return self.run_time_activation_norm_fn_out(self.hook_sae_recons(sae_out))
 
     @torch.no_grad()
@@ -341,23 +362,16 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
 
 
 class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
-    """Training BAE. Its step is SAELens' ``training_forward_pass``: the reconstruction through
-    ``mse_loss_fn`` (mean over d_in, in the frame's units: the scale of the coefficients), the
-    code's penalties through :meth:`calculate_aux_loss`. Around it, on the :class:`Schedule`
-    resolved once from the length of training: the input frame fixed on the first minibatch,
-    resampling at the end of each window, the running mean code and the window's counts.
-
-    ``batch`` is the data-parallel seam: this process alone (``saes.objective.LocalBatch``)
-    unless ``sae_lens_bae.parallel`` sets its ranks' global minibatch."""
+    """Training BAE. Its step is SAELens' ``training_forward_pass`` (``mse_loss``, then the
+    code's penalties through :meth:`calculate_aux_loss`), after the input frame and resampling
+    (on the :class:`Schedule`), before the running mean code and window counts of its output.
+    Seams: ``batch`` (this process, unless ``sae_lens_bae.parallel`` sets its ranks' global
+    minibatch) and ``covariance_penalty`` (the plain maths; the package plugs in the kernels')."""
 
     batch: Any = LOCAL_BATCH
+    covariance_penalty = staticmethod(covariance_penalty)  # the plain maths (see the seams)
     schedule: Schedule | None = None
     _framed = False  # whether the input frame is known to be set
-
-    def __init__(self, cfg: BAETrainingSAEConfig, use_error_term: bool = False) -> None:
-        super().__init__(cfg, use_error_term)
-        self.mse_loss_fn = self._squared_error
-        self._codes: dict[str, Tensor] = {}  # this step's code statistics (calculate_aux_loss)
 
     @override
     def initialize_weights(self) -> None:
@@ -387,15 +401,6 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         for name in WINDOW_BUFFERS:  # training state, not part of the inference model
             state_dict.pop(name, None)
 
-    def _squared_error(self, sae_out: Tensor, sae_in: Tensor) -> Tensor:
-        """Squared error per element, which SAELens sums over d_in and averages over the batch:
-        divided by d_in and in the frame's units (k^2), the mean the recipes are given against."""
-        scale = module_frame(self)  # type: ignore[arg-type]
-        weight = 1.0 if scale is None else frame_factor(scale[0]) ** 2
-        wide = torch.promote_types(sae_out.dtype, torch.float32)  # a bf16 loss keeps 3 digits
-        error = F.mse_loss(sae_out.to(wide), sae_in.to(wide), reduction="none")
-        return error * (weight / self.cfg.d_in)
-
     @override
     def encode_with_hidden_pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
         pre = self.hidden_pre(x)
@@ -407,24 +412,22 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         self, step_input: TrainStepInput, feature_acts: Tensor, hidden_pre: Tensor, sae_out: Tensor
     ) -> dict[str, Tensor]:
         """The entropy and covariance terms (``saes.objective.code_penalties``) of the step's
-        code, each off in its phase of the schedule."""
+        code, each off in its phase of the schedule, divided by the frame's k^2."""
         del sae_out  # SAELens' signature; the penalties read the code only
         schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
         if self.cfg.bits == 1:  # the code itself, with its surrogate gradient
             bits = feature_acts
         else:
             bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
-        terms = code_penalties(
+        coefficients = step_input.coefficients
+        return code_penalties(
             bits.reshape(-1, bits.shape[-1]),
-            entropy_coefficient=step_input.coefficients["entropy"],
-            covariance_coefficient=step_input.coefficients["covariance"]
-            * schedule.covariance_on(n),
-            entropy_on=schedule.entropy_on(n),
+            entropy_coefficient=coefficients["entropy"] * schedule.entropy_on(n),
+            covariance_coefficient=coefficients["covariance"] * schedule.covariance_on(n),
+            weight=frame_weight(module_frame(self)),  # type: ignore[arg-type]
             batch=self.batch,
+            covariance=self.covariance_penalty,
         )
-        losses = {name: terms.pop(name) for name in ("entropy_loss", "covariance_loss")}
-        self._codes = terms  # detached statistics, for the record after the step
-        return losses
 
     @override
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:
@@ -432,18 +435,19 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
         self._before_step(step_input.sae_in, n, schedule)
         output = super().training_forward_pass(step_input)
-        codes, mean = self._codes["global_bits"], self._codes["batch_mean_code"]
+        code = output.feature_acts if self.cfg.bits == 1 else (output.hidden_pre >= 0)
+        code = code.reshape(-1, code.shape[-1])
+        counts, rows = code_counts(code, self.batch), self.batch.world * code.shape[0]
+        mean = counts / rows
         with torch.no_grad():
             update_running_mean(self.code_mean, self.code_mean_count, mean)
             if self.cfg.resample_every > 0 and schedule.window_counted(n):
-                self.window_counts += codes.sum(-2, dtype=torch.int64)
-                self.window_samples += codes.shape[-2]
+                self.window_counts += counts.to(torch.int64)
+                self.window_samples += rows
 
-        def rare() -> Tensor:  # each bit's rare-state rate on the batch, when a log reads it
-            return torch.minimum(mean, 1.0 - mean)
-
+        rare = lambda: torch.minimum(mean, 1.0 - mean)  # noqa: E731  (each bit's, when logged)
         output.metrics.update(
-            batch_entropy_bits=self._codes["batch_entropy_bits"],
+            batch_entropy_bits=lambda: binary_entropy(mean).item(),
             dead_fraction=lambda: (rare() == 0).float().mean().item(),
             dense_fraction=lambda: (rare() > DENSE_FREQUENCY).float().mean().item(),
         )
@@ -451,25 +455,24 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     @torch.no_grad()
     def _before_step(self, sae_in: Tensor, n: int, schedule: Schedule) -> None:
-        """Fix an unset input frame on the (global) minibatch (every rank from the first one);
-        at the end of a resampling window, resample the bits that were constant through it."""
+        """Fix an unset input frame on the (global) minibatch; at the end of a resampling window,
+        resample the constant bits (reading the batch without the input hook: the step calls it)."""
         input_frame = module_frame(self)  # type: ignore[arg-type]
-        # every rank frames from the first global batch; one process until a batch had variance
+        # every rank frames from the first global batch, one process until a batch had variance
         framing = input_frame is not None and (n == 0 or self.batch.world == 1 and not self._framed)
         resampling = schedule.resamples_before(n)
         if not (framing or resampling):
             return
-        x = self.read_inputs(sae_in)
+        x = self.read_inputs(sae_in, hooked=False)
         x = self.batch.gather(x.reshape(-1, x.shape[-1]))
         if framing and input_frame is not None and self.cfg.rescale_inputs_to is not None:
             fix_frame(input_frame, x, self.cfg.rescale_inputs_to)
             self._framed = bool((input_frame[0] > 0).all())  # one wait, until it is set
         if not resampling:
             return
-        framed = frame(x, input_frame)
-        inputs = framed - self.b_dec if self.cfg.apply_b_dec_to_input else framed
-        values = bits_to_values(step(F.linear(inputs, self.W_enc.t(), self.b_enc)), self.cfg.bits)
-        residuals = x - unframe(F.linear(values, self.W_dec.t(), self.b_dec), input_frame)
+        inputs = self.encoder_inputs(x)
+        values = bits_to_values(step(self.pre_activations(inputs)), self.cfg.bits)
+        residuals = x - self.reconstruct(values)
         if input_frame is not None:  # decoder rows live in the frame's units
             residuals = residuals * frame_factor(input_frame[0])
         resample_window(

@@ -33,7 +33,13 @@ from sae_lens_bae.saes.input_frame import (
     module_frame,
     unframe,
 )
-from sae_lens_bae.saes.objective import LOCAL_BATCH, bae_objective
+from sae_lens_bae.saes.objective import (
+    LOCAL_BATCH,
+    bae_objective,
+    binary_entropy,
+    code_counts,
+    frame_weight,
+)
 from sae_lens_bae.saes.resampling import Schedule, resample_window
 
 __all__ = ["StackedBAE"]
@@ -172,11 +178,12 @@ class StackedBAE(nn.Module):
     ) -> dict[str, Tensor]:
         """One step of every BAE (or of the stack rows ``members``, ``x`` holding their
         minibatches: the others cost nothing and get no gradient) at schedule step
-        ``n_training_steps``: the frame and resampling as a single BAE's step, then
-        ``bae_objective``'s terms (each of shape [G]) measured in each frame's units, then the
-        running mean codes and window counts. ``covariance_off``: per row of ``x``, True where
-        that BAE trains without the covariance term (its final phase after it converged).
-        ``resample``: False on a second step at the same ``n_training_steps`` (a held schedule)."""
+        ``n_training_steps``: the frame and resampling as a single BAE's step, then each
+        member's objective (``bae_objective``, each term of shape [G], as a single BAE's step
+        weighs it) and ``batch_entropy_bits``, then the running mean codes and window counts.
+        ``covariance_off``: per row of ``x``, True where that BAE trains without the covariance
+        term (its final phase after it converged). ``resample``: False on a second step at the
+        same ``n_training_steps`` (a held schedule)."""
         schedule, n = self.schedule or self.cfg.schedule(), n_training_steps
         self.schedule = schedule
         x = self._check_shape(x, members)
@@ -185,30 +192,25 @@ class StackedBAE(nn.Module):
         pre = self._pre(rows, frame(x, rows.frame))
         bits = step(pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
         output = unframe(self._out(rows, bits), rows.frame)
-        if rows.frame is not None:  # the reconstruction error in the frame's units
-            scale = frame_factor(rows.frame[0])[..., None, None]
-            x, output = x * scale, output * scale
         no_member_pays = covariance_off is not None and all(covariance_off)  # then not computed
         coefficients = self.cfg.coefficients()
-        entropy = coefficients["entropy"] if schedule.entropy_on(n) else 0.0
-        covariance = coefficients["covariance"] * (schedule.covariance_on(n) and not no_member_pays)
         terms = bae_objective(
-            x, output, bits, entropy_coefficient=entropy, covariance_coefficient=covariance,
-            entropy_on=entropy != 0, batch=self.batch,
-        )  # fmt: skip
-        if covariance_off is not None and covariance > 0:  # the members in their final phase
-            off = torch.tensor(covariance_off, device=x.device)
-            terms["covariance_loss"] = terms["covariance_loss"].masked_fill(off, 0.0)
-            terms["loss"] = terms["reconstruction_loss"]
-            if entropy != 0:
-                terms["loss"] = terms["loss"] + terms["entropy_loss"]
-            terms["loss"] = terms["loss"] + terms["covariance_loss"]
-        self._record(
-            terms.pop("global_bits"),
-            terms.pop("batch_mean_code"),
-            members,
-            schedule.window_counted(n),
+            x,
+            output,
+            bits,
+            entropy_coefficient=coefficients["entropy"] * schedule.entropy_on(n),
+            covariance_coefficient=coefficients["covariance"]
+            * (schedule.covariance_on(n) and not no_member_pays),
+            weight=frame_weight(rows.frame),
+            covariance_off=None
+            if covariance_off is None
+            else torch.tensor(covariance_off, device=x.device),
+            batch=self.batch,
+            covariance=BAETrainingSAE.covariance_penalty,
         )
+        counts, samples = code_counts(bits, self.batch), self.batch.world * bits.shape[-2]
+        terms["batch_entropy_bits"] = binary_entropy(counts / samples)
+        self._record(counts, samples, members, schedule.window_counted(n))
         return terms
 
     @torch.no_grad()
@@ -259,22 +261,20 @@ class StackedBAE(nn.Module):
         self.window_samples.zero_()
 
     @torch.no_grad()
-    def _record(
-        self, codes: Tensor, mean_code: Tensor, members: Tensor | None, counting: bool
-    ) -> None:
+    def _record(self, counts: Tensor, samples: int, members: Tensor | None, counting: bool) -> None:
         """Each trained member's running mean code moves towards its minibatch's; inside a
         resampling window its bits' firings are counted (the shared counts advance once)."""
         rows = self.code_mean if members is None else self.code_mean[members]
-        update_running_mean(rows, self.code_mean_count, mean_code)
+        update_running_mean(rows, self.code_mean_count, counts / samples)
         if members is not None:  # an indexed copy: written back
             self.code_mean[members] = rows
         if counting and self.cfg.resample_every > 0:
-            fired = codes.sum(-2, dtype=torch.int64)
+            fired = counts.to(torch.int64)
             if members is None:
                 self.window_counts += fired
             else:
                 self.window_counts[members] += fired
-            self.window_samples += codes.shape[-2]
+            self.window_samples += samples
 
     @torch.no_grad()
     def clip_grad_norms_(self, max_norm: float = 1.0) -> Tensor:

@@ -331,6 +331,8 @@ class StackedTrainer:
         for g, weights in run.frozen.items():  # Adam's momentum would still move a stopped BAE
             for parameter, kept in zip(self.model.parameters(), weights, strict=True):
                 parameter.data[g] = kept
+        # the squared error per element, as ``RecordingTrainer`` derives it from ``mse_loss``
+        losses["reconstruction_loss"] = losses["mse_loss"] / self.cfg.d_in
         self.history.record(run.active, losses)
         run.n = n + 1
 

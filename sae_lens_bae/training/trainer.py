@@ -37,7 +37,6 @@ from sae_lens_bae.parallel.distributed import (
 from sae_lens_bae.reports import read_json_list, write_json
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import DEFAULT_BATCH_SIZE, DEFAULT_LR, bae_config
-from sae_lens_bae.saes.objective import reconstruction_loss
 from sae_lens_bae.training.checkpoints import (
     DAMAGED_CHECKPOINT_FIX,
     check_checkpoint_files,
@@ -136,8 +135,9 @@ class _Counted(Iterator[Tensor]):
 class RecordingTrainer(SAETrainer[Any, Any]):
     """SAELens' ``SAETrainer`` that also keeps a loss history, through its public ``step`` seam.
 
-    Every ``record_every`` steps it stores the step's losses, its scalar metrics and
-    ``reconstruction_loss`` (mean over batch and d_in, comparable across architectures). Its
+    Every ``record_every`` steps it stores what SAELens logs of the step (its losses, among them
+    ``mse_loss``, and its scalar metrics) and ``reconstruction_loss``, ``mse_loss / d_in`` (the
+    squared error per element, the scale plots and tables read). Its
     checkpoints also hold the history and the number of batches read, and are marked complete
     last (``sae_lens_bae.training.checkpoints``); ``resume`` continues from one.
     """
@@ -197,15 +197,13 @@ class RecordingTrainer(SAETrainer[Any, Any]):
         if self.n_training_steps % self.record_every == 0:
             with torch.no_grad():
                 row = {"step": float(self.n_training_steps)}
-                row["reconstruction_loss"] = reconstruction_loss(
-                    output.sae_out, output.sae_in
-                ).item()
                 for name, value in {**output.losses, **output.metrics}.items():
                     value = value() if callable(value) else value
                     if isinstance(value, Tensor) and value.numel() == 1:
                         value = value.item()
                     if isinstance(value, (int, float)):
                         row[name] = float(value)
+                row["reconstruction_loss"] = row["mse_loss"] / self.sae.cfg.d_in
             self.history.append(row)
         return output
 
