@@ -327,11 +327,11 @@ def test_the_op_counter_counts_work_not_views():
 
 
 def test_terms_that_are_off_cost_no_kernel_and_add_nothing():
-    """With the covariance and firing terms off, the objective and its total are the
-    reconstruction (one kernel), the entropy (its sum in the same kernel, then bits and a_e: two
-    products), the mean code (one reduction, shared with the running mean) and one add: six
-    kernels (ATen ops as the step benchmark counts them), where zero terms made and added cost
-    four more."""
+    """With the covariance term off, the objective and its total are SAELens' ``mse_loss`` (the
+    squared error, its sum over d_in and its mean over the batch: three kernels), the mean code
+    (one reduction, shared with the running mean), the entropy (its sum in the same kernel, then
+    a_e: one product) and one add: seven kernels (ATen ops as the step benchmark counts them);
+    the covariance term that is off makes no kernel and is not added."""
     from sae_lens_bae.saes.objective import bae_objective
 
     generator = torch.Generator().manual_seed(0)
@@ -343,17 +343,17 @@ def test_terms_that_are_off_cost_no_kernel_and_add_nothing():
         terms = bae_objective(sae_in, sae_out, bits, entropy_coefficient=1e-2,
                               covariance_coefficient=0.0)  # fmt: skip
     total = terms["loss"]
-    assert kernels.ops == ["mse_loss", "mean", "binary_cross_entropy", "mul", "mul", "add"]
+    assert kernels.ops == ["mse_loss", "sum", "mean", "mean", "binary_cross_entropy", "mul", "add"]
     assert terms["covariance_loss"].item() == 0.0 and terms["covariance_loss"].shape == ()
-    expected = terms["reconstruction_loss"] + terms["entropy_loss"]
+    expected = terms["mse_loss"] + terms["entropy_loss"]
     assert torch.equal(total, expected)
-    assert torch.equal(terms["batch_mean_code"], bits.mean(0))
+    assert torch.allclose(terms["mse_loss"], ((sae_out - sae_in) ** 2).sum(-1).mean())
     # a stack of 3: the off terms have its shape, and the sum is per member
     stacked = bae_objective(sae_in.expand(3, -1, -1), sae_out.expand(3, -1, -1),
-                            bits.expand(3, -1, -1), entropy_coefficient=1e-2,
-                            covariance_coefficient=0.0, entropy_on=False)  # fmt: skip
+                            bits.expand(3, -1, -1), entropy_coefficient=0.0,
+                            covariance_coefficient=0.0)  # fmt: skip
     assert stacked["entropy_loss"].shape == stacked["covariance_loss"].shape == (3,)
-    assert torch.equal(stacked["loss"], stacked["reconstruction_loss"])
+    assert torch.equal(stacked["loss"], stacked["mse_loss"])
 
 
 def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does():

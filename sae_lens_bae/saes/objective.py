@@ -209,6 +209,11 @@ _ZEROS: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 """One zero per device and dtype: the terms that are off are views of it."""
 
 
+def is_off(term: Tensor) -> bool:
+    """Whether ``term`` is a term that is off: a view of the zero :func:`_zero_like` keeps."""
+    return term._base is not None and term._base is _ZEROS.get((term.device, torch.float32))
+
+
 def _zero_like(like: Tensor) -> Tensor:
     """A term that is off: outside a compiled graph a view of a zero made once, which costs no
     kernel (a small BAE's GPU step costs its launches)."""
@@ -238,7 +243,10 @@ def bae_objective(
         )
     batch = penalties.get("batch", LOCAL_BATCH)
     terms = {"mse_loss": squared_error(sae_out, sae_in, batch), **code_penalties(bits, **penalties)}
-    terms["loss"] = terms["mse_loss"] + terms["entropy_loss"] + terms["covariance_loss"]
+    terms["loss"] = terms["mse_loss"]
+    for name in ("entropy_loss", "covariance_loss"):
+        if not is_off(terms[name]):  # adding a term that is off would cost a kernel
+            terms["loss"] = terms["loss"] + terms[name]
     return terms
 
 
