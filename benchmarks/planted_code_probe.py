@@ -47,8 +47,10 @@ def probe_code(
     means of the bit's two classes (0.5 midway, 1 on the mean of the class it fires on). Per
     firing channel (on 1-99% of the states): its encoder in the bits' coordinates, as the
     participation ratio and the share of its two largest bits."""
-    if bae.cfg.bits != 1:
-        raise ValueError(f"the probe reads one bit per channel; this BAE has bits={bae.cfg.bits}")
+    if bae.cfg.bits_per_feature != 1:
+        raise ValueError(
+            f"the probe reads one bit per channel; this BAE has bits={bae.cfg.bits_per_feature}"
+        )
     states, bits = states.double(), bits.double()
     basis = torch.linalg.lstsq(bits, states).solution  # M [r, d], exact for a planted cell
     bae = copy.deepcopy(bae).double()  # the caller's BAE keeps its dtype

@@ -229,7 +229,7 @@ def decompress(
 ) -> Float[Tensor, "n d_in"]:
     """Rebuild the codes from the stored flips and decode them with the BAE."""
     codes = compressed.codes(_prior(bae, prior)).to(bae.device, bae.dtype)
-    return bae.decode(bits_to_values(codes, bae.cfg.bits)).float().cpu()
+    return bae.decode(bits_to_values(codes, bae.cfg.bits_per_feature)).float().cpu()
 
 
 def decoder_bytes(bae: Any) -> int:

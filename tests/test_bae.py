@@ -114,7 +114,7 @@ def test_bits_to_values_examples():
 
 
 def test_more_bit_bae_shapes_and_decoding():
-    bae = make_bae(d_in=8, d_sae=6, bits=3)
+    bae = make_bae(d_in=8, d_sae=6, bits_per_feature=3)
     x = torch.randn(10, 8)
     bits = bae.encode_bits(x)
     assert bits.shape == (10, 18) and set(bits.unique().tolist()) <= {0.0, 1.0}
@@ -351,12 +351,12 @@ def test_non_finite_activations_are_rejected(bad):
         bae.training_forward_pass(step_input(x))
 
 
-@pytest.mark.parametrize("bits", [0, -1, 1.5, True, "2"])
-def test_bad_bits(bits):
-    with pytest.raises(ValueError, match=r"bits=.* \(bits per feature, an integer >= 1\)"):
-        BAETrainingSAEConfig(d_in=8, d_sae=32, bits=bits)
-    with pytest.raises(ValueError, match=r"bits=.* \(bits per feature, an integer >= 1\)"):
-        BAEConfig(d_in=8, d_sae=32, bits=bits)
+@pytest.mark.parametrize("bits_per_feature", [0, -1, 1.5, True, "2"])
+def test_bad_bits_per_feature(bits_per_feature):
+    with pytest.raises(ValueError, match=r"bits_per_feature=.* \(an integer >= 1\)"):
+        BAETrainingSAEConfig(d_in=8, d_sae=32, bits_per_feature=bits_per_feature)
+    with pytest.raises(ValueError, match=r"bits_per_feature=.* \(an integer >= 1\)"):
+        BAEConfig(d_in=8, d_sae=32, bits_per_feature=bits_per_feature)
 
 
 @pytest.mark.parametrize(
@@ -384,7 +384,7 @@ def test_load_from_folder_without_cfg(tmp_path):
 # ------------------------------------------------------------------ save / load / folding
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"bits": 2, "d_sae": 12}], ids=["1bit", "2bit"])
+@pytest.mark.parametrize("kwargs", [{}, {"bits_per_feature": 2, "d_sae": 12}], ids=["1bit", "2bit"])
 def test_save_inference_model_then_load_from_disk_is_identical(tmp_path, kwargs):
     bae = make_bae(d_in=8, **kwargs)
     with torch.no_grad():
@@ -400,7 +400,7 @@ def test_save_inference_model_then_load_from_disk_is_identical(tmp_path, kwargs)
         assert torch.equal(loaded.encode(x), bae.encode(x))
         assert torch.equal(loaded(x), bae(x))
         assert torch.equal(loaded.code_mean, bae.code_mean)
-        assert loaded.cfg.bits == bae.cfg.bits
+        assert loaded.cfg.bits_per_feature == bae.cfg.bits_per_feature
 
 
 def test_training_checkpoint_reloads_as_training_sae(tmp_path):
@@ -555,7 +555,7 @@ def test_canonicalise_keeps_every_output_and_makes_the_rare_state_one(apply_b_de
     assert torch.allclose(canon.encode_bits(x).mean(0), torch.minimum(prior, 1 - prior))
     assert torch.equal(bae.encode_bits(x).mean(0), prior)  # the original is untouched
     with pytest.raises(ValueError, match="one bit per feature"):
-        canonicalise(BAE(BAEConfig(d_in=6, d_sae=24, bits=2)))
+        canonicalise(BAE(BAEConfig(d_in=6, d_sae=24, bits_per_feature=2)))
 
 
 @pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
@@ -581,7 +581,7 @@ def test_more_bit_encoder_starts_at_the_one_bit_scale():
     torch.manual_seed(0)
     one = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16))
     torch.manual_seed(0)
-    two = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, bits=3))
+    two = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, bits_per_feature=3))
     assert two.W_enc.shape == (8, 48)
     norm = one.cfg.decoder_init_norm
     assert torch.allclose(one.W_enc.norm(dim=0), torch.full((16,), norm))

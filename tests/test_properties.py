@@ -63,11 +63,11 @@ def test_covariance_penalty_ignores_a_constant_channel(codes, value, where):
 
 @st.composite
 def bae_configs(draw) -> BAEConfig:
-    bits = draw(st.integers(1, 3))
+    bits_per_feature = draw(st.integers(1, 3))
     return BAEConfig(
         d_in=draw(st.integers(1, 9)),
         d_sae=draw(st.integers(1, 10)),
-        bits=bits,
+        bits_per_feature=bits_per_feature,
         apply_b_dec_to_input=draw(st.booleans()),
     )
 

@@ -34,7 +34,7 @@ def canonicalise(bae: Any, prior: Float[Tensor, " n_bits"] | None = None) -> Any
     bias negated; with ``apply_b_dec_to_input`` the bias also absorbs the decoder-bias shift), and
     h_j W_dec[j] = W_dec[j] - (1 - h_j) W_dec[j] (decoder row negated, added to ``b_dec``).
     """
-    if bae.cfg.bits != 1:
+    if bae.cfg.bits_per_feature != 1:
         raise ValueError(
             "canonicalise needs one bit per feature: a more-bit feature's bits share one decoder "
             "row, so a single bit cannot be flipped exactly"

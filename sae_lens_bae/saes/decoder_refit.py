@@ -128,7 +128,7 @@ def _decoder_inputs_and_targets(bae: BAE | BAETrainingSAE, states: Tensor) -> tu
     """The decoder's inputs (h_R) for ``states`` and what its output should be in the units it
     decodes to (the framed, normalised input, before centring by ``b_dec``)."""
     x = states.to(bae.W_enc.device, bae.W_enc.dtype)
-    values = bits_to_values(bae.encode_bits(x), bae.cfg.bits)
+    values = bits_to_values(bae.encode_bits(x), bae.cfg.bits_per_feature)
     framed = bae.process_sae_in(x)
     if bae.cfg.apply_b_dec_to_input:
         framed = framed + bae.b_dec
