@@ -475,7 +475,7 @@ def test_resampling_revives_constant_bits_on_the_worst_samples():
     torch.manual_seed(0)
     bae = make_bae(d_in=8, d_sae=6, resample_every=3, total_training_steps=100)
     with torch.no_grad():
-        bae.b_enc[:2] = torch.tensor([-100.0, 100.0])  # channel 0 never fires, channel 1 always
+        bae.b_enc[:2] = torch.tensor([-100.0, 100.0])  # bit 0 never fires, bit 1 always
     x = torch.randn(100, 8)  # 5% of it: 5 samples
     for n in range(3):
         bae.training_forward_pass(step_input(x, n_training_steps=n))
@@ -487,10 +487,10 @@ def test_resampling_revives_constant_bits_on_the_worst_samples():
     after = bae.encode_bits(x)
     assert torch.equal(after[:, 2:], before[:, 2:])  # the others are untouched
     assert after[:, :2].sum(0).tolist() == [RESAMPLE_RATE * 100] * 2  # on 5 of the 100 samples
-    for channel, sample in enumerate(worst.tolist()):
-        assert after[sample, channel] == 1  # ... including its worst-reconstructed sample
-        fired = after[:, channel].bool()
-        assert torch.allclose(bae.W_dec[channel], residual[fired].mean(0), atol=1e-5)
+    for bit, sample in enumerate(worst.tolist()):
+        assert after[sample, bit] == 1  # ... including its worst-reconstructed sample
+        fired = after[:, bit].bool()
+        assert torch.allclose(bae.W_dec[bit], residual[fired].mean(0), atol=1e-5)
     assert bae.code_mean[:2].tolist() == pytest.approx([RESAMPLE_RATE] * 2)
     assert int(bae.window_samples) == 100  # a new window, counting this step
 
@@ -501,7 +501,7 @@ def test_constant_bits_are_those_whose_rare_state_is_below_the_rarity():
     counts = torch.tensor([0, 6, 7, 32_000, 63_993, 63_994, 64_000])
     # 64k samples: the rare state must take at least 1e-4 of them (6.4 samples)
     assert constant_bits(counts, 64_000).tolist() == [1, 1, 0, 0, 0, 1, 1]
-    # a short window (rarity * samples < 1) resamples only exactly constant channels
+    # a short window (rarity * samples < 1) resamples only exactly constant bits
     assert constant_bits(torch.tensor([0, 1, 99, 100]), 100).tolist() == [1, 0, 0, 1]
 
 

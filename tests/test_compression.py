@@ -33,7 +33,7 @@ def _bae(bits_per_feature: int = 1, d_in: int = 8, d_sae: int = 32) -> tuple[BAE
     bae = BAE(BAEConfig(d_in=d_in, d_sae=d_sae, bits_per_feature=bits_per_feature))
     with torch.no_grad():
         bae.b_enc.fill_(-1.5)
-        bae.b_enc[:3] = 2.0  # three channels mostly on: their prior rounds to 1
+        bae.b_enc[:3] = 2.0  # three bits mostly on: their prior rounds to 1
     prior = torch.rand(bae.cfg.n_bits, generator=torch.Generator().manual_seed(1)) * 0.3
     prior[:3] = 0.9
     prior[3] = 0.5  # a tie: round(0.5) is 0 here, and a 0 bit must not count as a flip
@@ -88,7 +88,7 @@ def test_higher_thresholds_keep_fewer_flips_and_errors():
     h0 = torch.randn(300, 8)
     counts = [compress(bae, h0, t, prior=prior).counts.sum() for t in (-1.0, -0.5, -0.2, 0.0)]
     assert all(a >= b for a, b in zip(counts, counts[1:], strict=False))
-    top = compress(bae, h0, 0.0, prior=prior)  # only channels whose prior is exactly 0 or 1
+    top = compress(bae, h0, 0.0, prior=prior)  # only bits whose prior is exactly 0 or 1
     surprising = ((bae.encode_bits(h0) - prior).abs() >= 1.0 - 1e-6).sum()
     assert top.counts.sum() == surprising
     with pytest.raises(ValueError, match="threshold"):
@@ -151,7 +151,7 @@ def test_bae_compress_and_more_bits_on_the_tiny_model(tiny_hf_llama_dir, tiny_co
         own = json.loads((tmp_path / "m" / "comsem" / name / "summary.json").read_text())
         assert row["comsem_score"] == own["mean_score"] and own["evaluated"] <= 2
     assert [r["bits_per_feature"] for r in rows] == [1, 3]
-    assert [r["code_bits"] for r in rows] == [32, 96]  # decoder width d_in = 32 for every C
+    assert [r["n_bits"] for r in rows] == [32, 96]  # decoder width d_in = 32 for every C
     one = BAETrainingSAEConfig(
         d_in=32, d_sae=128
     )  # per feature, the penalties weigh what they do at C = 1

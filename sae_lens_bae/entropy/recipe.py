@@ -118,7 +118,7 @@ class Selection:
     """Replace each BAE's decoder by its code's least-squares decoder where that is better on
     held-back states."""
     repair_rounds: int = ranged(2, low=0)
-    """Rounds of repair (``entropy.repair``; 0: none): channels the rest of the code determines
+    """Rounds of repair (``entropy.repair``; 0: none): bits the rest of the code determines
     are knocked out, the BAE trains on, and the copy is kept if its held-out objective is
     lower."""
 

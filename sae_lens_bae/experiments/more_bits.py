@@ -134,7 +134,7 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
         rows.append(
             {
                 "bits_per_feature": c,
-                "code_bits": c * sae.cfg.d_sae,
+                "n_bits": c * sae.cfg.d_sae,
                 "magnitude": magnitude,
                 **penalties_per_feature(d_in, c),
                 **stats,
@@ -163,7 +163,7 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
     plot_more_bits(rows, out / "more_bits.png", title=f"{cfg.model} {data.hook}")
     columns = [
         ("C (bits per feature)", lambda r: str(r["bits_per_feature"])),
-        ("code bits", lambda r: str(r["code_bits"])),
+        ("code bits", lambda r: str(r["n_bits"])),
         ("reconstruction loss", lambda r: cell(r["reconstruction_loss"], ".4f")),
         ("explained variance", lambda r: cell(r["explained_variance"], ".3f")),
         ("activated", lambda r: str(r["activated"])),
