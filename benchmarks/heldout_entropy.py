@@ -42,7 +42,7 @@ COLUMNS = [
     ("typical error", lambda row: cell(row["typical_relative_error"], ".4f")),
     ("reliable", lambda row: "yes" if row["reliable"] else "no"),
     ("planted bits copied", lambda row: cell(row.get("recovered_bits"), "d")),
-    ("repaired", lambda row: cell(row.get("repaired_channels"), "")),
+    ("repaired", lambda row: cell(row.get("knocked_out_bits"), "")),
     ("steps", lambda row: str(row["steps"])),
     ("repair steps", lambda row: str(row.get("repair_steps", 0))),
     ("seconds", lambda row: f"{row['seconds']:.0f}"),
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     if path == "recipe":
                         [estimate] = estimate_entropies([train], recipes[d], eval_sets=[test],
                                                         seeds=[seed], progress=False)  # fmt: skip
-                        steps, repaired = estimate.steps, estimate.repaired_channels
+                        steps, repaired = estimate.steps, estimate.knocked_out_bits
                         repair_steps = estimate.repair_steps
                         copied = recovered_bits(estimate.codes(test).cpu(), test_bits)
                     else:
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "bits": estimate.bits, "relative_error": estimate.relative_error,
                         "typical_relative_error": estimate.typical_relative_error,
                         "reliable": estimate.reliable, "steps": steps, "recovered_bits": copied,
-                        "repaired_channels": repaired, "repair_steps": repair_steps,
+                        "knocked_out_bits": repaired, "repair_steps": repair_steps,
                         "seconds": time.perf_counter() - start,
                     })  # fmt: skip
                     write_json(args.out / "heldout_entropy.json", report)

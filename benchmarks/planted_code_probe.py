@@ -1,8 +1,8 @@
 """What a BAE trained on a planted cell holds, in the planted bits' own coordinates: which bits
 its code copies, how its held-out error splits between the bits it copies and those it does not,
-and what the channels nearest an uncopied bit mix.
+and what the code bits nearest an uncopied planted bit mix.
 
-A code can read r bits (the sum of its channels' entropies) without copying the planted ones, and
+A code can read r bits (the sum of its code bits' entropies) without copying the planted ones, and
 a read cell can still miss the 2% error bar; this says where that error sits. It reads a BAE that
 ``synthetic_cell.py --save-bae`` wrote, rebuilds the cell's held-out states from the seed saved
 with it and the ``synthetic_cell.json`` beside it, and writes ``NAME_probe.json`` next to the BAE:
@@ -41,14 +41,17 @@ def probe_code(
     """The code of ``states`` (framed as the BAE was trained: ``(x + shift) * scale``) against
     their planted 0/1 ``bits`` (``states = bits @ M``, M with orthonormal rows).
 
-    Per planted bit: the best agreement of any channel with it (or its negation), and the
+    Per planted bit: the best agreement of any code bit with it (or its negation), and the
     fraction of its variance that the BAE's reconstruction loses (the residual along its
-    direction of M), and where its nearest channel's threshold sits between the pre-activation
+    direction of M), and where its nearest code bit's threshold sits between the pre-activation
     means of the bit's two classes (0.5 midway, 1 on the mean of the class it fires on). Per
-    firing channel (on 1-99% of the states): its encoder in the bits' coordinates, as the
+    firing code bit (on 1-99% of the states): its encoder in the bits' coordinates, as the
     participation ratio and the share of its two largest bits."""
-    if bae.cfg.bits != 1:
-        raise ValueError(f"the probe reads one bit per channel; this BAE has bits={bae.cfg.bits}")
+    if bae.cfg.bits_per_feature != 1:
+        raise ValueError(
+            f"the probe reads one code bit per feature; this BAE has bits_per_feature="
+            f"{bae.cfg.bits_per_feature}"
+        )
     states, bits = states.double(), bits.double()
     basis = torch.linalg.lstsq(bits, states).solution  # M [r, d], exact for a planted cell
     bae = copy.deepcopy(bae).double()  # the caller's BAE keeps its dtype
@@ -66,8 +69,9 @@ def probe_code(
     lost = lost_sse / (len(bits) * bit_variance)
     agreement = bit_agreement(codes, bits)  # [r, n_bits]
     best, nearest = agreement.max(1)
-    # where each bit's nearest channel puts its threshold (pre-activation 0) between the means
-    # of the bit's two classes: 0.5 is midway, 1 the mean of the class the channel fires on
+    # where each planted bit's nearest code bit puts its threshold (pre-activation 0) between
+    # the means of the bit's two classes: 0.5 is midway, 1 the mean of the class the code bit
+    # fires on
     along = pre[:, nearest]  # [n, r]
     means = torch.stack([(along * (1 - bits)).sum(0) / (1 - bits).sum(0).clamp_min(1),
                          (along * bits).sum(0) / bits.sum(0).clamp_min(1)])  # fmt: skip
@@ -76,12 +80,12 @@ def probe_code(
     copied = best >= RECOVERED
     rates = codes.mean(0)
     firing = (rates >= 0.01) & (rates <= 0.99)
-    # a channel's encoder seen through M: which planted bits its pre-activation weighs
+    # a code bit's encoder seen through M: which planted bits its pre-activation weighs
     weights = torch.nn.functional.normalize((basis @ bae.W_enc)[:, firing], dim=0).pow(2)
     participation = 1 / weights.pow(2).sum(0)
     top_two = weights.topk(min(2, len(weights)), dim=0).values.sum(0)
-    channel_copies = agreement[:, firing].amax(0) >= RECOVERED
-    # the firing channels whose heaviest planted bit is one the code does not copy
+    copying = agreement[:, firing].amax(0) >= RECOVERED
+    # the firing code bits whose heaviest planted bit is one the code does not copy
     on_uncopied = ~copied[weights.argmax(0)] if weights.numel() else torch.zeros(0, dtype=bool)
     r = bits.shape[1]
 
@@ -111,12 +115,12 @@ def probe_code(
                 AGREEMENT_BINS[:-1], AGREEMENT_BINS[1:], histogram.tolist(), strict=True
             )
         },
-        "firing_channels": int(firing.sum()),
-        "copying_channels": int(channel_copies.sum()),
-        "mixing_channels_on_uncopied_bits": int((~channel_copies & on_uncopied).sum()),
-        "participation_median_copying": median(participation[channel_copies]),
-        "participation_median_mixing": median(participation[~channel_copies]),
-        "top_two_share_median_mixing_on_uncopied": median(top_two[~channel_copies & on_uncopied]),
+        "firing_code_bits": int(firing.sum()),
+        "copying_code_bits": int(copying.sum()),
+        "mixing_code_bits_on_uncopied": int((~copying & on_uncopied).sum()),
+        "participation_median_copying": median(participation[copying]),
+        "participation_median_mixing": median(participation[~copying]),
+        "top_two_share_median_mixing_on_uncopied": median(top_two[~copying & on_uncopied]),
         "lost_fraction_per_bit": lost.tolist(),
         "best_agreement_per_bit": best.tolist(),
     }
@@ -179,13 +183,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ),
         ),
         (
-            "channels firing / copying",
-            lambda row: f"{row['firing_channels']} / {row['copying_channels']}",
+            "code bits firing / copying",
+            lambda row: f"{row['firing_code_bits']} / {row['copying_code_bits']}",
         ),  # fmt: skip
         (
-            "mixing channels on uncopied bits; their top-2 share",
+            "code bits mixing uncopied planted bits; their top-2 share",
             lambda row: (
-                f"{row['mixing_channels_on_uncopied_bits']}; "
+                f"{row['mixing_code_bits_on_uncopied']}; "
                 + (
                     "-"
                     if row["top_two_share_median_mixing_on_uncopied"] is None

@@ -16,7 +16,7 @@ d, T, beta2, schedule and final phase; an lr given alone moves its lr_end with i
 
 is the ``gpu`` grid's cell at another lr. Writes ``DIR/synthetic_cell.json`` (every
 variant's recipe and estimate, held-out error (and the error with the decoder as trained, before
-the recipe's least-squares refit), the planted bits some channel copies (``recovered_bits``),
+the recipe's least-squares refit), the planted bits some code bit copies (``recovered_bits``),
 steps used, seconds, and its minibatch entropy and reconstruction every ``--every`` steps) and
 ``.md``, each time a variant finishes, so an interrupted run keeps what it measured;
 ``--save-bae`` also keeps each trained BAE.

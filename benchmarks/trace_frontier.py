@@ -10,24 +10,24 @@ is reliable only if some strength gives both errors <= 20% and an estimate under
 A multiplier m trains with a_e and a_c at m times the recipe's (0: the ablation without them,
 the most reconstruction the BAE's width allows).
 
-Beside the BAEs, the reference a reader needs to judge them: codes with one active channel of K
+Beside the BAEs, the reference a reader needs to judge them: codes with one active bit of K
 (k-means: Lloyd's iterations from a k-means++ start), for K in ``--quantizer-sizes``. Such a
-code's cost in the estimator's own currency is bounded whatever the set: K channels firing on
+code's cost in the estimator's own currency is bounded whatever the set: K code bits firing on
 fractions p_k (summing to 1) sum to H(p) + sum_k (1 - p_k) log2(1 / (1 - p_k)) <= log2 K +
-log2 e bits. It is a reference, not a bound (a code with several active channels may do better
+log2 e bits. It is a reference, not a bound (a code with several active bits may do better
 at the same bits): if the K whose sum stays under the ceiling leave far more than 20% error,
 a reliable cell asks for a code much better than a quantizer at the same rate. Each quantizer row
 reports its error (total and typical state's, as the BAE rows measure them, on all states), the
-per-channel sum a BAE estimate would read from its one-hot code (``bits``) and the code's joint
+per-bit sum a BAE estimate would read from its one-hot code (``bits``) and the code's joint
 entropy (``assignment_bits``). ``info.components_for_80pct`` is how many principal components
 keep 80% of the variance (the most error a reliable cell may leave).
 
-And between the two, what a BAE's own encoder (one halfspace per channel) makes of the same
-centroids: for each K and each ``--halfspace-margins`` value a, a ``saes.BAE`` whose channel k
+And between the two, what a BAE's own encoder (one halfspace per bit) makes of the same
+centroids: for each K and each ``--halfspace-margins`` value a, a ``saes.BAE`` whose bit k
 fires iff (x - mean) . u_k > a |u_k|^2 (u_k = centroid k - mean; a = 1/2: nearer the centroid
 than the mean), with the least-squares decoder of those codes, read by ``code_entropy``
 untrained. A quantizer's cell is an intersection of halfspaces; these rows say how far one
-halfspace per channel gets to it (``l0``: channels firing per state; ``silent``: the share of
+halfspace per bit gets to it (``l0``: bits firing per state; ``silent``: the share of
 states that fire none and decode to the mean).
 
 Writes ``DIR/trace_frontier.json``, ``.md`` and ``.png`` (bits against relative error, the
@@ -69,8 +69,8 @@ TRUST_COLUMNS = [
     ("reliable", lambda row: "yes" if row["reliable"] else "NO"),
 ]
 QUANTIZER_COLUMNS = [
-    ("K (channels, one active)", lambda row: str(row["k"])),
-    ("bits (per-channel sum)", lambda row: f"{row['bits']:.2f}"),
+    ("K (code bits, one active)", lambda row: str(row["k"])),
+    ("bits (per-bit sum)", lambda row: f"{row['bits']:.2f}"),
     ("assignment bits", lambda row: f"{row['assignment_bits']:.2f}"),
     ("excess", lambda row: cell(row["excess_bits"], ".2f")),
     *TRUST_COLUMNS,
@@ -90,8 +90,8 @@ HALFSPACE_COLUMNS = [
 def quantizer_row(
     x: Float[Tensor, "n d"], k: int, iterations: int = 50, seed: int = 0
 ) -> tuple[dict[str, Any], Float[Tensor, "k d"]]:
-    """``entropy.reference.quantizer_reading`` of a one-active-channel code of ``k`` channels
-    (k-means) on ``x`` as a row (its errors as the BAE rows measure them, the per-channel sum of
+    """``entropy.reference.quantizer_reading`` of a one-active-bit code of ``k`` bits
+    (k-means) on ``x`` as a row (its errors as the BAE rows measure them, the per-bit sum of
     its one-hot code as ``bits``, its joint entropy as ``assignment_bits``), with the seconds it
     took; and the centroids."""
     start = time.perf_counter()
@@ -102,7 +102,7 @@ def quantizer_row(
 def halfspace_bae(
     x: Float[Tensor, "n d"], centroids: Float[Tensor, "k d"], margin: float, ridge: float = 1e-3
 ) -> tuple[BAE, Float[Tensor, "n k"]]:
-    """A BAE whose channel k fires iff (x - mean) . u_k > margin |u_k|^2, u_k = centroid k - mean
+    """A BAE whose bit k fires iff (x - mean) . u_k > margin |u_k|^2, u_k = centroid k - mean
     of ``x``, decoding with the least-squares decoder of its codes on ``x`` (ridge ``ridge``
     on the codes' Gram matrix); returns it and those codes."""
     mean = x.float().mean(0)
@@ -122,7 +122,7 @@ def halfspace_bae(
 def halfspace_row(
     x: Float[Tensor, "n d"], centroids: Float[Tensor, "k d"], margin: float
 ) -> dict[str, Any]:
-    """``code_entropy`` of ``halfspace_bae`` on ``x``, with its channels per state."""
+    """``code_entropy`` of ``halfspace_bae`` on ``x``, with its code bits firing per state."""
     bae, codes = halfspace_bae(x, centroids, margin)
     estimate = code_entropy(bae, x)
     active = codes.sum(-1)
@@ -159,12 +159,12 @@ def _write(out: Path, report: dict[str, Any], title: str) -> None:
     write_json(out / "trace_frontier.json", report)
     text = f"# {title}\n\n"
     if report["quantizers"]:
-        text += ("Reference: codes with one active channel of K (k-means), "
+        text += ("Reference: codes with one active bit of K (k-means), "
                  f"{report['info']['components_for_80pct']} principal components keep 80% of "
                  "the variance.\n\n" + markdown_table(report["quantizers"], QUANTIZER_COLUMNS)
                  + "\n\n")  # fmt: skip
     if report["halfspace"]:
-        text += ("BAEs built from those centroids (one halfspace per channel), untrained:\n\n"
+        text += ("BAEs built from those centroids (one halfspace per bit), untrained:\n\n"
                  + markdown_table(report["halfspace"], HALFSPACE_COLUMNS) + "\n\n")  # fmt: skip
     if report["rows"]:
         text += "BAEs of the tracing recipe:\n\n" + markdown_table(report["rows"], COLUMNS)
@@ -191,7 +191,7 @@ def _write(out: Path, report: dict[str, Any], title: str) -> None:
     ax.axvline(DEFAULT_MAX_RELATIVE_ERROR, color="grey", linestyle=":", label="20% error")
     ax.set_yscale("log")
     ax.set_xlabel("relative reconstruction error (SSE / SST)")
-    ax.set_ylabel("bits (sum of per-channel entropies)")
+    ax.set_ylabel("bits (sum of per-bit entropies)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     save_figure(fig, out / "trace_frontier.png")

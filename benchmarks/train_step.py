@@ -183,8 +183,8 @@ def ops_per_step(saes: dict[str, Any], batch: torch.Tensor) -> dict[str, int]:
 def bae_at_density(
     d_in: int, d_sae: int, batch: torch.Tensor, density: float | None, **config: Any
 ) -> BAETrainingSAE:
-    """A fresh BAE; with ``density``, its encoder bias set to every channel's (1 - density)
-    quantile on ``batch`` so that each channel fires on that fraction of it (None: as initialised,
+    """A fresh BAE; with ``density``, its encoder bias set to every bit's (1 - density)
+    quantile on ``batch`` so that each bit fires on that fraction of it (None: as initialised,
     about half). A trained default BAE at d_sae = 2304 fires 16% of its bits (L0 369 in
     docs/research/feature-study.md)."""
     cfg = BAETrainingSAEConfig(

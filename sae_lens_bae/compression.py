@@ -1,10 +1,10 @@
 """Hidden-state compression with a BAE: store only the bits that surprise the prior.
 
-A BAE's code differs from the rounded prior round(p) in few channels (the code is globally sparse
-around its mean). ``compress`` keeps, per vector, the indices of channels whose code differs from
+A BAE's code differs from the rounded prior round(p) in few bits (the code is globally sparse
+around its mean). ``compress`` keeps, per vector, the indices of bits whose code differs from
 round(p) and whose burstiness log2|h_B - p| is at least ``threshold`` (in [log2 0.5, 0]); at
-log2 0.5 that is every differing channel, so the code is kept exactly; higher thresholds drop the
-flips of channels whose prior was close to 1/2 (the least surprising ones). ``decompress`` flips
+log2 0.5 that is every differing bit, so the code is kept exactly; higher thresholds drop the
+flips of bits whose prior was close to 1/2 (the least surprising ones). ``decompress`` flips
 round(p) at the stored indices and decodes. On disk the flips are bit-packed indices
 (ceil(log2 n_bits) bits each) or, when flips are dense enough that this is larger, a packed bitmap.
 """
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 LOSSLESS_THRESHOLD = math.log2(0.5)
-"""At this threshold every channel whose code differs from round(prior) is stored."""
+"""At this threshold every bit whose code differs from round(prior) is stored."""
 
 
 def pack_uints(values: Int[Tensor, " n"], width: int) -> bytes:
@@ -68,7 +68,7 @@ def _width(n: int) -> int:
 
 @dataclass
 class CompressedStates:
-    """Per vector, the channels whose bit flips the rounded prior: ``counts[i]`` indices of vector
+    """Per vector, the bits whose value flips the rounded prior: ``counts[i]`` indices of vector
     i, all vectors' indices concatenated in ``indices``."""
 
     counts: Int[Tensor, " n"]
@@ -78,7 +78,7 @@ class CompressedStates:
     prior_key: str | None = None  # prior_fingerprint of the prior they were compressed with
 
     def codes(self, prior: Float[Tensor, " n_bits"]) -> Float[Tensor, "n n_bits"]:
-        """The binary codes: round(prior) with the stored channels flipped. Refuses a prior
+        """The binary codes: round(prior) with the stored bits flipped. Refuses a prior
         other than the one the states were compressed with (its rounding would differ, and so
         would every decompressed state, silently)."""
         if prior.shape[-1] != self.n_bits:
@@ -229,7 +229,7 @@ def decompress(
 ) -> Float[Tensor, "n d_in"]:
     """Rebuild the codes from the stored flips and decode them with the BAE."""
     codes = compressed.codes(_prior(bae, prior)).to(bae.device, bae.dtype)
-    return bae.decode(bits_to_values(codes, bae.cfg.bits)).float().cpu()
+    return bae.decode(bits_to_values(codes, bae.cfg.bits_per_feature)).float().cpu()
 
 
 def decoder_bytes(bae: Any) -> int:

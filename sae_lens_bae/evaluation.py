@@ -39,12 +39,12 @@ def evaluate_sae(
     Returns ``reconstruction_loss`` (squared error averaged over samples and dimensions),
     ``relative_error`` (SSE / SST, the fraction of the variance left unexplained: what every
     ``relative_error`` of the project is), ``explained_variance`` (1 - SSE / SST; both are None
-    for data without variance, e.g. all-zero activations), ``l0`` (mean
-    active features per sample), ``entropy_bits`` (H of the features' firing rates: for a BAE with
-    ``bits = 1`` the entropy estimate of the set), ``dead`` (never fire), ``dense`` (fire on more
-    than ``dense_threshold`` of samples) and the per-feature ``firing_rates``. ``targets``: what
-    the output should be when it is not the input (a transcoder's next hook point); errors and
-    variance are then measured against them.
+    for data without variance, e.g. all-zero activations), ``l0`` (mean active features per sample),
+    ``entropy_bits`` (H of the features' firing rates: for a BAE with ``bits_per_feature = 1`` the
+    entropy estimate of the set), ``dead`` (never fire), ``dense`` (fire on more than
+    ``dense_threshold`` of samples) and the per-feature ``firing_rates``. ``targets``: what the
+    output should be when it is not the input (a transcoder's next hook point); errors and variance
+    are then measured against them.
     """
     if targets is not None and targets.shape[0] != activations.shape[0]:
         raise ValueError(
@@ -109,7 +109,7 @@ def held_out_objective(
     for start in range(0, n - size + 1, size):
         x = activations[start : start + size].to(bae.device, bae.dtype)
         bits = bae.encode_bits(x)
-        out = bae.decode(bits_to_values(bits, bae.cfg.bits))
+        out = bae.decode(bits_to_values(bits, bae.cfg.bits_per_feature))
         coefficients = bae.cfg.coefficients()
         terms = bae_objective(
             x,

@@ -99,7 +99,7 @@ def _firing_histogram(
             np.log10(values[values > 0]),
             bins=bins,
             alpha=0.55,
-            label=f"{name} ({held['channels']} features, {held['dead']} dead, "
+            label=f"{name} ({held['latents']} features, {held['dead']} dead, "
             f"{held['dense']} dense)",
         )
     ax.axvline(np.log10(dense_threshold), color="k", linestyle=":", linewidth=1)
@@ -117,7 +117,7 @@ def plot_firing_frequencies(
     """Histogram of log10 firing frequency per model (``features.statistics.firing_frequency``:
     an SAE latent that fires, a BAE bit in its rare state), the paper's feature-density figure;
     the legend gives each model's ``counts`` (``features.statistics.frequency_counts`` of the
-    same frequencies: channels, dead, dense), the dotted line ``dense_threshold``."""
+    same frequencies: latents, dead, dense), the dotted line ``dense_threshold``."""
     fig, ax = subplots(figsize=(7, 4))
     bins = _log_frequency_bins(frequencies)
     _firing_histogram(ax, frequencies, bins, counts, dense_threshold)
@@ -128,7 +128,7 @@ def plot_firing_frequencies(
 def plot_magnitude_heatmaps(
     magnitudes: Mapping[str, Tensor], path: str | Path, title: str = ""
 ) -> Path:
-    """Per model, a [samples x channels] heat map of feature magnitudes (each model's own scale:
+    """Per model, a [samples x latents] heat map of feature magnitudes (each model's own scale:
     burstiness for a BAE, activations for an SAE)."""
     columns = min(3, len(magnitudes))
     rows = -(-len(magnitudes) // columns)
@@ -136,7 +136,7 @@ def plot_magnitude_heatmaps(
     for ax, (name, values) in zip(axes.flat, magnitudes.items(), strict=False):
         image = ax.imshow(values.detach().float().cpu().numpy(), aspect="auto", cmap="magma")
         fig.colorbar(image, ax=ax)
-        ax.set(title=name, xlabel="channel (most used first)", ylabel="held-out token")
+        ax.set(title=name, xlabel="latent (most used first)", ylabel="held-out token")
     for ax in list(axes.flat)[len(magnitudes) :]:
         ax.axis("off")
     fig.suptitle(title or "Feature magnitudes")

@@ -114,7 +114,7 @@ def test_bits_to_values_examples():
 
 
 def test_more_bit_bae_shapes_and_decoding():
-    bae = make_bae(d_in=8, d_sae=6, bits=3)
+    bae = make_bae(d_in=8, d_sae=6, bits_per_feature=3)
     x = torch.randn(10, 8)
     bits = bae.encode_bits(x)
     assert bits.shape == (10, 18) and set(bits.unique().tolist()) <= {0.0, 1.0}
@@ -351,12 +351,12 @@ def test_non_finite_activations_are_rejected(bad):
         bae.training_forward_pass(step_input(x))
 
 
-@pytest.mark.parametrize("bits", [0, -1, 1.5, True, "2"])
-def test_bad_bits(bits):
-    with pytest.raises(ValueError, match=r"bits=.* \(bits per feature, an integer >= 1\)"):
-        BAETrainingSAEConfig(d_in=8, d_sae=32, bits=bits)
-    with pytest.raises(ValueError, match=r"bits=.* \(bits per feature, an integer >= 1\)"):
-        BAEConfig(d_in=8, d_sae=32, bits=bits)
+@pytest.mark.parametrize("bits_per_feature", [0, -1, 1.5, True, "2"])
+def test_bad_bits_per_feature(bits_per_feature):
+    with pytest.raises(ValueError, match=r"bits_per_feature=.* \(an integer >= 1\)"):
+        BAETrainingSAEConfig(d_in=8, d_sae=32, bits_per_feature=bits_per_feature)
+    with pytest.raises(ValueError, match=r"bits_per_feature=.* \(an integer >= 1\)"):
+        BAEConfig(d_in=8, d_sae=32, bits_per_feature=bits_per_feature)
 
 
 @pytest.mark.parametrize(
@@ -384,7 +384,7 @@ def test_load_from_folder_without_cfg(tmp_path):
 # ------------------------------------------------------------------ save / load / folding
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"bits": 2, "d_sae": 12}], ids=["1bit", "2bit"])
+@pytest.mark.parametrize("kwargs", [{}, {"bits_per_feature": 2, "d_sae": 12}], ids=["1bit", "2bit"])
 def test_save_inference_model_then_load_from_disk_is_identical(tmp_path, kwargs):
     bae = make_bae(d_in=8, **kwargs)
     with torch.no_grad():
@@ -400,7 +400,7 @@ def test_save_inference_model_then_load_from_disk_is_identical(tmp_path, kwargs)
         assert torch.equal(loaded.encode(x), bae.encode(x))
         assert torch.equal(loaded(x), bae(x))
         assert torch.equal(loaded.code_mean, bae.code_mean)
-        assert loaded.cfg.bits == bae.cfg.bits
+        assert loaded.cfg.bits_per_feature == bae.cfg.bits_per_feature
 
 
 def test_training_checkpoint_reloads_as_training_sae(tmp_path):
@@ -475,7 +475,7 @@ def test_resampling_revives_constant_bits_on_the_worst_samples():
     torch.manual_seed(0)
     bae = make_bae(d_in=8, d_sae=6, resample_every=3, total_training_steps=100)
     with torch.no_grad():
-        bae.b_enc[:2] = torch.tensor([-100.0, 100.0])  # channel 0 never fires, channel 1 always
+        bae.b_enc[:2] = torch.tensor([-100.0, 100.0])  # bit 0 never fires, bit 1 always
     x = torch.randn(100, 8)  # 5% of it: 5 samples
     for n in range(3):
         bae.training_forward_pass(step_input(x, n_training_steps=n))
@@ -487,10 +487,10 @@ def test_resampling_revives_constant_bits_on_the_worst_samples():
     after = bae.encode_bits(x)
     assert torch.equal(after[:, 2:], before[:, 2:])  # the others are untouched
     assert after[:, :2].sum(0).tolist() == [RESAMPLE_RATE * 100] * 2  # on 5 of the 100 samples
-    for channel, sample in enumerate(worst.tolist()):
-        assert after[sample, channel] == 1  # ... including its worst-reconstructed sample
-        fired = after[:, channel].bool()
-        assert torch.allclose(bae.W_dec[channel], residual[fired].mean(0), atol=1e-5)
+    for bit, sample in enumerate(worst.tolist()):
+        assert after[sample, bit] == 1  # ... including its worst-reconstructed sample
+        fired = after[:, bit].bool()
+        assert torch.allclose(bae.W_dec[bit], residual[fired].mean(0), atol=1e-5)
     assert bae.code_mean[:2].tolist() == pytest.approx([RESAMPLE_RATE] * 2)
     assert int(bae.window_samples) == 100  # a new window, counting this step
 
@@ -501,7 +501,7 @@ def test_constant_bits_are_those_whose_rare_state_is_below_the_rarity():
     counts = torch.tensor([0, 6, 7, 32_000, 63_993, 63_994, 64_000])
     # 64k samples: the rare state must take at least 1e-4 of them (6.4 samples)
     assert constant_bits(counts, 64_000).tolist() == [1, 1, 0, 0, 0, 1, 1]
-    # a short window (rarity * samples < 1) resamples only exactly constant channels
+    # a short window (rarity * samples < 1) resamples only exactly constant bits
     assert constant_bits(torch.tensor([0, 1, 99, 100]), 100).tolist() == [1, 0, 0, 1]
 
 
@@ -555,7 +555,7 @@ def test_canonicalise_keeps_every_output_and_makes_the_rare_state_one(apply_b_de
     assert torch.allclose(canon.encode_bits(x).mean(0), torch.minimum(prior, 1 - prior))
     assert torch.equal(bae.encode_bits(x).mean(0), prior)  # the original is untouched
     with pytest.raises(ValueError, match="one bit per feature"):
-        canonicalise(BAE(BAEConfig(d_in=6, d_sae=24, bits=2)))
+        canonicalise(BAE(BAEConfig(d_in=6, d_sae=24, bits_per_feature=2)))
 
 
 @pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
@@ -581,7 +581,7 @@ def test_more_bit_encoder_starts_at_the_one_bit_scale():
     torch.manual_seed(0)
     one = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16))
     torch.manual_seed(0)
-    two = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, bits=3))
+    two = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, bits_per_feature=3))
     assert two.W_enc.shape == (8, 48)
     norm = one.cfg.decoder_init_norm
     assert torch.allclose(one.W_enc.norm(dim=0), torch.full((16,), norm))

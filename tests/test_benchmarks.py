@@ -238,8 +238,8 @@ def test_trace_frontier_reads_one_trace_cell_at_each_strength(
         assert row["ceiling_bits"] == cell.ceiling_bits == report["info"]["ceiling_bits"]
     for row, k in zip(report["quantizers"], (8, 32), strict=True):
         expected, centroids = frontier.quantizer_row(x, k)
-        assert {key: row[key] for key in ("k", "assignment_bits", "used_channels", "iterations")} \
-            == {key: expected[key] for key in ("k", "assignment_bits", "used_channels",
+        assert {key: row[key] for key in ("k", "assignment_bits", "used_bits", "iterations")} \
+            == {key: expected[key] for key in ("k", "assignment_bits", "used_bits",
                                                "iterations")}  # fmt: skip
         assert row["bits"] == pytest.approx(expected["bits"], rel=1e-9)
         assert row["relative_error"] == pytest.approx(expected["relative_error"], rel=1e-6)
@@ -278,11 +278,11 @@ def _refused(capsys, benchmark, *args: str) -> tuple[object, str]:
 
 def test_quantizer_reference_codes_a_set_of_distinct_states_exactly():
     """k-means with one centroid per distinct state loses nothing; its one-hot code's
-    per-channel sum is sum_k H_b(p_k) and its joint entropy H(p), here for states held 1, 1, 2
+    per-bit sum is sum_k H_b(p_k) and its joint entropy H(p), here for states held 1, 1, 2
     and 4 times in 8; a coarser K spends at most log2 K + log2 e bits. A BAE built from the
-    centroids (channel k: (x - mean) . u_k > a |u_k|^2) carries the same one-hot code where
-    each state passes its own channel's threshold and no other: here at a = 0.9, not at 1/2
-    (the state held once at 4 e_1 also passes the channel of the state at 0)."""
+    centroids (bit k: (x - mean) . u_k > a |u_k|^2) carries the same one-hot code where
+    each state passes its own bit's threshold and no other: here at a = 0.9, not at 1/2
+    (the state held once at 4 e_1 also passes the bit of the state at 0)."""
     frontier = _load_benchmark("trace_frontier")
     states = torch.cat([torch.zeros(1, 6), 4 * torch.eye(6)[:3]]) + 50.0  # far from the origin
     x = states[[0, 1, 2, 2, 3, 3, 3, 3]]
@@ -291,8 +291,8 @@ def test_quantizer_reference_codes_a_set_of_distinct_states_exactly():
     assert row["assignment_bits"] == pytest.approx(1.75, abs=1e-12)  # 1/8, 1/8, 1/4, 1/2
     h = lambda p: -p * math.log2(p) - (1 - p) * math.log2(1 - p)  # noqa: E731
     assert row["bits"] == pytest.approx(2 * h(1 / 8) + h(1 / 4) + 1.0, abs=1e-9)
-    assert row["used_channels"] == 4
-    built = frontier.halfspace_row(x, centroids, 0.9)  # one channel per state, as the quantizer
+    assert row["used_bits"] == 4
+    built = frontier.halfspace_row(x, centroids, 0.9)  # one bit per state, as the quantizer
     assert built["l0"] == 1.0 and built["silent"] == 0.0
     assert built["bits"] == pytest.approx(row["bits"], rel=1e-6)
     assert built["relative_error"] < 1e-6  # the 1e-3 ridge's shrinkage: 4e-7
@@ -452,11 +452,11 @@ def test_planted_bits_ica_finds_bits_from_r_squared_states_and_none_from_fewer(t
 
 
 def test_the_code_probe_splits_the_error_between_copied_and_mixed_bits():
-    """A hand-built BAE on all 16 states of 4 planted bits: channels 0 and 1 copy bits 0 and 1;
-    channels 2 and 3 mix bits 2 and 3 (b2 AND b3, b2 AND NOT b3), so bit 2 is decoded exactly
-    (c2 + c3) and bit 3 only as 1/2 where b2 = 0. The least-squares decoder then loses half of
-    bit 3's variance: relative error 2 / 16, all of it from the uncopied bits, none off the span
-    (to the float32 weights' rounding)."""
+    """A hand-built BAE on all 16 states of 4 planted bits: code bits 0 and 1 copy planted bits 0
+    and 1; code bits 2 and 3 mix planted bits 2 and 3 (b2 AND b3, b2 AND NOT b3), so bit 2 is
+    decoded exactly (c2 + c3) and bit 3 only as 1/2 where b2 = 0. The least-squares decoder then
+    loses half of bit 3's variance: relative error 2 / 16, all of it from the uncopied bits, none
+    off the span (to the float32 weights' rounding)."""
     from sae_lens_bae.saes.bae import BAETrainingSAE
     from sae_lens_bae.saes.bae_recipes import bae_config
 
@@ -485,14 +485,14 @@ def test_the_code_probe_splits_the_error_between_copied_and_mixed_bits():
     assert report["lost_fraction_per_bit"] == pytest.approx([0, 0, 0, 0.5], abs=1e-6)
     assert report["best_agreement_per_bit"] == [1.0, 1.0, 0.75, 0.75]
     assert report["copied_bits"] == 2
-    # bits 0, 1: thresholds midway between -1/2 and 1/2; bits 2, 3 (nearest channel: c2, the
+    # bits 0, 1: thresholds midway between -1/2 and 1/2; bits 2, 3 (nearest code bit: c2, the
     # first of two equally near): means -1/sqrt(2) and 0, the threshold on the firing mean
     assert report["threshold_position_median_copied"] == pytest.approx(0.5, abs=1e-6)
     assert report["threshold_position_median_uncopied"] == pytest.approx(1.0, abs=1e-6)
     assert report["best_agreement_histogram"] == {
         "[0.5, 0.75)": 0, "[0.75, 0.9)": 2, "[0.9, 0.95)": 0, "[0.95, 0.99)": 0, "[0.99, 1)": 2
     }  # fmt: skip
-    assert (report["firing_channels"], report["copying_channels"]) == (4, 2)
-    assert report["mixing_channels_on_uncopied_bits"] == 2
+    assert (report["firing_code_bits"], report["copying_code_bits"]) == (4, 2)
+    assert report["mixing_code_bits_on_uncopied"] == 2
     assert report["participation_median_mixing"] == pytest.approx(2.0, abs=1e-6)
     assert report["top_two_share_median_mixing_on_uncopied"] == pytest.approx(1.0, abs=1e-6)

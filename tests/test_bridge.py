@@ -91,15 +91,15 @@ def test_load_model_gives_an_eval_model_with_frozen_weights_yet_gradients_throug
     assert push.grad is not None and push.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("bits", [1, 2])
+@pytest.mark.parametrize("bits_per_feature", [1, 2])
 def test_run_with_saes_on_the_bridge_replaces_the_hook_by_the_bae_reconstruction(
-    tiny_hf_granite_dir, bridge, bits
+    tiny_hf_granite_dir, bridge, bits_per_feature
 ):
     model = load_model(tiny_hf_granite_dir, model_class=HookedSAETransformer)
     assert isinstance(model, SAETransformerBridge)
     hook = "blocks.1.hook_resid_post"
-    torch.manual_seed(bits)
-    bae = BAE(BAEConfig(d_in=32, d_sae=48, bits=bits))
+    torch.manual_seed(bits_per_feature)
+    bae = BAE(BAEConfig(d_in=32, d_sae=48, bits_per_feature=bits_per_feature))
     with torch.no_grad():
         bae.W_dec.normal_(0, 0.3)
     bae.cfg.metadata.hook_name = hook

@@ -125,7 +125,7 @@ def test_the_reliability_note_says_why_each_cell_is_unreliable():
     )
     assert note[2] == "- unreliable: layer 15: relative error 0.65"
     assert note[3] == (
-        "- unreliable: layer 20: dependent channels: 3.6 bits over the code's joint entropy"
+        "- unreliable: layer 20: dependent code bits: 3.6 bits over the code's joint entropy"
     )
     assert note[4] == "- unreliable: layer 4: typical state's error 0.68"
     assert note[-1].startswith("Most cells are unreliable")

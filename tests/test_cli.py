@@ -249,12 +249,12 @@ def test_train_live_from_local_model(tiny_hf_llama_dir, tiny_corpus, tmp_path):
             "--context-size", "32",
             "--training-tokens", str(20 * 256),
             "--batch-size", "256",
-            "--bits", "2",
+            "--bits-per-feature", "2",
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     bae = SAE.load_from_disk(out)
-    assert isinstance(bae, BAE) and bae.cfg.bits == 2 and bae.cfg.d_in == 32
+    assert isinstance(bae, BAE) and bae.cfg.bits_per_feature == 2 and bae.cfg.d_in == 32
     assert bae.cfg.metadata.hook_name == "blocks.1.hook_resid_post"
 
 
@@ -523,10 +523,13 @@ def test_application_commands_on_tiny_model(tiny_hf_llama_dir, tiny_corpus, tmp_
     assert "ratio vs fp32" in result.output
     result = runner.invoke(app, ["compress", *common, "--thresholds", "-2"])
     assert result.exit_code == 2 and "thresholds must be in [-1.0, 0.0], got -2.0" in result.output
-    result = runner.invoke(app, ["bench", "more-bits", *common, "--bits", "1,2",
+    result = runner.invoke(app, ["bench", "more-bits", *common, "--bits-per-feature", "1,2",
                                  "--out", str(tmp_path / "m")])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "m" / "more_bits.json").read_text())["rows"][1]["bits"] == 2
+    assert (
+        json.loads((tmp_path / "m" / "more_bits.json").read_text())["rows"][1]["bits_per_feature"]
+        == 2
+    )
     result = runner.invoke(app, ["steer", "icl", "--dataset", "x", "--baselines", "transcoder"])
     assert result.exit_code == 2 and "baselines ['transcoder']: choose among" in result.output
 
@@ -567,7 +570,7 @@ PREVIOUS_OPTIONS = {
         "batch_size",
         "lr",
         "expansion",
-        "bits",
+        "bits_per_feature",
         "entropy_coefficient",
         "covariance_coefficient",
         "surrogate",
@@ -652,7 +655,7 @@ PREVIOUS_OPTIONS = {
         "dataset",
         "model",
         "layer",
-        "bits",
+        "bits_per_feature",
         "expansion",
         "steps",
         "max_sequences",

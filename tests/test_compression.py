@@ -27,13 +27,13 @@ from sae_lens_bae.compression import (
 from sae_lens_bae.saes.binary import bits_to_values
 
 
-def _bae(bits: int = 1, d_in: int = 8, d_sae: int = 32) -> tuple[BAE, torch.Tensor]:
+def _bae(bits_per_feature: int = 1, d_in: int = 8, d_sae: int = 32) -> tuple[BAE, torch.Tensor]:
     """A BAE whose codes are sparse around a known prior (encoder bias pushes most bits off)."""
     torch.manual_seed(0)
-    bae = BAE(BAEConfig(d_in=d_in, d_sae=d_sae, bits=bits))
+    bae = BAE(BAEConfig(d_in=d_in, d_sae=d_sae, bits_per_feature=bits_per_feature))
     with torch.no_grad():
         bae.b_enc.fill_(-1.5)
-        bae.b_enc[:3] = 2.0  # three channels mostly on: their prior rounds to 1
+        bae.b_enc[:3] = 2.0  # three bits mostly on: their prior rounds to 1
     prior = torch.rand(bae.cfg.n_bits, generator=torch.Generator().manual_seed(1)) * 0.3
     prior[:3] = 0.9
     prior[3] = 0.5  # a tie: round(0.5) is 0 here, and a 0 bit must not count as a flip
@@ -50,9 +50,9 @@ def test_pack_unpack_round_trip(width):
         pack_uints(torch.tensor([2**width]), width)
 
 
-@pytest.mark.parametrize("bits", [1, 2])
-def test_lossless_threshold_round_trip_is_exact(bits, tmp_path):
-    bae, prior = _bae(bits)
+@pytest.mark.parametrize("bits_per_feature", [1, 2])
+def test_lossless_threshold_round_trip_is_exact(bits_per_feature, tmp_path):
+    bae, prior = _bae(bits_per_feature)
     h0 = torch.randn(300, 8)
     packed = compress(bae, h0, LOSSLESS_THRESHOLD, prior=prior)
     code = bae.encode_bits(h0)
@@ -61,7 +61,7 @@ def test_lossless_threshold_round_trip_is_exact(bits, tmp_path):
     loaded = CompressedStates.load(tmp_path / "c.safetensors")
     assert torch.equal(loaded.counts, packed.counts) and torch.equal(loaded.indices, packed.indices)
     restored = decompress(bae, loaded, prior=prior)
-    assert torch.equal(restored, bae.decode(bits_to_values(code, bits)))
+    assert torch.equal(restored, bae.decode(bits_to_values(code, bits_per_feature)))
     base = (prior > 0.5).float()
     assert torch.equal(packed.counts, (code != base).sum(-1))  # only flips are stored
     # the file: 8 bytes of header length, the header, then the bit-packed counts and indices
@@ -88,7 +88,7 @@ def test_higher_thresholds_keep_fewer_flips_and_errors():
     h0 = torch.randn(300, 8)
     counts = [compress(bae, h0, t, prior=prior).counts.sum() for t in (-1.0, -0.5, -0.2, 0.0)]
     assert all(a >= b for a, b in zip(counts, counts[1:], strict=False))
-    top = compress(bae, h0, 0.0, prior=prior)  # only channels whose prior is exactly 0 or 1
+    top = compress(bae, h0, 0.0, prior=prior)  # only bits whose prior is exactly 0 or 1
     surprising = ((bae.encode_bits(h0) - prior).abs() >= 1.0 - 1e-6).sum()
     assert top.counts.sum() == surprising
     with pytest.raises(ValueError, match="threshold"):
@@ -116,7 +116,7 @@ def test_compression_report_measures_size_and_error():
 
 
 def test_more_bit_decoding_matches_the_formula_on_hand_made_bits():
-    bae, _ = _bae(bits=3, d_sae=2)
+    bae, _ = _bae(bits_per_feature=3, d_sae=2)
     bits = torch.tensor([[1.0, 0.0, 1.0, 0.0, 1.0, 1.0]])  # feature 0: 1 + 4 = 5, feature 1: 6
     values = bits_to_values(bits, 3)
     assert torch.allclose(values, torch.tensor([[5 / 7, 6 / 7]]))
@@ -141,7 +141,7 @@ def test_bae_compress_and_more_bits_on_the_tiny_model(tiny_hf_llama_dir, tiny_co
     from sae_lens_bae.comsem.loopback import LoopbackServer
 
     with LoopbackServer() as server:  # with the ComSem columns, judged by the rule-based server
-        settings = MoreBitsConfig(**common, bits=(1, 3), comsem_llm="rules",
+        settings = MoreBitsConfig(**common, bits_per_feature=(1, 3), comsem_llm="rules",
                                   comsem_base_url=server.base_url, comsem_max_features=2,
                                   out=tmp_path / "m")  # fmt: skip
         result = more_bits.run(settings)
@@ -150,8 +150,8 @@ def test_bae_compress_and_more_bits_on_the_tiny_model(tiny_hf_llama_dir, tiny_co
     for row, name in zip(rows, ("C1", "C3"), strict=True):
         own = json.loads((tmp_path / "m" / "comsem" / name / "summary.json").read_text())
         assert row["comsem_score"] == own["mean_score"] and own["evaluated"] <= 2
-    assert [r["bits"] for r in rows] == [1, 3]
-    assert [r["code_bits"] for r in rows] == [32, 96]  # decoder width d_in = 32 for every C
+    assert [r["bits_per_feature"] for r in rows] == [1, 3]
+    assert [r["n_bits"] for r in rows] == [32, 96]  # decoder width d_in = 32 for every C
     one = BAETrainingSAEConfig(
         d_in=32, d_sae=128
     )  # per feature, the penalties weigh what they do at C = 1
@@ -162,8 +162,8 @@ def test_bae_compress_and_more_bits_on_the_tiny_model(tiny_hf_llama_dir, tiny_co
     saved = json.loads((tmp_path / "m" / "more_bits.json").read_text())
     assert saved["rows"] == rows
     assert matplotlib.image.imread(tmp_path / "m" / "more_bits.png").shape[0] > 100
-    with pytest.raises(ValueError, match="bits"):
-        MoreBitsConfig(bits=(0,))
+    with pytest.raises(ValueError, match="bits_per_feature"):
+        MoreBitsConfig(bits_per_feature=(0,))
 
 
 @pytest.mark.parametrize(("flips", "layout"), [(1, "indices"), (8, "bitmap")])

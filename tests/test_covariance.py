@@ -1,5 +1,5 @@
 """The covariance penalty's exact CPU paths for 0/1 codes (int8 matmuls, fp32 matmuls, and the
-sparse sums over the entries that are 1, with dense channels flipped) agree with each other and
+sparse sums over the entries that are 1, with dense bits flipped) agree with each other and
 with torch.cov."""
 
 from pathlib import Path
@@ -24,9 +24,9 @@ def reference(codes: torch.Tensor) -> torch.Tensor:
     return torch.stack(total).reshape(codes.shape[:-2])
 
 
-def codes_with_dense_and_silent_channels(shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """Sparse 0/1 codes (5% of entries) in which some channels fire on 80-100% of the batch (the
-    sparse path flips them) and one block of channels never fires (empty bags)."""
+def codes_with_dense_and_silent_bits(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Sparse 0/1 codes (5% of entries) in which some bits fire on 80-100% of the batch (the
+    sparse path flips them) and one block of bits never fires (empty bags)."""
     generator = torch.Generator().manual_seed(seed)
     rates = torch.full(shape[-1:], 0.05)
     rates[::7] = 0.8
@@ -66,11 +66,11 @@ def run(codes: torch.Tensor, path: str, monkeypatch, weights=None, **kwargs):
      ((40, 33), 16)],
 )  # fmt: skip
 def test_the_cpu_paths_agree_with_torch_cov(shape, block, cache, monkeypatch):
-    """Odd sizes, tiles that do not divide n (the last ((40, 33), 16) is one channel wide: a
+    """Odd sizes, tiles that do not divide n (the last ((40, 33), 16) is one bit wide: a
     [1, 16] sign tile whose transpose has strides (1, 1)), stacks."""
     if cache == "recomputed":
         monkeypatch.setattr(covariance, "_SIGN_CACHE_LIMIT", 0)
-    codes = codes_with_dense_and_silent_channels(shape, seed=shape[-1])
+    codes = codes_with_dense_and_silent_bits(shape, seed=shape[-1])
     weights = torch.arange(1.0, codes[..., 0, 0].numel() + 1).reshape(shape[:-2])
     sparse, sparse_grad = run(codes, "sparse", monkeypatch, weights, block_size=block)
     exact_in = codes.double().requires_grad_()
@@ -89,14 +89,14 @@ def test_the_cpu_paths_agree_with_torch_cov(shape, block, cache, monkeypatch):
 def test_sparse_path_bands_add_up_to_the_whole(monkeypatch):
     """Each rank's band of tiles (share) through the sparse products sums to the full penalty."""
     monkeypatch.setattr(covariance_products, "SPARSE_MIN_BLOCK", 0)
-    codes = codes_with_dense_and_silent_channels((64, 90), seed=1)
+    codes = codes_with_dense_and_silent_bits((64, 90), seed=1)
     whole = covariance_penalty(codes, 16, binary=True)
     bands = [covariance_penalty(codes, 16, binary=True, share=(r, 3)) for r in range(3)]
     assert torch.allclose(sum(bands), whole, rtol=1e-6)
 
 
 def test_sparse_path_above_4096_samples_is_exact_in_float64(monkeypatch):
-    codes = codes_with_dense_and_silent_channels((5000, 24), seed=2)
+    codes = codes_with_dense_and_silent_bits((5000, 24), seed=2)
     sparse, sparse_grad = run(codes, "sparse", monkeypatch)
     dense, dense_grad = run(codes, "int8", monkeypatch)
     assert sparse.dtype == torch.float64
@@ -114,9 +114,9 @@ def test_sparse_path_above_4096_samples_is_exact_in_float64(monkeypatch):
 def test_the_path_follows_the_density_after_flipping_and_the_tile_width(
     rate, shape, int8, sparse, monkeypatch
 ):
-    """One BAE's codes at 3% (or 97%: every channel flips) take the sparse products on CPU; at
+    """One BAE's codes at 3% (or 97%: every bit flips) take the sparse products on CPU; at
     50% the matmuls, for which sparse sums would be slower; so do 45 stacked BAEs (tiles of 128)
-    and 200 channels (one tile, narrower than SPARSE_MIN_BLOCK). At 16% the int8 matmuls are
+    and 200 bits (one tile, narrower than SPARSE_MIN_BLOCK). At 16% the int8 matmuls are
     faster than sparse sums, the fp32 ones slower."""
     built = []
     real = covariance_products.SparseProducts
@@ -145,7 +145,7 @@ def test_the_kernels_equal_the_plain_penalty(path, shape, share, monkeypatch):
         monkeypatch.setattr(covariance_products, limit, 1.0 if path == "sparse" else -1.0)
     monkeypatch.setattr(covariance_products, "SPARSE_MIN_BLOCK", 0)
     monkeypatch.setattr(covariance_products, "CPU_INT8", path != "fp32")
-    codes = codes_with_dense_and_silent_channels(shape, seed=3)
+    codes = codes_with_dense_and_silent_bits(shape, seed=3)
     if path == "real":
         codes = codes + 0.25 * torch.rand(shape, generator=torch.Generator().manual_seed(4))
     binary = path != "real"

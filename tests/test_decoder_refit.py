@@ -21,7 +21,7 @@ def _lstsq(codes: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, to
 def _bae(d_in: int = 6, d_sae: int = 12, seed: int = 0, **kwargs) -> BAETrainingSAE:
     torch.manual_seed(seed)
     bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=d_in, d_sae=d_sae, **kwargs))
-    with torch.no_grad():  # thresholds spread, so every channel fires on some states
+    with torch.no_grad():  # thresholds spread, so every bit fires on some states
         if bae.b_enc is not None:
             bae.b_enc.copy_(torch.linspace(-0.3, 0.3, bae.cfg.n_bits))
         bae.W_dec.mul_(3.0)  # a decoder far from the code's best one
@@ -38,8 +38,8 @@ def test_the_normal_equations_match_lapack_on_a_full_rank_design():
     torch.testing.assert_close(b, b_ref, rtol=1e-6, atol=1e-7)
 
 
-def test_a_dead_and_a_duplicated_channel_get_the_minimum_norm_answer():
-    """A channel that never fires gets a zero row; two equal channels share their row: the
+def test_a_dead_and_a_duplicated_bit_get_the_minimum_norm_answer():
+    """A bit that never fires gets a zero row; two equal bits share their row: the
     ridge's answer where the normal equations are singular."""
     generator = torch.Generator().manual_seed(1)
     codes = (torch.rand(400, 5, generator=generator) < 0.5).float()

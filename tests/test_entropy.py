@@ -36,7 +36,7 @@ def test_entropy_of_hand_made_codes_over_the_whole_set():
     assert estimate.n_samples == 8
     assert estimate.n_distinct == 3 and estimate.ceiling_bits == pytest.approx(math.log2(3))
     assert estimate.code_bits == pytest.approx(-(2 * 0.25 * math.log2(0.25) + 0.5 * math.log2(0.5)))
-    # channel 1 fires only with channel 0: the sum of marginals (1.81) exceeds log2 3 = 1.58
+    # bit 1 fires only with bit 0: the sum of marginals (1.81) exceeds log2 3 = 1.58
     assert estimate.relative_error == 0.0 and not estimate.reliable
     streamed = code_entropy(FixedCodes(), iter([codes[:5], codes[5:]]))
     assert streamed.bits == pytest.approx(estimate.bits)
@@ -50,7 +50,7 @@ def test_the_ceiling_holds_on_a_set_of_8_distinct_states():
     estimate = code_entropy(FixedCodes(), codes, batch_size=64)
     assert estimate.n_samples == 400 and estimate.n_distinct == 8
     assert estimate.ceiling_bits == 3.0 and estimate.code_bits == pytest.approx(3.0)
-    assert estimate.bits == pytest.approx(6.0)  # sum over 6 fair channels: twice the truth
+    assert estimate.bits == pytest.approx(6.0)  # sum over 6 fair bits: twice the truth
     assert not estimate.reliable  # above the ceiling, though the reconstruction is exact
     halves = code_entropy(FixedCodes(), codes[:, :3])
     assert halves.bits == pytest.approx(3.0) and halves.reliable
@@ -72,7 +72,7 @@ class TwoBitCodes:
         return torch.cat([codes[:, :2], torch.zeros(codes.shape[0], 4)], dim=1)
 
 
-def test_dependent_channels_below_the_ceiling_are_flagged_by_their_excess():
+def test_dependent_bits_below_the_ceiling_are_flagged_by_their_excess():
     # 64 states (ceiling 6 bits), 20 of each; 2 coordinates hold nearly all the variance
     index = torch.arange(64).repeat(20)
     states = ((index[:, None] >> torch.arange(6)) & 1).float() * torch.tensor([1, 1] + [0.05] * 4)
@@ -98,7 +98,7 @@ def test_dependent_channels_below_the_ceiling_are_flagged_by_their_excess():
 
 
 def _halfspace_bae(normals: torch.Tensor, states: torch.Tensor) -> BAE:
-    """A BAE on the cube {0,1}^3 whose channel k fires where normals[k] . (2x - 1) > 0, with the
+    """A BAE on the cube {0,1}^3 whose bit k fires where normals[k] . (2x - 1) > 0, with the
     least-squares decoder of its code on ``states``."""
     bae = BAE(BAEConfig(d_in=3, d_sae=normals.shape[0], apply_b_dec_to_input=False))
     with torch.no_grad():
@@ -112,7 +112,7 @@ def _halfspace_bae(normals: torch.Tensor, states: torch.Tensor) -> BAE:
 
 def test_a_three_in_four_code_reconstructs_exactly_and_only_its_excess_flags_it():
     """The code ``EntropyRecipe`` settles in on a third to a half of sets of 8 planted bits at
-    d = 64 (docs/research/heldout-sets.md): 3 bits written as 4 fair threshold channels, the
+    d = 64 (docs/research/heldout-sets.md): 3 bits written as 4 fair threshold bits, the
     tetrahedron's normals. They are pairwise uncorrelated (the covariance term does not see them)
     and decode to the bits linearly, so the reconstruction is exact, and the sum of their entropies
     is 4 bits for 3. Each state here is distinct (ceiling log2 4000), so only the excess over the

@@ -9,12 +9,12 @@ import torch
 from sae_lens_bae import BAE, BAEConfig, burstiness
 from sae_lens_bae.features import (
     FeatureRecords,
-    channel_activity,
     code_prior,
     decoder_covariance_norm,
     feature_statistics,
     firing_frequency,
     frequency_counts,
+    latent_activity,
     top_k_records,
 )
 
@@ -96,7 +96,7 @@ def test_top_k_records_keep_only_active_features_best_first():
     shuffled = [i for i, _ in tied.samples(0, limit=5, seed=1)]
     assert shuffled == [i for i, _ in tied.samples(0, limit=5, seed=1)] != [0, 1, 2, 3, 4]
     assert records.samples(1, seed=3) == [(0, 5.0), (2, 4.0)]  # no ties: by magnitude
-    # z-scored per channel: channel 2 (small values, rare) now outranks channel 1 on token 2
+    # z-scored per latent: latent 2 (small values, rare) now outranks latent 1 on token 2
     rescaled = top_k_records(FixedLatents(4), acts, positions, torch.arange(4), "rescaled", k=1)
     raw_mean, raw_std = acts[:, 2].mean(), acts[:, 2].std(unbiased=False)
     assert rescaled.magnitudes[0, 0].item() == pytest.approx(((1.0 - raw_mean) / raw_std).item())
@@ -131,9 +131,9 @@ def test_decoder_covariance_norm_of_collinear_rows():
     assert decoder_covariance_norm(torch.eye(3)) == pytest.approx(0.5)
 
 
-def test_paper_activated_counts_a_mostly_on_channel_that_is_off_on_a_few_tokens():
-    # channel 0: on for 42 of 48 tokens, off on tokens 0-5; channel 1: on for tokens 6-17;
-    # channel 2: never. Burstiness log2|h - p| with p = (7/8, 1/4, 0)
+def test_paper_activated_counts_a_mostly_on_bit_that_is_off_on_a_few_tokens():
+    # bit 0: on for 42 of 48 tokens, off on tokens 0-5; bit 1: on for tokens 6-17;
+    # bit 2: never. Burstiness log2|h - p| with p = (7/8, 1/4, 0)
     codes = torch.zeros(48, 3)
     codes[6:, 0] = 1.0
     codes[6:18, 1] = 1.0
@@ -141,12 +141,12 @@ def test_paper_activated_counts_a_mostly_on_channel_that_is_off_on_a_few_tokens(
     args = (FixedSAE(3), codes, torch.zeros(48, 2).long(), torch.arange(48), "burstiness")
     paper = top_k_records(*args, k=1, prior=prior)  # candidates="all": the paper's definition
     firing = top_k_records(*args, k=1, prior=prior, candidates="firing")
-    # tokens 0-5: channel 0 off where it is usually on, log2(7/8), beats channel 1's log2(1/4)
+    # tokens 0-5: bit 0 off where it is usually on, log2(7/8), beats bit 1's log2(1/4)
     assert paper.features[:6, 0].tolist() == [0] * 6
-    # elsewhere channel 0 is in its usual state, log2(1/8), below channel 1's log2(3/4) or log2(1/4)
+    # elsewhere bit 0 is in its usual state, log2(1/8), below bit 1's log2(3/4) or log2(1/4)
     assert paper.counts().tolist() == [6, 42, 0]
-    assert firing.counts().tolist() == [30, 12, 0]  # tokens 0-5 fire nothing; 6-17: channel 1
-    assert paper.activated(min_samples=5) == 2  # channel 0 has its n_I + 1 = 6 records
+    assert firing.counts().tolist() == [30, 12, 0]  # tokens 0-5 fire nothing; 6-17: bit 1
+    assert paper.activated(min_samples=5) == 2  # bit 0 has its n_I + 1 = 6 records
     stats = feature_statistics(FixedSAE(3), codes, paper, firing_records=firing, n_explain=5,
                                activated_min_samples=12)  # fmt: skip
     assert stats["activated"] == 2 and stats["activated_firing"] == 1
@@ -175,11 +175,11 @@ def test_feature_statistics_columns():
     assert stats["l0"] < rates.sum().item()
 
 
-def test_constant_counts_a_channel_fixed_at_one_and_sae_statistics_use_firing():
+def test_constant_counts_a_bit_fixed_at_one_and_sae_statistics_use_firing():
     codes = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
     stats = feature_statistics(FixedSAE(3), codes)  # a BAE's code: rarity min(p, 1 - p)
     assert stats["firing_frequency"].tolist() == [0.0, 0.5, 0.25]
-    assert stats["constant"] == 1 and stats["dead"] == 1  # channel 0, fixed at 1
+    assert stats["constant"] == 1 and stats["dead"] == 1  # bit 0, fixed at 1
     assert stats["dense"] == 2 and stats["l0"] == 0.75
     stats = feature_statistics(FixedLatents(3), codes)  # an SAE's latents: firing rates
     assert stats["firing_frequency"].tolist() == [1.0, 0.5, 0.25]
@@ -190,11 +190,11 @@ def test_constant_counts_a_channel_fixed_at_one_and_sae_statistics_use_firing():
 def test_the_activity_of_a_bit_is_its_rare_state_token_by_token():
     codes = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
     majority = codes.mean(0) > 0.5  # bit 0 usually on, bit 1 usually off
-    active = channel_activity(FixedSAE(2), codes, majority)
+    active = latent_activity(FixedSAE(2), codes, majority)
     assert active.tolist() == [[False, True], [False, False], [True, False], [False, False]]
     assert torch.equal(active.float().mean(0), firing_frequency(FixedSAE(2), codes))
     with pytest.raises(ValueError, match="majority"):
-        channel_activity(FixedSAE(2), codes)
+        latent_activity(FixedSAE(2), codes)
 
 
 def test_the_quickstart_table_and_the_firing_plot_count_the_same_dead_and_dense():
@@ -207,7 +207,7 @@ def test_the_quickstart_table_and_the_firing_plot_count_the_same_dead_and_dense(
     codes[:, 0] = 1.0  # always on: dead and constant
     codes[:30, 1] = 1.0  # on for 75%: active (rare state) on 25%, dense
     codes[:2, 2] = 1.0  # 5%
-    codes[:1, 3] = 1.0  # 2.5%; channel 4 never on: dead
+    codes[:1, 3] = 1.0  # 2.5%; latent 4 never on: dead
     for model in (FixedSAE(5), FixedLatents(5)):
         stats = feature_statistics(model, codes)
         frequencies = {"model": stats["firing_frequency"]}
@@ -216,7 +216,7 @@ def test_the_quickstart_table_and_the_firing_plot_count_the_same_dead_and_dense(
         _firing_histogram(ax, frequencies, _log_frequency_bins(frequencies), counts, 0.1)
         label = ax.get_legend_handles_labels()[1][0]
         assert label == f"model (5 features, {stats['dead']} dead, {stats['dense']} dense)"
-    assert (stats["dead"], stats["dense"]) == (1, 2)  # the SAE: channel 0 fires on every token
+    assert (stats["dead"], stats["dense"]) == (1, 2)  # the SAE: latent 0 fires on every token
     bae = feature_statistics(FixedSAE(5), codes)
     assert (bae["dead"], bae["dense"], bae["constant"]) == (2, 1, 2)
 

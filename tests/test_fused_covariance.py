@@ -63,7 +63,7 @@ def tiled(x: torch.Tensor, share=(0, 1)) -> tuple[torch.Tensor, torch.Tensor]:
     [(1, 37, 50, 0.3), (3, 40, 33, 0.1), (2, 17, 16, 0.7), (1, 64, 1, 0.5)],
 )
 def test_fused_kernels_equal_the_tiled_path(groups, batch, n, density):
-    """Odd batches and widths, tiles that do not divide n, stacks of G > 1, one channel."""
+    """Odd batches and widths, tiles that do not divide n, stacks of G > 1, one bit."""
     x = codes(groups, batch, n, density, seed=n)
     penalty, grad = tiled(x)
     norm = batch * (batch - 1)

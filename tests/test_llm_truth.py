@@ -69,7 +69,7 @@ def test_cells_name_a_layer_the_embedding_or_a_full_hook():
 
 class FirstBits:
     """Stands in for a BAE: codes the first ``k`` coordinates of states that are 0 or
-    ``scale`` (one channel each) and decodes them, the rest as 0."""
+    ``scale`` (one bit each) and decodes them, the rest as 0."""
 
     def __init__(self, k: int, scale: torch.Tensor) -> None:
         self.k, self.scale = k, scale
@@ -109,7 +109,7 @@ def test_the_rule_flags_a_code_that_merges_states_of_a_discrete_set():
 
 
 class Copies:
-    """Stands in for a BAE of a 0/1 state: two one-hot channels, the first copied ``copies``
+    """Stands in for a BAE of a 0/1 state: two one-hot bits, the first copied ``copies``
     times; decodes exactly."""
 
     def __init__(self, copies: int) -> None:
@@ -125,15 +125,15 @@ class Copies:
         return codes[:, 1:2]
 
 
-def test_the_rule_flags_channels_that_count_bits_twice_on_the_set():
-    # two values, 128 each: 1 bit; two fair one-hot channels and 2 copies of the first: 4 bits
+def test_the_rule_flags_code_bits_that_count_entropy_twice_on_the_set():
+    # two values, 128 each: 1 bit; two fair one-hot bits and 2 copies of the first: 4 bits
     states = torch.tensor([0.0] * 128 + [1.0] * 128)[:, None]
     estimate = code_entropy(Copies(2), states)
     assert (estimate.state_bits, estimate.code_bits, estimate.bits) == (1.0, 1.0, 4.0)
     reasons = unreliable_reasons(
         estimate.bits, 10.0, 0.0, None, state_bits=1.0, code_bits=estimate.code_bits
     )
-    assert reasons == ["channels count 3.00 bits twice on this set"]
+    assert reasons == ["code bits count 3.00 bits twice on this set"]
 
 
 QUICK = EntropyRecipe.of(expansion=2, steps=60, batch_size=64, seeds=1)

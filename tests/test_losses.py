@@ -29,7 +29,7 @@ def test_reconstruction_loss_is_mean_over_batch_and_dims():
 
 
 def test_minibatch_entropy_known_values_and_finite_gradient():
-    # 4 samples; channel rates 0.5, 0, 1, 0.25
+    # 4 samples; bit rates 0.5, 0, 1, 0.25
     codes = torch.tensor(
         [[1, 0, 1, 1], [0, 0, 1, 0], [1, 0, 1, 0], [0, 0, 1, 0]], dtype=torch.float32
     ).requires_grad_()
@@ -89,7 +89,7 @@ def dense_reference(codes: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "real"])
 @pytest.mark.parametrize(("n", "block"), [(37, 8), (300, 64), (300, None), (130, 1000)])
 def test_covariance_penalty_matches_dense_reference(binary, n, block, backward, monkeypatch):
-    if backward == "recomputed":  # the path taken above 2048 channels
+    if backward == "recomputed":  # the path taken above 2048 bits
         monkeypatch.setattr(covariance, "_SIGN_CACHE_LIMIT", 0)
     torch.manual_seed(n)
     base = (torch.rand(96, n) < 0.2).double() if binary else torch.randn(96, n).double()
@@ -212,7 +212,7 @@ def test_covariance_penalty_peak_memory_stays_tiled():
     its sign tiles, as at 65536) stays under 128 MiB of extra memory (67 MiB measured), where the
     dense torch.cov version takes 1051 MiB. Measured by the benchmark's probe as the peak RSS of a
     fresh process over its RSS once the codes exist, with glibc's mmap threshold fixed so freed
-    tiles leave the RSS; the 65536-channel probe is
+    tiles leave the RSS; the 65536-bit probe is
     ``python benchmarks/train_step.py --probe 65536 512 tiled cpu 0.05``."""
     result = subprocess.run(
         [sys.executable, str(BENCHMARK), "--probe", "8192", "512", "tiled", "cpu", "0.05"],

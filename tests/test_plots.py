@@ -30,7 +30,7 @@ def test_a_saved_figure_leaves_no_pyplot_figure_open(tmp_path):
 
     before = plt.get_fignums()
     frequencies = {"bae": torch.linspace(0, 1, 64), "topk": torch.linspace(0, 0.1, 64)}
-    counts = {name: {"channels": 64, "dead": 1, "dense": 0} for name in frequencies}
+    counts = {name: {"latents": 64, "dead": 1, "dense": 0} for name in frequencies}
     path = plot_firing_frequencies(frequencies, tmp_path / "firing.png", counts, 0.1)
     assert plt.get_fignums() == before
     assert matplotlib.image.imread(path).shape[2] == 4  # a real RGBA PNG

@@ -38,7 +38,7 @@ def _entropy_reference(codes: torch.Tensor) -> float:
 
 @SETTINGS
 @given(binary_codes())
-def test_minibatch_entropy_is_the_sum_of_channel_entropies_within_0_and_n(codes):
+def test_minibatch_entropy_is_the_sum_of_bit_entropies_within_0_and_n(codes):
     value = minibatch_entropy(codes).item()
     assert math.isclose(value, _entropy_reference(codes), rel_tol=1e-5, abs_tol=1e-5)
     assert -1e-6 <= value <= codes.shape[1] + 1e-6
@@ -46,7 +46,7 @@ def test_minibatch_entropy_is_the_sum_of_channel_entropies_within_0_and_n(codes)
 
 @SETTINGS
 @given(binary_codes(), st.randoms(use_true_random=False))
-def test_covariance_penalty_does_not_depend_on_channel_order(codes, random):
+def test_covariance_penalty_does_not_depend_on_bit_order(codes, random):
     order = list(range(codes.shape[1]))
     random.shuffle(order)
     assert torch.equal(covariance_penalty(codes[:, order]), covariance_penalty(codes))
@@ -54,7 +54,7 @@ def test_covariance_penalty_does_not_depend_on_channel_order(codes, random):
 
 @SETTINGS
 @given(binary_codes(), st.integers(0, 1), st.integers(0, 12))
-def test_covariance_penalty_ignores_a_constant_channel(codes, value, where):
+def test_covariance_penalty_ignores_a_constant_bit(codes, value, where):
     where = min(where, codes.shape[1])
     constant = torch.full((codes.shape[0], 1), float(value))
     widened = torch.cat([codes[:, :where], constant, codes[:, where:]], dim=1)
@@ -63,11 +63,11 @@ def test_covariance_penalty_ignores_a_constant_channel(codes, value, where):
 
 @st.composite
 def bae_configs(draw) -> BAEConfig:
-    bits = draw(st.integers(1, 3))
+    bits_per_feature = draw(st.integers(1, 3))
     return BAEConfig(
         d_in=draw(st.integers(1, 9)),
         d_sae=draw(st.integers(1, 10)),
-        bits=bits,
+        bits_per_feature=bits_per_feature,
         apply_b_dec_to_input=draw(st.booleans()),
     )
 

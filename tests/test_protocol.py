@@ -326,7 +326,7 @@ def test_the_bae_default_meets_the_feature_target_on_validation_rows_only():
     bae[1.0] = (0.67, 2, 1900)  # now more than 0.02 below TopK-15
     rows = _default_rows(bae)
     assert _bae_default(rows, [r["name"] for r in rows], d_sae=1000) == 0.5
-    bae[0.5] = (0.75, 10, 1600)  # 1% of the channels constant: no setting meets the target
+    bae[0.5] = (0.75, 10, 1600)  # 1% of the latents constant: no setting meets the target
     rows = _default_rows(bae)
     assert _bae_default(rows, [r["name"] for r in rows], d_sae=1000) == 1.0
 

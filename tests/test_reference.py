@@ -1,5 +1,5 @@
 """The k-means reference beside a BAE's reading (``entropy.reference``): the smallest K whose
-one-active-channel code passes the trust rule, through ``estimate_entropies``, the traces' notes
+one-active-bit code passes the trust rule, through ``estimate_entropies``, the traces' notes
 and plots."""
 
 from __future__ import annotations

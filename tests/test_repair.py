@@ -1,4 +1,4 @@
-"""Repair of codes that count bits twice (``entropy.repair``): channels the rest of a code
+"""Repair of codes that count bits twice (``entropy.repair``): bits the rest of a code
 determines are found from its words, knocked out, and the BAE retrained without them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from sae_lens_bae.entropy.repair import (
     KNOCKED_OUT_BIAS,
     conditional_entropies,
     knock_out_,
-    redundant_channels,
+    redundant_bits,
     repair_baes,
     resolved_code_words,
 )
@@ -36,40 +36,40 @@ def _cube(n: int = 4000, seed: int = 0) -> torch.Tensor:
 
 
 def _signs(states: torch.Tensor, normals: torch.Tensor) -> torch.Tensor:
-    """Channel k fires where normals[k] . (2x - 1) > 0 (x rounded to its corner)."""
+    """Bit k fires where normals[k] . (2x - 1) > 0 (x rounded to its corner)."""
     return ((2 * states.round() - 1) @ normals.T > 0).float()
 
 
-def test_conditional_entropies_are_the_plug_in_over_words_that_differ_in_one_channel():
+def test_conditional_entropies_are_the_plug_in_over_words_that_differ_in_one_bit():
     # 8 states: 00 twice, 01 twice, 10 four times (no 11)
     words = torch.tensor([[0, 0], [0, 1], [1, 0]])
     counts = torch.tensor([2, 2, 4])
     given = conditional_entropies(words, counts)
-    # channel 0: given c1 = 0 (6 states) it is 1 on 4 of them; given c1 = 1 it is fixed at 0
+    # bit 0: given c1 = 0 (6 states) it is 1 on 4 of them; given c1 = 1 it is fixed at 0
     assert given[0].item() == pytest.approx(6 / 8 * _h(4 / 6), abs=1e-12)
-    # channel 1: given c0 = 0 (4 states) a fair bit; given c0 = 1 fixed
+    # bit 1: given c0 = 0 (4 states) a fair bit; given c0 = 1 fixed
     assert given[1].item() == pytest.approx(4 / 8, abs=1e-12)
 
 
-def test_redundant_channels_find_one_channel_of_a_three_in_four_code_and_none_of_the_axes():
+def test_redundant_bits_find_one_bit_of_a_three_in_four_code_and_none_of_the_axes():
     states = _cube()
     fair = torch.randint(0, 2, (4000, 5), generator=torch.Generator().manual_seed(1)).float()
     three_in_four = torch.cat([fair, _signs(states, TETRAHEDRON)], dim=1)
-    found = redundant_channels(three_in_four)
+    found = redundant_bits(three_in_four)
     assert len(found) == 1 and found[0] in range(5, 9)  # one of the four, any one
-    assert redundant_channels(torch.cat([fair, _signs(states, torch.eye(3))], dim=1)) == []
-    copied = torch.cat([fair, fair[:, 2:3]], dim=1)  # a channel twice: one copy is redundant
-    assert redundant_channels(copied) == [2]
+    assert redundant_bits(torch.cat([fair, _signs(states, torch.eye(3))], dim=1)) == []
+    copied = torch.cat([fair, fair[:, 2:3]], dim=1)  # a bit twice: one copy is redundant
+    assert redundant_bits(copied) == [2]
     constant = torch.cat([fair, torch.ones(4000, 1)], dim=1)  # holds no bits: nothing to save
-    assert redundant_channels(constant) == []
+    assert redundant_bits(constant) == []
 
 
-def test_redundant_channels_look_for_nothing_where_the_set_cannot_tell():
+def test_redundant_bits_look_for_nothing_where_the_set_cannot_tell():
     """16 fair bits on 4000 states: nearly every word once, and each word's neighbours in one
-    channel mostly absent, so every channel would look fixed by the rest."""
+    bit mostly absent, so every bit would look fixed by the rest."""
     fair = torch.randint(0, 2, (4000, 16), generator=torch.Generator().manual_seed(0)).float()
-    assert redundant_channels(fair) == []
-    assert redundant_channels(fair[:, :10]) == []  # 1024 words, about 4 states each: resolved
+    assert redundant_bits(fair) == []
+    assert redundant_bits(fair[:, :10]) == []  # 1024 words, about 4 states each: resolved
 
 
 def test_code_words_are_read_in_chunks_and_only_where_the_set_resolves_them(monkeypatch):
@@ -84,15 +84,15 @@ def test_code_words_are_read_in_chunks_and_only_where_the_set_resolves_them(monk
     monkeypatch.setattr(repair, "_HASH_BLOCK", 12 * 7)  # 7 states a chunk: the same words
     chunked, chunk_counts = resolved_code_words(bae, states)
     assert torch.equal(chunked, words) and torch.equal(chunk_counts, counts)
-    assert redundant_channels(words, counts) == redundant_channels(bae.encode_bits(states))
+    assert redundant_bits(words, counts) == redundant_bits(bae.encode_bits(states))
     assert resolved_code_words(bae, states[:15]) is None  # 8 words in 15 states: under 2 each
     _, twice = resolved_code_words(bae, states[:16])  # type: ignore[misc]  # each word twice
     assert twice.tolist() == [2] * 8
 
 
 def _three_in_four_bae(states: torch.Tensor, recipe: EntropyRecipe) -> BAETrainingSAE:
-    """A BAE of ``recipe``'s config (12 channels at d = 3) whose channels 0-3 are the
-    tetrahedron's threshold channels on the cube and 4-11 are knocked out, with the
+    """A BAE of ``recipe``'s config (12 bits at d = 3) whose bits 0-3 are the
+    tetrahedron's threshold bits on the cube and 4-11 are knocked out, with the
     least-squares decoder of that code."""
     bae = BAETrainingSAE(recipe.config(3, framed=False))
     with torch.no_grad():
@@ -105,7 +105,7 @@ def _three_in_four_bae(states: torch.Tensor, recipe: EntropyRecipe) -> BAETraini
     return bae
 
 
-def test_a_knocked_out_channel_stays_off_through_training():
+def test_a_knocked_out_bit_stays_off_through_training():
     states = _cube()
     recipe = EntropyRecipe.of(steps=400)
     bae = _three_in_four_bae(states, recipe)
@@ -132,8 +132,8 @@ def test_a_stack_starts_from_the_baes_it_is_given():
 @pytest.mark.slow
 def test_repair_turns_a_three_in_four_code_into_the_axis_code():
     """The 3-in-4 code reads 4 bits for 3 with exact reconstruction; knocked out of one
-    channel and trained on, the other three re-encode the bits as the axes (the only three
-    threshold channels a linear decoder reads the cube from exactly), one bit less at the same
+    bit and trained on, the other three re-encode the planted bits as the axes (the only three
+    threshold bits a linear decoder reads the cube from exactly), one bit less at the same
     reconstruction: the held-out objective is lower, so the repair replaces the BAE."""
     states, check = _cube(), _cube(seed=1)
     recipe = EntropyRecipe.of(steps=8000)  # a repair budget of 2000 steps
@@ -142,8 +142,8 @@ def test_repair_turns_a_three_in_four_code_into_the_axis_code():
     assert before.bits == pytest.approx(4.0, abs=1e-3) and not before.reliable
     baes = [bae]
     repairs = repair_baes(baes, [states], [check], recipe, seeds=[0], progress=False)
-    assert list(repairs) == [0] and len(repairs[0].channels) == 1
-    assert repairs[0].channels[0] in range(4) and baes[0] is not bae
+    assert list(repairs) == [0] and len(repairs[0].knocked_out) == 1
+    assert repairs[0].knocked_out[0] in range(4) and baes[0] is not bae
     after = code_entropy(baes[0], check)
     assert after.bits == pytest.approx(3.0, abs=1e-3)
     assert after.relative_error < 1e-3 and after.reliable
@@ -166,7 +166,7 @@ def test_an_axis_code_is_left_as_it_is():
 @pytest.mark.slow
 def test_estimate_entropies_reads_a_three_in_four_code_after_its_repair(monkeypatch):
     """The grid's training is replaced by the hand-made 3-in-4 BAE: the cell reads the set's 3
-    bits, says which channel went and how many steps the repair took."""
+    bits, says which bit went and how many steps the repair took."""
     import sae_lens_bae.entropy.cells as cells
     from sae_lens_bae.entropy import estimate_entropies
     from sae_lens_bae.stacks.training import StackedTraining
@@ -182,10 +182,10 @@ def test_estimate_entropies_reads_a_three_in_four_code_after_its_repair(monkeypa
     (cell,) = estimate_entropies([states], recipe, eval_sets=[check], normalise=False,
                                  progress=False)  # fmt: skip
     assert cell.bits == pytest.approx(3.0, abs=1e-3) and cell.reliable
-    [[channel]] = cell.repaired_channels
-    assert channel in range(4) and cell.steps == 8000 and 0 < cell.repair_steps <= 4000
+    [[bit]] = cell.knocked_out_bits
+    assert bit in range(4) and cell.steps == 8000 and 0 < cell.repair_steps <= 4000
     (kept,) = estimate_entropies([states], recipe.changed(repair_rounds=0), eval_sets=[check],
                                  normalise=False, progress=False)  # fmt: skip
     assert kept.bits == pytest.approx(4.0, abs=1e-3) and not kept.reliable
-    assert kept.repaired_channels is None and kept.repair_steps == 0
+    assert kept.knocked_out_bits is None and kept.repair_steps == 0
     assert recipe.repairs and not recipe.changed(objective=False).repairs  # the ablation never

@@ -21,9 +21,9 @@ CUSTOM_SAE_CONFIG_0_6 = (
 )  # fmt: skip
 
 
-def _wrapped(bits: int = 1) -> tuple[BAE, SAEBenchBAE]:
+def _wrapped(bits_per_feature: int = 1) -> tuple[BAE, SAEBenchBAE]:
     torch.manual_seed(0)
-    bae = BAE(BAEConfig(d_in=8, d_sae=12, bits=bits))
+    bae = BAE(BAEConfig(d_in=8, d_sae=12, bits_per_feature=bits_per_feature))
     bae.cfg.metadata.hook_name = "blocks.3.hook_resid_post"
     bae.cfg.metadata.model_name = "smollm2-135m"
     bae.cfg.metadata.context_size = 128
@@ -43,15 +43,15 @@ def test_the_config_holds_every_field_saebench_reads():
         "smollm2-135m", 128, "float32")  # fmt: skip
 
 
-@pytest.mark.parametrize("bits", [1, 2])
-def test_the_wrapper_is_the_bae(bits):
-    bae, sae = _wrapped(bits)
+@pytest.mark.parametrize("bits_per_feature", [1, 2])
+def test_the_wrapper_is_the_bae(bits_per_feature):
+    bae, sae = _wrapped(bits_per_feature)
     x = torch.randn(5, 8)
     assert torch.equal(sae.encode(x), bae.encode(x))
     assert torch.equal(sae(x), bae.decode(bae.encode(x)))
-    assert sae.W_dec.shape == (12, 8) and sae.W_enc.shape == (8, 12 * bits)
+    assert sae.W_dec.shape == (12, 8) and sae.W_enc.shape == (8, 12 * bits_per_feature)
     assert sae.W_dec is bae.W_dec and sae.b_dec is bae.b_dec  # shared, not copied
-    assert sae.b_enc.shape == (12 * bits,)
+    assert sae.b_enc.shape == (12 * bits_per_feature,)
 
 
 def test_to_keeps_device_dtype_and_cfg_in_step():

@@ -37,9 +37,9 @@ def model(tiny_hf_llama_dir) -> HookedSAETransformer:
     return load_model(tiny_hf_llama_dir, model_class=HookedSAETransformer)
 
 
-def _bae(bits: int) -> BAE:
-    torch.manual_seed(bits)
-    bae = BAE(BAEConfig(d_in=32, d_sae=48, bits=bits))
+def _bae(bits_per_feature: int) -> BAE:
+    torch.manual_seed(bits_per_feature)
+    bae = BAE(BAEConfig(d_in=32, d_sae=48, bits_per_feature=bits_per_feature))
     with torch.no_grad():
         bae.W_dec.normal_(0, 0.3)
         bae.code_mean.fill_(0.3)
@@ -55,9 +55,9 @@ def test_load_model_gives_a_hooked_sae_transformer_with_the_same_logits(model, t
     assert torch.equal(model(tokens), plain(tokens))
 
 
-@pytest.mark.parametrize("bits", [1, 2])
-def test_run_with_saes_replaces_the_hook_by_the_bae_reconstruction(model, bits):
-    bae = _bae(bits)
+@pytest.mark.parametrize("bits_per_feature", [1, 2])
+def test_run_with_saes_replaces_the_hook_by_the_bae_reconstruction(model, bits_per_feature):
+    bae = _bae(bits_per_feature)
     tokens = torch.randint(3, 100, (3, 12), generator=torch.Generator().manual_seed(1))
 
     def reconstruction(acts, hook):  # noqa: ARG001
@@ -70,7 +70,9 @@ def test_run_with_saes_replaces_the_hook_by_the_bae_reconstruction(model, bits):
     _, cache = model.run_with_cache_with_saes(tokens, saes=[bae])
     codes = cache[f"{HOOK}.hook_sae_acts_post"]
     assert torch.equal(codes, bae.encode(cache[f"{HOOK}.hook_sae_input"]))
-    levels = torch.arange(2**bits) / (2**bits - 1)  # b bits of a feature: one of 2^b values
+    levels = torch.arange(2**bits_per_feature) / (
+        2**bits_per_feature - 1
+    )  # b bits of a feature: one of 2^b values
     assert torch.isclose(codes.unique()[:, None], levels).any(-1).all()
     assert model.acts_to_saes == {}  # run_with_saes leaves the model as it was
 
@@ -149,7 +151,9 @@ def _folders(tmp_path) -> dict[str, tuple[Path, BAETrainingSAE]]:
     checkpoints on: its inference folder and the training checkpoint SAELens' trainer wrote,
     each with the training BAE it holds (the checkpoint's read by SAELens' training loader)."""
     x = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=6, bits=2, rescale_inputs_to=1.0, resample_every=2)
+    cfg = BAETrainingSAEConfig(
+        d_in=8, d_sae=6, bits_per_feature=2, rescale_inputs_to=1.0, resample_every=2
+    )
     run = train_sae(x, cfg, training_samples=4 * 64, batch_size=64,
                     checkpoint_dir=tmp_path / "run", n_checkpoints=1)  # fmt: skip
     run.sae.save_inference_model(tmp_path / "inference")
@@ -168,7 +172,7 @@ def test_every_loader_reads_an_inference_folder_and_a_training_checkpoint_alike(
         assert isinstance(trained, BAETrainingSAE) and hasattr(trained, "window_counts"), kind
         loaded = LOADERS[loader](folder)
         assert type(loaded) is BAE and not hasattr(loaded, "window_counts"), kind
-        assert loaded.cfg.bits == 2 and loaded.cfg.rescale_inputs_to == 1.0, kind
+        assert loaded.cfg.bits_per_feature == 2 and loaded.cfg.rescale_inputs_to == 1.0, kind
         assert torch.equal(loaded.input_scale, trained.input_scale), kind
         assert torch.equal(loaded.encode_bits(x), trained.encode_bits(x)), kind
         assert torch.equal(loaded(x), trained(x)), kind
@@ -183,7 +187,8 @@ def _edited(folder: Path, edit) -> Path:
 
 EDITS = {
     "unknown field": (lambda cfg: cfg.update(bit=2), r"unknown field\(s\) \['bit'\]"),
-    "missing field": (lambda cfg: cfg.pop("bits"), r"missing field\(s\) \['bits'\]"),
+    "missing field": (lambda cfg: cfg.pop("bits_per_feature"),
+                      r"missing field\(s\) \['bits_per_feature'\]"),
     # without it SAELens reads the file as a pre-6.0 config and drops unknown fields itself
     "no SAELens version": (lambda cfg: cfg.pop("metadata"),
                            r"missing field\(s\) \['metadata.sae_lens_version'\]"),
@@ -193,8 +198,9 @@ EDITS = {
 @pytest.mark.parametrize("edit", list(EDITS))
 @pytest.mark.parametrize("loader", list(LOADERS))
 def test_every_loader_refuses_an_unknown_or_missing_field_in_one_line(loader, edit, tmp_path):
-    """``"bit": 2`` beside ``"bits": 2`` would load as 2 bits if dropped; a missing ``bits`` as
-    1 bit: refused in the inference folder and in the training checkpoint alike."""
+    """``"bit": 2`` beside ``"bits_per_feature": 2`` would load as 2 bits if dropped; a missing
+    ``bits_per_feature`` as 1 bit: refused in the inference folder and in the training checkpoint
+    alike."""
     change, message = EDITS[edit]
     for kind, (folder, _) in _folders(tmp_path).items():
         with pytest.raises(ValueError, match=message) as error:

@@ -66,8 +66,8 @@ def _record_resamplings(monkeypatch):
 
 @pytest.mark.parametrize("options", list(OPTIONS))
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("bits", [1, 2])
-def test_stacked_training_equals_separate_trainings(bits, dtype, options, monkeypatch):
+@pytest.mark.parametrize("bits_per_feature", [1, 2])
+def test_stacked_training_equals_separate_trainings(bits_per_feature, dtype, options, monkeypatch):
     """The stack and three separate runs take the same decisions (the same bits resampled at
     the same steps, after the same firings) and end with the same weights up to rounding.
 
@@ -76,18 +76,18 @@ def test_stacked_training_equals_separate_trainings(bits, dtype, options, monkey
     decided by how its pre-activation rounds, and the stack's batched matmuls may round it apart
     from a single BAE's matmuls: in float32 a flip of that sample's bit, and every step after.
 
-    The bound: with the same decisions, the runs differ only in the order of their float
-    reductions (batched matmuls; for bits > 1 the single BAE steps its code twice, the stack
-    once). A step then moves each weight by the same update up to a few roundings at the weights'
-    scale, and over ``steps`` steps those add up to about ``steps * eps * scale``: nothing
-    amplifies them while no decision differs (40 Adam steps of lr 2e-3 are far from chaotic).
+    The bound: with the same decisions, the runs differ only in the order of their float reductions
+    (batched matmuls; for bits_per_feature > 1 the single BAE steps its code twice, the stack once).
+    A step then moves each weight by the same update up to a few roundings at the weights' scale,
+    and over ``steps`` steps those add up to about ``steps * eps * scale``: nothing amplifies them
+    while no decision differs (40 Adam steps of lr 2e-3 are far from chaotic).
     float64 makes that bound ~1e-15: equality to float64 rounding."""
     sets = binary_mixtures(3, dtype=getattr(torch, dtype), noise=0.02)
     cfg = BAETrainingSAEConfig(
         coefficient_width=None,
         d_in=8,
         d_sae=12,
-        bits=bits,
+        bits_per_feature=bits_per_feature,
         dtype=dtype,
         entropy_off_fraction=0.25,  # 10 of the 40 steps
         entropy_coefficient=1e-2,
@@ -118,7 +118,9 @@ def test_stacked_training_equals_separate_trainings(bits, dtype, options, monkey
                 continue
             bound = steps * torch.finfo(value.dtype).eps * value.abs().max().item()
             assert (mine - value).abs().max().item() <= bound, (g, name, bound)
-        first = BAETrainingSAEConfig(d_in=8, d_sae=12, bits=bits, dtype=dtype)
+        first = BAETrainingSAEConfig(
+            d_in=8, d_sae=12, bits_per_feature=bits_per_feature, dtype=dtype
+        )
         assert not torch.allclose(alone.W_enc, StackedBAE(first, [seed]).W_enc[0])  # it trained
 
 

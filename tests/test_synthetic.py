@@ -23,14 +23,14 @@ def test_directional_data_has_exactly_r_bits(r):
 
 
 def _planted_code_bae(basis, d_sae):
-    """A BAE whose first r channels are the planted bits (pre-activations (x - centre) . u_k),
+    """A BAE whose first r code bits are the planted bits (pre-activations (x - centre) . u_k),
     the rest never firing."""
     r, d = basis.shape
     bae = BAE(BAEConfig(d_in=d, d_sae=d_sae, apply_b_dec_to_input=False))
     with torch.no_grad():
         bae.W_enc.zero_()
         bae.W_enc[:, :r] = basis.T
-        bae.b_enc.fill_(-1.0)  # channels past r: always negative
+        bae.b_enc.fill_(-1.0)  # code bits past r: always negative
         bae.b_enc[:r] = -(0.5 * basis.sum(0)) @ basis.T  # the cube's centre on each direction
     return bae
 
@@ -44,7 +44,7 @@ def test_recovered_bits_counts_the_planted_bits_a_code_copies():
     assert torch.equal(codes[:, :6], test_bits) and not codes[:, 6:].any()
     assert recovered_bits(codes, test_bits) == 6
     assert recovered_bits(1 - codes, test_bits) == 6  # a negated copy carries the same bit
-    codes[:, 2] = 0  # a channel gone: its bit is in no other channel
+    codes[:, 2] = 0  # a code bit gone: its planted bit is in no other code bit
     codes[:30, 4] = 1 - codes[:30, 4]  # 30 of 2000 wrong: 98.5% agreement, under 99%
     assert recovered_bits(codes, test_bits) == 4
     assert recovered_bits(codes, test_bits, agreement=0.98) == 5

@@ -34,17 +34,17 @@ torch.manual_seed(0)
 # ## Known truth: r fair bits
 # The paper's synthetic sets: states c M, c uniform on {0,1}^r, M an orthonormal basis in d = 64.
 # A set of r fair bits holds exactly r bits, and a BAE (linear decoder) can reproduce it exactly
-# with r channels. `EntropyRecipe()` trains to convergence (at most 16000 steps).
+# with r code bits. `EntropyRecipe()` trains to convergence (at most 16000 steps).
 #
-# Training alone does not always find those r channels. On about a third to a half of such sets
-# of 8 bits it settles in a code that writes 3 of the bits as 4 fair channels: threshold
+# Training alone does not always find those r code bits. On about a third to a half of such sets
+# of 8 bits it settles in a code that writes 3 of the bits as 4 fair code bits: threshold
 # functions on the normals of a tetrahedron. They are pairwise uncorrelated, so the covariance
-# term cannot see them, and they decode to the 3 bits exactly; the sum of the channels'
+# term cannot see them, and they decode to the 3 bits exactly; the sum of the code bits'
 # entropies would read one bit over (9 for 8). The 8-bit set below is one of those sets. The
-# recipe then repairs the code (`repair_rounds`, `entropy.repair`): any one of the 4 channels is
+# recipe then repairs the code (`repair_rounds`, `entropy.repair`): any one of the 4 code bits is
 # fixed by the rest of the code on the set's states, so it is switched off and the BAE trains on
-# without it, and the retrained BAE is kept because its objective is lower. `repaired_channels`
-# lists the channel switched off (docs/research/heldout-sets.md, "A 3-in-4 code").
+# without it, and the retrained BAE is kept because its objective is lower. `knocked_out_bits`
+# lists the code bit switched off (docs/research/heldout-sets.md, "A 3-in-4 code").
 
 # %%
 ranks = (3, 8)
@@ -57,17 +57,17 @@ for r, cell in zip(ranks, cells, strict=True):
         f"relative error {cell.relative_error:.4f}, excess over the code words "
         f"{'-' if cell.excess_bits is None else f'{cell.excess_bits:.2f}'}, {cell.steps} steps "
         f"(+{cell.repair_steps} repairing), "
-        f"repaired channels {cell.repaired_channels}, reliable: {cell.reliable}"
+        f"knocked-out bits {cell.knocked_out_bits}, reliable: {cell.reliable}"
     )
 
 # %% [markdown]
 # ## What the number is: 8 arbitrary states
 # Eight random points also hold 3 bits, but they are not an affine image of a 3-bit cube: a
-# linear decoder needs at least 7 channels (8 affinely independent points), and the estimate is
-# the *sum of the channels' entropies*: at least 7 H(1/8) = 3.8 bits, more when the code spreads
-# over extra channels. (Here training ends with one channel per state, 8 H(1/8) = 4.35 bits; any
+# linear decoder needs at least 7 code bits (8 affinely independent points), and the estimate is
+# the *sum of the code bits' entropies*: at least 7 H(1/8) = 3.8 bits, more when the code spreads
+# over extra code bits. (Here training ends with one bit per state, 8 H(1/8) = 4.35 bits; any
 # one of them is fixed by the other seven, and with it switched off the least-squares decoder
-# still reads the states, so the recipe's repair keeps 7 channels: 3.80 bits.) It lands above
+# still reads the states, so the recipe's repair keeps 7 code bits: 3.80 bits.) It lands above
 # the ceiling log2(8) = 3, and the cell says it cannot be read as the set's entropy. The same
 # holds for any set of fewer states than dimensions: read such cells as an upper bound, never as
 # the entropy.
@@ -77,7 +77,7 @@ points = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
 (cell,) = estimate_entropies([points[torch.arange(4096) % 8]], EntropyRecipe(), progress=False)
 print(
     f"estimate {cell.bits:.2f} bits, ceiling {cell.ceiling_bits:.2f}, "
-    f"relative error {cell.relative_error:.4f}, repaired channels {cell.repaired_channels}, "
+    f"relative error {cell.relative_error:.4f}, knocked-out bits {cell.knocked_out_bits}, "
     f"reliable: {cell.reliable}"
 )
 

@@ -81,7 +81,7 @@ def build_pages(
     tokenizer: Any,
     *,
     prior: Float[Tensor, " n_bits"] | None = None,
-    bits: int = 1,
+    bits_per_feature: int = 1,
     lens: list[tuple[list[tuple[str, float]], list[tuple[str, float]]]] | None = None,
     comsem: dict[int, dict[str, Any]] | None = None,
     contexts: int = 20,
@@ -91,7 +91,7 @@ def build_pages(
     counts = records.counts()
     n_tokens = max(records.features.shape[0], 1)
     chosen = features if features is not None else counts.nonzero().flatten().tolist()
-    rarity = None if prior is None else bit_rarity(prior).reshape(-1, bits).mean(-1)
+    rarity = None if prior is None else bit_rarity(prior).reshape(-1, bits_per_feature).mean(-1)
     pages = []
     for feature in chosen:
         ranked = records.samples(feature)

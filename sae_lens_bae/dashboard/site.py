@@ -74,7 +74,7 @@ def dashboard(cfg: DashboardConfig, progress: bool = True) -> dict[str, Any]:
         records,
         tokenizer,
         prior=None if prior is None else prior.detach().float(),
-        bits=getattr(sae.cfg, "bits", 1) if sae is not None else 1,
+        bits_per_feature=getattr(sae.cfg, "bits_per_feature", 1) if sae is not None else 1,
         lens=lens,
         comsem=None if cfg.comsem is None else comsem_results(cfg.comsem),
         contexts=cfg.contexts,

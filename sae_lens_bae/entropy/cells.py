@@ -84,7 +84,7 @@ class CellEntropy:
     trained_relative_error: float | None = None  # relative_error with the decoders as trained,
     # mean over seeds; None without ``recipe.selection.refit_decoder``
     decoder_refits: list[bool] | None = None  # per seed, whether its decoder was refitted
-    repaired_channels: list[list[int]] | None = None  # per seed, the channels knocked out of its
+    knocked_out_bits: list[list[int]] | None = None  # per seed, the bits knocked out of its
     # kept BAE by a repair (entropy.repair; [] for none); None where the recipe never repairs
     repair_steps: int = 0  # the most steps the repairs of a kept BAE trained (beside ``steps``)
     state_bits: float | None = None  # the plug-in entropy of the set's distinct states
@@ -121,7 +121,7 @@ class CellEntropy:
             "restart_bits": self.restart_bits,
             "trained_relative_error": self.trained_relative_error,
             "decoder_refits": self.decoder_refits,
-            "repaired_channels": self.repaired_channels,
+            "knocked_out_bits": self.knocked_out_bits,
             "repair_steps": self.repair_steps,
             "state_bits": self.state_bits,
             "reasons": self.reasons,
@@ -240,8 +240,8 @@ def estimate_entropies(
     misses. With ``recipe.selection.refit_decoder`` each BAE's decoder is refitted by least
     squares on its training set first (``saes.decoder_refit``; ``trained_relative_error`` keeps
     the error of the decoders as trained). With ``recipe.selection.repair_rounds``, a BAE with
-    channels the rest of its code fixes is then retrained without them, and kept if that lowers
-    its held-out objective (``entropy.repair``; ``repaired_channels``), before the restarts are
+    bits the rest of its code fixes is then retrained without them, and kept if that lowers
+    its held-out objective (``entropy.repair``; ``knocked_out_bits``), before the restarts are
     compared. ``checkpoint``: a folder the training saves itself to and goes on from when the
     same call is made again (``train_stacked_baes``), so a killed trace does not train again.
     """
@@ -345,7 +345,9 @@ def estimate_entropies(
             entry.trained_relative_error = _mean([trained_errors[g] for g in members])
             entry.decoder_refits = [refits[g] for g in members]
         if recipe.repairs:
-            entry.repaired_channels = [repairs[g].channels if g in repairs else [] for g in members]
+            entry.knocked_out_bits = [
+                repairs[g].knocked_out if g in repairs else [] for g in members
+            ]
             entry.repair_steps = max(repairs[g].steps if g in repairs else 0 for g in members)
         cells.append(entry)
     if reference:

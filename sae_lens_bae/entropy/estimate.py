@@ -1,20 +1,20 @@
 """Entropy of a set of hidden states, estimated by a trained BAE, with what makes it trustworthy.
 
 The estimate is H(p) = -sum_i [p_i log2 p_i + (1-p_i) log2(1-p_i)] with p the BAE's mean binary
-code over the *whole* set (not per minibatch): the sum of the code channels' entropies. It is an
-upper bound on the entropy of the code (tight only when the channels are independent, which the
+code over the *whole* set (not per minibatch): the sum of the code bits' entropies. It is an
+upper bound on the entropy of the code (tight only when the code bits are independent, which the
 covariance penalty pushes towards), and the code's entropy is at most the set's. Beside it:
 
 * ``ceiling_bits`` = log2(number of distinct states): no distribution over the set can hold more;
-  an estimate above it says the channels are dependent or the code wastes bits, not that the set
+  an estimate above it says the code bits are dependent or the code wastes bits, not that the set
   has that much entropy;
 * ``code_bits``: the plug-in entropy of the distinct codes in the set, a lower companion (at most
   both the estimate and the ceiling);
 * ``excess_bits``: how far the estimate exceeds the code's joint entropy (``code_bits`` with the
   Miller-Madow bias correction), where the sample resolves that joint distribution (at most one
-  distinct code per ``RESOLVED_SAMPLES_PER_CODE`` states; else None). The sum over channels
-  equals the joint entropy only for independent channels, so an excess is bits counted twice by
-  dependent channels: an over-count below the ceiling, which the ceiling alone cannot catch;
+  distinct code per ``RESOLVED_SAMPLES_PER_CODE`` states; else None). The sum over bits
+  equals the joint entropy only for independent code bits, so an excess is bits counted twice
+  by dependent code bits: an over-count below the ceiling, which the ceiling alone cannot catch;
 * ``relative_error``: the BAE's reconstruction error on the set (SSE / total variance): an
   estimate from a code that has lost the states says little about the states;
 * ``typical_relative_error``: the same for the typical state, the median state's squared error
@@ -26,7 +26,7 @@ covariance penalty pushes towards), and the code's entropy is at most the set's.
 * ``state_bits``: the plug-in entropy of the distinct states themselves, the entropy of the
   set's own empirical distribution (log2 n when every state is distinct). The code is a
   function of the state, so ``code_bits`` is at most it; the difference is what the code merges
-  (``lost_bits``), and ``bits - code_bits`` is what the channels count twice *on this set*
+  (``lost_bits``), and ``bits - code_bits`` is what the code bits count twice *on this set*
   (exact, no sample-size condition: both are plug-ins of the same states). The estimate minus
   ``state_bits`` is the second less the first, so with both within ``set_tolerance`` the
   estimate is within it of the set's entropy (docs/research/llm-truth.md). Both are asked only
@@ -129,7 +129,7 @@ def plugin_entropy(counts: Iterable[int]) -> float:
 
 
 def excess_bits(bits: float, code_counts: Iterable[int]) -> float | None:
-    """``bits`` (a per-channel sum) minus the joint entropy of the codes with these counts
+    """``bits`` (a per-bit sum) minus the joint entropy of the codes with these counts
     (plug-in plus the Miller-Madow correction, (K - 1) / (2 n ln 2) for K codes in n states), or
     None when the sample does not resolve the joint distribution (fewer than
     ``RESOLVED_SAMPLES_PER_CODE`` states per code: the plug-in is then biased low, and a good
@@ -165,7 +165,7 @@ def unreliable_reasons(
     if bits > ceiling_bits + 1e-6:
         reasons.append(f"estimate {bits:.1f} bits, over its ceiling {ceiling_bits:.1f}")
     if excess is not None and excess > max(MIN_EXCESS_BITS, EXCESS_FRACTION * (bits - excess)):
-        reasons.append(f"dependent channels: {excess:.1f} bits over the code's joint entropy")
+        reasons.append(f"dependent code bits: {excess:.1f} bits over the code's joint entropy")
     if state_bits is not None and code_bits is not None:
         tolerance = set_tolerance(state_bits)
         if state_bits - code_bits > tolerance:
@@ -173,7 +173,7 @@ def unreliable_reasons(
                 f"the code merges states: {code_bits:.2f} of the set's {state_bits:.2f} bits kept"
             )
         if bits - code_bits > tolerance:
-            reasons.append(f"channels count {bits - code_bits:.2f} bits twice on this set")
+            reasons.append(f"code bits count {bits - code_bits:.2f} bits twice on this set")
     return reasons
 
 

@@ -11,7 +11,7 @@ from torch import Tensor
 __all__ = ["RECOVERED", "bit_agreement", "directional_data", "planted_cell", "recovered_bits"]
 
 RECOVERED = 0.99
-"""A planted bit counts as recovered when a channel agrees with it on this fraction of states."""
+"""A planted bit counts as recovered when a code bit agrees with it on this fraction of states."""
 
 
 def planted_cell(
@@ -40,7 +40,7 @@ def directional_data(r: int, d: int, n_train: int, n_test: int, seed: int) -> tu
 def bit_agreement(
     codes: Float[Tensor, "n n_bits"], bits: Float[Tensor, "n r"]
 ) -> Float[Tensor, "r n_bits"]:
-    """The fraction of the states on which each code channel copies or negates each planted bit
+    """The fraction of the states on which each code bit copies or negates each planted bit
     (whichever is more), in fp64 on the codes' device."""
     codes, bits = codes.double(), bits.to(codes.device).double()
     same = (bits.T @ codes + (1 - bits).T @ (1 - codes)) / len(bits)
@@ -51,7 +51,7 @@ def bit_agreement(
 def recovered_bits(
     codes: Float[Tensor, "n n_bits"], bits: Float[Tensor, "n r"], agreement: float = RECOVERED
 ) -> int:
-    """How many planted bits some code channel copies (or negates) on at least ``agreement`` of
+    """How many planted bits some code bit copies (or negates) on at least ``agreement`` of
     the states: an estimate near r could come from a code of other bits with the same sum of
     entropies; this says whether the BAE found the planted ones."""
     if bits.shape[1] == 0 or codes.shape[1] == 0:

@@ -118,7 +118,7 @@ class Selection:
     """Replace each BAE's decoder by its code's least-squares decoder where that is better on
     held-back states."""
     repair_rounds: int = ranged(2, low=0)
-    """Rounds of repair (``entropy.repair``; 0: none): channels the rest of the code determines
+    """Rounds of repair (``entropy.repair``; 0: none): bits the rest of the code determines
     are knocked out, the BAE trains on, and the copy is kept if its held-out objective is
     lower."""
 
@@ -142,7 +142,7 @@ class EntropyRecipe:
 
     expansion: int = ranged(4, low=1)
     """d_sae / d_in of each BAE (raise it if a cell's reconstruction error is too high)."""
-    bits: int = ranged(1, low=1)
+    bits_per_feature: int = ranged(1, low=1)
     """Code bits per feature (more-bit decoding: more reconstruction for the same d_sae)."""
     steps: int = ranged(16000, low=1)
     """Training steps of each BAE at most (its budget when converging)."""
@@ -264,7 +264,7 @@ class EntropyRecipe:
             d_in=d_in,
             rescale_inputs_to=_PRESET["rescale_inputs_to"] if framed else None,
             d_sae=self.expansion * d_in,
-            bits=self.bits,
+            bits_per_feature=self.bits_per_feature,
             surrogate_temperature=self.loss.surrogate_temperature,
             entropy_coefficient=self.loss.entropy_coefficient_2048 * scale,
             covariance_coefficient=self.loss.covariance_coefficient_2048 * scale,

@@ -5,20 +5,20 @@ A BAE's estimate of an LLM cell can be unreliable for two reasons: the cell cann
 the rule's error with so few states (no binary code with a linear decoder can keep 80% of the
 variance while spending less than log2 of the number of states), or it can be and the BAE's
 encoder does not find such a code. A k-means code tells the two apart. Its codes have one active
-channel of K (each state fires its nearest centroid's channel) and decode to the centroid, a
+bit of K (each state fires its nearest centroid's bit) and decode to the centroid, a
 binary code with a linear decoder like a BAE's; in the estimator's currency (the sum of
-per-channel entropies) it costs H(p) + sum_k (1 - p_k) log2(1 / (1 - p_k)) <= log2 K + log2 e
+per-bit entropies) it costs H(p) + sum_k (1 - p_k) log2(1 / (1 - p_k)) <= log2 K + log2 e
 bits whatever the set (docs/research/code-notes.md has its readings on the position trace).
 
 ``reference_reading`` tries K = 16, 32, 64, ... (powers of two up to the number of distinct
 states over e, beyond which log2 K + log2 e passes the ceiling) and stops at the first whose
 code *reads the cell*: both errors (total and typical state's) within the rule's and its
-per-channel sum under the ceiling. Its bits are the reference's rate at the rule's error. The
-rule's third test, the excess of the per-channel sum over the code's joint entropy, is reported
+per-bit sum under the ceiling. Its bits are the reference's rate at the rule's error. The
+rule's third test, the excess of the per-bit sum over the code's joint entropy, is reported
 (``reliable`` applies the whole rule) but does not stop the ladder: a one-hot code's sum always
 over-counts its joint entropy, by up to log2 e bits, and that joint entropy is known exactly
 (``assignment_bits``), so the over-count says nothing about whether such a code can read the
-cell. It is a reference, not a bound: a code with several active channels may spend fewer bits,
+cell. It is a reference, not a bound: a code with several active bits may spend fewer bits,
 and its reading grows with K (it is a rate at a resolution, not an entropy independent of it).
 """
 
@@ -100,8 +100,8 @@ def kmeans(
 
 @dataclass
 class QuantizerReading:
-    """What a one-active-channel code of ``k`` channels spends and loses on a set: ``bits``, the
-    per-channel entropy sum of its one-hot code (what a BAE estimate of that code reads);
+    """What a one-active-bit code of ``k`` bits spends and loses on a set: ``bits``, the
+    per-bit entropy sum of its one-hot code (what a BAE estimate of that code reads);
     ``assignment_bits``, the code's joint entropy; the errors as a BAE's are measured (total
     SSE / SST, and the typical state's); ``reads_cell``: both errors within the rule's and
     ``bits`` under the ceiling; ``reliable``: the whole rule (``is_reliable``, the excess too)."""
@@ -111,7 +111,7 @@ class QuantizerReading:
     assignment_bits: float
     excess_bits: float | None
     ceiling_bits: float
-    used_channels: int
+    used_bits: int
     relative_error: float | None
     typical_relative_error: float | None
     reads_cell: bool
@@ -150,7 +150,7 @@ def quantizer_reading(
         assignment_bits=plugin_entropy(counts.tolist()),
         excess_bits=excess,
         ceiling_bits=ceiling,
-        used_channels=int((counts > 0).sum()),
+        used_bits=int((counts > 0).sum()),
         relative_error=error,
         typical_relative_error=typical,
         reads_cell=is_reliable(bits, ceiling, error, None, max_relative_error, typical),

@@ -1,12 +1,12 @@
-"""Codes that count bits twice: find the channels that the rest of a code determines, and
+"""Codes that count bits twice: find the code bits that the rest of a code determines, and
 retrain a BAE without them.
 
-The estimate sums the channels' entropies, so a channel whose value the other channels fix on
+The estimate sums the bits' entropies, so a bit whose value the other bits fix on
 the states adds bits the code does not hold. The covariance term sees pairs only, and a BAE can
-settle in a code whose channels have no pairwise dependence yet hold fewer bits than their sum:
-three planted bits written as four fair threshold channels on a tetrahedron's normals (a 3-in-4
+settle in a code whose code bits have no pairwise dependence yet hold fewer bits than their sum:
+three planted bits written as four fair threshold code bits on a tetrahedron's normals (a 3-in-4
 code, docs/research/heldout-sets.md) decode exactly and sit one bit over the axis code, a local
-minimum of the objective. ``redundant_channels`` finds such channels from the code words of a set;
+minimum of the objective. ``redundant_bits`` finds such bits from the code words of a set;
 ``knock_out_`` switches them off, so that the rest of the code must carry the states, with its
 refitted decoder or trained on (``repair_baes``, which ``estimate_entropies`` runs: a repaired
 BAE is kept only if its held-out objective is lower, the judge between restarts too).
@@ -37,43 +37,43 @@ __all__ = [
     "Repair",
     "conditional_entropies",
     "knock_out_",
-    "redundant_channels",
+    "redundant_bits",
     "repair_baes",
     "resolved_code_words",
 ]
 
 REDUNDANT_FRACTION = 0.1
-"""A channel is redundant when its entropy given the rest of the code is at most this fraction
+"""A bit is redundant when its entropy given the rest of the code is at most this fraction
 of its own entropy (a fair bit the rest does not fix keeps about 1 bit of its 1, less only by
-the plug-in's bias at a few states per code word; a channel the rest fixes keeps 0)."""
-MIN_CHANNEL_BITS = 0.05
-"""... and its own entropy is at least this (a channel that hardly fires saves little)."""
+the plug-in's bias at a few states per code word; a bit the rest fixes keeps 0)."""
+MIN_BIT_ENTROPY = 0.05
+"""... and its own entropy is at least this (a bit that hardly fires saves little)."""
 MIN_STATES_PER_CODE = 2
-"""Channels are looked for only in a set of at least this many states per distinct code word:
-with fewer, most words lack the word that differs from them in one channel, and every channel
+"""Bits are looked for only in a set of at least this many states per distinct code word:
+with fewer, most words lack the word that differs from them in one bit, and every bit
 would look fixed by the rest."""
 KNOCKED_OUT_BIAS = -1e4
-"""A knocked-out channel's encoder bias (its encoder column is zero): its pre-activation is this
+"""A knocked-out bit's encoder bias (its encoder column is zero): its pre-activation is this
 on every state, where the sigmoid surrogate's gradient is nil (on CPU held at 4e-13 of its peak,
 ``saes.binary.SURROGATE_CPU_CUTOFF``: Adam moves the weights by about 1e-8), so it stays off. A
 straight-through surrogate passes the gradient and can revive it: the objective still judges."""
 _HASH_BLOCK = 1 << 24
-"""Entries (rows x channels) hashed at once: bounds the memory of reading a code."""
+"""Entries (rows x bits) hashed at once: bounds the memory of reading a code."""
 
 
-def _hash_weights(n_channels: int, device: torch.device | str) -> Tensor:
-    """Random int64 weights of at most 62 - log2(n_channels + 1) bits: a 0/1 word's weighted sum
+def _hash_weights(n_bits: int, device: torch.device | str) -> Tensor:
+    """Random int64 weights of at most 62 - log2(n_bits + 1) bits: a 0/1 word's weighted sum
     never overflows, and two of a set's K distinct words collide with probability about
-    K^2 / 2^(62 - log2 L) (2e-7 for K = 10^4 words of 4096 channels); a collision could
+    K^2 / 2^(62 - log2 L) (2e-7 for K = 10^4 words of 4096 bits); a collision could
     merge two words or find a partner that is not there."""
     generator = torch.Generator().manual_seed(0)
-    high = 2 ** (62 - math.ceil(math.log2(n_channels + 1)))
-    return torch.randint(1, high, (max(n_channels, 1),), generator=generator).to(device)
+    high = 2 ** (62 - math.ceil(math.log2(n_bits + 1)))
+    return torch.randint(1, high, (max(n_bits, 1),), generator=generator).to(device)
 
 
-def _merged(words: Tensor, counts: Tensor, channels: list[int]) -> tuple[Tensor, Tensor]:
-    """The distinct words of the code restricted to ``channels``, with their states' counts."""
-    merged, inverse = torch.unique(words[:, channels], dim=0, return_inverse=True)
+def _merged(words: Tensor, counts: Tensor, bits: list[int]) -> tuple[Tensor, Tensor]:
+    """The distinct words of the code restricted to ``bits``, with their states' counts."""
+    merged, inverse = torch.unique(words[:, bits], dim=0, return_inverse=True)
     total = torch.zeros(len(merged), dtype=counts.dtype, device=counts.device)
     return merged, total.scatter_add_(0, inverse, counts)
 
@@ -105,25 +105,25 @@ def resolved_code_words(
 def conditional_entropies(
     words: Float[Tensor, "K L"], counts: Float[Tensor, " K"]
 ) -> Float[Tensor, " L"]:
-    """H(c_i | the other channels) in bits for each channel i of a code whose distinct words
+    """H(c_i | the other code bits) in bits for each code bit i of a code whose distinct words
     (0/1) are held by ``counts`` states each: the plug-in over the pairs of words that differ in
-    channel i alone (a word with no such partner: the rest fixes channel i there, 0 bits).
-    Words are hashed (``_hash_weights``); a word's partner in channel i is its hash plus or
-    minus channel i's weight: one sort, then one search per word and channel."""
-    n_words, n_channels = words.shape
-    if n_channels == 0:
+    bit i alone (a word with no such partner: the rest fixes bit i there, 0 bits).
+    Words are hashed (``_hash_weights``); a word's partner in bit i is its hash plus or
+    minus bit i's weight: one sort, then one search per word and bit."""
+    n_words, n_bits = words.shape
+    if n_bits == 0:
         return torch.zeros(0, dtype=torch.float64)
-    weights = _hash_weights(n_channels, words.device)
+    weights = _hash_weights(n_bits, words.device)
     hashes = (words * weights).sum(1)
     ordered, order = hashes.sort()
     counts = counts.double()
     total = counts.sum()
     ordered_counts = counts[order]
-    result = torch.zeros(n_channels, dtype=torch.float64, device=words.device)
+    result = torch.zeros(n_bits, dtype=torch.float64, device=words.device)
     block = max(1, _HASH_BLOCK // max(n_words, 1))
-    for start in range(0, n_channels, block):
+    for start in range(0, n_bits, block):
         part = slice(start, start + block)
-        partners = hashes[:, None] + (1 - 2 * words[:, part]) * weights[part]  # flip channel i
+        partners = hashes[:, None] + (1 - 2 * words[:, part]) * weights[part]  # flip bit i
         position = torch.searchsorted(ordered, partners).clamp(max=n_words - 1)
         found = ordered[position] == partners
         partner_counts = torch.where(found, ordered_counts[position], 0.0)
@@ -133,12 +133,12 @@ def conditional_entropies(
 
 
 @torch.no_grad()
-def redundant_channels(
+def redundant_bits(
     codes: Float[Tensor, "n n_bits"], counts: Float[Tensor, " n"] | None = None
 ) -> list[int]:
-    """The channels of a code that the rest of it determines, chosen greedily: the one that
+    """The bits of a code that the rest of it determines, chosen greedily: the one that
     saves the most bits first, then again on the code without it, until none is left (of the
-    four channels of a 3-in-4 code any one is redundant, and once it is gone the other three
+    four bits of a 3-in-4 code any one is redundant, and once it is gone the other three
     are not). ``codes``: one 0/1 row per state, or distinct words held by ``counts`` states
     each (``resolved_code_words``). Empty when the set holds fewer than
     ``MIN_STATES_PER_CODE`` states per distinct word: the sample cannot tell."""
@@ -149,8 +149,8 @@ def redundant_channels(
     if int(counts.sum()) < MIN_STATES_PER_CODE * words.shape[0]:
         return []
     rates = (words.double() * counts.double()[:, None]).sum(0) / counts.sum()
-    marginal = binary_entropy(rates.unsqueeze(-1))  # per channel
-    kept = [i for i in range(words.shape[1]) if marginal[i] >= MIN_CHANNEL_BITS]
+    marginal = binary_entropy(rates.unsqueeze(-1))  # per bit
+    kept = [i for i in range(words.shape[1]) if marginal[i] >= MIN_BIT_ENTROPY]
     removed: list[int] = []
     while kept:
         given = conditional_entropies(*_merged(words, counts, kept))
@@ -164,23 +164,23 @@ def redundant_channels(
 
 
 @torch.no_grad()
-def knock_out_(bae: BAETrainingSAE, channels: list[int]) -> None:
-    """Switch these code channels off for good: zero encoder columns and a bias of
+def knock_out_(bae: BAETrainingSAE, bits: list[int]) -> None:
+    """Switch these code bits off for good: zero encoder columns and a bias of
     ``KNOCKED_OUT_BIAS`` (a zero column alone would sit on the threshold, where the surrogate's
     gradient is largest)."""
-    if not channels:
+    if not bits:
         return
-    bae.W_enc[:, channels] = 0.0
-    bae.b_enc[channels] = KNOCKED_OUT_BIAS
+    bae.W_enc[:, bits] = 0.0
+    bae.b_enc[bits] = KNOCKED_OUT_BIAS
 
 
 @dataclass
 class Repair:
-    """A BAE replaced by its repair: the channels knocked out of it (over all rounds), the steps
+    """A BAE replaced by its repair: the bits knocked out of it (over all rounds), the steps
     its repairs trained, and, of the last, the relative error as trained and whether its
     decoder was refitted."""
 
-    channels: list[int]
+    knocked_out: list[int]
     steps: int
     trained_relative_error: float | None
     refitted: bool
@@ -196,7 +196,7 @@ def repair_baes(
     progress: bool = True,
 ) -> dict[int, Repair]:
     """Up to ``recipe.selection.repair_rounds`` rounds: every BAE whose code on its training states
-    (``sets[g]``) has ``redundant_channels`` is copied and they are knocked out of the copy.
+    (``sets[g]``) has ``redundant_bits`` is copied and they are knocked out of the copy.
     With its decoder refitted to the code that is left (if the recipe refits decoders), the
     copy may already be better; if not, the copies train on together (``train_stacked_baes``
     from them, their trained decoders: at most a quarter of ``recipe.steps``, at the recipe's
@@ -211,7 +211,7 @@ def repair_baes(
         g: int,
         candidate: BAETrainingSAE,
         check: Tensor,
-        channels: list[int],
+        bits: list[int],
         steps: int,
         error: float | None,
         refitted: bool,
@@ -222,7 +222,7 @@ def repair_baes(
             return False
         before = repairs.get(g, Repair([], 0, None, False))
         repairs[g] = Repair(
-            sorted(before.channels + channels), before.steps + steps, error, refitted
+            sorted(before.knocked_out + bits), before.steps + steps, error, refitted
         )
         baes[g] = candidate
         return True
@@ -231,26 +231,26 @@ def repair_baes(
         flagged = {}
         for g in candidates:
             words = resolved_code_words(baes[g], sets[g])
-            channels = [] if words is None else redundant_channels(*words)
-            if channels:
-                flagged[g] = channels
+            bits = [] if words is None else redundant_bits(*words)
+            if bits:
+                flagged[g] = bits
         if not flagged:
             break
         candidates = []
         checks = {g: check_sets[g].to(device) for g in flagged}
         starts = {}
-        for g, channels in flagged.items():
+        for g, bits in flagged.items():
             start = copy.deepcopy(baes[g])
-            knock_out_(start, channels)
+            knock_out_(start, bits)
             # the code that is left may still read the states with its own least-squares
-            # decoder (a channel the rest fixes, not needed to decode): kept without training
+            # decoder (a bit the rest fixes, not needed to decode): kept without training
             error = unexplained_variance(start, checks[g])
             refitted = copy.deepcopy(start)
             if recipe.selection.refit_decoder and judge(
                 g,
                 refitted,
                 checks[g],
-                channels,
+                bits,
                 0,
                 error,
                 refit_decoder(refitted, sets[g], seed=seeds[g]).applied,

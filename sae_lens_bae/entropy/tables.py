@@ -101,8 +101,8 @@ def reliability_note(rows: Sequence[dict], name: Callable[[dict], str]) -> str:
         missed = [row for row in readable if not row.get("reliable", True)]
         lines.append(
             f"\nk-means reference: {len(readable)} of {len(referenced)} cells are read by a code "
-            "with one active channel of K (the smallest K tried whose errors, in total and for "
-            "the typical state, are within the rule's and whose per-channel sum is under the "
+            "with one active bit of K (the smallest K tried whose errors, in total and for "
+            "the typical state, are within the rule's and whose per-bit sum is under the "
             "ceiling; its joint entropy, which that sum over-counts by at most log2 e, is in "
             "the table; entropy.reference)."
         )

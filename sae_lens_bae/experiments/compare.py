@@ -18,7 +18,7 @@ The protocol, in order:
 3. At that rate, every setting and seed; every model read on validation, test and OOD.
 4. The BAE's default setting, on validation (means over seeds): the most ``activated`` features
    among the settings that meet the feature target (EV at least the sparsest TopK's minus 0.02,
-   under 1% constant channels); none meets it: the recipe's own coefficients (scale 1).
+   under 1% constant latents); none meets it: the recipe's own coefficients (scale 1).
 5. The verdicts of ``protocol.frontier_verdict``: at least 3 points of both frontiers in their
    overlap, a bootstrap over sequences and seeds.
 
@@ -205,7 +205,7 @@ EV_MARGIN = 0.02
 def _bae_default(rows: list[dict[str, Any]], final: list[str], d_sae: int) -> float:
     """The BAE's default setting from validation rows of the final grid (means over seeds): the
     most activated features (ties: the higher EV) among the settings that meet the feature
-    target: EV at least the sparsest TopK setting's minus ``EV_MARGIN`` and constant channels
+    target: EV at least the sparsest TopK setting's minus ``EV_MARGIN`` and constant latents
     under 1%; none meets it: the recipe's own coefficients (scale 1). Chosen before any test or
     OOD row exists."""
     held = [r for r in rows if r["split"] == "validation" and r["name"] in final]

@@ -2,7 +2,7 @@
 the point estimate (every sequence once) and each bootstrap replicate (a resample of the
 split's sequences, shared by every model) come from one definition (``split_metrics``).
 
-Per sequence: tokens, squared error, the sums EV's variance needs, each channel's active
+Per sequence: tokens, squared error, the sums EV's variance needs, each latent's active
 tokens (``features.activity``: an SAE latent that fires, a BAE bit in its rare state) and each
 feature's records under every magnitude (``MAGNITUDES_READ``); with the language model at hand,
 what splicing each model into it costs (``spliced_reads``) and k-sparse probing accuracy on
@@ -20,7 +20,7 @@ from torch import Tensor
 from sae_lens_bae.activations import LayerActivations, prompt_states, sequence_splits
 from sae_lens_bae.evaluation import spliced_losses
 from sae_lens_bae.features import FeatureRecords, code_prior, frequency_counts, top_k_records
-from sae_lens_bae.features.activity import channel_activity
+from sae_lens_bae.features.activity import latent_activity
 from sae_lens_bae.features.probing import k_sparse_probe_correct, sentence_features
 from sae_lens_bae.features.statistics import TABLE_1_MIN_RECORDS
 from sae_lens_bae.prompts import encode_prompts
@@ -49,8 +49,8 @@ class SplitSums:
     sse: Tensor  # [S]
     x_sum: Tensor  # [S, d]
     x_sq: Tensor  # [S]
-    active: Tensor  # [S, channels]
-    records: dict[str, Tensor]  # magnitude -> [S, channels]
+    active: Tensor  # [S, latents]
+    records: dict[str, Tensor]  # magnitude -> [S, latents]
 
 
 def sequence_weights(n: int, replicates: int, seed: int) -> np.ndarray:
@@ -78,7 +78,7 @@ def read_split(
             "sse": (sae.decode(sae.encode(x)) - x).double().pow(2).sum(-1).cpu(),
             "x_sum": x.double().cpu(),
             "x_sq": x.double().pow(2).sum(-1).cpu(),
-            "active": channel_activity(sae, x, majority).double().cpu(),
+            "active": latent_activity(sae, x, majority).double().cpu(),
         }
         for key, part in parts.items():
             if sums.get(key) is None:

@@ -1,13 +1,13 @@
 """``bae bench more-bits``: BAEs with C code bits per feature at one decoder width.
 
-With ``bits = C`` the encoder emits C * d_sae bits and each group of C becomes one real value
-h_R = sum_j 2^j b_j / (2^C - 1) before the decoder, whose width d_sae stays fixed. More bits per
-feature buy reconstruction; the question is what they cost in interpretable features. Per C: the
+With ``bits_per_feature = C`` the encoder emits C * d_sae bits and each group of C becomes one real
+value h_R = sum_j 2^j b_j / (2^C - 1) before the decoder, whose width d_sae stays fixed. More bits
+per feature buy reconstruction; the question is what they cost in interpretable features. Per C: the
 held-out reconstruction, activated / dead / dense features and L0 (feature magnitudes: burstiness
-for C = 1 as in ``bae compare``, the real values h_R for C > 1), and ComSem's columns when an LLM
-is given. Every C starts at the same encoder scale, and its penalties are weighted so that a
-feature weighs what it weighs at C = 1 (``penalties_per_feature``): the entropy and firing terms
-sum over C times as many bits (a / C), the covariance over C^2 times as many pairs (a_c / C^2).
+for C = 1 as in ``bae compare``, the real values h_R for C > 1), and ComSem's columns when an LLM is
+given. Every C starts at the same encoder scale, and its penalties are weighted so that a feature
+weighs what it weighs at C = 1 (``penalties_per_feature``): the entropy and firing terms sum over C
+times as many bits (a / C), the covariance over C^2 times as many pairs (a_c / C^2).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class MoreBitsConfig(ComSemJudge, LayerData):
     """What ``bae bench more-bits`` runs; the defaults fit a 2-core CPU (decoder width d_sae =
     d_in, so that C = 4 has as many code bits as a 4x BAE)."""
 
-    bits: Sequence[int] = ranged((1, 2, 3, 4), low=1)
+    bits_per_feature: Sequence[int] = ranged((1, 2, 3, 4), low=1)
     """Code bits per feature C, one BAE each."""
     expansion: int = ranged(1, low=1)
     """Decoder width d_sae / d_in, the same for every C."""
@@ -59,18 +59,20 @@ class MoreBitsConfig(ComSemJudge, LayerData):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # LayerData's: every field's range, this class's too
-        if not self.bits or any(c < 1 for c in self.bits):
-            raise ValueError(f"bits must be integers >= 1, got {list(self.bits)}")
+        if not self.bits_per_feature or any(c < 1 for c in self.bits_per_feature):
+            raise ValueError(
+                f"bits_per_feature must be integers >= 1, got {list(self.bits_per_feature)}"
+            )
 
 
-def penalties_per_feature(d_in: int, bits: int) -> dict[str, float]:
-    """The default recipe's coefficients for C = ``bits`` code bits per feature, so that the
-    penalties weigh a feature as at C = 1: a_e / C (a sum over C times as many bits) and
+def penalties_per_feature(d_in: int, bits_per_feature: int) -> dict[str, float]:
+    """The default recipe's coefficients for C = ``bits_per_feature`` code bits per feature, so
+    that the penalties weigh a feature as at C = 1: a_e / C (a sum over C times as many bits) and
     a_c / C^2 (a sum over C^2 times as many pairs)."""
     one = BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in)
     return {
-        "entropy_coefficient": one.entropy_coefficient / bits,
-        "covariance_coefficient": one.covariance_coefficient / bits**2,
+        "entropy_coefficient": one.entropy_coefficient / bits_per_feature,
+        "covariance_coefficient": one.covariance_coefficient / bits_per_feature**2,
     }
 
 
@@ -86,9 +88,12 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
     d_in = train.shape[1]
     rows = []
     records = {}
-    for c in cfg.bits:
+    for c in cfg.bits_per_feature:
         bae_cfg = BAETrainingSAEConfig(
-            d_in=d_in, d_sae=cfg.expansion * d_in, bits=c, **penalties_per_feature(d_in, c)
+            d_in=d_in,
+            d_sae=cfg.expansion * d_in,
+            bits_per_feature=c,
+            **penalties_per_feature(d_in, c),
         )
         sae = train_sae(
             train,
@@ -128,15 +133,21 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
         stats.pop("firing_frequency")
         rows.append(
             {
-                "bits": c,
-                "code_bits": c * sae.cfg.d_sae,
+                "bits_per_feature": c,
+                "n_bits": c * sae.cfg.d_sae,
                 "magnitude": magnitude,
                 **penalties_per_feature(d_in, c),
                 **stats,
             }
         )
         watch.lap(f"C = {c}")
-    if cfg.judge(records, data.tokenizer, {f"C={row['bits']}": row for row in rows}, out, progress):
+    if cfg.judge(
+        records,
+        data.tokenizer,
+        {f"C={row['bits_per_feature']}": row for row in rows},
+        out,
+        progress,
+    ):
         watch.lap("comsem")
     summary = {
         "config": asdict(cfg),
@@ -151,8 +162,8 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
     write_json(out / "more_bits.json", summary)
     plot_more_bits(rows, out / "more_bits.png", title=f"{cfg.model} {data.hook}")
     columns = [
-        ("C (bits per feature)", lambda r: str(r["bits"])),
-        ("code bits", lambda r: str(r["code_bits"])),
+        ("C (bits per feature)", lambda r: str(r["bits_per_feature"])),
+        ("code bits", lambda r: str(r["n_bits"])),
         ("reconstruction loss", lambda r: cell(r["reconstruction_loss"], ".4f")),
         ("explained variance", lambda r: cell(r["explained_variance"], ".3f")),
         ("activated", lambda r: str(r["activated"])),
@@ -178,14 +189,18 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
 
 def plot_more_bits(rows: list[dict], path: str | Path, title: str = "") -> Path:
     """Reconstruction loss and activated features against C, the code bits per feature."""
-    bits = [row["bits"] for row in rows]
+    per_feature = [row["bits_per_feature"] for row in rows]
     fig, (left, right) = subplots(1, 2, figsize=(9, 3.8))
-    left.plot(bits, [row["reconstruction_loss"] for row in rows], "o-")
-    left.set(xlabel="C (bits per feature)", ylabel="held-out reconstruction loss", xticks=bits)
-    right.plot(bits, [row["activated"] for row in rows], "o-", label="activated")
+    left.plot(per_feature, [row["reconstruction_loss"] for row in rows], "o-")
+    left.set(
+        xlabel="C (bits per feature)", ylabel="held-out reconstruction loss", xticks=per_feature
+    )
+    right.plot(per_feature, [row["activated"] for row in rows], "o-", label="activated")
     if all(row.get("comsem_interpretable") is not None for row in rows):
-        right.plot(bits, [row["comsem_interpretable"] for row in rows], "s--", label="FI (ComSem)")
-    right.set(xlabel="C (bits per feature)", ylabel="features", xticks=bits)
+        right.plot(
+            per_feature, [row["comsem_interpretable"] for row in rows], "s--", label="FI (ComSem)"
+        )
+    right.set(xlabel="C (bits per feature)", ylabel="features", xticks=per_feature)
     right.legend(fontsize=8)
     fig.suptitle(title)
     return save_figure(fig, path)

@@ -169,7 +169,7 @@ def _entropy_paragraph(bae: dict[str, Any]) -> str:
     """The held-out set's entropy as this BAE reads it: a headline only where the reading passes
     the trust rule; otherwise what the code spends, and why it is not the set's entropy."""
     spent = (
-        f"the sum of the code channels' entropies over the held-out set is "
+        f"the sum of the code bits' entropies over the held-out set is "
         f"{bae['entropy_estimate_bits']:.1f} bits; no set of {bae['distinct_states']} distinct "
         f"states holds more than log2 of their number, {bae['entropy_ceiling_bits']:.1f} bits"
     )
@@ -180,7 +180,7 @@ def _entropy_paragraph(bae: dict[str, Any]) -> str:
         )
     return (
         f"No entropy headline: this BAE, trained for features, does not read the set's entropy "
-        f"({spent}, and the reading fails the trust rule: over the ceiling, dependent channels "
+        f"({spent}, and the reading fails the trust rule: over the ceiling, dependent code bits "
         "counted twice, or a poor reconstruction). `bae entropy estimate` trains BAEs for it "
         "and says which readings to trust."
     )

@@ -148,7 +148,7 @@ def _row(
         "steps": cell.steps,  # at most the recipe's; fewer once converged
         "restart_objectives": cell.restart_objectives,  # None without restarts
         "restart_bits": cell.restart_bits,  # each restart's estimate, or None
-        "repaired_channels": cell.repaired_channels,  # per seed (entropy.repair)
+        "knocked_out_bits": cell.knocked_out_bits,  # per seed (entropy.repair)
         "repair_steps": cell.repair_steps,  # trained by the repairs, beyond steps
     }
 

@@ -8,17 +8,17 @@ from sae_lens_bae.features.records import (
     top_k_records,
 )
 from sae_lens_bae.features.statistics import (
-    channel_activity,
     decoder_covariance_norm,
     feature_statistics,
     firing_frequency,
     frequency_counts,
+    latent_activity,
 )
 
 __all__ = [
     "FeatureRecords",
     "burstiness",
-    "channel_activity",
+    "latent_activity",
     "code_prior",
     "decoder_covariance_norm",
     "feature_magnitudes",

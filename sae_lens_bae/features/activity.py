@@ -1,4 +1,4 @@
-"""When a channel is active: an SAE latent that fires, a BAE bit in its rare state. The one
+"""When a latent is active: an SAE latent that fires, a BAE bit in its rare state. The one
 definition every count of ``features.statistics`` and every common magnitude of
 ``features.records`` reads."""
 
@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-__all__ = ["channel_activity", "rarity"]
+__all__ = ["latent_activity", "rarity"]
 
 
 def rarity(p: Float[Tensor, " bits"]) -> Float[Tensor, " bits"]:
@@ -19,10 +19,10 @@ def rarity(p: Float[Tensor, " bits"]) -> Float[Tensor, " bits"]:
 
 
 @torch.no_grad()
-def channel_activity(
+def latent_activity(
     sae: Any, x: Float[Tensor, "n d_in"], majority: Bool[Tensor, " bits"] | None = None
-) -> Bool[Tensor, "n channels"]:
-    """Which channels are active on each row of ``x``: an SAE latent that fires; a BAE bit whose
+) -> Bool[Tensor, "n latents"]:
+    """Which latents are active on each row of ``x``: an SAE latent that fires; a BAE bit whose
     bit differs from ``majority`` (its usual value, ``mean code > 1/2`` on the tokens read)."""
     if hasattr(sae, "encode_bits"):
         if majority is None:

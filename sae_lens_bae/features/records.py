@@ -2,8 +2,8 @@
 
 The raw material of feature interpretation (ComSem reads it): which tokens, in which sentences,
 make a feature fire most. Magnitudes are model-specific (burstiness for a BAE, the raw
-activation for an SAE) or common to every family (``feature_magnitudes``): a channel's value
-z-scored per channel ("rescaled", so that channels with large decoder-compensated scales do not
+activation for an SAE) or common to every family (``feature_magnitudes``): a latent's value
+z-scored per latent ("rescaled", so that latents with large decoder-compensated scales do not
 crowd out the rest) or the burstiness of its support ("support").
 """
 
@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from sae_lens_bae.activations.cache import harvest_activations
-from sae_lens_bae.features.activity import channel_activity
+from sae_lens_bae.features.activity import latent_activity
 from sae_lens_bae.features.burstiness import burstiness, code_prior
 from sae_lens_bae.saes.protocols import BinaryEncoder, Encoder
 
@@ -40,7 +40,7 @@ __all__ = [
 Magnitude = Literal["burstiness", "raw", "rescaled", "support"]
 MAGNITUDES = ("burstiness", "raw", "rescaled", "support")
 TWO_SIDED = ("burstiness", "support")
-"""Magnitudes that rank both states of a channel (the rare state on, the usual state off)."""
+"""Magnitudes that rank both states of a latent (the rare state on, the usual state off)."""
 Candidates = Literal["all", "firing"]
 
 
@@ -221,10 +221,10 @@ def feature_magnitudes(
     """A function (start, stop) -> (magnitudes, active mask) of rows start:stop, per ``magnitude``.
 
     ``burstiness`` (a BAE's own) needs ``prior`` (see ``code_prior``); ``raw`` is an SAE's
-    activation. The two common to every family read each channel's value v: an SAE latent's
+    activation. The two common to every family read each latent's value v: an SAE latent's
     activation, a BAE bit's canonical bit (1 in its rare state, ``features.activity``):
-    ``rescaled`` z-scores v per channel over all of ``activations`` (the paper's rescaled SAE);
-    ``support`` is the burstiness of its support, log2|1[v != 0] - f| with f the channel's firing
+    ``rescaled`` z-scores v per latent over all of ``activations`` (the paper's rescaled SAE);
+    ``support`` is the burstiness of its support, log2|1[v != 0] - f| with f the latent's firing
     frequency (for a BAE its burstiness under the evaluation prior). Active: v != 0.
     """
     if magnitude == "burstiness":
@@ -258,12 +258,12 @@ def feature_magnitudes(
     def values(start: int, stop: int) -> Tensor:
         if majority is None:
             return sae.encode(activations[start:stop]).float()
-        return channel_activity(sae, activations[start:stop], majority).float()
+        return latent_activity(sae, activations[start:stop], majority).float()
 
-    mean, std = _channel_moments(values, activations.shape[0], batch_size)
+    mean, std = _latent_moments(values, activations.shape[0], batch_size)
     frequency = None
     if magnitude == "support":
-        frequency = _channel_moments(
+        frequency = _latent_moments(
             lambda a, b: (values(a, b) != 0).float(), activations.shape[0], batch_size
         )[0].float()
 
@@ -277,10 +277,10 @@ def feature_magnitudes(
     return rows
 
 
-def _channel_moments(
+def _latent_moments(
     values: Callable[[int, int], Tensor], n: int, batch_size: int
 ) -> tuple[Tensor, Tensor]:
-    """Each channel's mean and standard deviation (floored at 1e-8) of ``values`` over n rows."""
+    """Each latent's mean and standard deviation (floored at 1e-8) of ``values`` over n rows."""
     total = total_sq = torch.zeros((), dtype=torch.float64)
     for start in range(0, n, batch_size):
         v = values(start, min(start + batch_size, n)).double()
@@ -306,9 +306,9 @@ def top_k_records(
     seed: int = 0,
 ) -> FeatureRecords:
     """Every token's top-k features by ``magnitude``. ``candidates="all"`` is the paper's ComSem
-    definition: every channel competes (for a BAE's two-sided burstiness, a mostly-on bit that is
+    definition: every latent competes (for a BAE's two-sided burstiness, a mostly-on bit that is
     off scores as high as a rare bit that is on), except an SAE latent that does not fire (its
-    magnitude 0 is no activation). ``"firing"``: only channels that fire on the token (a BAE bit
+    magnitude 0 is no activation). ``"firing"``: only latents that fire on the token (a BAE bit
     that is 1). ``sequences``: the token rows ``token_positions`` index, kept so a sample can be
     shown in its sentence. ``off_samples``: per feature, how many tokens on which it is off to
     draw uniformly (seeded by ``seed``) for ``FeatureRecords.off_tokens``; off means not a

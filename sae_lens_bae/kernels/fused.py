@@ -63,7 +63,7 @@ FUSED_DEVICES: set[str] = {"cuda"}
 turns them off to time the tiled PyTorch path; the tests add "cpu" under ``TRITON_INTERPRET=1``."""
 
 BLOCK_N = 128
-"""Tile side on CUDA (channels)."""
+"""Tile side on CUDA (bits)."""
 BLOCK_B = 32
 """Samples per step of a tile's loop over the batch."""
 NUM_WARPS = 8
@@ -90,7 +90,7 @@ device-bound (the benchmark's ``bae_cast`` rows time both)."""
 def tile_pairs(
     n: int, block: int, share: tuple[int, int], device: torch.device
 ) -> tuple[Tensor, Tensor, int]:
-    """``band_tiles`` of n channels in tiles of ``block``, as two int32 index tensors (I, J) on
+    """``band_tiles`` of n bits in tiles of ``block``, as two int32 index tensors (I, J) on
     ``device`` and their count (an int: ``len`` of a tensor costs host time), once per shape."""
     tiles = torch.tensor(band_tiles(-(-n // block), share), dtype=torch.int32).reshape(-1, 2)
     return tiles[:, 0].contiguous().to(device), tiles[:, 1].contiguous().to(device), len(tiles)
@@ -125,7 +125,7 @@ if HAS_TRITON:
         COPY: tl.constexpr,
     ):
         """This program's tile t (row block ti, column block tj) of stack member g: B(B-1) cov,
-        zero off the matrix and on its diagonal, with its channel indices and column counts
+        zero off the matrix and on its diagonal, with its bit indices and column counts
         (summed here from the codes the loop reads anyway: no count kernel). The codes come in
         any float dtype and multiply as fp16 (exact for 0/1; triton's interpreter gets bf16 dots
         wrong). ``COPY``: the diagonal tiles also write their columns of the codes to

@@ -10,8 +10,8 @@ H^T H of 0/1 codes H [G, B, n] block by block (``gram``) and the codes times a b
   -1/0/1 signs are int8 numbers, and the CPU multiplies int8 2x (AVX2) to 4x (AVX-512 VNNI)
   faster than fp32;
 * ``SparseProducts``, on CPU for very sparse codes: sums over the entries that are 1 only
-  (``embedding_bag``), after flipping every channel that fires in more than half of the batch
-  (|cov| does not change when a channel is flipped): rho * B * n^2 additions instead of
+  (``embedding_bag``), after flipping every bit that fires in more than half of the batch
+  (|cov| does not change when a bit is flipped): rho * B * n^2 additions instead of
   B * n^2 multiply-adds at density rho.
 
 ``binary_products`` picks one for a set of codes; :func:`penalty_path` hands that choice to the
@@ -82,7 +82,7 @@ def cpu_int8_products() -> bool:
 
 
 SPARSE_DENSITY = 0.05
-"""On CPU, binary codes whose density (after flipping the channels that fire more than half of the
+"""On CPU, binary codes whose density (after flipping the bits that fire more than half of the
 time) is at most this take the sparse products (``SPARSE_DENSITY_FP32`` where the matmuls are
 fp32): int8 matmuls cost the same at any density, sparse sums fall with it, and the two cross
 between about 0.03 (AVX-512 VNNI) and 0.1 (AVX2); timings in docs/research/benchmarks.md."""
@@ -162,15 +162,15 @@ _Bags = list[tuple[Tensor, Tensor]]
 class SparseProducts:
     """The same products for sparse 0/1 codes, as sums of the rows that the 1 entries pick.
 
-    ``gram``: for each channel i of ``rows``, the sum of the rows x[k, cols] over the samples k
-    where i fires. ``left``: for each sample, the sum of the rows of ``matrix`` of the channels of
+    ``gram``: for each bit i of ``rows``, the sum of the rows x[k, cols] over the samples k
+    where i fires. ``left``: for each sample, the sum of the rows of ``matrix`` of the bits of
     ``rows`` that fire in it. Both are ``embedding_bag`` sums of exact integers, so they equal the
     dense products bit for bit; the index lists are built once per set of codes.
     """
 
     int8_signs = False  # embedding_bag reads its weights in the work dtype: no conversion
     int32_results = False
-    flips: Tensor | None = None  # +-1 per channel where the codes were flipped (1 - x)
+    flips: Tensor | None = None  # +-1 per bit where the codes were flipped (1 - x)
 
     def __init__(self, x: Tensor, dtype: torch.dtype) -> None:
         self.x, self.dtype = x, dtype
@@ -179,7 +179,7 @@ class SparseProducts:
         # are too): together they are a copy of x, 128 MiB at n = 65536
         self.keep_columns = x.shape[0] * x.shape[2] ** 2 <= _KEEP_COLUMNS_LIMIT
         self._columns: dict[tuple[int, int], list[Tensor]] = {}
-        self._by_channel: dict[tuple[int, int], _Bags] = {}
+        self._by_bit: dict[tuple[int, int], _Bags] = {}
         self._by_sample: dict[tuple[int, int], _Bags] = {}
 
     def gram(self, rows: slice, cols: slice) -> Tensor:
@@ -189,7 +189,7 @@ class SparseProducts:
             columns = [codes[:, cols].to(self.dtype).contiguous() for codes in self.x]
             if self.keep_columns:
                 self._columns[key] = columns
-        bags = self._bags(self._by_channel, rows, by_channel=True)
+        bags = self._bags(self._by_bit, rows, by_bit=True)
         out = [
             F.embedding_bag(samples, weight, offsets, mode="sum")
             for (samples, offsets), weight in zip(bags, columns, strict=True)
@@ -198,22 +198,22 @@ class SparseProducts:
 
     def left(self, rows: slice, matrix: Tensor) -> Tensor:
         out = []
-        bags = self._bags(self._by_sample, rows, by_channel=False)
-        for (channels, offsets), weight in zip(bags, matrix, strict=True):
+        bags = self._bags(self._by_sample, rows, by_bit=False)
+        for (bits, offsets), weight in zip(bags, matrix, strict=True):
             if not (weight.is_contiguous() and weight.dtype == self.dtype):
                 weight = torch.empty(weight.shape, dtype=self.dtype).copy_(weight)
-            out.append(F.embedding_bag(channels, weight, offsets, mode="sum"))
+            out.append(F.embedding_bag(bits, weight, offsets, mode="sum"))
         return _stack(out)
 
-    def _bags(self, cache: dict[tuple[int, int], _Bags], rows: slice, by_channel: bool) -> _Bags:
-        """Per code set, the bags of the 1 entries of the channels ``rows``: by channel (each
-        channel's samples) or by sample (each sample's channels, as indices into ``rows``), with
-        the bags' start offsets. Built once per block of channels."""
+    def _bags(self, cache: dict[tuple[int, int], _Bags], rows: slice, by_bit: bool) -> _Bags:
+        """Per code set, the bags of the 1 entries of the bits ``rows``: by bit (each
+        bit's samples) or by sample (each sample's bits, as indices into ``rows``), with
+        the bags' start offsets. Built once per block of bits."""
         key = (rows.start, rows.stop)
         if key not in cache:
             cache[key] = []
             for bits in self.bits:
-                block = bits[:, rows].T if by_channel else bits[:, rows]
+                block = bits[:, rows].T if by_bit else bits[:, rows]
                 owners, members = block.nonzero(as_tuple=True)  # sorted by owner
                 offsets = torch.zeros(block.shape[0], dtype=torch.long)
                 offsets[1:] = torch.bincount(owners, minlength=block.shape[0]).cumsum(0)[:-1]
@@ -243,11 +243,11 @@ def _cpu_matmuls(x: Tensor) -> Int8Products | DenseProducts:
 def binary_products(
     x: Tensor, counts: Tensor, dtype: torch.dtype, block: int
 ) -> tuple[Products, Tensor, Tensor, Tensor | None]:
-    """(products, codes, counts, channel signs) for 0/1 codes x [G, B, n].
+    """(products, codes, counts, bit signs) for 0/1 codes x [G, B, n].
 
     On CPU (outside ``torch.compile``, whose graphs need fixed shapes) codes whose flipped density
     is at most ``SPARSE_DENSITY``, in tiles at least ``SPARSE_MIN_BLOCK`` wide, come back with
-    every channel that fires in more than half of the batch flipped (1 - x), their counts, the
+    every bit that fires in more than half of the batch flipped (1 - x), their counts, the
     sparse products and the +-1 signs that map the gradient back. Elsewhere the codes as they
     are and matmuls: bf16 on CUDA (exact for 0/1, half the memory), int8 on CPU where this torch
     has the product (``CPU_INT8``), else fp32.
@@ -272,7 +272,7 @@ def binary_products(
 
 def _choose(x: Tensor, counts: Tensor, dtype: torch.dtype, block: int) -> tuple[Products, Tensor]:
     """``binary_products`` as ``tiled_penalty`` takes a choice: the products (carrying their
-    channel flips) and the counts of the codes they multiply."""
+    bit flips) and the counts of the codes they multiply."""
     products, _, counts, flips = binary_products(x, counts, dtype, block)
     products.flips = flips
     return products, counts

@@ -145,7 +145,7 @@ class _TrainingStep(nn.Module):
         # global minibatch's, the mean of the ranks' means
         mse = output.losses["mse_loss"].detach()
         output.losses["mse_loss"] = batch.sum(mse) / batch.world
-        binary = self.sae.cfg.bits == 1  # 0/1 features travel as bytes
+        binary = self.sae.cfg.bits_per_feature == 1  # 0/1 features travel as bytes
         output.feature_acts = batch.gather(output.feature_acts.detach(), codes=binary)
         return output
 

@@ -1,9 +1,9 @@
 """The Binary Autoencoder (BAE) as a SAELens architecture: configs, inference and training classes.
 
 A BAE encodes a hidden state h0 (dim d_in) into a binary code
-``h_B = step(h0 @ W_enc + b_enc)`` in {0, 1}^(bits * d_sae), with ``step(x) = 1`` for ``x >= 0``,
-and decodes ``h_R @ W_dec + b_dec`` where ``h_R`` groups every ``bits`` code bits into one
-feature value (``h_R = h_B`` for ``bits = 1``). Training minimises
+``h_B = step(h0 @ W_enc + b_enc)`` in {0, 1}^n_bits, with ``step(x) = 1`` for ``x >= 0``,
+and decodes ``h_R @ W_dec + b_dec`` where ``h_R`` groups every ``bits_per_feature`` code bits into
+one feature value (``h_R = h_B`` for ``bits_per_feature = 1``). Training minimises
 
     mse_loss + (a_e * H(mean code of the minibatch) + a_c * sum_{i != j} |cov(h_B)_ij|) / k^2
 
@@ -97,7 +97,7 @@ def _check_inference_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
         {
             "d_in": (is_count(cfg.d_in, 1), "a positive integer"),
             "d_sae": (is_count(cfg.d_sae, 1), "a positive integer"),
-            "bits": (is_count(cfg.bits, 1), "bits per feature, an integer >= 1"),
+            "bits_per_feature": (is_count(cfg.bits_per_feature, 1), "an integer >= 1"),
             "rescale_inputs_to": (target is None or positive, "a positive variance or None"),
             "reshape_activations": (cfg.reshape_activations == "none", "flatten hook_z upstream"),
             "normalize_activations": (
@@ -113,8 +113,9 @@ class BAEConfig(StrictLoading, SAEConfig):
     """Inference configuration of a BAE (``d_in``, ``d_sae``: SAELens'). Read from a cfg.json
     strictly, by every loader (``saes.loading.StrictLoading``)."""
 
-    bits: int = 1
-    """Code bits per feature (more-bit decoding): the encoder emits ``bits * d_sae`` bits."""
+    bits_per_feature: int = 1
+    """Code bits per feature (more-bit decoding): the encoder emits ``n_bits =
+    bits_per_feature * d_sae`` bits."""
     apply_b_dec_to_input: bool = False
     """SAELens' input centring; off, as in the paper."""
     rescale_inputs_to: float | None = None
@@ -132,8 +133,8 @@ class BAEConfig(StrictLoading, SAEConfig):
 
     @property
     def n_bits(self) -> int:
-        """Width of the binary code: ``bits * d_sae``."""
-        return self.bits * self.d_sae
+        """Width of the binary code: ``bits_per_feature * d_sae``."""
+        return self.bits_per_feature * self.d_sae
 
 
 @dataclass
@@ -142,8 +143,9 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     and its phases as fractions of training (resolved into steps once: :meth:`schedule`). The
     defaults are the ``default`` recipe (``saes.bae_recipes``, which says how it was chosen)."""
 
-    bits: int = 1
-    """Code bits per feature (more-bit decoding): the encoder emits ``bits * d_sae`` bits."""
+    bits_per_feature: int = 1
+    """Code bits per feature (more-bit decoding): the encoder emits ``n_bits =
+    bits_per_feature * d_sae`` bits."""
     apply_b_dec_to_input: bool = False
     """SAELens' input centring; off, as in the paper."""
     rescale_inputs_to: float | None = None
@@ -200,8 +202,8 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
 
     @property
     def n_bits(self) -> int:
-        """Width of the binary code: ``bits * d_sae``."""
-        return self.bits * self.d_sae
+        """Width of the binary code: ``bits_per_feature * d_sae``."""
+        return self.bits_per_feature * self.d_sae
 
     def __str__(self) -> str:
         return f"{self!r}, training at d_in {self.d_in} with {self.coefficients()}"
@@ -264,11 +266,13 @@ class _BAEMixin(InputFrameFolds):
         (fp32) and, when configured, the unset input frame."""
         super().initialize_weights()  # type: ignore[misc]  # SAE's or TrainingSAE's
         cfg, device = self.cfg, self.W_dec.device
-        if cfg.bits > 1:  # bits of one feature need distinct directions
+        if cfg.bits_per_feature > 1:  # bits of one feature need distinct directions
             # bit 0 of feature k keeps SAELens' init (tied to decoder row k); bits 1.. get random
             # directions of the same norm, so every bit starts at one scale
             tied = self.W_enc.detach()  # [d_in, d_sae]
-            w_enc = torch.empty(cfg.d_in, cfg.d_sae, cfg.bits, dtype=tied.dtype, device=device)
+            w_enc = torch.empty(
+                cfg.d_in, cfg.d_sae, cfg.bits_per_feature, dtype=tied.dtype, device=device
+            )
             nn.init.kaiming_uniform_(w_enc)
             w_enc = w_enc / w_enc.norm(dim=0, keepdim=True) * tied.norm(dim=0)[:, None]
             w_enc[:, :, 0] = tied
@@ -328,7 +332,7 @@ class _BAEMixin(InputFrameFolds):
 
     @torch.no_grad()
     def encode_bits(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... n_bits"]:
-        """The binary code h_B in {0, 1}^(bits * d_sae)."""
+        """The binary code h_B in {0, 1}^n_bits (``n_bits = bits_per_feature * d_sae``)."""
         return step(self.hidden_pre(x))
 
     @property
@@ -345,11 +349,13 @@ class _BAEMixin(InputFrameFolds):
 
 class BAE(_BAEMixin, SAE[BAEConfig]):
     """Inference BAE. ``encode`` returns the decoder inputs h_R (the binary code when
-    ``bits = 1``); :meth:`encode_bits` the full binary code."""
+    ``bits_per_feature = 1``); :meth:`encode_bits` the full binary code."""
 
     @override
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
-        return self.hook_sae_acts_post(bits_to_values(step(self.hidden_pre(x)), self.cfg.bits))
+        return self.hook_sae_acts_post(
+            bits_to_values(step(self.hidden_pre(x)), self.cfg.bits_per_feature)
+        )
 
     @override
     def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:
@@ -405,7 +411,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     def encode_with_hidden_pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
         pre = self.hidden_pre(x)
         bits = step(pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
-        return self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits)), pre
+        return self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits_per_feature)), pre
 
     @override
     def calculate_aux_loss(
@@ -415,7 +421,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         code, each off in its phase of the schedule, divided by the frame's k^2."""
         del sae_out  # SAELens' signature; the penalties read the code only
         schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
-        if self.cfg.bits == 1:  # the code itself, with its surrogate gradient
+        if self.cfg.bits_per_feature == 1:  # the code itself, with its surrogate gradient
             bits = feature_acts
         else:
             bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
@@ -435,7 +441,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
         self._before_step(step_input.sae_in, n, schedule)
         output = super().training_forward_pass(step_input)
-        code = output.feature_acts if self.cfg.bits == 1 else (output.hidden_pre >= 0)
+        code = output.feature_acts if self.cfg.bits_per_feature == 1 else (output.hidden_pre >= 0)
         code = code.reshape(-1, code.shape[-1])
         counts, rows = code_counts(code, self.batch), self.batch.world * code.shape[0]
         mean = counts / rows
@@ -471,7 +477,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         if not resampling:
             return
         inputs = self.encoder_inputs(x)
-        values = bits_to_values(step(self.pre_activations(inputs)), self.cfg.bits)
+        values = bits_to_values(step(self.pre_activations(inputs)), self.cfg.bits_per_feature)
         residuals = x - self.reconstruct(values)
         if input_frame is not None:  # decoder rows live in the frame's units
             residuals = residuals * frame_factor(input_frame[0])
@@ -484,7 +490,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             self.window_counts,
             int(self.window_samples),
             self.code_mean,
-            bits_per_feature=self.cfg.bits,
+            bits_per_feature=self.cfg.bits_per_feature,
         )
         self.window_samples.zero_()
 

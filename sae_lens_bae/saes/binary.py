@@ -90,21 +90,21 @@ def step(
 
 
 def bits_to_values(
-    bits: Float[Tensor, "... n_bits"], n_bits_per_value: int
+    bits: Float[Tensor, "... n_bits"], bits_per_feature: int
 ) -> Float[Tensor, "... n_values"]:
     """More-bit decoding: each group of C bits becomes sum_j 2^j b_j / (2^C - 1) in [0, 1].
 
     Bit j of feature k sits at index ``k * C + j`` (j = 0 is the least significant bit).
     """
-    if n_bits_per_value == 1:
+    if bits_per_feature == 1:
         return bits
-    if bits.shape[-1] % n_bits_per_value:
-        raise ValueError(f"{bits.shape[-1]} bits do not split into groups of {n_bits_per_value}")
-    weights = 2.0 ** torch.arange(n_bits_per_value, device=bits.device, dtype=bits.dtype)
-    grouped = einops.rearrange(bits, "... (value bit) -> ... value bit", bit=n_bits_per_value)
+    if bits.shape[-1] % bits_per_feature:
+        raise ValueError(f"{bits.shape[-1]} bits do not split into groups of {bits_per_feature}")
+    weights = 2.0 ** torch.arange(bits_per_feature, device=bits.device, dtype=bits.dtype)
+    grouped = einops.rearrange(bits, "... (value bit) -> ... value bit", bit=bits_per_feature)
     # integer sums are exact, then one rounding: all ones is exactly 1 (1/7 + 2/7 + 4/7 in
     # fp32 is 1.0000001 on some CPUs' matmul kernels)
-    return (grouped @ weights) / (2**n_bits_per_value - 1)
+    return (grouped @ weights) / (2**bits_per_feature - 1)
 
 
 CODE_MEAN_DECAY = 0.999

@@ -8,7 +8,7 @@ On a d = 512 set of 256 fair bits the refit took a fifth of the BAE's held-out e
 unchanged: only how much of the state the code is shown to keep moves.
 
 A regression overfits where it has few states per weight: with as many weights per output as
-states, or for a channel that fires on a few dozen. So it is pulled towards the trained decoder
+states, or for a bit that fires on a few dozen. So it is pulled towards the trained decoder
 by a ridge, and judged on the training states alone: fitted on a random 80% with each ridge of
 ``RIDGES``, the best must beat the trained decoder on the other 20%, and only then is it fitted
 with that ridge on all of them and installed.
@@ -32,16 +32,16 @@ if TYPE_CHECKING:
 __all__ = ["RIDGES", "DecoderRefit", "NormalEquations", "least_squares_decoder", "refit_decoder"]
 
 JITTER = 1e-8
-"""Added to the Gram matrix's diagonal, relative to its mean, whatever the ridge: a channel that
+"""Added to the Gram matrix's diagonal, relative to its mean, whatever the ridge: a bit that
 never fires (a zero column) or two that always agree (equal columns) leave the normal equations
 singular without it; it moves nothing else measurably."""
 
 RIDGES = (0.0, 1.0, 10.0, 100.0, 1000.0)
 """The ridges ``refit_decoder`` chooses from on the held-back states, in units of states (a 0/1
-channel's Gram diagonal is the number of states it fires on). A ridge pulls the weights
-towards the trained decoder, not towards 0: a channel that fires on a few dozen of 65536 states
+bit's Gram diagonal is the number of states it fires on). A ridge pulls the weights
+towards the trained decoder, not towards 0: a bit that fires on a few dozen of 65536 states
 gets a regression weight from those few, which can be worse than its trained one (a d = 512
-code at T = 0.3 had 761 of 1024 channels firing on fewer than 100 states; the plain regression
+code at T = 0.3 had 761 of 1024 bits firing on fewer than 100 states; the plain regression
 raised its held-out error from 2.14% to 2.20%, a ridge of 10-100 lowered it to 1.78-1.80%)."""
 
 
@@ -128,7 +128,7 @@ def _decoder_inputs_and_targets(bae: BAE | BAETrainingSAE, states: Tensor) -> tu
     """The decoder's inputs (h_R) for ``states`` and what its output should be in the units it
     decodes to (the framed, normalised input, before centring by ``b_dec``)."""
     x = states.to(bae.W_enc.device, bae.W_enc.dtype)
-    values = bits_to_values(bae.encode_bits(x), bae.cfg.bits)
+    values = bits_to_values(bae.encode_bits(x), bae.cfg.bits_per_feature)
     framed = bae.process_sae_in(x)
     if bae.cfg.apply_b_dec_to_input:
         framed = framed + bae.b_dec

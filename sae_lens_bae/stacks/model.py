@@ -152,7 +152,7 @@ class StackedBAE(nn.Module):
 
     def _out(self, rows: _Rows, bits: Tensor) -> Tensor:
         """The rows' reconstructions of their codes, in their frames."""
-        return _affine(rows.b_dec, bits_to_values(bits, self.cfg.bits), rows.W_dec)
+        return _affine(rows.b_dec, bits_to_values(bits, self.cfg.bits_per_feature), rows.W_dec)
 
     def hidden_pre(
         self, x: Float[Tensor, "G batch d_in"], members: Tensor | None = None
@@ -256,7 +256,7 @@ class StackedBAE(nn.Module):
                 self.window_counts[g],
                 samples,
                 self.code_mean[g],
-                bits_per_feature=self.cfg.bits,
+                bits_per_feature=self.cfg.bits_per_feature,
             )
         self.window_samples.zero_()
 

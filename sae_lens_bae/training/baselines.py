@@ -41,7 +41,7 @@ JUMPRELU_PRE_ACT_COEFFICIENT = 3e-6
 
 def remedy_window(steps: int) -> int:
     """Steps after which a silent latent counts as dead (and a BAE resamples its near-constant
-    channels): 1/16 of the run, so every run gets the same number of chances whatever its
+    bits): 1/16 of the run, so every run gets the same number of chances whatever its
     length (SAELens' 1000-step default is half of a 2000-step run), and at least 25 steps, so
     that a latent is judged on more than a few minibatches."""
     return max(25, steps // 16)

@@ -158,7 +158,7 @@ def check_resumable(
             "an SAE config",
             DAMAGED_CHECKPOINT_FIX,
         )
-        for key in ("architecture", "d_in", "d_sae", "bits"):
+        for key in ("architecture", "d_in", "d_sae", "bits_per_feature"):
             if stored.get(key) != model.get(key):
                 raise ValueError(
                     f"{checkpoint} holds a {key}={stored.get(key)} model, these options make "

@@ -79,7 +79,7 @@ class LiveTrainingConfig:
     """Adam learning rate (default: the recipe's)."""
     expansion: int = ranged(4, low=1)
     """d_sae / d_in."""
-    bits: int = ranged(1, low=1)
+    bits_per_feature: int = ranged(1, low=1)
     """Bits per feature (more-bit decoding)."""
     entropy_coefficient: float | None = ranged(None, low=0.0)
     """a_e, weight of the minibatch entropy in bits, at the recipe's coefficient width (the
@@ -251,7 +251,7 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         d_in,
         cfg.expansion * d_in,
         recipe=cfg.recipe,
-        bits=cfg.bits,
+        bits_per_feature=cfg.bits_per_feature,
         surrogate=cfg.surrogate,
         normalize_activations=cfg.normalize_activations,
         **chosen,
