@@ -4,6 +4,8 @@ binary ceiling, the convergence rule, the verdicts, the entropy cells and a whol
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -167,11 +169,11 @@ def test_verdicts_resample_seeds_at_matched_l0():
 
 def test_entropy_cells_hold_the_exact_truth_beside_the_reading():
     rows = entropy_rows(
-        cells=[(16, 2, False), (16, 2, True)],
+        cells=[(16, 2, False), (16, 2, True), (16, 4, False)],  # two widths: two stacks
         samples=2048,
         recipe=TRACING_RECIPE.changed(expansion=4, seeds=1, steps=200),
     )
-    assert [r["cell"] for r in rows] == ["16f/8d", "16f/8d hierarchy"]
+    assert [r["cell"] for r in rows] == ["16f/8d", "16f/8d hierarchy", "16f/4d"]
     for row in rows:
         assert row["truth_bits"] > 0 and row["bits"] >= 0
         assert row["within_tolerance"] == within_tolerance(row["bits"], row["truth_bits"])
@@ -224,3 +226,14 @@ def test_training_bae_scores_like_its_inference_form():
         {k: v for k, v in training.state_dict().items() if not k.startswith("window_")}
     )
     assert score(training, data) == score(inference, data)
+
+
+def test_a_worker_ends_when_its_run_is_gone():
+    """A job's process whose parent is not the run that started it (the run was killed) ends
+    by itself instead of training on."""
+    code = (
+        "import os; from sae_lens_bae.experiments.synth_sae import exit_with_parent; "
+        "exit_with_parent(os.getppid() + 1, every=0.05)"  # a parent that is not this one's
+    )
+    done = subprocess.run([sys.executable, "-c", code], timeout=120)
+    assert done.returncode == 1

@@ -88,7 +88,18 @@ def entropy_rows(
         torch.manual_seed(seed)
         train = [model.sample(samples) for model in models]
         held_out = [model.sample(samples) for model in models]
-    readings = estimate_entropies(train, recipe, eval_sets=held_out, device=device, progress=False)
+    readings: list[Any] = [None] * len(cells)
+    for width in sorted({features // ratio for features, ratio, _ in cells}):
+        group = [i for i, (features, ratio, _) in enumerate(cells) if features // ratio == width]
+        found = estimate_entropies(  # one stack per width: stacked BAEs share their d_in
+            [train[i] for i in group],
+            recipe,
+            eval_sets=[held_out[i] for i in group],
+            device=device,
+            progress=False,
+        )
+        for i, reading in zip(group, found, strict=True):
+            readings[i] = reading
     rows = []
     for (features, ratio, hierarchy), model, reading in zip(cells, models, readings, strict=True):
         truth = support_entropy(model)

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -295,7 +298,8 @@ def run(cfg: SynthSAEConfig) -> dict[str, Any]:
     if len(todo) < len(jobs):
         print(f"resuming from {out}/jobs: {len(jobs) - len(todo)} of {len(jobs)} jobs kept")
     workers = cfg.workers or max(1, len(todo))
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+    context = get_context("spawn")
+    with ProcessPoolExecutor(workers, context, _start_worker, (os.getpid(),)) as pool:
         running = {job: pool.submit(_run_job, cfg, job, fingerprint) for job in todo}
         for job, future in tqdm(running.items(), desc="synth-sae jobs", unit="job"):
             results[job] = future.result()
@@ -329,9 +333,22 @@ def _finished(out: Path, job: tuple[str, Any], fingerprint: str) -> dict[str, An
     return held if held.get("fingerprint") == fingerprint else None
 
 
+def _start_worker(parent: int) -> None:
+    """A worker: one torch thread, and gone when the run that started it is (a killed run
+    leaves no worker training on)."""
+    torch.set_num_threads(1)
+    threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
+
+
+def exit_with_parent(parent: int, every: float = 5.0) -> None:
+    """End this process once its parent is no longer ``parent`` (it was killed)."""
+    while os.getppid() == parent:
+        time.sleep(every)
+    os._exit(1)
+
+
 def _run_job(cfg: SynthSAEConfig, job: tuple[str, Any], fingerprint: str) -> dict[str, Any]:
     """One worker's job, written whole to ``out/jobs`` when done."""
-    torch.set_num_threads(1)
     kind, value = job
     if kind == "entropy":
         result: dict[str, Any] = {"rows": entropy_rows(seed=value, device=cfg.device)}
