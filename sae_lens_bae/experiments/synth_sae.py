@@ -111,7 +111,6 @@ class Preset:
     batch_size: int = 1024
     evaluations: int = 16
     eval_samples: int = 16_384
-    hub_name: str | None = None
     published: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
 
 
@@ -146,7 +145,6 @@ PRESETS = {
             "standard": (1.0, 2.0, 4.0),
         },
         eval_samples=100_000,
-        hub_name="decoderesearch/synth-sae-bench-16k-v2",
         published={
             25: {
                 "batchtopk": {"f1": 0.7316, "mcc": 0.7574, "uniqueness": 0.9837, "ev": 0.7923},
@@ -198,8 +196,8 @@ class SynthSAEConfig:
     """cpu (1,024 features in 48 dimensions, width 256), 16k (SynthSAEBench-16k, width 4096) or
     test (seconds)."""
     synthetic_model: str | None = None
-    """A saved SyntheticModel folder or hub name (default: the preset's, built once and cached;
-    16k: the published hub model)."""
+    """A saved SyntheticModel folder or hub name, e.g. decoderesearch/synth-sae-bench-16k-v2
+    (default: the preset's config, built once on the device and cached)."""
     families: Sequence[str] = FAMILIES
     """Families to train, from bae, batchtopk, jumprelu, matryoshka_batchtopk, standard."""
     seeds: Sequence[int] = ranged((0, 1, 2), low=0)
@@ -230,9 +228,9 @@ class SynthSAEConfig:
 
 
 def synthetic_model(cfg: SynthSAEConfig, device: str = "cpu") -> SyntheticModel:
-    """The benchmark's model: ``cfg.synthetic_model`` (a folder or hub name), the preset's hub
-    model, or the preset's config built once and cached under the package's cache folder."""
-    source = cfg.synthetic_model or cfg.spec.hub_name
+    """The benchmark's model: ``cfg.synthetic_model`` (a folder or hub name), or the preset's
+    config built once on ``device`` and cached under the package's cache folder."""
+    source = cfg.synthetic_model
     if source is not None:
         try:
             return SyntheticModel.load_from_source(source, device=device)
@@ -242,10 +240,11 @@ def synthetic_model(cfg: SynthSAEConfig, device: str = "cpu") -> SyntheticModel:
                 "by SyntheticModel.save or a reachable hub name"
             ) from None
     model_cfg = bench_model_config(cfg.spec.num_features, cfg.spec.hidden_dim, seed=42)
-    digest = hashlib.sha256(json.dumps(model_cfg.to_dict(), sort_keys=True).encode()).hexdigest()
+    held = {**model_cfg.to_dict(), "built_on": torch.device(device).type}  # RNGs differ by device
+    digest = hashlib.sha256(json.dumps(held, sort_keys=True).encode()).hexdigest()
     folder = cache_dir() / "synthetic" / digest[:16]
     if not (folder / "synthetic_model_config.json").exists():
-        built = SyntheticModel(model_cfg, device="cpu")
+        built = SyntheticModel(model_cfg, device=device)
         partial = folder.with_name(folder.name + ".partial")
         built.save(partial)
         partial.replace(folder)  # whole or absent: a killed build is built again
@@ -282,7 +281,7 @@ def run(cfg: SynthSAEConfig) -> dict[str, Any]:
     entropy cells) are kept in ``cfg.out/jobs/``: a rerun of the same config goes on from them."""
     out = Path(cfg.out)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
-    synthetic_model(cfg)  # build (or fetch) once, before the workers load it
+    synthetic_model(cfg, cfg.device)  # build (or fetch) once, before the workers load it
     fingerprint = _fingerprint(cfg)
     jobs: list[tuple[str, Any]] = [("seed", seed) for seed in cfg.seeds]
     if cfg.entropy:
