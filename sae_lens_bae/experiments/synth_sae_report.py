@@ -86,7 +86,8 @@ ENTROPY_COLUMNS = [
     ("cell", lambda r: r["cell"]),
     ("truth (bits)", lambda r: cell(r["truth_bits"], ".2f")),
     ("BAE (bits)", lambda r: cell(r["bits"], ".2f")),
-    ("relative error", lambda r: cell(r["relative_error"], ".3f")),
+    ("ceiling (bits)", lambda r: cell(r["ceiling_bits"], ".2f")),
+    ("reconstruction error", lambda r: cell(r["relative_error"], ".3f")),
     ("reliable", lambda r: "yes" if r["reliable"] else "no"),
     ("within tolerance", lambda r: "yes" if r["within_tolerance"] else "no"),
 ]
@@ -98,7 +99,8 @@ def _markdown(cfg: Any, model: dict[str, Any], rows: list[dict], found: dict, en
         f"# bae bench synth-sae --preset {cfg.preset}",
         "",
         f"Model: {spec.num_features} features in {spec.hidden_dim} dimensions; SAE width "
-        f"{spec.width}; {model['steps']} steps of {spec.batch_size} samples at lr {spec.lr}; "
+        f"{spec.width}; {model['steps']} steps of {spec.batch_size} samples at lr {spec.lr} "
+        "(warm-up over 5%, linear decay to lr / 10 over the last 20%); "
         f"seeds {', '.join(map(str, cfg.seeds))}; target L0 {model['target_l0']:.2f} (the "
         f"true L0 of the {spec.width} most frequent features). Mean ± sd over seeds; a BAE in "
         "its canonical form.",
@@ -130,7 +132,9 @@ def _markdown(cfg: Any, model: dict[str, Any], rows: list[dict], found: dict, en
             "",
             markdown_table(entropy, ENTROPY_COLUMNS),
             f"{read} of {len(entropy)} cells read (reliable and within max(0.25 bit, 3%)); "
-            f"{wrong} reliable reading{'' if wrong == 1 else 's'} off the truth by more.",
+            f"{wrong} reliable reading{'' if wrong == 1 else 's'} off the truth by more. The "
+            "ceiling is log2 of the number of distinct held-out states: a "
+            "truth above it cannot be confirmed from this many states.",
             "",
         ]
     return "\n".join(lines)
