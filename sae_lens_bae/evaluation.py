@@ -91,10 +91,9 @@ def held_out_objective(
 ) -> float:
     """The BAE's training objective (``saes.objective.bae_objective``: SAELens' ``mse_loss`` +
     the entropy and covariance terms, as its training step weighs them) as at the end of its
-    training (each
-    coefficient at its final value, the entropy term on) on ``activations``, averaged over its
-    minibatches of ``batch_size`` rows in order (the last, shorter one left out, as its entropy
-    would not be a minibatch's; a set smaller than one minibatch is one).
+    training (each coefficient at its final value, the entropy term on) on ``activations``,
+    averaged over its minibatches of ``batch_size`` rows in order (the last, shorter one left
+    out, as its entropy would not be a minibatch's; a set smaller than one minibatch is one).
 
     What compares two BAEs trained for the same set: the objective is non-convex, and runs from
     different initialisations can end in minima of different cost
