@@ -6,7 +6,7 @@ import torch
 
 from sae_lens_bae import BAETrainingSAEConfig, train_sae
 from sae_lens_bae.saes.input_frame import placement
-from sae_lens_bae.saes.resampling import Schedule
+from sae_lens_bae.saes.schedule import Schedule
 from sae_lens_bae.stacks import StackedBAE, train_stacked_baes
 from sae_lens_bae.stacks import model as stack_model
 from sae_lens_bae.training import DrainHold

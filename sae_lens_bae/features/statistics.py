@@ -29,7 +29,7 @@ from sae_lens_bae.evaluation import evaluate_sae
 from sae_lens_bae.features.activity import latent_activity, rarity
 from sae_lens_bae.features.burstiness import code_prior
 from sae_lens_bae.features.records import FeatureRecords
-from sae_lens_bae.saes.resampling import CONSTANT_RARITY, DENSE_FREQUENCY
+from sae_lens_bae.saes.binary import CONSTANT_RARITY, DENSE_FREQUENCY
 
 __all__ = [
     "DENSE_FREQUENCY",

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from sae_lens_bae.saes.binary import (
+    DENSE_FREQUENCY,
     RUNNING_MEAN_BUFFERS,
     SURROGATES,
     apply_keeping_dtypes,
@@ -66,12 +67,8 @@ from sae_lens_bae.saes.objective import (
     covariance_penalty,
     frame_weight,
 )
-from sae_lens_bae.saes.resampling import (
-    DENSE_FREQUENCY,
-    RESAMPLE_UNTIL_FRACTION,
-    Schedule,
-    resample_window,
-)
+from sae_lens_bae.saes.resampling import RESAMPLE_UNTIL_FRACTION, resample_window
+from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = [
     "ARCHITECTURE",

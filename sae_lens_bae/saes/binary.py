@@ -1,5 +1,6 @@
 """The binary code's primitives: the Heaviside step with surrogate gradients, more-bit grouping
-of code bits into values, and the running mean code (the prior of burstiness)."""
+of code bits into values, the running mean code (the prior of burstiness), and the firing
+thresholds that call a bit constant or dense."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 __all__ = [
+    "CONSTANT_RARITY",
+    "DENSE_FREQUENCY",
     "RUNNING_MEAN_BUFFERS",
     "SURROGATES",
     "bits_to_values",
@@ -19,6 +22,14 @@ __all__ = [
     "update_running_mean",
 ]
 
+
+CONSTANT_RARITY = 1e-4
+"""A bit whose rare state occurs on fewer than this fraction of tokens is constant: it carries
+(almost) no information. The feature statistics' ``constant`` column uses the same threshold."""
+
+DENSE_FREQUENCY = 0.1
+"""A bit (or an SAE latent) in its rare state on more than this fraction of tokens is dense (the
+SAE literature's 10%; a bit's rare state is at most half of them, so 1/2 could never count one)."""
 
 SURROGATE_CPU_CUTOFF = 30.0
 """On CPU the sigmoid surrogate's derivative beyond |x / T| = 30 is held at its value there

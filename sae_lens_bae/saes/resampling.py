@@ -1,5 +1,5 @@
 """Re-initialising a BAE's constant code bits during training, as SAE trainers resample dead
-latents, and the ``Schedule`` that says when (and when each term of the objective counts).
+latents.
 
 The minibatch entropy is as small for a bit that never fires as for one that always fires:
 both carry no information, and neither gets a useful gradient through the surrogate once its
@@ -7,35 +7,25 @@ pre-activations sit far from the threshold. ``resample_constant_bits`` gives suc
 new start on what the BAE reconstructs worst: the encoder column points at one of the minibatch's
 worst-reconstructed samples, the threshold makes the bit fire on a small fraction of the
 minibatch (its rare state is its 1), and the decoder row is the mean residual of the samples it
-fires on. Deterministic (no random draws), so stacked and separate trainings stay equal.
+fires on. Deterministic (no random draws), so stacked and separate trainings stay equal. When it
+runs is the BAE's ``saes.schedule.Schedule``.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from sae_lens_bae.saes.binary import CONSTANT_RARITY
+
 __all__ = [
-    "CONSTANT_RARITY",
-    "DENSE_FREQUENCY",
     "RESAMPLE_RATE",
     "constant_bits",
     "resample_constant_bits",
     "resample_window",
     "RESAMPLE_UNTIL_FRACTION",
-    "Schedule",
 ]
-
-CONSTANT_RARITY = 1e-4
-"""A bit whose rare state occurs on fewer than this fraction of tokens is constant: it carries
-(almost) no information. The feature statistics' ``constant`` column uses the same threshold."""
-
-DENSE_FREQUENCY = 0.1
-"""A bit (or an SAE latent) in its rare state on more than this fraction of tokens is dense (the
-SAE literature's 10%; a bit's rare state is at most half of them, so 1/2 could never count one)."""
 
 RESAMPLE_RATE = 0.05
 """A resampled bit fires on this fraction of the minibatch it is resampled on: rare, so its
@@ -124,44 +114,3 @@ def resample_window(
 RESAMPLE_UNTIL_FRACTION = 0.95
 """Resampling stops after this fraction of training: a bit resampled in the last steps
 would have no time to learn (the default recipe's choice, docs/research/code-notes.md)."""
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """A BAE's phases in 0-based training steps."""
-
-    total_steps: int | None
-    """Length of training; None when unknown (then nothing may depend on it)."""
-    entropy_on_from: int = 0
-    """First step with the entropy term."""
-    covariance_off_from: int | None = None
-    """First step without the covariance term (None: on to the end)."""
-    resample_every: int = 0
-    """Constant bits are resampled every this many steps (0: never)."""
-    resample_until: float | None = None
-    """Resampling happens only at steps before this one (None: until the end)."""
-
-    def entropy_on(self, step: int) -> bool:
-        """Whether the entropy term counts at ``step``."""
-        return step >= self.entropy_on_from
-
-    def covariance_on(self, step: int) -> bool:
-        """Whether the covariance term counts at ``step``."""
-        return self.covariance_off_from is None or step < self.covariance_off_from
-
-    def resampling_at(self, step: int) -> bool:
-        """Whether ``step`` ends a resampling window (the resampling runs before the next)."""
-        if self.resample_every <= 0 or (step + 1) % self.resample_every:
-            return False
-        return self.resample_until is None or step < self.resample_until
-
-    def window_counted(self, step: int) -> bool:
-        """Whether ``step`` counts its codes for resampling: its window ends in a resampling.
-        After the last resampling nothing reads the counts, so they are not kept."""
-        if self.resample_every <= 0:
-            return False
-        return self.resampling_at(step + (-(step + 1)) % self.resample_every)
-
-    def resamples_before(self, step: int) -> bool:
-        """Whether the step ``step`` starts by resampling (the previous step ended a window)."""
-        return step > 0 and self.resampling_at(step - 1)

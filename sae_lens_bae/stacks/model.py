@@ -40,7 +40,8 @@ from sae_lens_bae.saes.objective import (
     code_counts,
     frame_weight,
 )
-from sae_lens_bae.saes.resampling import Schedule, resample_window
+from sae_lens_bae.saes.resampling import resample_window
+from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = ["StackedBAE"]
 
