@@ -208,7 +208,7 @@ def test_the_training_objective_of_a_topk_sae_is_its_summed_squared_error():
     SAELens trains on is the squared error summed over d, averaged over whole minibatches."""
     from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
 
-    from sae_lens_bae.experiments.layer_study import training_objective
+    from sae_lens_bae.experiments.compare_objective import training_objective
 
     torch.manual_seed(0)
     run = train_sae(torch.randn(512, 8), TopKTrainingSAEConfig(d_in=8, d_sae=16, k=3),

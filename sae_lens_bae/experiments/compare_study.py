@@ -15,6 +15,7 @@ from sae_lens_bae.activations import harvest_layer, held_out_splits
 from sae_lens_bae.data import default_labelled_sentences, load_labelled_sentences
 from sae_lens_bae.evaluation import spliced_scores
 from sae_lens_bae.experiments.common import TRAINING_CHECKPOINT
+from sae_lens_bae.experiments.compare_objective import training_objective
 from sae_lens_bae.experiments.compare_read import (
     SplitSums,
     probe_reads,
@@ -24,7 +25,6 @@ from sae_lens_bae.experiments.compare_read import (
     spliced_reads,
 )
 from sae_lens_bae.experiments.compare_report import plot_density, plot_frontiers, report
-from sae_lens_bae.experiments.layer_study import training_objective
 from sae_lens_bae.experiments.protocol import SPLITS, bracket_learning_rate
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_comsem_scores, plot_training_curves
