@@ -60,7 +60,7 @@ from sae_lens_bae.experiments.synth_sae_score import (
 from sae_lens_bae.models import cache_dir
 from sae_lens_bae.reports import read_json, write_json
 from sae_lens_bae.saes.bae_recipes import bae_config
-from sae_lens_bae.training.baselines import remedy_window
+from sae_lens_bae.training.baselines import remedy_window, shared_schedule
 
 __all__ = ["FAMILIES", "PRESETS", "REPORT", "Preset", "SynthSAEConfig", "run", "synthetic_model"]
 
@@ -114,21 +114,19 @@ class Preset:
     published: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
 
 
-_K_LADDER = (0.5, 0.71, 1.0, 1.41)  # multiples of the target L0: a sqrt(2) ladder around it
-
 PRESETS = {
     "cpu": Preset(
         num_features=1024,
         hidden_dim=48,
         width=256,
-        training_samples=7_168_000,
-        lr=1e-3,
+        training_samples=12_288_000,
+        lr=3e-3,
         settings={
-            "bae": (256.0, 362.0, 512.0),
+            "bae": (512.0, 609.0, 724.0),
             "batchtopk": (0.71, 1.0, 1.41),
-            "jumprelu": (4.0, 8.0, 16.0),
+            "jumprelu": (2.0, 2.83, 4.0),
             "matryoshka_batchtopk": (0.71, 1.0, 1.41),
-            "standard": (4.0, 5.66, 8.0),
+            "standard": (2.83, 4.0, 5.66),
         },
     ),
     "16k": Preset(
@@ -411,7 +409,7 @@ def train_seed(cfg: SynthSAEConfig, seed: int) -> dict[str, Any]:
         sae=next(iter(configs.values())),
         training_samples=steps * spec.batch_size,
         batch_size=spec.batch_size,
-        lr=spec.lr,
+        **shared_schedule(spec.lr, steps),  # every comparison's schedule and dead-latent window
         device=cfg.device,
         checkpoint_path=None,
         output_path=None,
