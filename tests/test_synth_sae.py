@@ -207,6 +207,44 @@ def test_a_tiny_bench_run_writes_its_outputs_and_resumes(tmp_path, monkeypatch, 
     assert [r["mcc"] for r in again["rows"]] == [r["mcc"] for r in rows]
 
 
+def test_a_bae_variant_trains_on_the_same_stream_and_is_judged_against_the_bae(
+    tmp_path, monkeypatch
+):
+    """A recipe variant is the family ``bae:NAME`` at the BAE's settings, its fields replacing
+    the BAE's (``d_sae`` its width), trained beside the BAE on its stream; verdicts read it
+    against the BAE."""
+    monkeypatch.setenv("SAE_LENS_BAE_CACHE", str(tmp_path / "cache"))
+    built = {}
+    make = synth_sae._training_saes
+
+    def keep(configs, names, device):
+        built.update({names[key]: config for key, config in configs.items()})
+        return make(configs, names, device)
+
+    monkeypatch.setattr(synth_sae, "_training_saes", keep)
+    cfg = synth_sae.SynthSAEConfig(preset="test", families=("bae",), seeds=(0,), entropy=False)
+    variants = {
+        "ste": {"surrogate": "ste"},
+        "wide": {"d_sae": 64, "resample_every": 0, "covariance_coefficient": 5e-7},
+    }
+    result = synth_sae.train_seed(cfg, 0, variants=variants)
+    settings = (0.5, 1.0, 2.0)
+    rows = {(r["family"], r["setting"]): r for r in result["rows"]}
+    assert set(rows) == {(f, s) for f in ("bae", "bae:ste", "bae:wide") for s in settings}
+    for s in settings:
+        bae, ste, wide = (built[f"{f}@{s}"] for f in ("bae", "bae:ste", "bae:wide"))
+        assert (bae.surrogate, ste.surrogate, wide.surrogate) == ("sigmoid", "ste", "sigmoid")
+        assert ste.entropy_coefficient == bae.entropy_coefficient == wide.entropy_coefficient
+        assert (bae.d_sae, wide.d_sae, wide.resample_every) == (32, 64, 0)
+        assert ste.resample_every == bae.resample_every > 0
+        assert wide.covariance_coefficient == pytest.approx(5e-7 * s)  # scaled like a recipe's
+        assert rows["bae:wide", s]["ev_ceiling"] > rows["bae", s]["ev_ceiling"]  # its own width
+    twins = [{**r, "family": "bae:twin"} for r in result["rows"] if r["family"] == "bae"]
+    found = verdicts([*result["rows"], *twins], ["bae"], ours="bae:twin")
+    assert found["bae.mcc"]["gap"] == pytest.approx(0.0, abs=1e-12)
+    assert found["bae.mcc"]["verdict"] == "no difference"
+
+
 def test_bad_families_and_missing_models_are_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="unknown families \\['topk'\\]"):
         synth_sae.SynthSAEConfig(families=("bae", "topk"))

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal
@@ -59,7 +59,7 @@ from sae_lens_bae.experiments.synth_sae_score import (
 )
 from sae_lens_bae.models import cache_dir
 from sae_lens_bae.reports import read_json, write_json
-from sae_lens_bae.saes.bae_recipes import bae_config
+from sae_lens_bae.saes.bae_recipes import BAERecipe, bae_config
 from sae_lens_bae.training.baselines import remedy_window, shared_schedule
 
 __all__ = ["FAMILIES", "PRESETS", "REPORT", "Preset", "SynthSAEConfig", "run", "synthetic_model"]
@@ -181,8 +181,9 @@ PRESETS = {
     ),
 }
 """``cpu``: the 16k recipe at 1/16 of its features (the same features per dimension and width
-per feature), sized for 2 CPU cores; ``16k``: SynthSAEBench-16k with the published training
-settings (lr 3e-4, batch 1024, width 4096) at a sample count one GPU command fits, with the
+per feature), sized for 2 CPU cores; ``16k``: SynthSAEBench-16k with the published lr 3e-4,
+batch 1024 and width 4096 (every preset trains with the project's one schedule) at a sample
+count one GPU command fits, with the
 published SAELens table (200M samples) beside it; ``test``: seconds, for tests."""
 
 
@@ -249,17 +250,19 @@ def synthetic_model(cfg: SynthSAEConfig, device: str = "cpu") -> SyntheticModel:
     return SyntheticModel.load_from_disk(folder, device=device)
 
 
-def family_config(family: str, setting: float, preset: Preset, target: float, steps: int) -> Any:
+def family_config(
+    family: str, setting: float, preset: Preset, target: float, steps: int, **bae_fields: Any
+) -> Any:
     """SAELens' training config of ``family`` at ``setting``: k = setting x the target L0 for
-    the TopK-like families, the BAE's coefficient scale, JumpReLU's L0 or the L1 coefficient."""
+    the TopK-like families, the BAE's coefficient scale, JumpReLU's L0 or the L1 coefficient.
+    ``bae_fields`` are a recipe variant's config fields (``d_sae`` its width): like a recipe's,
+    its coefficients are scaled by ``setting``."""
     d_in, width = preset.hidden_dim, preset.width
     if family == "bae":
+        fields = {"resample_every": remedy_window(steps), **bae_fields}
+        recipe = BAERecipe(lr=preset.lr, fields=fields)
         return bae_config(
-            d_in,
-            width,
-            coefficient_scale=setting,
-            resample_every=remedy_window(steps),
-            total_training_steps=steps,
+            d_in, width, recipe=recipe, coefficient_scale=setting, total_training_steps=steps
         )
     common: dict[str, Any] = {"d_in": d_in, "d_sae": width}
     if family in ("batchtopk", "matryoshka_batchtopk"):
@@ -309,7 +312,7 @@ def run(cfg: SynthSAEConfig) -> dict[str, Any]:
 def _fingerprint(cfg: SynthSAEConfig) -> str:
     """What a finished job must have been run with to be kept."""
     held = {
-        "preset": cfg.preset,
+        "preset": asdict(cfg.spec),  # a preset changed since is trained again
         "synthetic_model": cfg.synthetic_model,
         "families": list(cfg.families),
         "training_samples": cfg.training_samples,
@@ -378,8 +381,12 @@ class _Stream:
         return {self.hook: self.model.sample(self.batch_size)}
 
 
-def train_seed(cfg: SynthSAEConfig, seed: int) -> dict[str, Any]:
-    """Every model of one seed on one stream; rows with their final scores and histories."""
+def train_seed(
+    cfg: SynthSAEConfig, seed: int, variants: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Every model of one seed on one stream; rows with their final scores and histories.
+    ``variants`` (name: BAE config fields) adds each as the family ``bae:NAME`` at the BAE's
+    settings, on the same stream (what a recipe study compares with the BAE)."""
     spec, model = cfg.spec, synthetic_model(cfg, cfg.device)
     samples = cfg.training_samples or spec.training_samples
     steps = samples // spec.batch_size
@@ -392,6 +399,11 @@ def train_seed(cfg: SynthSAEConfig, seed: int) -> dict[str, Any]:
         for family in cfg.families
         for setting in spec.settings[family]
     }
+    for name, fields in (variants or {}).items():
+        for setting in spec.settings["bae"]:
+            configs[f"bae:{name}", setting] = family_config(
+                "bae", setting, spec, target, steps, **fields
+            )
     names = {key: f"{key[0]}@{key[1]}" for key in configs}
     saes = _training_saes(configs, names, cfg.device)
     history: dict[str, list[dict[str, float]]] = {name: [] for name in saes}
@@ -423,7 +435,10 @@ def train_seed(cfg: SynthSAEConfig, seed: int) -> dict[str, Any]:
         stream,  # type: ignore[arg-type]
     )
     trainer.fit()
-    ceiling = binary_ceiling(fit, data, spec.width)
+    ceilings = {
+        width: binary_ceiling(fit, data, width)
+        for width in {sae.cfg.d_sae for sae in saes.values()}
+    }
     rows = []
     for (family, setting), name in names.items():
         final = score(saes[name], data)
@@ -435,7 +450,7 @@ def train_seed(cfg: SynthSAEConfig, seed: int) -> dict[str, Any]:
                 "seed": seed,
                 "split": "test",
                 **final,
-                "ev_ceiling": ceiling,
+                "ev_ceiling": ceilings[saes[name].cfg.d_sae],
                 "converged": converged(history[name]),
                 "history": history[name],
             }

@@ -32,18 +32,20 @@ def _with_replicates(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**r, "replicates": {k: [float(r[k])] * REPLICATES for k in keys}} for r in rows]
 
 
-def verdicts(rows: Sequence[dict[str, Any]], families: Sequence[str]) -> dict[str, Any]:
-    """Protocol v2's verdict of the BAE against every other family on each metric, with L0 as x,
-    on the rows' one split."""
+def verdicts(
+    rows: Sequence[dict[str, Any]], others: Sequence[str], ours: str = "bae"
+) -> dict[str, Any]:
+    """Protocol v2's verdict of the family ``ours`` against each of ``others`` on each metric,
+    with L0 as x, on the rows' one split (keyed ``other.metric``)."""
     held = _with_replicates(rows)
     found: dict[str, Any] = {}
-    for other in families:
-        if other == "bae":
+    for other in others:
+        if other == ours:
             continue
         for metric, higher in VERDICT_METRICS.items():
-            ours = frontier(held, "bae", "test", "l0", metric)
+            mine = frontier(held, ours, "test", "l0", metric)
             theirs = frontier(held, other, "test", "l0", metric)
-            found[f"{other}.{metric}"] = frontier_verdict(ours, theirs, higher)
+            found[f"{other}.{metric}"] = frontier_verdict(mine, theirs, higher)
     return found
 
 
