@@ -37,8 +37,8 @@ class BAERecipe:
 
 
 BAE_RECIPES: dict[RecipeName, BAERecipe] = {
-    # the config's defaults: the short-run entropy coefficient with 8x its covariance
-    # coefficient, the paper's surrogate temperature, constant bits resampled every 125 steps
+    # the config's defaults: the short-run entropy coefficient and a covariance coefficient 16x
+    # it, the paper's surrogate temperature, constant bits resampled every 125 steps
     "default": BAERecipe(lr=2e-3),
     # the short-run rule, tuned on the synthetic benchmark at d = 64 and 128
     "short_run": BAERecipe(
