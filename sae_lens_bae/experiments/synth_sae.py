@@ -183,8 +183,8 @@ PRESETS = {
 """``cpu``: the 16k recipe at 1/16 of its features (the same features per dimension and width
 per feature), sized for 2 CPU cores; ``16k``: SynthSAEBench-16k with the published lr 3e-4,
 batch 1024 and width 4096 (every preset trains with the project's one schedule) at a sample
-count one GPU command fits, with the
-published SAELens table (200M samples) beside it; ``test``: seconds, for tests."""
+count one GPU command fits, with the published SAELens table (200M samples) beside it;
+``test``: seconds, for tests."""
 
 
 @dataclass

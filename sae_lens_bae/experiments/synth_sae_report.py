@@ -12,6 +12,7 @@ from typing import Any
 from sae_lens_bae.experiments.protocol import frontier, frontier_verdict
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
+from sae_lens_bae.training.baselines import shared_schedule
 
 __all__ = ["VERDICT_METRICS", "verdicts", "write_outputs"]
 
@@ -97,12 +98,14 @@ ENTROPY_COLUMNS = [
 
 def _markdown(cfg: Any, model: dict[str, Any], rows: list[dict], found: dict, entropy: list) -> str:
     spec = cfg.spec
+    schedule = shared_schedule(spec.lr, model["steps"])  # what train_seed trained with
     lines = [
         f"# bae bench synth-sae --preset {cfg.preset}",
         "",
         f"Model: {spec.num_features} features in {spec.hidden_dim} dimensions; SAE width "
         f"{spec.width}; {model['steps']} steps of {spec.batch_size} samples at lr {spec.lr} "
-        "(warm-up over 5%, linear decay to lr / 10 over the last 20%); "
+        f"(warm-up over {schedule['lr_warm_up_steps']} steps, linear decay to "
+        f"{schedule['lr_end']:g} over the last {schedule['lr_decay_steps']}); "
         f"seeds {', '.join(map(str, cfg.seeds))}; target L0 {model['target_l0']:.2f} (the "
         f"true L0 of the {spec.width} most frequent features). Mean ± sd over seeds; a BAE in "
         "its canonical form.",
