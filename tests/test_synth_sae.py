@@ -223,14 +223,18 @@ def test_a_bae_variant_trains_on_the_same_stream_and_is_judged_against_the_bae(
 
     monkeypatch.setattr(synth_sae, "_training_saes", keep)
     cfg = synth_sae.SynthSAEConfig(preset="test", families=("bae",), seeds=(0,), entropy=False)
+    fields = {"d_sae": 64, "resample_every": 0, "covariance_coefficient": 5e-7}
     variants = {
-        "ste": {"surrogate": "ste"},
-        "wide": {"d_sae": 64, "resample_every": 0, "covariance_coefficient": 5e-7},
+        "ste": synth_sae.Variant({"surrogate": "ste"}),
+        "wide": synth_sae.Variant(fields),
+        "strong": synth_sae.Variant({}, settings=(4.0, 8.0)),
     }
     result = synth_sae.train_seed(cfg, 0, variants=variants)
     settings = (0.5, 1.0, 2.0)
     rows = {(r["family"], r["setting"]): r for r in result["rows"]}
-    assert set(rows) == {(f, s) for f in ("bae", "bae:ste", "bae:wide") for s in settings}
+    expected = {(f, s) for f in ("bae", "bae:ste", "bae:wide") for s in settings}
+    assert set(rows) == expected | {("bae:strong", 4.0), ("bae:strong", 8.0)}
+    assert built["bae:strong@8.0"].entropy_coefficient == 8 * built["bae@1.0"].entropy_coefficient
     for s in settings:
         bae, ste, wide = (built[f"{f}@{s}"] for f in ("bae", "bae:ste", "bae:wide"))
         assert (bae.surrogate, ste.surrogate, wide.surrogate) == ("sigmoid", "ste", "sigmoid")

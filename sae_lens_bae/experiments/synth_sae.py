@@ -62,7 +62,16 @@ from sae_lens_bae.reports import read_json, write_json
 from sae_lens_bae.saes.bae_recipes import BAERecipe, bae_config
 from sae_lens_bae.training.baselines import remedy_window, shared_schedule
 
-__all__ = ["FAMILIES", "PRESETS", "REPORT", "Preset", "SynthSAEConfig", "run", "synthetic_model"]
+__all__ = [
+    "FAMILIES",
+    "PRESETS",
+    "REPORT",
+    "Preset",
+    "SynthSAEConfig",
+    "Variant",
+    "run",
+    "synthetic_model",
+]
 
 REPORT = "synth.md"
 FAMILIES = ("bae", "batchtopk", "jumprelu", "matryoshka_batchtopk", "standard")
@@ -381,12 +390,22 @@ class _Stream:
         return {self.hook: self.model.sample(self.batch_size)}
 
 
+@dataclass(frozen=True)
+class Variant:
+    """A BAE recipe variant: config fields replacing the BAE's (``d_sae`` its width; its
+    coefficients scaled by each setting as a recipe's are) at its own coefficient scales."""
+
+    fields: dict[str, Any]
+    settings: tuple[float, ...] | None = None
+    """Coefficient scales (default: the preset's BAE settings)."""
+
+
 def train_seed(
-    cfg: SynthSAEConfig, seed: int, variants: dict[str, dict[str, Any]] | None = None
+    cfg: SynthSAEConfig, seed: int, variants: dict[str, Variant] | None = None
 ) -> dict[str, Any]:
     """Every model of one seed on one stream; rows with their final scores and histories.
-    ``variants`` (name: BAE config fields) adds each as the family ``bae:NAME`` at the BAE's
-    settings, on the same stream (what a recipe study compares with the BAE)."""
+    ``variants`` adds each as the family ``bae:NAME`` on the same stream (what a recipe study
+    compares with the BAE)."""
     spec, model = cfg.spec, synthetic_model(cfg, cfg.device)
     samples = cfg.training_samples or spec.training_samples
     steps = samples // spec.batch_size
@@ -399,10 +418,10 @@ def train_seed(
         for family in cfg.families
         for setting in spec.settings[family]
     }
-    for name, fields in (variants or {}).items():
-        for setting in spec.settings["bae"]:
+    for name, variant in (variants or {}).items():
+        for setting in variant.settings or spec.settings["bae"]:
             configs[f"bae:{name}", setting] = family_config(
-                "bae", setting, spec, target, steps, **fields
+                "bae", setting, spec, target, steps, **variant.fields
             )
     names = {key: f"{key[0]}@{key[1]}" for key in configs}
     saes = _training_saes(configs, names, cfg.device)

@@ -14,7 +14,14 @@ from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import cell, markdown_table, write_json, write_text
 from sae_lens_bae.training.baselines import shared_schedule
 
-__all__ = ["VERDICT_METRICS", "verdicts", "write_outputs"]
+__all__ = [
+    "VERDICT_METRICS",
+    "plot_frontiers",
+    "summary_table",
+    "verdict_table",
+    "verdicts",
+    "write_outputs",
+]
 
 VERDICT_METRICS = {"mcc": True, "f1": True, "dead": False, "dense": False}
 """The metrics the BAE is judged on against each family at matched L0 (True: higher is better)."""
@@ -96,6 +103,26 @@ ENTROPY_COLUMNS = [
 ]
 
 
+def summary_table(rows: Sequence[dict[str, Any]]) -> str:
+    """One markdown line per family and setting: mean ± sd over seeds, converged seeds."""
+    return markdown_table(_summary(rows), COLUMNS)
+
+
+def verdict_table(found: dict[str, Any]) -> str:
+    """``verdicts``' answer as a markdown table, a line per family and metric."""
+    return markdown_table(
+        [{"key": key, **value} for key, value in found.items()],
+        [
+            ("family.metric", lambda v: v["key"]),
+            ("verdict", lambda v: v["verdict"]),
+            ("mean gap", lambda v: cell(v["gap"], "+.3f")),
+            ("95% interval", lambda v: "-" if v["interval"] is None else
+             f"[{v['interval'][0]:+.3f}, {v['interval'][1]:+.3f}]"),
+            ("points", lambda v: str(v["points_in_overlap"])),
+        ],
+    )  # fmt: skip
+
+
 def _markdown(cfg: Any, model: dict[str, Any], rows: list[dict], found: dict, entropy: list) -> str:
     spec = cfg.spec
     schedule = shared_schedule(spec.lr, model["steps"])  # what train_seed trained with
@@ -110,24 +137,14 @@ def _markdown(cfg: Any, model: dict[str, Any], rows: list[dict], found: dict, en
         f"true L0 of the {spec.width} most frequent features). Mean ± sd over seeds; a BAE in "
         "its canonical form.",
         "",
-        markdown_table(_summary(rows), COLUMNS),
+        summary_table(rows),
         f"Converged (MCC and F1 moved < 0.01 over the last quarter): "
         f"{sum(bool(r['converged']) for r in rows)} of {len(rows)} models.",
         "",
         "## The BAE against each family at matched L0",
         "",
-        markdown_table(
-            [{"key": key, **value} for key, value in found.items()],
-            [
-                ("family.metric", lambda v: v["key"]),
-                ("verdict", lambda v: v["verdict"]),
-                ("mean gap", lambda v: cell(v["gap"], "+.3f")),
-                ("95% interval", lambda v: "-" if v["interval"] is None else
-                 f"[{v['interval'][0]:+.3f}, {v['interval'][1]:+.3f}]"),
-                ("points", lambda v: str(v["points_in_overlap"])),
-            ],
-        ),
-    ]  # fmt: skip
+        verdict_table(found),
+    ]
     lines += _published(spec)
     if entropy:
         read = sum(r["reliable"] and r["within_tolerance"] for r in entropy)
@@ -168,7 +185,7 @@ def _published(spec: Any) -> list[str]:
     return lines
 
 
-def _plot(rows: Sequence[dict[str, Any]], families: Sequence[str], path: Path) -> Path:
+def plot_frontiers(rows: Sequence[dict[str, Any]], families: Sequence[str], path: Path) -> Path:
     """MCC and F1 against L0: a family's seed-mean points by setting, joined in L0 order."""
     fig, axes = subplots(1, 2, figsize=(10, 4))
     for ax, metric in zip(axes, ("mcc", "f1"), strict=True):
@@ -190,5 +207,5 @@ def write_outputs(
     summary = {"model": model, "rows": rows, "verdicts": found, "entropy_rows": entropy}
     write_json(out / "synth.json", summary)
     write_text(out / "synth.md", _markdown(cfg, model, rows, found, entropy))
-    _plot(rows, cfg.families, out / "synth.png")
+    plot_frontiers(rows, cfg.families, out / "synth.png")
     return summary
