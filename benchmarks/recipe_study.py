@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,10 @@ from sae_lens_bae.experiments.synth_sae_report import (
 from sae_lens_bae.reports import read_json, write_json, write_text
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import BAE_RECIPES
+
+
+class Refused(ValueError):
+    """Bad input, said in one line (argparse's exit 2)."""
 
 
 def variants(d_in: int) -> dict[str, dict[str, Any]]:
@@ -68,19 +71,39 @@ class StudyConfig(synth_sae.SynthSAEConfig):
         return self.study
 
 
+def _asked(names_given: str, scales_given: str, d_in: int) -> tuple[dict[str, Any], dict]:
+    """The variants ``--variants`` names, at the scales ``--scales`` gives, and those scales."""
+    table = variants(d_in)
+    if names_given in ("all", "none"):
+        names = list(table) if names_given == "all" else []
+    else:
+        names = names_given.split(",")
+    unknown = sorted(set(names) - set(table))
+    if unknown:
+        raise Refused(f"unknown variants {unknown}; choose from {', '.join(table)}, all or none")
+    try:
+        scales = json.loads(scales_given)
+    except json.JSONDecodeError:
+        example = '{"ste": [724, 861]}'
+        raise Refused(f"--scales takes JSON like '{example}', got {scales_given!r}") from None
+    stray = sorted(set(scales) - {*names, "default"})
+    if stray:
+        raise Refused(f"--scales names {stray}, which this run does not train")
+    chosen = {
+        name: synth_sae.Variant(table[name], tuple(scales[name]) if name in scales else None)
+        for name in names
+    }
+    return chosen, scales
+
+
 def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
+    if not (args.model / "synthetic_model_config.json").exists():
+        raise Refused(f"{args.model} holds no saved SyntheticModel; make one with build")
     model = SyntheticModel.load_from_disk(args.model)
     cpu = synth_sae.PRESETS["cpu"]
     d_in = model.cfg.hidden_dim
-    table = variants(d_in)
-    names = list(table) if args.variants == "all" else [] if args.variants == "none" else (
-        args.variants.split(",")
-    )  # fmt: skip
-    unknown = sorted(set(names) - set(table))
-    if unknown:
-        sys.exit(f"unknown variants {unknown}; choose from {', '.join(table)}, all or none")
-    scales = json.loads(args.scales)
+    chosen, scales = _asked(args.variants, args.scales, d_in)
     spec = dataclasses.replace(
         cpu,
         num_features=model.cfg.num_features,
@@ -99,10 +122,6 @@ def train(args: argparse.Namespace) -> None:
         out=args.out,
         study=spec,
     )
-    chosen = {
-        name: synth_sae.Variant(table[name], tuple(scales[name]) if name in scales else None)
-        for name in names
-    }
     start = time.time()
     result = synth_sae.train_seed(cfg, args.seed, variants=chosen)
     seconds = time.time() - start
@@ -118,33 +137,77 @@ def train(args: argparse.Namespace) -> None:
     write_json(Path(args.out) / f"seed-{args.seed}.json", result)
 
 
+def beats(found: dict[str, Any]) -> bool:
+    """The registered rule: better on MCC or F1, worse on neither, not worse on dense."""
+    read = {metric: found[f"bae.{metric}"]["verdict"] for metric in ("mcc", "f1", "dense")}
+    better = "better" in (read["mcc"], read["f1"])
+    return better and "worse" not in (read["mcc"], read["f1"], read["dense"])
+
+
+def _load(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    paths = sorted(folder.glob("seed-*.json"))
+    if not paths:
+        raise Refused(f"no seed-*.json in {folder}; run train into it first")
+    runs = [read_json(path, "a study run", "run train again") for path in paths]
+    return runs, [row for run in runs for row in run["rows"]]
+
+
+def _decision_line(label: str, found: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """One variant's verdicts against its default, its converged rows and the rule's answer
+    (judged only when every row of both converged)."""
+    cells = [
+        f"{found[f'bae.{m}']['verdict']} ({found[f'bae.{m}']['gap']:+.3f})"
+        if found[f"bae.{m}"]["gap"] is not None
+        else found[f"bae.{m}"]["verdict"]
+        for m in ("mcc", "f1", "dead", "dense")
+    ]
+    done = sum(bool(r["converged"]) for r in rows)
+    answer = ("beats" if beats(found) else "does not beat") if done == len(rows) else "not judged"
+    return f"| {label} | {' | '.join(cells)} | {done}/{len(rows)} | {answer} |"
+
+
 def report(args: argparse.Namespace) -> None:
+    """Each folder's table, every variant against its folder's default, and with ``--baseline``
+    every family of the other folders against the baseline folder's default."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = _load(args.baseline)[1] if args.baseline else []
+    reference = [r for r in base if r["family"] == "bae"]
+    decisions = ["| variant (folder) | MCC | F1 | dead | dense | converged | rule |",
+                 "|---|---|---|---|---|---|---|"]  # fmt: skip
     lines, held = ["# BAE recipe study", ""], {}
-    Path(args.out).mkdir(parents=True, exist_ok=True)
     for folder in args.folders:
-        paths = sorted(folder.glob("seed-*.json"))
-        if not paths:
-            sys.exit(f"no seed-*.json in {folder}; run train into it first")
-        runs = [read_json(path, "a study run", "run train again") for path in paths]
-        rows = [row for run in runs for row in run["rows"]]
-        families = sorted({row["family"] for row in rows})
-        found = {f: verdicts(rows, ["bae"], ours=f) for f in families if f != "bae"}
+        runs, rows = _load(folder)
         info, seeds = runs[0]["study"], ", ".join(str(run["study"]["seed"]) for run in runs)
         lines += [
             f"## {folder.name}",
             "",
             f"Model {info['model']}, target L0 {runs[0]['model']['target_l0']:.2f}; "
-            f"{info['steps']} steps at lr {info['lr']}, width {info['width']}; seeds {seeds}.",
+            f"{info['steps']} steps at lr {info['lr']}, width {info['width']}; seeds {seeds}; "
+            f"{max(run['study']['seconds'] for run in runs) / 60:.0f} min a seed on one core.",
             "",
             summary_table(rows),
             "",
         ]
-        for name, found_here in found.items():
-            lines += [f"### {name} against default (bae)", "", verdict_table(found_here), ""]
+        found, default = {}, [r for r in rows if r["family"] == "bae"]
+        for family in sorted({row["family"] for row in rows}):
+            mine = [r for r in rows if r["family"] == family]
+            pairs = [] if family == "bae" else [("default", default)]
+            if reference and folder != args.baseline:
+                pairs.append((f"default of {args.baseline.name}", reference))
+            for label, theirs in pairs:
+                ours = [{**r, "family": "ours"} for r in mine]
+                verdict = verdicts([*ours, *theirs], ["bae"], ours="ours")
+                found[f"{family} vs {label}"] = verdict
+                lines += [f"### {family} against the {label}", "", verdict_table(verdict), ""]
+                decisions.append(_decision_line(f"{family} vs {label} ({folder.name})", verdict,
+                                                [*mine, *theirs]))  # fmt: skip
         held[folder.name] = {"rows": rows, "verdicts": found}
-        plot_frontiers(rows, families, Path(args.out) / f"study-{folder.name}.png")
-    write_json(Path(args.out) / "study.json", held)
-    write_text(Path(args.out) / "study.md", "\n".join(lines))
+        plot_frontiers(rows, sorted({r["family"] for r in rows}), out / f"{folder.name}.png")
+    lines[2:2] = ["## Decisions (the registered rule, each variant against its default)", "",
+                  *decisions, ""]  # fmt: skip
+    write_json(out / "study.json", held)
+    write_text(out / "study.md", "\n".join(lines))
 
 
 def build(args: argparse.Namespace) -> None:
@@ -152,7 +215,7 @@ def build(args: argparse.Namespace) -> None:
     SyntheticModel(synth_sae.bench_model_config(features, hidden, seed=args.seed)).save(args.out)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     made = commands.add_parser("build", help="save a validation model")
@@ -169,9 +232,13 @@ def main() -> None:
     run.add_argument("--lr", type=float, default=None)
     read = commands.add_parser("report", help="tables and verdicts of study folders")
     read.add_argument("folders", type=Path, nargs="+")
+    read.add_argument("--baseline", type=Path, default=None, help="folder whose default judges")
     read.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    {"build": build, "train": train, "report": report}[args.command](args)
+    args = parser.parse_args(argv)
+    try:
+        {"build": build, "train": train, "report": report}[args.command](args)
+    except Refused as refusal:
+        parser.error(str(refusal))
 
 
 if __name__ == "__main__":

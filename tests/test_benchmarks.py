@@ -496,3 +496,56 @@ def test_the_code_probe_splits_the_error_between_copied_and_mixed_bits():
     assert report["mixing_code_bits_on_uncopied"] == 2
     assert report["participation_median_mixing"] == pytest.approx(2.0, abs=1e-6)
     assert report["top_two_share_median_mixing_on_uncopied"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_recipe_study_trains_variants_at_their_scales_and_judges_them(tmp_path, capsys):
+    """``recipe_study``: a saved validation model, a seed of ``default`` and two variants (one at
+    scales of its own) at the ``cpu`` preset's width per dimension, and a report whose decision
+    lines judge each variant against its folder's default and, with ``--baseline``, every family
+    of another folder against the baseline's default (identical rows: no difference)."""
+    study = _load_benchmark("recipe_study")
+    model, first = tmp_path / "model", tmp_path / "A"
+    study.main(["build", "--seed", "7", "--size", "64,8", "--out", str(model)])
+    for seed in ("100", "101"):
+        study.main(["train", "--model", str(model), "--seed", seed, "--steps", "6", "--variants",
+                    "ste,width_2d", "--scales", '{"ste": [2, 4]}', "--out", str(first)])  # fmt: skip
+    held = json.loads((first / "seed-100.json").read_text())
+    default = {("bae", s) for s in (512.0, 609.0, 724.0)}
+    wide = {("bae:width_2d", s) for s in (512.0, 609.0, 724.0)}
+    assert {(r["family"], r["setting"]) for r in held["rows"]} == (
+        default | wide | {("bae:ste", 2.0), ("bae:ste", 4.0)}
+    )
+    assert (held["study"]["width"], held["study"]["steps"]) == (8 * 256 // 48, 6)
+    widths = {r["family"]: r["ev_ceiling"] for r in held["rows"]}
+    assert widths["bae:width_2d"] != widths["bae"]  # 16 bits against 42: its own ceiling
+    copy = tmp_path / "B"
+    copy.mkdir()
+    for path in first.glob("seed-*.json"):
+        (copy / path.name).write_text(path.read_text())
+    study.main(["report", str(first), str(copy), "--baseline", str(first), "--out",
+                str(tmp_path / "report")])  # fmt: skip
+    lines = (tmp_path / "report" / "study.md").read_text().splitlines()
+    decided = {line.split(" | ")[0][2:]: line for line in lines if " vs " in line}
+    assert "bae:ste vs default (A)" in decided and "bae:width_2d vs default (B)" in decided
+    twin = decided["bae vs default of A (B)"]
+    assert twin.split(" | ")[1] == "no difference (+0.000)"
+    assert "bae vs default of A (A)" not in decided  # the baseline is not judged against itself
+    code, error = _refused(capsys, study, "train", "--model", str(model), "--seed", "1",
+                           "--variants", "ste,topk", "--out", str(tmp_path / "x"))  # fmt: skip
+    assert code == 2 and "unknown variants ['topk']; choose from covariance_equal" in error
+    code, error = _refused(capsys, study, "train", "--model", str(model), "--seed", "1",
+                           "--scales", "{ste: 1}", "--out", str(tmp_path / "x"))  # fmt: skip
+    assert code == 2 and "--scales takes JSON like" in error
+
+
+def test_the_recipe_rule_needs_a_gain_and_no_loss_on_quality_or_density():
+    study = _load_benchmark("recipe_study")
+    read = lambda mcc, f1, dense: {  # noqa: E731
+        f"bae.{m}": {"verdict": v} for m, v in (("mcc", mcc), ("f1", f1), ("dense", dense))
+    }
+    assert study.beats(read("better", "no difference", "no difference"))
+    assert study.beats(read("no difference", "better", "better"))
+    assert not study.beats(read("better", "worse", "better"))
+    assert not study.beats(read("better", "better", "worse"))
+    assert not study.beats(read("no difference", "no difference", "better"))
+    assert study.beats(read("better", "too few points", "no difference"))  # F1 unread: not worse
