@@ -507,8 +507,9 @@ def test_recipe_study_trains_variants_at_their_scales_and_judges_them(tmp_path, 
     model, first = tmp_path / "model", tmp_path / "A"
     study.main(["build", "--seed", "7", "--size", "64,8", "--out", str(model)])
     for seed in ("100", "101"):
-        study.main(["train", "--model", str(model), "--seed", seed, "--steps", "6", "--variants",
-                    "ste,width_2d", "--scales", '{"ste": [2, 4]}', "--out", str(first)])  # fmt: skip
+        study.main(["train", "--model", str(model), "--seed", seed, "--steps", "6",
+                    "--variants", "ste,width_2d", "--scales", '{"ste": [2, 4]}',
+                    "--out", str(first)])  # fmt: skip
     held = json.loads((first / "seed-100.json").read_text())
     default = {("bae", s) for s in (512.0, 609.0, 724.0)}
     wide = {("bae:width_2d", s) for s in (512.0, 609.0, 724.0)}
