@@ -550,3 +550,38 @@ def test_the_recipe_rule_needs_a_gain_and_no_loss_on_quality_or_density():
     assert not study.beats(read("better", "better", "worse"))
     assert not study.beats(read("no difference", "no difference", "better"))
     assert study.beats(read("better", "too few points", "no difference"))  # F1 unread: not worse
+
+
+def test_budget_curve_trains_each_family_per_budget_on_one_harvest(
+    tiny_hf_llama_dir, tiny_corpus, tmp_path, capsys
+):
+    """``budget_curve``: each budget trains every family for exactly that many steps on the one
+    harvest (its test tokens the same), reads it on test with KL, and a rerun with one more
+    budget trains only that one."""
+    curve = _load_benchmark("budget_curve")
+    common = ["--dataset", str(tiny_corpus), "--model", str(tiny_hf_llama_dir),
+              "--context-size", "32", "--max-sequences", "96", "--d-sae", "32", "--topk-k", "4",
+              "--out", str(tmp_path)]  # fmt: skip
+    curve.main([*common, "--steps", "6,3"])
+    rows = json.loads((tmp_path / "curve.json").read_text())["rows"]
+    assert [(r["steps"], r["family"]) for r in rows] == [
+        (s, f) for s in (3, 6) for f in ("bae", "topk", "jumprelu")
+    ]
+    assert len({r["tokens"] for r in rows}) == 1
+    for steps in (3, 6):  # SAELens names a final checkpoint by the samples it trained on
+        finals = sorted(p.name for p in (tmp_path / f"steps-{steps}").rglob("final_*"))
+        assert finals == [f"final_{steps * 256}"] * 3
+    for row in rows:
+        assert row["kl"] is not None and row["kl"] >= 0
+        assert row["dense_fraction"] == row["dense"] / 32
+        assert row["l0"] == 4 if row["family"] == "topk" else 0 <= row["l0"] <= 32
+    first = (tmp_path / "curve.json").read_text()
+    curve.main([*common, "--steps", "3,6,9"])
+    again = json.loads((tmp_path / "curve.json").read_text())["rows"]
+    assert again[:6] == json.loads(first)["rows"]
+    assert [r["steps"] for r in again[6:]] == [9, 9, 9]
+    code, error = _refused(capsys, curve, *common, "--steps", "6,x")
+    assert code == 2 and "--steps takes step counts separated by commas, got '6,x'" in error
+    code, error = _refused(capsys, curve, *common[:2], "--model", "no-such-model", "--steps", "2",
+                           "--out", str(tmp_path / "other"))  # fmt: skip
+    assert code == 2 and "Cannot load a model from 'no-such-model'" in error
