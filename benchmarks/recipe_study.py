@@ -153,8 +153,8 @@ def _load(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def _decision_line(label: str, found: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    """One variant's verdicts against its default, its converged rows and the rule's answer
-    (judged only when every row of both converged)."""
+    """One variant's verdicts against its default (on converged rows), how many of both
+    converged, and the rule's answer."""
     cells = [
         f"{found[f'bae.{m}']['verdict']} ({found[f'bae.{m}']['gap']:+.3f})"
         if found[f"bae.{m}"]["gap"] is not None
@@ -162,7 +162,7 @@ def _decision_line(label: str, found: dict[str, Any], rows: list[dict[str, Any]]
         for m in ("mcc", "f1", "dead", "dense")
     ]
     done = sum(bool(r["converged"]) for r in rows)
-    answer = ("beats" if beats(found) else "does not beat") if done == len(rows) else "not judged"
+    answer = "beats" if beats(found) else "does not beat"
     return f"| {label} | {' | '.join(cells)} | {done}/{len(rows)} | {answer} |"
 
 
@@ -173,7 +173,7 @@ def report(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     base = _load(args.baseline)[1] if args.baseline else []
     reference = [r for r in base if r["family"] == "bae"]
-    decisions = ["| variant (folder) | MCC | F1 | dead | dense | converged | rule |",
+    decisions = ["| variant (folder) | MCC | F1 | dead | dense | rows converged | rule |",
                  "|---|---|---|---|---|---|---|"]  # fmt: skip
     lines, held = ["# BAE recipe study", ""], {}
     for folder in args.folders:
@@ -196,8 +196,9 @@ def report(args: argparse.Namespace) -> None:
             if reference and folder != args.baseline:
                 pairs.append((f"default of {args.baseline.name}", reference))
             for label, theirs in pairs:
-                ours = [{**r, "family": "ours"} for r in mine]
-                verdict = verdicts([*ours, *theirs], ["bae"], ours="ours")
+                # a row counts only when converged (the registered rule); the rest is reported
+                ours = [{**r, "family": "ours"} for r in mine if r["converged"]]
+                verdict = verdicts([*ours, *(r for r in theirs if r["converged"])], ["bae"], "ours")
                 found[f"{family} vs {label}"] = verdict
                 lines += [f"### {family} against the {label}", "", verdict_table(verdict), ""]
                 decisions.append(_decision_line(f"{family} vs {label} ({folder.name})", verdict,

@@ -521,8 +521,11 @@ def test_recipe_study_trains_variants_at_their_scales_and_judges_them(tmp_path, 
     assert widths["bae:width_2d"] != widths["bae"]  # 16 bits against 42: its own ceiling
     copy = tmp_path / "B"
     copy.mkdir()
-    for path in first.glob("seed-*.json"):
-        (copy / path.name).write_text(path.read_text())
+    for path in first.glob("seed-*.json"):  # every row converged: the verdicts read them all
+        run = json.loads(path.read_text())
+        run["rows"] = [{**row, "converged": True} for row in run["rows"]]
+        for folder in (first, copy):
+            (folder / path.name).write_text(json.dumps(run))
     study.main(["report", str(first), str(copy), "--baseline", str(first), "--out",
                 str(tmp_path / "report")])  # fmt: skip
     lines = (tmp_path / "report" / "study.md").read_text().splitlines()
@@ -530,6 +533,7 @@ def test_recipe_study_trains_variants_at_their_scales_and_judges_them(tmp_path, 
     assert "bae:ste vs default (A)" in decided and "bae:width_2d vs default (B)" in decided
     twin = decided["bae vs default of A (B)"]
     assert twin.split(" | ")[1] == "no difference (+0.000)"
+    assert twin.split(" | ")[5] == "12/12"
     assert "bae vs default of A (A)" not in decided  # the baseline is not judged against itself
     code, error = _refused(capsys, study, "train", "--model", str(model), "--seed", "1",
                            "--variants", "ste,topk", "--out", str(tmp_path / "x"))  # fmt: skip
