@@ -49,14 +49,24 @@ def curve_rows(args: argparse.Namespace, steps: int) -> list[dict[str, Any]]:
         {f: cfg.settings(f) for f in FAMILIES}, dict.fromkeys(FAMILIES, args.lr)
     )
     study.read_final(final)
-    rows = []
-    for row in study.rows:
-        if row["split"] == "test":
-            keys = ("family", "setting", "lr", "l0", "dead", "dense", "explained_variance", "kl")
-            kept = {k: row[k] for k in (*keys, "activated")}
-            kept["dense_fraction"] = row["dense"] / cfg.d_sae
-            rows.append({"steps": steps, "tokens": study.tokens()["train"], **kept})
-    return rows
+    keys = (
+        "family",
+        "setting",
+        "lr",
+        "l0",
+        "dead",
+        "dense",
+        "explained_variance",
+        "kl",
+        "activated",
+    )
+    tokens = study.tokens()["train"]
+    return [
+        {"steps": steps, "tokens": tokens, **{k: row[k] for k in keys},
+         "dense_fraction": row["dense"] / cfg.d_sae}
+        for row in study.rows
+        if row["split"] == "test"
+    ]  # fmt: skip
 
 
 def write(out: Path, rows: list[dict[str, Any]]) -> None:

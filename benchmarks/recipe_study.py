@@ -10,8 +10,9 @@ by ``eval_sae_on_synthetic_data``), each variant at its own coefficient scales.
 
 ``build`` saves a validation model (``bench_model_config``); ``train`` trains one seed into
 ``DIR/seed-N.json`` (``default`` is the family ``bae``, a variant ``bae:NAME``); ``report``
-writes ``REPORT/study.md``, ``study.json`` and ``study.png``: each folder's table and every
-variant's protocol v2 verdicts against ``default`` at matched L0. The width is the ``cpu``
+writes ``REPORT/study.md``, ``study.json`` and a PNG per folder: each folder's table and every
+variant's protocol v2 verdicts against ``default`` at matched L0 (with ``--baseline DIR``, also
+every family of the other folders against that folder's ``default``). The width is the ``cpu``
 preset's width per dimension; steps and lr default to the preset's.
 """
 
@@ -30,6 +31,7 @@ from sae_lens.synthetic import SyntheticModel
 import sae_lens_bae  # noqa: F401  (registers the BAE)
 from sae_lens_bae.experiments import synth_sae
 from sae_lens_bae.experiments.synth_sae_report import (
+    VERDICT_METRICS,
     plot_frontiers,
     summary_table,
     verdict_table,
@@ -155,11 +157,9 @@ def _load(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def _decision_line(label: str, found: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """One variant's verdicts against its default (on converged rows), how many of both
     converged, and the rule's answer."""
+    read = [found[f"bae.{metric}"] for metric in VERDICT_METRICS]
     cells = [
-        f"{found[f'bae.{m}']['verdict']} ({found[f'bae.{m}']['gap']:+.3f})"
-        if found[f"bae.{m}"]["gap"] is not None
-        else found[f"bae.{m}"]["verdict"]
-        for m in ("mcc", "f1", "dead", "dense")
+        v["verdict"] if v["gap"] is None else f"{v['verdict']} ({v['gap']:+.3f})" for v in read
     ]
     done = sum(bool(r["converged"]) for r in rows)
     answer = "beats" if beats(found) else "does not beat"
