@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from sae_lens_bae.experiments.synth_sae import PRESETS
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -511,8 +513,9 @@ def test_recipe_study_trains_variants_at_their_scales_and_judges_them(tmp_path, 
                     "--variants", "ste,width_2d", "--scales", '{"ste": [2, 4]}',
                     "--out", str(first)])  # fmt: skip
     held = json.loads((first / "seed-100.json").read_text())
-    default = {("bae", s) for s in (512.0, 609.0, 724.0)}
-    wide = {("bae:width_2d", s) for s in (512.0, 609.0, 724.0)}
+    scales = PRESETS["cpu"].settings["bae"]  # a variant without scales of its own takes these
+    default = {("bae", s) for s in scales}
+    wide = {("bae:width_2d", s) for s in scales}
     assert {(r["family"], r["setting"]) for r in held["rows"]} == (
         default | wide | {("bae:ste", 2.0), ("bae:ste", 4.0)}
     )
@@ -533,7 +536,8 @@ def test_recipe_study_trains_variants_at_their_scales_and_judges_them(tmp_path, 
     assert "bae:ste vs default (A)" in decided and "bae:width_2d vs default (B)" in decided
     twin = decided["bae vs default of A (B)"]
     assert twin.split(" | ")[1] == "no difference (+0.000)"
-    assert twin.split(" | ")[5] == "12/12"
+    rows = 2 * 2 * len(scales)  # both defaults' rows, 2 seeds each, every row converged
+    assert twin.split(" | ")[5] == f"{rows}/{rows}"
     assert "bae vs default of A (A)" not in decided  # the baseline is not judged against itself
     code, error = _refused(capsys, study, "train", "--model", str(model), "--seed", "1",
                            "--variants", "ste,topk", "--out", str(tmp_path / "x"))  # fmt: skip

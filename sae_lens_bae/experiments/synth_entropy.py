@@ -29,11 +29,12 @@ __all__ = ["CELLS", "CELL_RECIPE", "cell_model", "entropy_rows", "within_toleran
 
 CELLS = [
     (features, ratio, hierarchy)
-    for features in (64, 256)
+    for features in (16, 32)
     for ratio in (2, 4)
     for hierarchy in (False, True)
 ]
-"""(features, features per dimension, hierarchy) of every cell."""
+"""(features, features per dimension, hierarchy) of every cell: sizes whose independent cell holds
+at most log2(CELL_SAMPLES) - 4 bits, so that many states can show the entropy they hold."""
 
 CELL_RECIPE = TRACING_RECIPE.changed(expansion=4, seeds=1)
 """The tracing recipe with a code at least as wide as the features (4 bits per dimension, the
