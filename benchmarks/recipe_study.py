@@ -52,7 +52,6 @@ def variants(d_in: int) -> dict[str, dict[str, Any]]:
     return {
         "covariance_equal": {"covariance_coefficient": entropy},
         "inputs_at_d_in": {"rescale_inputs_to": float(d_in)},
-        "decoder_bias_mean": {"decoder_bias_init": "first_batch_mean"},
         "ste": {"surrogate": "ste"},
         "width_4d": {"d_sae": 4 * d_in},
         "width_2d": {"d_sae": 2 * d_in},

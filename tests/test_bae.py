@@ -367,7 +367,6 @@ def test_bad_bits_per_feature(bits_per_feature):
         ("entropy_coefficient", -1.0, "entropy_coefficient"),
         ("entropy_off_fraction", 1.5, "entropy_off_fraction"),
         ("resample_every", -1, "resample_every"),
-        ("decoder_bias_init", "median", r"decoder_bias_init='median' \(zeros or first"),
         ("total_training_steps", -1, "total_training_steps"),
     ],
 )

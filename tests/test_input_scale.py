@@ -179,23 +179,3 @@ def _step(x: torch.Tensor, n: int) -> TrainStepInput:
     coefficients = {"entropy": 1e-3, "covariance": 1e-3}
     return TrainStepInput(sae_in=x, coefficients=coefficients, dead_neuron_mask=None,
                           n_training_steps=n, is_logging_step=False)  # fmt: skip
-
-
-@pytest.mark.parametrize("rescale_inputs_to", [None, 2.0])
-def test_the_decoder_bias_starts_at_the_first_batch_mean_in_the_frame(rescale_inputs_to):
-    """``decoder_bias_init="first_batch_mean"``: b_dec is the first minibatch's mean in the
-    frame's units before step 0 and is left to training after it; the default leaves it 0."""
-    x = fair_bits()
-    kept = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, total_training_steps=4))
-    kept._before_step(x[:64], 0, kept.resolve_schedule())
-    assert kept.b_dec.abs().max().item() == 0.0
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, total_training_steps=4,
-                                              rescale_inputs_to=rescale_inputs_to,
-                                              decoder_bias_init="first_batch_mean"))  # fmt: skip
-    schedule = bae.resolve_schedule()
-    bae._before_step(x[:64], 0, schedule)
-    start = frame(x[:64], module_frame(bae)).mean(0)
-    torch.testing.assert_close(bae.b_dec.detach(), start, rtol=0, atol=1e-6)
-    assert start.norm() > (0.1 if rescale_inputs_to is None else 0.0)  # raw states sit off 0
-    bae._before_step(10 * x[64:128], 1, schedule)
-    torch.testing.assert_close(bae.b_dec.detach(), start, rtol=0, atol=0)

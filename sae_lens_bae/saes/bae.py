@@ -165,9 +165,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     """Last fraction of training with the covariance term off."""
     resample_every: int = 125
     """Steps between resamplings of constant bits (0: never), until 95% of training."""
-    decoder_bias_init: Literal["zeros", "first_batch_mean"] = "zeros"
-    """b_dec before the first step: zeros (SAELens'), or the first minibatch's mean in the input
-    frame (the bits then need not carry the inputs' mean)."""
     total_training_steps: int | None = None
     """Length of training, which resolves the fractions; set by ``train_sae`` and
     ``fill_training_schedule`` (SAELens never tells an SAE)."""
@@ -195,10 +192,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
                     fraction,
                 ),
                 "resample_every": (is_count(self.resample_every, 0), "steps, 0 for never"),
-                "decoder_bias_init": (
-                    self.decoder_bias_init in ("zeros", "first_batch_mean"),
-                    "zeros or first_batch_mean",
-                ),
                 "total_training_steps": (steps is None or is_count(steps, 0), "steps or None"),
             },
         )
@@ -470,17 +463,14 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         input_frame = module_frame(self)  # type: ignore[arg-type]
         # every rank frames from the first global batch, one process until a batch had variance
         framing = input_frame is not None and (n == 0 or self.batch.world == 1 and not self._framed)
-        biasing = n == 0 and self.cfg.decoder_bias_init == "first_batch_mean"
         resampling = schedule.resamples_before(n)
-        if not (framing or biasing or resampling):
+        if not (framing or resampling):
             return
         x = self.read_inputs(sae_in, hooked=False)
         x = self.batch.gather(x.reshape(-1, x.shape[-1]))
         if framing and input_frame is not None and self.cfg.rescale_inputs_to is not None:
             fix_frame(input_frame, x, self.cfg.rescale_inputs_to)
             self._framed = bool((input_frame[0] > 0).all())  # one wait, until it is set
-        if biasing:  # decoder outputs live in the frame's units
-            self.b_dec.copy_(frame(x, input_frame).mean(0).to(self.b_dec.dtype))
         if not resampling:
             return
         inputs = self.encoder_inputs(x)
