@@ -117,7 +117,7 @@ def test_saelens_runner_trains_a_registry_bae_told_its_length(
     def config():
         return LanguageModelSAERunnerConfig(
             sae=BAETrainingSAEConfig(d_in=32, d_sae=128), hook_name="blocks.0.hook_resid_post",
-            is_dataset_tokenized=True, **runner_kwargs(batch=256, steps=12),
+            is_dataset_tokenized=True, output_path=None, **runner_kwargs(batch=256, steps=12),
         )  # fmt: skip
 
     with pytest.raises(ValueError, match="fill_training_schedule"):
