@@ -129,6 +129,7 @@ def test_training_from_cache_matches_live_training(
         entropy_coefficient=1e-3,
         covariance_coefficient=1e-4,
         coefficient_width=None,
+        input_variance=None,  # coefficients set for these states as given
     )
 
     cache = harvest_activations(

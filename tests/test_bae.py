@@ -24,6 +24,8 @@ def make_bae(**kwargs) -> BAETrainingSAE:
     if any(name.endswith("_coefficient") for name in kwargs):  # coefficients as given
         kwargs.setdefault("coefficient_width", None)
     kwargs.setdefault("entropy_off_fraction", 0.0)
+    kwargs.setdefault("input_variance", None)  # the step's maths in the inputs' units (the frame:
+    # test_input_scale.py)
     return BAETrainingSAE(BAETrainingSAEConfig(**kwargs))
 
 
@@ -189,7 +191,7 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     through_registry = bae_config(d_in, recipe="entropy", total_training_steps=16000)
     through_recipe = EntropyRecipe().config(d_in)
     for name in ("surrogate_temperature", "entropy_off_fraction", "resample_every",
-                 "rescale_inputs_to"):  # fmt: skip
+                 "input_variance"):  # fmt: skip
         assert getattr(through_recipe, name) == getattr(through_registry, name), name
     assert through_recipe.coefficients() == through_registry.coefficients()
     assert through_registry.coefficients()["entropy"] == pytest.approx(5e-7 * scale)
@@ -619,15 +621,15 @@ def test_the_covariance_term_is_off_for_the_last_fraction_of_training():
     assert float(off["entropy_loss"]) == float(on["entropy_loss"]) > 0  # the entropy term stays
 
 
-@pytest.mark.parametrize("rescale_inputs_to", [None, 1.0])
+@pytest.mark.parametrize("input_variance", [None, 1.0])
 def test_a_step_reads_its_batch_through_the_input_hook_once_and_logs_saelens_mse(
-    rescale_inputs_to,
+    input_variance,
 ):
     """``hook_sae_input`` fires once per training step: on step 0 (which fixes the input frame),
     on a plain step and on a step that resamples (step 2, after the window of steps 0-1). The
     logged ``mse_loss`` is SAELens': the squared error summed over d_in and averaged over the
     batch, in the inputs' own units (not the frame's), on step 0 with the frame on."""
-    bae = make_bae(rescale_inputs_to=rescale_inputs_to, resample_every=2, total_training_steps=100)
+    bae = make_bae(input_variance=input_variance, resample_every=2, total_training_steps=100)
     calls = []
     bae.hook_sae_input.add_hook(lambda acts, hook: calls.append(acts.shape))  # noqa: ARG005
     x = 3.0 * torch.randn(32, 8) + 1.0
@@ -640,5 +642,5 @@ def test_a_step_reads_its_batch_through_the_input_hook_once_and_logs_saelens_mse
         expected = ((out.sae_out - x) ** 2).sum(-1).mean()
         assert out.losses["mse_loss"].item() == pytest.approx(expected.item(), rel=1e-6)
     assert not torch.equal(before[:, 0], bae.W_enc[:, 0])  # step 2 resampled bit 0
-    if rescale_inputs_to is not None:
+    if input_variance is not None:
         assert bae.input_scale.item() > 0 and bae.input_scale.item() != pytest.approx(1.0)

@@ -164,14 +164,12 @@ def test_held_out_objective_is_the_loss_the_bae_trains_on():
     """On one minibatch, with the coefficients at their final values and the entropy term on,
     the held-out objective is the loss ``training_forward_pass`` reports, in the units of the
     BAE's input frame (set by its first training batch, as a registry ``entropy`` BAE's is)."""
-    from dataclasses import replace
-
     from sae_lens.saes.sae import TrainStepInput
 
     from sae_lens_bae.evaluation import held_out_objective
     from sae_lens_bae.saes.bae import BAETrainingSAE
 
-    cfg = replace(EntropyRecipe.of(expansion=2).config(8), rescale_inputs_to=0.5)
+    cfg = EntropyRecipe.of(expansion=2).config(8)
     bae = BAETrainingSAE(cfg)
     x = 3 * torch.randn(64, 8, generator=torch.Generator().manual_seed(0)) + 1.0
     step = TrainStepInput(sae_in=x, coefficients=cfg.coefficients(), dead_neuron_mask=None,

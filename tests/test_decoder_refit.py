@@ -78,7 +78,7 @@ def test_the_refit_is_the_regression_and_leaves_the_code(frame):
     (with no ridge to choose from: LAPACK's; with the default ridges: the one chosen, around the
     trained decoder), and the code is the same."""
     for ridges in [(0.0,), None]:
-        bae = _bae(rescale_inputs_to=frame)
+        bae = _bae(input_variance=frame)
         states = torch.randn(2000, 6, generator=torch.Generator().manual_seed(2)) * 2 + 1
         if frame is not None:
             from sae_lens_bae.saes.input_frame import fix_frame, module_frame

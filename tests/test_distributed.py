@@ -51,7 +51,7 @@ def _config() -> BAETrainingSAEConfig:
     # batch: every part of the step runs in 20 steps
     return BAETrainingSAEConfig(
         d_in=D_IN, d_sae=D_SAE, entropy_off_fraction=0.15,
-        resample_every=5, rescale_inputs_to=1.0,
+        resample_every=5, input_variance=1.0,
     )  # fmt: skip
 
 
@@ -84,7 +84,7 @@ def _stacked_steps(rank: int | None, steps: int = 10) -> dict[str, Any]:
     gradients averaged over the ranks as ``DistributedDataParallel`` averages them."""
     cfg = BAETrainingSAEConfig(
         d_in=D_IN, d_sae=D_SAE, entropy_off_fraction=0.15, resample_every=5,
-        rescale_inputs_to=1.0, total_training_steps=steps,
+        input_variance=1.0, total_training_steps=steps,
     )  # fmt: skip
     model = StackedBAE(cfg, seeds=[3, 4])
     if rank is not None:

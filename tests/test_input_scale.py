@@ -1,4 +1,4 @@
-"""A BAE's constant input scale (``rescale_inputs_to``): set once on the first training batch,
+"""A BAE's constant input scale (``input_variance``): set once on the first training batch,
 saved and loaded with the model, folded exactly, and what makes training independent of the
 states' scale."""
 
@@ -9,6 +9,7 @@ from sae_lens.saes.sae import TrainStepInput
 
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.entropy import code_entropy
+from sae_lens_bae.entropy.recipe import EntropyRecipe
 from sae_lens_bae.saes.bae_recipes import bae_config
 from sae_lens_bae.saes.input_frame import frame, module_frame
 from sae_lens_bae.training import train_sae
@@ -29,28 +30,29 @@ def trained(x: torch.Tensor, **overrides) -> BAETrainingSAE:
 
 def test_first_batch_sets_the_scale_and_later_batches_keep_it():
     torch.manual_seed(0)
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, rescale_inputs_to=2.0,
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, input_variance=2.0,
                                               entropy_off_fraction=0.0))  # fmt: skip
     assert bae.input_scale.item() == 0.0  # unset: reads inputs as given
     x = fair_bits()
     bae.training_forward_pass(_step(x[:64], 0))
-    expected = (2.0 / (x[:64] - x[:64].mean(0)).pow(2).sum(-1).mean()).sqrt()  # to variance 2
+    # to variance 2 per dimension, 24 in all
+    expected = (2.0 * 12 / (x[:64] - x[:64].mean(0)).pow(2).sum(-1).mean()).sqrt()
     assert bae.input_scale.item() == pytest.approx(expected.item(), rel=1e-6)
     bae.training_forward_pass(_step(10 * x[64:128], 1))
     assert bae.input_scale.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 def test_a_first_batch_without_variance_leaves_the_scale_unset():
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, rescale_inputs_to=1.0,
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, input_variance=1.0,
                                               entropy_off_fraction=0.0))  # fmt: skip
     bae.training_forward_pass(_step(torch.zeros(64, 12), 0))
     assert bae.input_scale.item() == 0.0
     bae.training_forward_pass(_step(torch.full((64, 12), 0.5), 1))  # far from 0, no spread
     assert bae.input_scale.item() == 0.0
     corners = torch.zeros(64, 12)
-    corners[::2] = 1.0  # half the states at 0, half at 1: variance 12 * 0.25
+    corners[::2] = 1.0  # half the states at 0, half at 1: variance 12 * 0.25, to 12 * 1
     bae.training_forward_pass(_step(corners + 7.0, 2))
-    assert bae.input_scale.item() == pytest.approx(1 / 3**0.5)
+    assert bae.input_scale.item() == pytest.approx(2.0)
 
 
 def test_the_frame_does_not_depend_on_where_the_states_sit():
@@ -102,7 +104,7 @@ def test_training_on_scaled_states_is_the_same_training():
 
 def test_without_the_scale_the_states_scale_changes_what_is_learnt():
     x = fair_bits()
-    small, large = trained(x, rescale_inputs_to=None), trained(64.0 * x, rescale_inputs_to=None)
+    small, large = trained(x, input_variance=None), trained(64.0 * x, input_variance=None)
     assert not torch.equal(small.encode_bits(x), large.encode_bits(64.0 * x))
 
 
@@ -111,7 +113,7 @@ def test_the_scale_is_saved_and_loaded(tmp_path):
     bae = trained(x)
     bae.save_inference_model(tmp_path)
     loaded = SAE.load_from_disk(tmp_path)  # built on the meta device: the buffer must be saved
-    assert isinstance(loaded, BAE) and loaded.cfg.rescale_inputs_to == 0.5
+    assert isinstance(loaded, BAE) and loaded.cfg.input_variance == bae.cfg.input_variance
     assert loaded.input_scale.item() == bae.input_scale.item()
     assert torch.equal(loaded.input_shift, bae.input_shift) and bool(bae.input_shift.any())
     assert torch.equal(loaded(x), bae(x))
@@ -120,7 +122,7 @@ def test_the_scale_is_saved_and_loaded(tmp_path):
 @pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
 def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
     torch.manual_seed(0)
-    bae = BAE(BAEConfig(d_in=6, d_sae=12, rescale_inputs_to=1.0,
+    bae = BAE(BAEConfig(d_in=6, d_sae=12, input_variance=1.0,
                         apply_b_dec_to_input=apply_b_dec_to_input)).double()  # fmt: skip
     with torch.no_grad():
         bae.b_dec.normal_()
@@ -140,7 +142,7 @@ def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
     assert torch.allclose(bae.decode(bae.encode(x)), expected)
 
     torch.manual_seed(0)
-    bae = BAE(BAEConfig(d_in=6, d_sae=12, rescale_inputs_to=1.0,
+    bae = BAE(BAEConfig(d_in=6, d_sae=12, input_variance=1.0,
                         apply_b_dec_to_input=apply_b_dec_to_input)).double()  # fmt: skip
     with torch.no_grad():
         bae.b_dec.normal_()
@@ -153,19 +155,35 @@ def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
 
 
 def test_a_cast_keeps_the_scale_in_fp32():
-    bae = BAE(BAEConfig(d_in=8, d_sae=32, rescale_inputs_to=1.0)).to(torch.bfloat16)
+    bae = BAE(BAEConfig(d_in=8, d_sae=32, input_variance=1.0)).to(torch.bfloat16)
     assert bae.W_enc.dtype == torch.bfloat16 and bae.input_scale.dtype == torch.float32
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, True])
 def test_a_bad_target_is_refused(value):
-    with pytest.raises(ValueError, match=r"rescale_inputs_to=.* \(a positive variance or None\)"):
-        BAETrainingSAEConfig(d_in=8, d_sae=32, rescale_inputs_to=value)
+    with pytest.raises(ValueError, match=r"input_variance=.* \(a positive variance or None\)"):
+        BAETrainingSAEConfig(d_in=8, d_sae=32, input_variance=value)
 
 
-def test_the_entropy_preset_frames_its_inputs_and_the_feature_default_does_not():
-    assert bae_config(8, recipe="entropy").rescale_inputs_to == 0.5  # fair bits' variance
-    assert bae_config(8).rescale_inputs_to is None  # the feature default reads states as given
+@pytest.mark.parametrize("d_in", [8, 48, 576])
+def test_each_recipe_frames_at_its_own_variance(d_in):
+    """The entropy recipes frame at the fair-bit sets' total variance whatever the width, the
+    default at variance 1 per dimension; the paper's and the short-run recipe read states as
+    given."""
+    x, steps = fair_bits(d=d_in), {"total_training_steps": 10}
+    for cfg, total in (
+        (bae_config(d_in, recipe="entropy", **steps), 0.5),
+        (EntropyRecipe.of().config(d_in), 0.5),
+        (bae_config(d_in, **steps), float(d_in)),
+        (BAETrainingSAEConfig(d_in=d_in, d_sae=2 * d_in, **steps), float(d_in)),
+    ):
+        bae = BAETrainingSAE(cfg)
+        bae.training_forward_pass(_step(x[:64], 0))
+        framed = (x[:64] + bae.input_shift) * bae.input_scale
+        variance = (framed - framed.mean(0)).pow(2).sum(-1).mean().item()
+        assert variance == pytest.approx(total, rel=1e-5)
+    for name in ("paper", "short_run"):
+        assert bae_config(d_in, recipe=name).input_variance is None
 
 
 def _first_step(x: torch.Tensor) -> BAETrainingSAE:

@@ -152,7 +152,7 @@ def _folders(tmp_path) -> dict[str, tuple[Path, BAETrainingSAE]]:
     each with the training BAE it holds (the checkpoint's read by SAELens' training loader)."""
     x = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
     cfg = BAETrainingSAEConfig(
-        d_in=8, d_sae=6, bits_per_feature=2, rescale_inputs_to=1.0, resample_every=2
+        d_in=8, d_sae=6, bits_per_feature=2, input_variance=1.0, resample_every=2
     )
     run = train_sae(x, cfg, training_samples=4 * 64, batch_size=64,
                     checkpoint_dir=tmp_path / "run", n_checkpoints=1)  # fmt: skip
@@ -172,7 +172,7 @@ def test_every_loader_reads_an_inference_folder_and_a_training_checkpoint_alike(
         assert isinstance(trained, BAETrainingSAE) and hasattr(trained, "window_counts"), kind
         loaded = LOADERS[loader](folder)
         assert type(loaded) is BAE and not hasattr(loaded, "window_counts"), kind
-        assert loaded.cfg.bits_per_feature == 2 and loaded.cfg.rescale_inputs_to == 1.0, kind
+        assert loaded.cfg.bits_per_feature == 2 and loaded.cfg.input_variance == 1.0, kind
         assert torch.equal(loaded.input_scale, trained.input_scale), kind
         assert torch.equal(loaded.encode_bits(x), trained.encode_bits(x)), kind
         assert torch.equal(loaded(x), trained(x)), kind

@@ -92,6 +92,7 @@ def test_stacked_training_equals_separate_trainings(bits_per_feature, dtype, opt
         entropy_off_fraction=0.25,  # 10 of the 40 steps
         entropy_coefficient=1e-2,
         covariance_coefficient=1e-3,
+        input_variance=None,  # a stack frames from the whole set, a BAE alone from its first batch
         **OPTIONS[options][0],
     )
     seeds, steps = [5, 6, 7], 40
@@ -131,7 +132,7 @@ def test_each_bae_of_a_stack_reads_its_set_in_its_own_input_frame():
     100 times the first's (``mse_loss`` is in the inputs' units), as two separate runs would."""
     x = binary_mixtures(1, dtype=torch.float64)[0]
     cfg = BAETrainingSAEConfig(coefficient_width=None, 
-        d_in=8, d_sae=12, dtype="float64", rescale_inputs_to=0.5, resample_every=0,
+        d_in=8, d_sae=12, dtype="float64", input_variance=0.5 / 8, resample_every=0,
         entropy_off_fraction=0.25, entropy_coefficient=1e-2, covariance_coefficient=1e-3,
     )  # fmt: skip
     near, far = train_stacked_baes(
@@ -156,19 +157,19 @@ def test_a_stack_that_frames_its_sets_trains_as_on_the_sets_framed_beforehand():
               "entropy_off_fraction": 0.25, "entropy_coefficient": 1e-2, "coefficient_width": None,
               "covariance_coefficient": 1e-3}  # fmt: skip
     run = {"seeds": [5, 6], "training_samples": 40 * 64, "batch_size": 64, "progress": False}
-    framed = train_stacked_baes(sets, BAETrainingSAEConfig(**fields, rescale_inputs_to=0.5), **run)
+    framed = train_stacked_baes(sets, BAETrainingSAEConfig(**fields, input_variance=0.5), **run)
     moved = []
     for x in sets:
         variance, shift = placement(x)
-        moved.append((x + shift) * (0.5 / variance) ** 0.5)
-    plain = train_stacked_baes(moved, BAETrainingSAEConfig(**fields), **run)
+        moved.append((x + shift) * (0.5 * 8 / variance) ** 0.5)  # 0.5 per dimension
+    plain = train_stacked_baes(moved, BAETrainingSAEConfig(**fields, input_variance=None), **run)
     for g, (mine, theirs) in enumerate(zip(framed.baes, plain.baes, strict=True)):
-        expected = (0.5 / placement(sets[g])[0]).item() ** 0.5
+        expected = (0.5 * 8 / placement(sets[g])[0]).item() ** 0.5
         assert mine.input_scale.item() == pytest.approx(expected, rel=1e-6)
         for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
             assert torch.allclose(getattr(mine, name), getattr(theirs, name), atol=2e-2), name
         assert torch.equal(mine.encode_bits(sets[g]), theirs.encode_bits(moved[g]))
-    k2 = 0.5 / placement(sets[0])[0].item()  # the first BAE's k^2: its error in frame units
+    k2 = 0.5 * 8 / placement(sets[0])[0].item()  # the first BAE's k^2: its error in frame units
     framed_error = [k2 * value for value in framed.histories[0]["reconstruction_loss"]]
     assert framed_error == pytest.approx(plain.histories[0]["reconstruction_loss"], rel=1e-2)
 
@@ -199,7 +200,10 @@ def test_stacked_rejects_bad_shapes_and_normalisation():
     with pytest.raises(ValueError, match="normalise them beforehand"):
         StackedBAE(
             BAETrainingSAEConfig(
-                d_in=8, d_sae=32, normalize_activations="expected_average_only_in"
+                d_in=8,
+                d_sae=32,
+                normalize_activations="expected_average_only_in",
+                input_variance=None,
             ),
             [0],
         )
@@ -226,7 +230,7 @@ def test_converged_baes_drop_out_and_the_others_train_as_if_alone(final):
     cfg = BAETrainingSAEConfig(coefficient_width=None, 
         d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.125, entropy_coefficient=1e-2,
         covariance_coefficient=1e-3, resample_every=7,
-        covariance_off_final_fraction=final,
+        covariance_off_final_fraction=final, input_variance=None,  # frames differ: see above
     )  # fmt: skip
     rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2,
                        horizon=0.0)  # fmt: skip

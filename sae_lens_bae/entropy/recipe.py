@@ -42,6 +42,8 @@ _PRESET = {
 }
 """The registry's ``entropy`` recipe, whose objective ``EntropyRecipe`` trains with (one rule for
 both paths), at the width its coefficients are given at."""
+_FRAME_TOTAL = BAE_RECIPES["entropy"].input_total_variance
+"""The total variance the registry's ``entropy`` recipe frames states of any width at."""
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,7 @@ class EntropyRecipe:
         scale = 1.0 if self.loss.objective else 0.0
         return BAETrainingSAEConfig(
             d_in=d_in,
-            rescale_inputs_to=_PRESET["rescale_inputs_to"] if framed else None,
+            input_variance=_FRAME_TOTAL / d_in if framed else None,
             d_sae=self.expansion * d_in,
             bits_per_feature=self.bits_per_feature,
             surrogate_temperature=self.loss.surrogate_temperature,

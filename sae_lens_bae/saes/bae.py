@@ -87,7 +87,7 @@ WINDOW_BUFFERS = ("window_counts", "window_samples")
 
 
 def _check_inference_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
-    target = cfg.rescale_inputs_to
+    target = cfg.input_variance
     positive = not isinstance(target, bool) and target is not None and target > 0
     refuse_fields(
         cfg,
@@ -95,11 +95,12 @@ def _check_inference_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
             "d_in": (is_count(cfg.d_in, 1), "a positive integer"),
             "d_sae": (is_count(cfg.d_sae, 1), "a positive integer"),
             "bits_per_feature": (is_count(cfg.bits_per_feature, 1), "an integer >= 1"),
-            "rescale_inputs_to": (target is None or positive, "a positive variance or None"),
+            "input_variance": (target is None or positive, "a positive variance or None"),
             "reshape_activations": (cfg.reshape_activations == "none", "flatten hook_z upstream"),
             "normalize_activations": (
                 target is None or cfg.normalize_activations == "none",
-                "none with an input frame, which scales the inputs itself",
+                "none with an input frame, which scales the inputs itself (input_variance=None "
+                "reads them as given)",
             ),
         },
     )
@@ -115,9 +116,10 @@ class BAEConfig(StrictLoading, SAEConfig):
     bits_per_feature * d_sae`` bits."""
     apply_b_dec_to_input: bool = False
     """SAELens' input centring; off, as in the paper."""
-    rescale_inputs_to: float | None = None
-    """Total variance the BAE brings its inputs to with its input frame ``k (x + t)``, fixed on the
-    first training batch and undone on its outputs (``saes.input_frame``); None: inputs as given."""
+    input_variance: float | None = 1.0
+    """Variance per input dimension the BAE brings its inputs to with its input frame
+    ``k (x + t)``, fixed on the first training batch and undone on its outputs
+    (``saes.input_frame``); None: inputs as given."""
 
     @override
     @classmethod
@@ -145,8 +147,9 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     bits_per_feature * d_sae`` bits."""
     apply_b_dec_to_input: bool = False
     """SAELens' input centring; off, as in the paper."""
-    rescale_inputs_to: float | None = None
-    """Total variance of the input frame (see :class:`BAEConfig`); None: inputs as given."""
+    input_variance: float | None = 1.0
+    """Variance per input dimension of the input frame (see :class:`BAEConfig`); None: inputs as
+    given."""
     surrogate: Literal["sigmoid", "ste"] = "sigmoid"
     """Surrogate derivative of the step: d/dx sigmoid(x / T), or straight-through."""
     surrogate_temperature: float = 1.0
@@ -277,7 +280,7 @@ class _BAEMixin(InputFrameFolds):
         self.b_enc = nn.Parameter(torch.zeros(cfg.n_bits, dtype=self.W_dec.dtype, device=device))
         self.register_buffer("code_mean", torch.zeros(cfg.n_bits, device=device))  # type: ignore[attr-defined]
         self.register_buffer("code_mean_count", torch.zeros((), device=device))  # type: ignore[attr-defined]
-        register_input_frame(self, cfg.rescale_inputs_to)  # type: ignore[arg-type]
+        register_input_frame(self, cfg.input_variance)  # type: ignore[arg-type]
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
         """``.to(dtype)``/``.half()`` cast parameters only: running means and the frame keep fp32
@@ -468,8 +471,8 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             return
         x = self.read_inputs(sae_in, hooked=False)
         x = self.batch.gather(x.reshape(-1, x.shape[-1]))
-        if framing and input_frame is not None and self.cfg.rescale_inputs_to is not None:
-            fix_frame(input_frame, x, self.cfg.rescale_inputs_to)
+        if framing and input_frame is not None and self.cfg.input_variance is not None:
+            fix_frame(input_frame, x, self.cfg.input_variance)
             self._framed = bool((input_frame[0] > 0).all())  # one wait, until it is set
         if not resampling:
             return

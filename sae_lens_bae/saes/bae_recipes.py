@@ -33,31 +33,39 @@ class BAERecipe:
     """One recipe: the trainer's Adam learning rate and the config fields it sets."""
 
     lr: float
+    """Adam learning rate it trains with."""
     fields: dict[str, Any] = field(default_factory=dict)
+    """Config fields it sets beyond :class:`BAETrainingSAEConfig`'s defaults."""
+    input_total_variance: float | None = None
+    """Total variance its input frame brings states of any width to (``input_variance`` is
+    this / d_in); None: ``fields``' or the default's variance per dimension."""
 
 
 BAE_RECIPES: dict[RecipeName, BAERecipe] = {
     # the config's defaults: the short-run entropy coefficient and a covariance coefficient 16x
-    # it, the paper's surrogate temperature, constant bits resampled every 125 steps
+    # it, the paper's surrogate temperature, constant bits resampled every 125 steps, inputs
+    # framed at variance 1 per dimension
     "default": BAERecipe(lr=2e-3),
-    # the short-run rule, tuned on the synthetic benchmark at d = 64 and 128
+    # the short-run rule, tuned on the synthetic benchmark at d = 64 and 128 on states as given
     "short_run": BAERecipe(
         lr=2e-3,
-        fields={"surrogate_temperature": 0.3, "covariance_coefficient": 1e-6, "resample_every": 0},
-    ),
-    # entropy estimation: the short-run coefficients at EntropyRecipe's lr, no resampling (a
-    # resampled bit is a random one: it adds entropy), inputs framed at the total variance of the
-    # fair-bit sets it was calibrated on
-    "entropy": BAERecipe(
-        lr=4e-3,
         fields={
             "surrogate_temperature": 0.3,
             "covariance_coefficient": 1e-6,
             "resample_every": 0,
-            "rescale_inputs_to": 0.5,
+            "input_variance": None,
         },
     ),
-    # the paper: a_e = a_c = 1e-7 whatever d, sigmoid surrogate at T = 1, Adam lr 5e-4
+    # entropy estimation: the short-run coefficients at EntropyRecipe's lr, no resampling (a
+    # resampled bit is a random one: it adds entropy), inputs framed at the total variance of the
+    # fair-bit sets it was calibrated on, whatever their width
+    "entropy": BAERecipe(
+        lr=4e-3,
+        fields={"surrogate_temperature": 0.3, "covariance_coefficient": 1e-6, "resample_every": 0},
+        input_total_variance=0.5,
+    ),
+    # the paper: a_e = a_c = 1e-7 whatever d, sigmoid surrogate at T = 1, states as given, Adam
+    # lr 5e-4
     "paper": BAERecipe(
         lr=5e-4,
         fields={
@@ -65,6 +73,7 @@ BAE_RECIPES: dict[RecipeName, BAERecipe] = {
             "covariance_coefficient": 1e-7,
             "coefficient_width": None,
             "resample_every": 0,
+            "input_variance": None,
         },
     ),
 }
@@ -90,6 +99,8 @@ def bae_config(
             raise ValueError(f"unknown BAE recipe {recipe!r}; choose from {sorted(BAE_RECIPES)}")
         recipe = BAE_RECIPES[recipe]  # type: ignore[index]
     settings = {"d_in": d_in, "d_sae": 4 * d_in if d_sae is None else d_sae, **recipe.fields}
+    if recipe.input_total_variance is not None:
+        settings["input_variance"] = recipe.input_total_variance / d_in
     defaults = BAETrainingSAEConfig.__dataclass_fields__
     for name in ("entropy_coefficient", "covariance_coefficient"):
         settings[name] = settings.get(name, defaults[name].default) * coefficient_scale

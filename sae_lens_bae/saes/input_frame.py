@@ -1,7 +1,7 @@
 """A BAE's input frame: one constant factor and one constant shift, measured on its first training
-batch, that bring its inputs to the total variance and the place its recipe was calibrated at
-(``rescale_inputs_to``): the encoder reads ``k (x + t)``, the decoder's output is divided by k
-and t is subtracted again.
+batch, that bring its inputs to the variance per dimension and the place its recipe was
+calibrated at (``input_variance``): the encoder reads ``k (x + t)``, the decoder's output is
+divided by k and t is subtracted again.
 
 A BAE's training is not scale-invariant (docs/research/entropy-reading.md): its penalties weigh
 against a reconstruction error that grows with the square of the states' scale, and Adam's steps
@@ -23,9 +23,9 @@ calibrated on them), so a translated set trains as the set itself, up to roundin
 are not centred: centred, every bit of the initial encoder splits the set in half; moved
 off the origin by as much as they spread, bits start at many rates and can settle constant
 (docs/research/entropy-reading.md, "Placed where the recipe was calibrated"). Both are fixed
-once (never re-estimated): the weights are learnt for them. The entropy recipe
-(``EntropyRecipe.config``) and the registry's ``entropy`` recipe frame every BAE this way, one
-BAE or a stack.
+once (never re-estimated): the weights are learnt for them. Every BAE is framed this way unless
+its config's ``input_variance`` is None: the default at variance 1 per dimension, the entropy
+recipes at the total variance of the fair-bit sets they were calibrated on, one BAE or a stack.
 """
 
 from __future__ import annotations
@@ -148,15 +148,16 @@ def placement(rows: Float[Tensor, "... n d_in"]) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def fix_frame(frame: Frame, x: Float[Tensor, "... batch d_in"], target: float) -> None:
-    """Set each unset k so that ``k x`` has total variance ``target``, and in the same call its
-    shift t (``placement``); a set frame is kept (a resumed or continued run keeps the frame its
-    weights were learnt for), and a batch without variance leaves it unset. On the device,
-    without a host sync."""
+def fix_frame(frame: Frame, x: Float[Tensor, "... batch d_in"], variance_per_dim: float) -> None:
+    """Set each unset k so that ``k x`` has variance ``variance_per_dim`` per dimension (total
+    ``variance_per_dim * d_in``), and in the same call its shift t (``placement``); a set frame
+    is kept (a resumed or continued run keeps the frame its weights were learnt for), and a
+    batch without variance leaves it unset. On the device, without a host sync."""
     scale, shift = frame
     rows = x.detach().float()
     variance, fresh_shift = placement(rows)
     flat = variance <= 1e-12 * rows.pow(2).sum(-1).mean(-1)
+    target = variance_per_dim * rows.shape[-1]
     fresh = torch.sqrt(target / variance.clamp_min(torch.finfo(torch.float32).tiny))
     setting = (scale <= 0) & ~flat
     scale.copy_(torch.where(setting, fresh, scale))

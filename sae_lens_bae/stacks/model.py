@@ -92,7 +92,7 @@ class StackedBAE(nn.Module):
         self.register_buffer("code_mean", torch.stack([m.code_mean for m in members]))
         self.register_buffer("code_mean_count", torch.zeros(()))
         self.n_models = len(members)
-        if cfg.rescale_inputs_to is not None:  # each member's frame (unset: zeros), stacked
+        if cfg.input_variance is not None:  # each member's frame (unset: zeros), stacked
             self.register_buffer(INPUT_SCALE_BUFFER, torch.stack([m.input_scale for m in members]))
             self.register_buffer(INPUT_SHIFT_BUFFER, torch.stack([m.input_shift for m in members]))
         if cfg.resample_every > 0:  # per BAE, as BAETrainingSAE keeps them
@@ -226,13 +226,13 @@ class StackedBAE(nn.Module):
         if not (framing or resampling):
             return
         x = self.batch.gather(x)
-        if framing and input_frame is not None and self.cfg.rescale_inputs_to is not None:
+        if framing and input_frame is not None and self.cfg.input_variance is not None:
             rows = (
                 input_frame
                 if members is None
                 else (input_frame[0][members], input_frame[1][members])
             )
-            fix_frame(rows, x, self.cfg.rescale_inputs_to)
+            fix_frame(rows, x, self.cfg.input_variance)
             if members is not None:  # an indexed copy: written back
                 input_frame[0][members], input_frame[1][members] = rows
         if resampling:
@@ -294,7 +294,7 @@ class StackedBAE(nn.Module):
             sae = BAETrainingSAE(self.cfg)
             state = {name: getattr(self, name)[g] for name in _PARAMS}
             state["code_mean"], state["code_mean_count"] = self.code_mean[g], self.code_mean_count
-            if self.cfg.rescale_inputs_to is not None:
+            if self.cfg.input_variance is not None:
                 state[INPUT_SCALE_BUFFER] = self.input_scale[g]
                 state[INPUT_SHIFT_BUFFER] = self.input_shift[g]
             if self.cfg.resample_every > 0:

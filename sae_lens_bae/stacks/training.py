@@ -187,11 +187,11 @@ class StackedTrainer:
         """Each BAE's frame from its whole set, not its first minibatch: a set in memory is read
         in one frame whatever its minibatches' order (a frame already set is kept)."""
         input_frame = module_frame(self.model)
-        if input_frame is None or self.cfg.rescale_inputs_to is None:
+        if input_frame is None or self.cfg.input_variance is None:
             return
         for g, x in enumerate(self.sets):
             rows = (input_frame[0][g : g + 1], input_frame[1][g : g + 1])
-            fix_frame(rows, x.to(self.device)[None], self.cfg.rescale_inputs_to)
+            fix_frame(rows, x.to(self.device)[None], self.cfg.input_variance)
 
     def _build_optimiser(self) -> None:
         lr, options = self.options["lr"], self.options
