@@ -47,11 +47,13 @@ class Refused(ValueError):
 
 
 def variants(d_in: int) -> dict[str, dict[str, Any]]:
-    """Each factor's departure toward the paper (the study's registered table), at ``d_in``."""
+    """Each factor's departure toward the paper (the study's registered table), at ``d_in``; the
+    input scale's is the states as given, since ``default`` frames them at variance 1 per
+    dimension."""
     entropy = BAETrainingSAEConfig.__dataclass_fields__["entropy_coefficient"].default
     return {
         "covariance_equal": {"covariance_coefficient": entropy},
-        "inputs_at_d_in": {"rescale_inputs_to": float(d_in)},
+        "inputs_as_given": {"input_variance": None},
         "ste": {"surrogate": "ste"},
         "width_4d": {"d_sae": 4 * d_in},
         "width_2d": {"d_sae": 2 * d_in},

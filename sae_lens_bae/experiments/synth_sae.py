@@ -131,7 +131,7 @@ PRESETS = {
         training_samples=12_288_000,
         lr=3e-3,
         settings={
-            "bae": (512.0, 609.0, 724.0, 861.0, 1024.0),
+            "bae": (215.0, 256.0, 304.0, 362.0, 431.0),
             "batchtopk": (0.71, 1.0, 1.41),
             "jumprelu": (2.0, 2.83, 4.0),
             "matryoshka_batchtopk": (0.71, 1.0, 1.41),
