@@ -41,6 +41,7 @@ from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.kernels import covariance_penalty
 from sae_lens_bae.kernels import fused as fused_covariance
 from sae_lens_bae.kernels import products as covariance_products
+from sae_lens_bae.saes.input_frame import fix_frame, module_frame
 from sae_lens_bae.saes.objective import dense_covariance_penalty
 
 
@@ -195,6 +196,8 @@ def bae_at_density(
         **config,
     )
     sae = BAETrainingSAE(cfg).to(batch.device)
+    if cfg.input_variance is not None:  # framed as its first step would: quantiles in the frame
+        fix_frame(module_frame(sae), batch, cfg.input_variance)  # type: ignore[arg-type]
     if density is not None:
         with torch.no_grad():
             sae.b_enc.zero_()

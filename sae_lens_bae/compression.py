@@ -29,6 +29,7 @@ from torch import Tensor
 
 from sae_lens_bae.features.burstiness import burstiness, code_prior
 from sae_lens_bae.saes.bae import bits_to_values
+from sae_lens_bae.saes.input_frame import module_frame
 
 __all__ = [
     "LOSSLESS_THRESHOLD",
@@ -233,8 +234,9 @@ def decompress(
 
 
 def decoder_bytes(bae: Any) -> int:
-    """What decompression needs of the model: decoder weights and bias, and the prior."""
-    tensors = [bae.W_dec, bae.b_dec, bae.code_mean]
+    """What decompression needs of the model: decoder weights and bias, the prior, and the input
+    frame the decoder's output is taken out of (when the BAE has one)."""
+    tensors = [bae.W_dec, bae.b_dec, bae.code_mean, *(module_frame(bae) or ())]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

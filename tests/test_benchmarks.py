@@ -378,6 +378,19 @@ def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does(
     assert ops["bae_no_covariance"] <= ops["standard"] - 3, ops
 
 
+def test_a_bae_set_at_a_density_keeps_it_through_its_first_step():
+    """The step benchmark's BAEs fire at the density they are named for in the frame they train
+    in: the frame is fixed before the encoder bias is set, so the first step does not move it."""
+    bench = _load_benchmark("train_step")
+    torch.manual_seed(0)
+    batch = torch.randn(512, 64) + 3.0  # states off the origin: the frame moves them
+    sae = bench.bae_at_density(64, 256, batch, 0.05)
+    before = sae.encode_bits(batch).mean().item()
+    bench._trainer(sae, batch).step(batch)
+    assert before == pytest.approx(0.05, abs=0.005)
+    assert sae.encode_bits(batch).mean().item() == pytest.approx(before, abs=0.005)
+
+
 def test_the_step_benchmark_times_compiled_steps_beside_the_eager_ones():
     """``--compile``: standard, topk and the BAEs timed again through ``compile_step`` (SAELens'
     ``compile_sae``) in each mode asked for, their ATen ops left uncounted (None) and out of the

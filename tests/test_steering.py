@@ -46,6 +46,19 @@ def test_task_vector_is_the_top_mean_code_difference_decoded():
     assert torch.allclose(mean_difference(pos, neg), pos.mean(0) - neg.mean(0), atol=1e-6)
 
 
+def test_a_framed_bae_s_task_vector_is_its_decoded_difference_in_the_states_units():
+    """With its input frame set (k, t), a BAE's task vector is the difference of what it decodes
+    from the two mean codes: (diff W_dec + b_dec) / k - t, the shift and bias cancelling."""
+    bae = _bae()
+    with torch.no_grad():
+        bae.input_scale.fill_(0.25)
+        bae.input_shift.normal_()
+    pos, neg = torch.randn(200, 8) + 0.5, torch.randn(300, 8) - 0.5
+    means = [bae.encode_bits(x).mean(0, keepdim=True) for x in (pos, neg)]
+    decoded = (bae.decode(means[0]) - bae.decode(means[1]))[0]
+    assert torch.allclose(task_vector(bae, pos, neg, top=None), decoded, atol=1e-4)
+
+
 def test_task_vector_for_an_sae_and_bad_input():
     torch.manual_seed(0)
     sae = StandardSAE(StandardSAEConfig(d_in=8, d_sae=16))

@@ -3,7 +3,9 @@
 The result equals G separate ``train_sae`` runs with the same seeds and data order: each BAE is
 initialised as ``train_sae`` initialises it, sees its own minibatches and minibatch statistics,
 and has its gradient clipped to norm 1 on its own, as SAELens' ``SAETrainer`` does (Adam is
-elementwise, so one optimiser over stacked weights updates each BAE as its own would).
+elementwise, so one optimiser over stacked weights updates each BAE as its own would). One
+difference: a framed BAE (``input_variance`` set, the default) fixes its input frame from its
+whole set here and from its first minibatch alone; on inputs as given they are equal.
 
 With a ``checkpoint`` folder the run saves everything it would need to go on (weights, Adam, the
 learning-rate schedule, the loop's ``_Progress``, the stop rule's checks and the loss histories)
@@ -409,7 +411,8 @@ def train_stacked_baes(
     per-BAE histories and the steps each trained.
 
     BAE ``g`` trains on ``activations[g]`` in reshuffled epochs with seed ``seeds[g]`` (default
-    ``g``), exactly as ``train_sae(activations[g], cfg, seed=seeds[g], ...)`` would, for
+    ``g``), as ``train_sae(activations[g], cfg, seed=seeds[g], ...)`` would (its input frame
+    fixed from the whole set rather than the first minibatch), for
     ``training_samples`` at most. With ``convergence``, each BAE is checked on ``check_sets[g]``
     (default: its own set; the first rows, as many for every BAE) and stops updating once it has
     converged; training ends when all have (``sae_lens_bae.training.convergence``). A converged

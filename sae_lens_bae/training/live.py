@@ -31,6 +31,7 @@ from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.data import iter_texts, tokenize_texts
 from sae_lens_bae.models import load_model
 from sae_lens_bae.parallel.distributed import data_parallel, is_distributed, rank_world
+from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, RecipeName, bae_config
 from sae_lens_bae.training.checkpoints import (
     check_checkpoint_files,
@@ -91,7 +92,8 @@ class LiveTrainingConfig:
     surrogate_temperature: float | None = ranged(None, above=0.0)
     """Temperature of the sigmoid surrogate (default: the recipe's)."""
     normalize_activations: Normalisation = "none"
-    """SAELens' activation normalisation."""
+    """SAELens' activation normalisation, in place of the BAE's own input frame (which scales and
+    moves the inputs once on the first batch)."""
     wandb: bool = False
     """Log to Weights & Biases."""
     wandb_project: str = "sae-lens-bae"
@@ -242,20 +244,7 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
     if world > 1:  # every rank reads its own contiguous shard of the sequences
         tokens = tokens.shard(num_shards=world, index=rank, contiguous=True)
     out = Path(cfg.out)
-    chosen = {
-        name: getattr(cfg, name)
-        for name in ("entropy_coefficient", "covariance_coefficient", "surrogate_temperature")
-        if getattr(cfg, name) is not None
-    }
-    sae_cfg = bae_config(
-        d_in,
-        cfg.expansion * d_in,
-        recipe=cfg.recipe,
-        bits_per_feature=cfg.bits_per_feature,
-        surrogate=cfg.surrogate,
-        normalize_activations=cfg.normalize_activations,
-        **chosen,
-    )
+    sae_cfg = _sae_config(cfg, d_in)
     runner_cfg = _runner_config(cfg, sae_cfg, hook, device, rank)
     if world > 1:  # SAELens appends a random run id: take rank 0's
         shared = [runner_cfg.checkpoint_path]
@@ -282,6 +271,27 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
     if rank == 0:
         print(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")
     return out
+
+
+def _sae_config(cfg: LiveTrainingConfig, d_in: int) -> BAETrainingSAEConfig:
+    """The BAE ``cfg`` trains: its recipe with the options given on purpose; SAELens'
+    normalisation, when asked for, in place of the BAE's input frame (one scaling of the inputs)."""
+    chosen = {
+        name: getattr(cfg, name)
+        for name in ("entropy_coefficient", "covariance_coefficient", "surrogate_temperature")
+        if getattr(cfg, name) is not None
+    }
+    if cfg.normalize_activations != "none":
+        chosen["input_variance"] = None
+    return bae_config(
+        d_in,
+        cfg.expansion * d_in,
+        recipe=cfg.recipe,
+        bits_per_feature=cfg.bits_per_feature,
+        surrogate=cfg.surrogate,
+        normalize_activations=cfg.normalize_activations,
+        **chosen,
+    )
 
 
 def _runner_config(
