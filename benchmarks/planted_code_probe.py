@@ -126,11 +126,10 @@ def probe_code(
     }
 
 
-def load_probe_inputs(path: Path) -> tuple[BAETrainingSAE, Tensor, Tensor, Tensor, float]:
-    """The BAE saved by ``synthetic_cell.py --save-bae``, its cell's held-out states and bits
-    (rebuilt from the saved data seed and the run's ``synthetic_cell.json``), and the shift and
-    scale its states were framed with before training (files saved before each BAE framed its
-    own states; 0 and 1 since: the BAE's frame is in its state dict)."""
+def load_probe_inputs(path: Path) -> tuple[BAETrainingSAE, Tensor, Tensor]:
+    """The BAE saved by ``synthetic_cell.py --save-bae`` (its input frame in its state dict) and
+    its cell's held-out states and bits, rebuilt from the saved data seed and the run's
+    ``synthetic_cell.json``."""
     saved = torch.load(path, weights_only=False)
     info = json.loads((path.parent / "synthetic_cell.json").read_text())["info"]
     bae = BAETrainingSAE(BAETrainingSAEConfig.from_dict(saved["cfg"]))
@@ -138,7 +137,7 @@ def load_probe_inputs(path: Path) -> tuple[BAETrainingSAE, Tensor, Tensor, Tenso
     _, test, _, test_bits = planted_cell(
         info["r"], info["d"], info["n_train"], info["n_test"], saved["data_seed"]
     )
-    return bae, test, test_bits, saved.get("shift", 0.0), float(saved.get("scale", 1.0))
+    return bae, test, test_bits
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
