@@ -35,11 +35,9 @@ def probe_code(
     bae: BAETrainingSAE,
     states: Float[Tensor, "n d"],
     bits: Float[Tensor, "n r"],
-    shift: Float[Tensor, " d"] | float = 0.0,
-    scale: float = 1.0,
 ) -> dict[str, Any]:
-    """The code of ``states`` (framed as the BAE was trained: ``(x + shift) * scale``) against
-    their planted 0/1 ``bits`` (``states = bits @ M``, M with orthonormal rows).
+    """The code of ``states`` (read through the BAE's own input frame) against their planted
+    0/1 ``bits`` (``states = bits @ M``, M with orthonormal rows).
 
     Per planted bit: the best agreement of any code bit with it (or its negation), and the
     fraction of its variance that the BAE's reconstruction loses (the residual along its
@@ -55,10 +53,9 @@ def probe_code(
     states, bits = states.double(), bits.double()
     basis = torch.linalg.lstsq(bits, states).solution  # M [r, d], exact for a planted cell
     bae = copy.deepcopy(bae).double()  # the caller's BAE keeps its dtype
-    shift = torch.as_tensor(shift).double()
-    pre = bae.hidden_pre((states + shift) * scale)
+    pre = bae.hidden_pre(states)
     codes = step(pre)  # as ``encode_bits``, keeping the pre-activations
-    recon = bae.decode(codes) / scale - shift
+    recon = bae.decode(codes)
     residual = states - recon
     centred_total = float((states - states.mean(0)).pow(2).sum())
     along_bits = residual @ basis.T  # [n, r]: the residual in the bits' coordinates

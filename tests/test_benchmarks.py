@@ -488,13 +488,15 @@ def test_the_code_probe_splits_the_error_between_copied_and_mixed_bits():
         bae.b_enc.copy_(torch.tensor([-0.5, -0.5, -1.5 / root2, -0.5 / root2]))
         bae.W_dec.copy_(torch.stack([m0, m1, m2 + m3 / 2, m2 - m3 / 2]))
         bae.b_dec.copy_(m3 / 2)
-    shift, scale = torch.full((8,), 0.25), 3.0  # the probe frames states as the BAE was trained
+    shift, scale = torch.full((8,), 0.25), 3.0  # the probe reads states in the BAE's own frame
     with torch.no_grad():  # the same BAE in that frame: (x + t) k in, out / k - t out
+        bae.input_shift.copy_(shift)
+        bae.input_scale.fill_(scale)
         bae.b_enc.sub_(shift @ bae.W_enc)
         bae.W_enc.div_(scale)
         bae.W_dec.mul_(scale)
         bae.b_dec.add_(shift).mul_(scale)
-    report = probe.probe_code(bae, bits @ basis, bits, shift, scale)
+    report = probe.probe_code(bae, bits @ basis, bits)
     assert report["relative_error"] == pytest.approx(0.125, abs=1e-6)
     assert report["error_from_uncopied_bits"] == pytest.approx(0.125, abs=1e-6)
     assert report["error_from_copied_bits"] == pytest.approx(0.0, abs=1e-6)
