@@ -117,6 +117,26 @@ def test_latest_checkpoint_is_the_complete_one_with_most_samples(tmp_path):
         latest_checkpoint(tmp_path / "nowhere")
 
 
+def test_fingerprint_is_the_data_not_how_many_threads_read_it():
+    from sae_lens_bae.training.checkpoints import fingerprint
+
+    # every other row sampled, centred: their sum rounds differently on 1 and 2 threads
+    data = torch.randn(8192, 576, generator=torch.Generator().manual_seed(0)) * 3
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fingerprint([data], {"lr": 1e-3})
+        torch.set_num_threads(2)
+        assert fingerprint([data], {"lr": 1e-3}) == one
+    finally:
+        torch.set_num_threads(threads)
+    nudged = data.clone()
+    nudged[0, -1] = torch.nextafter(nudged[0, -1], torch.tensor(float("inf")))
+    assert fingerprint([nudged], {"lr": 1e-3}) != one  # one ulp of one sampled value
+    assert fingerprint([data.half()], {"lr": 1e-3}) != one  # the same values, rounded
+    assert fingerprint([data], {"lr": 2e-3}) != one
+
+
 def test_activation_batches_start_skips_exactly(tmp_path):  # noqa: ARG001
     from sae_lens_bae.training import activation_batches
 

@@ -73,10 +73,12 @@ def _call_key(
     """What makes two calls gather the same states: the model (its name, shape and embedding),
     the rows, positions, hooks and logit tokens."""
     cfg = model.cfg
-    rows = model.W_E[:: max(1, cfg.d_vocab // 4096)].double()  # a fixed read, whatever the vocab
-    identity = (cfg.model_name, cfg.n_layers, cfg.d_model, rows.sum().item())
+    rows = model.W_E[:: max(1, cfg.d_vocab // 4096)].detach()  # a fixed read, whatever the vocab
+    identity = (cfg.model_name, cfg.n_layers, cfg.d_model)
     ids = None if logit_tokens is None else list(logit_tokens)
     digest = hashlib.sha256(repr((identity, list(hooks), ids)).encode())
+    # the embedding's bytes, not a sum: a sum's rounding depends on the thread count
+    digest.update(rows.to("cpu", torch.float64).numpy().tobytes())
     for tensor in (tokens, positions):
         digest.update(tensor.to(torch.int64).cpu().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
@@ -47,11 +48,14 @@ cache included) costs a fixed read, and another set differs in them."""
 
 def fingerprint(sets: Sequence[Tensor], settings: dict[str, Any]) -> str:
     """What makes two training calls the same run (``run["inputs"]`` of ``check_resumable``):
-    the settings, and every data set's shape and the sums of ``FINGERPRINT_ROWS`` of its rows."""
+    the settings, and every data set's shape and the bytes of ``FINGERPRINT_ROWS`` of its rows.
+    Bytes, not sums: a sum's rounding depends on the number of threads that reduce it, so a
+    run resumed with another thread count would read as another run."""
     digest = hashlib.sha256(repr(sorted(settings.items())).encode())
     for x in sets:
-        rows = x[:: max(1, x.shape[0] // FINGERPRINT_ROWS)].double()
-        digest.update(repr((tuple(x.shape), rows.sum().item(), rows.abs().sum().item())).encode())
+        rows = x[:: max(1, x.shape[0] // FINGERPRINT_ROWS)].detach()
+        digest.update(repr(tuple(x.shape)).encode())
+        digest.update(rows.to("cpu", torch.float64).numpy().tobytes())  # exact for any float
     return digest.hexdigest()[:16]
 
 
