@@ -113,6 +113,24 @@ def test_drop_outliers():
     assert drop_outliers(x, None)[1] == 0
 
 
+def test_norm_scale_is_exact_and_the_same_on_any_thread_count():
+    from sae_lens_bae.activations.layer import norm_scale
+
+    # 400,000 rows of norm 1 to 41: a float32 mean of them rounds differently on 1 and 2 threads
+    x = torch.randn(400_000, 1, generator=torch.Generator().manual_seed(0)).abs() * 10 + 1
+    exact = 1.0 / (x.double().abs().sum().item() / x.shape[0])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = norm_scale(x)
+        torch.set_num_threads(2)
+        assert norm_scale(x) == one
+    finally:
+        torch.set_num_threads(threads)
+    assert one == pytest.approx(exact, rel=1e-12)
+    assert norm_scale(torch.full((3, 4), 2.0)) == 0.5  # mean norm 4 scaled to sqrt(4)
+
+
 @pytest.mark.slow
 def test_training_from_cache_matches_live_training(
     tiny_llama, token_dataset, runner_kwargs, tmp_path

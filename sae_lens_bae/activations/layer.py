@@ -7,6 +7,7 @@ share one loss unit, and split by sequence into training and held-out rows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -59,8 +60,11 @@ def drop_outliers(
 def norm_scale(acts: Float[Tensor, "n d"]) -> float:
     """sqrt(d) / mean norm: the factor that gives ``acts`` a mean norm of sqrt(d), as SAELens'
     ``expected_average_only_in`` would. Every command here scales states by it once, for all
-    the models it trains, so their losses share one unit."""
-    return acts.shape[1] ** 0.5 / acts.norm(dim=-1).mean().item()
+    the models it trains, so their losses share one unit. The mean is summed exactly (``fsum``):
+    a float reduction's rounding depends on the thread count, and the scaled rows are what a
+    resumed run is recognised by."""
+    norms = acts.norm(dim=-1).tolist()
+    return acts.shape[1] ** 0.5 / (math.fsum(norms) / len(norms))
 
 
 @dataclass

@@ -78,7 +78,7 @@ def _call_key(
     ids = None if logit_tokens is None else list(logit_tokens)
     digest = hashlib.sha256(repr((identity, list(hooks), ids)).encode())
     # the embedding's bytes, not a sum: a sum's rounding depends on the thread count
-    digest.update(rows.to("cpu", torch.float64).numpy().tobytes())
+    digest.update(rows.to("cpu", torch.float64).contiguous().numpy())
     for tensor in (tokens, positions):
         digest.update(tensor.to(torch.int64).cpu().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -242,7 +242,7 @@ class StackedTrainer:
                 o["adam_beta2"],
             ),
             "rules": (repr(o["convergence"]), repr(o["drain_hold"]), o["init"] is not None),
-            "checks": None if self.checks is None else fingerprint([self.checks], {}),
+            "checks": None if self.checks is None else fingerprint(list(self.checks), {}),
         }
         run_info = {
             "global_batch_size": o["batch_size"],

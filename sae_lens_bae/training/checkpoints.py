@@ -55,7 +55,7 @@ def fingerprint(sets: Sequence[Tensor], settings: dict[str, Any]) -> str:
     for x in sets:
         rows = x[:: max(1, x.shape[0] // FINGERPRINT_ROWS)].detach()
         digest.update(repr(tuple(x.shape)).encode())
-        digest.update(rows.to("cpu", torch.float64).numpy().tobytes())  # exact for any float
+        digest.update(rows.to("cpu", torch.float64).contiguous().numpy())  # exact for any float
     return digest.hexdigest()[:16]
 
 
