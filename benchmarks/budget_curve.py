@@ -4,6 +4,9 @@ test as ``bae compare`` reads its final models (dense, dead, L0, EV, activated f
 spliced into the model), against steps.
 
     python benchmarks/budget_curve.py --dataset TEXT --steps 600,2000,6000,20000 --out DIR
+    python benchmarks/budget_curve.py --dataset TEXT --families bae \
+        --bae-fields '{"input_variance": null}' --out DIR   # a BAE variant alone
+
 
 Every budget is a run of its own (the BAE's phases are fractions of its length), all on one
 harvest of the layer (``DIR/activations``); a finished budget is kept in ``DIR/curve.json``, so
@@ -14,9 +17,11 @@ a rerun goes on from the next (each budget's final models stay in ``DIR/steps-N`
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
+from sae_lens_bae import BAETrainingSAEConfig
 from sae_lens_bae.experiments.compare import CompareConfig
 from sae_lens_bae.experiments.compare_study import Study
 from sae_lens_bae.plots import save_figure, subplots
@@ -37,16 +42,16 @@ def curve_rows(args: argparse.Namespace, steps: int) -> list[dict[str, Any]]:
             (out / shared).symlink_to((args.out / shared).resolve(), target_is_directory=True)
     cfg = CompareConfig(
         dataset=args.dataset, model=args.model, layer=args.layer,
-        max_sequences=args.max_sequences, context_size=args.context_size, families=FAMILIES,
+        max_sequences=args.max_sequences, context_size=args.context_size, families=args.families,
         bae_scales=(args.bae_scale,), topk_k=(args.topk_k,),
         jumprelu_coefficients=(args.jumprelu_coefficient,), seeds=(args.seed,),
         d_sae=args.d_sae, steps=steps, probe_sentences=0, ladder_extensions=0,
         device=args.device, out=out,
     )  # fmt: skip
-    study = Study(cfg, out, progress=True)
-    study.tried = {family: [args.lr] for family in FAMILIES}
+    study = Study(cfg, out, progress=True, bae_fields=args.bae_fields)
+    study.tried = {family: [args.lr] for family in args.families}
     final = study.train_grid(
-        {f: cfg.settings(f) for f in FAMILIES}, dict.fromkeys(FAMILIES, args.lr)
+        {f: cfg.settings(f) for f in args.families}, dict.fromkeys(args.families, args.lr)
     )
     study.read_final(final)
     keys = (
@@ -78,7 +83,7 @@ def write(out: Path, rows: list[dict[str, Any]]) -> None:
     write_text(out / "curve.md", "# Budget curve\n\n" + markdown_table(rows, columns))
     fig, axes = subplots(2, 3, figsize=(12, 7))
     for ax, metric in zip(axes.flat, METRICS, strict=True):
-        for family in FAMILIES:
+        for family in dict.fromkeys(r["family"] for r in rows):
             held = sorted((r["steps"], r[metric]) for r in rows if r["family"] == family)
             ax.plot([s for s, _ in held], [v for _, v in held], marker="o", label=family)
         ax.set_xscale("log")
@@ -95,6 +100,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--layer", type=int, default=None, help="default: the middle block")
     parser.add_argument("--steps", default="600,2000,6000,20000", help="budgets, comma-separated")
+    parser.add_argument(
+        "--families", default=",".join(FAMILIES), help="a subset of " + ",".join(FAMILIES)
+    )
+    parser.add_argument("--bae-fields", default="{}", help="BAE config fields as JSON")
     parser.add_argument("--max-sequences", type=int, default=5000)
     parser.add_argument("--context-size", type=int, default=128)
     parser.add_argument("--d-sae", type=int, default=1152)
@@ -112,6 +121,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--steps takes step counts separated by commas, got {args.steps!r}")
     if not budgets or budgets[0] < 1:
         parser.error(f"--steps must be positive, got {args.steps!r}")
+    args.families = tuple(args.families.split(","))
+    if not args.families or not set(args.families) <= set(FAMILIES):
+        parser.error(
+            f"--families takes some of {','.join(FAMILIES)}, got {','.join(args.families)}"
+        )
+    args.bae_fields = _bae_fields(parser, args.bae_fields)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "curve.json"
     rows = read_json(path, "a budget curve", f"delete {path}")["rows"] if path.exists() else []
@@ -124,6 +139,22 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(error).splitlines()[0])
         write(args.out, rows)  # each budget kept as it finishes
     write(args.out, rows)
+
+
+def _bae_fields(parser: argparse.ArgumentParser, text: str) -> dict[str, Any]:
+    """``--bae-fields`` read as a JSON object of ``BAETrainingSAEConfig`` fields."""
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError:
+        fields = None
+    if not isinstance(fields, dict):
+        parser.error(
+            f"--bae-fields takes a JSON object such as '{{\"input_variance\": null}}', got {text!r}"
+        )
+    unknown = sorted(set(fields) - set(BAETrainingSAEConfig.__dataclass_fields__))
+    if unknown:
+        parser.error(f"--bae-fields: {', '.join(unknown)} is not a BAE config field")
+    return fields
 
 
 if __name__ == "__main__":

@@ -610,3 +610,17 @@ def test_budget_curve_trains_each_family_per_budget_on_one_harvest(
     code, error = _refused(capsys, curve, *common[:2], "--model", "no-such-model", "--steps", "2",
                            "--out", str(tmp_path / "other"))  # fmt: skip
     assert code == 2 and "Cannot load a model from 'no-such-model'" in error
+    variant = tmp_path / "variant"  # a BAE variant alone, on the same harvest
+    curve.main([*common[:-1], str(variant), "--steps", "3", "--families", "bae",
+                "--bae-fields", '{"input_variance": null}'])  # fmt: skip
+    rows = json.loads((variant / "curve.json").read_text())["rows"]
+    assert [r["family"] for r in rows] == ["bae"] and rows[0]["tokens"] == again[0]["tokens"]
+    (cfg,) = (variant / "steps-3").rglob("final_*/cfg.json")
+    assert json.loads(cfg.read_text())["input_variance"] is None
+    for flag, value, said in [
+        ("--families", "bae,gated", "--families takes some of bae,topk,jumprelu, got bae,gated"),
+        ("--bae-fields", "[1]", "--bae-fields takes a JSON object such as"),
+        ("--bae-fields", '{"lr": 1}', "--bae-fields: lr is not a BAE config field"),
+    ]:
+        code, error = _refused(capsys, curve, *common, "--steps", "3", flag, value)
+        assert code == 2 and said in error

@@ -36,10 +36,14 @@ __all__ = ["Study", "task_name"]
 
 
 class Study:
-    """One comparison's data, models and rows (``cfg`` a ``CompareConfig``)."""
+    """One comparison's data, models and rows (``cfg`` a ``CompareConfig``; ``bae_fields``
+    replace the BAE's config fields, as ``family_config`` takes them)."""
 
-    def __init__(self, cfg: Any, out: Path, progress: bool) -> None:
+    def __init__(
+        self, cfg: Any, out: Path, progress: bool, bae_fields: dict[str, Any] | None = None
+    ) -> None:
         self.cfg, self.out, self.progress = cfg, out, progress
+        self.bae_fields = bae_fields or {}
         self.watch = Stopwatch("compare")
         self.data = cfg.harvest(out, held_out_parts=2, progress=progress)
         self.splits = held_out_splits(self.data, SPLITS[:2])
@@ -103,9 +107,10 @@ class Study:
             return name
         cfg, train = self.cfg, self.data.train[self.data.hook]
         folder = self.out / TRAINING_CHECKPOINT / name
+        fields = self.bae_fields if family.startswith("bae") else {}
         trained = train_sae(
             train,
-            family_config(family, train.shape[1], cfg.d_sae, setting, cfg.steps),
+            family_config(family, train.shape[1], cfg.d_sae, setting, cfg.steps, **fields),
             training_samples=cfg.steps * cfg.batch_size,
             batch_size=cfg.batch_size,
             device=cfg.device,

@@ -61,20 +61,20 @@ def shared_schedule(lr: float, steps: int) -> dict[str, Any]:
     }
 
 
-def family_config(family: str, d_in: int, d_sae: int, setting: float, steps: int) -> Any:
+def family_config(
+    family: str, d_in: int, d_sae: int, setting: float, steps: int, **bae_fields: Any
+) -> Any:
     """The training config of ``family`` at sparsity ``setting`` (``FAMILIES``), with no
-    activation normalisation: callers scale activations once for every model."""
+    activation normalisation: callers scale activations once for every model. ``bae_fields``
+    replace a BAE family's config fields (a recipe variant); the other families take none."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
     if family.startswith("bae"):
         window = remedy_window(steps) if family == "bae" else 0
-        return bae_config(
-            d_in,
-            d_sae,
-            coefficient_scale=setting,
-            resample_every=window,
-            total_training_steps=steps,
-        )
+        fields = {"resample_every": window, "total_training_steps": steps, **bae_fields}
+        return bae_config(d_in, d_sae, coefficient_scale=setting, **fields)
+    if bae_fields:
+        raise ValueError(f"{family} takes no BAE fields, got {', '.join(sorted(bae_fields))}")
     common: dict[str, Any] = {"d_in": d_in, "d_sae": d_sae, "normalize_activations": "none"}
     if family in ("topk", "batchtopk"):
         if setting != int(setting) or not 1 <= setting <= d_sae:
