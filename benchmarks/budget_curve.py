@@ -26,6 +26,7 @@ from sae_lens_bae.experiments.compare import CompareConfig
 from sae_lens_bae.experiments.compare_study import Study
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import cell, markdown_table, read_json, write_json, write_text
+from sae_lens_bae.training.baselines import family_config
 
 FAMILIES = ("bae", "topk", "jumprelu")
 METRICS = ("dense_fraction", "dead", "l0", "explained_variance", "kl", "activated")
@@ -74,8 +75,8 @@ def curve_rows(args: argparse.Namespace, steps: int) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def write(out: Path, rows: list[dict[str, Any]]) -> None:
-    write_json(out / "curve.json", {"rows": rows})
+def write(out: Path, options: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    write_json(out / "curve.json", {"options": options, "rows": rows})
     columns = [("steps", lambda r: str(r["steps"])), ("family", lambda r: r["family"])]
     columns += [
         (m, lambda r, m=m: cell(r[m], ".3f" if isinstance(r[m], float) else "")) for m in METRICS
@@ -126,10 +127,14 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(
             f"--families takes some of {','.join(FAMILIES)}, got {','.join(args.families)}"
         )
-    args.bae_fields = _bae_fields(parser, args.bae_fields)
+    args.bae_fields = _bae_fields(parser, args)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "curve.json"
-    rows = read_json(path, "a budget curve", f"delete {path}")["rows"] if path.exists() else []
+    options = {"families": list(args.families), "bae_fields": args.bae_fields, "lr": args.lr}
+    kept = read_json(path, "a budget curve", f"delete {path}") if path.exists() else {}
+    if kept and kept.get("options") != options:  # a budget of another run is not this run's
+        parser.error(f"{path} holds a curve run with other options; give another --out")
+    rows = kept.get("rows", [])
     for steps in budgets:
         if any(r["steps"] == steps for r in rows):
             continue
@@ -137,23 +142,37 @@ def main(argv: list[str] | None = None) -> None:
             rows += curve_rows(args, steps)
         except (ValueError, OSError) as error:  # a model, text or folder that cannot be read
             parser.error(str(error).splitlines()[0])
-        write(args.out, rows)  # each budget kept as it finishes
-    write(args.out, rows)
+        write(args.out, options, rows)  # each budget kept as it finishes
+    write(args.out, options, rows)
 
 
-def _bae_fields(parser: argparse.ArgumentParser, text: str) -> dict[str, Any]:
-    """``--bae-fields`` read as a JSON object of ``BAETrainingSAEConfig`` fields."""
+def _bae_fields(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """``--bae-fields`` read as a JSON object of ``BAETrainingSAEConfig`` fields, refused before
+    the harvest if no BAE config takes them (the coefficients are ``--bae-scale``'s)."""
     try:
-        fields = json.loads(text)
+        fields = json.loads(args.bae_fields)
     except json.JSONDecodeError:
         fields = None
     if not isinstance(fields, dict):
         parser.error(
-            f"--bae-fields takes a JSON object such as '{{\"input_variance\": null}}', got {text!r}"
+            "--bae-fields takes a JSON object such as "
+            f"'{{\"input_variance\": null}}', got {args.bae_fields!r}"
         )
+    if fields and "bae" not in args.families:
+        parser.error("--bae-fields needs the bae family in --families")
     unknown = sorted(set(fields) - set(BAETrainingSAEConfig.__dataclass_fields__))
     if unknown:
         parser.error(f"--bae-fields: {', '.join(unknown)} is not a BAE config field")
+    owners = {"d_in": "--layer", "d_sae": "--d-sae", "entropy_coefficient": "--bae-scale",
+              "covariance_coefficient": "--bae-scale"}  # fmt: skip
+    for name in sorted(set(fields) & set(owners)):
+        parser.error(f"--bae-fields: set {name} through {owners[name]}")
+    try:
+        family_config("bae", 8, 8, args.bae_scale, 1, **fields)
+    except (TypeError, ValueError) as error:
+        parser.error(
+            f"--bae-fields: no BAE config takes {args.bae_fields} ({error})".splitlines()[0]
+        )
     return fields
 
 

@@ -621,6 +621,19 @@ def test_budget_curve_trains_each_family_per_budget_on_one_harvest(
         ("--families", "bae,gated", "--families takes some of bae,topk,jumprelu, got bae,gated"),
         ("--bae-fields", "[1]", "--bae-fields takes a JSON object such as"),
         ("--bae-fields", '{"lr": 1}', "--bae-fields: lr is not a BAE config field"),
+        ("--bae-fields", '{"d_sae": 3}', "--bae-fields: set d_sae through --d-sae"),
+        ("--bae-fields", '{"recipe": "paper"}', "--bae-fields: recipe is not a BAE config field"),
+        ("--bae-fields", '{"input_variance": "x"}', 'no BAE config takes {"input_variance": "x"}'),
+        (
+            "--bae-fields",
+            '{"entropy_coefficient": 1}',
+            "set entropy_coefficient through --bae-scale",
+        ),
     ]:
         code, error = _refused(capsys, curve, *common, "--steps", "3", flag, value)
         assert code == 2 and said in error
+    code, error = _refused(capsys, curve, *common, "--steps", "3", "--families", "topk",
+                           "--bae-fields", '{"input_variance": null}')  # fmt: skip
+    assert code == 2 and "--bae-fields needs the bae family in --families" in error
+    code, error = _refused(capsys, curve, *common, "--steps", "3", "--lr", "1e-3")
+    assert code == 2 and "holds a curve run with other options; give another --out" in error
