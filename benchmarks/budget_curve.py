@@ -7,7 +7,6 @@ spliced into the model), against steps.
     python benchmarks/budget_curve.py --dataset TEXT --families bae \
         --bae-fields '{"input_variance": null}' --out DIR   # a BAE variant alone
 
-
 Every budget is a run of its own (the BAE's phases are fractions of its length), all on one
 harvest of the layer (``DIR/activations``); a finished budget is kept in ``DIR/curve.json``, so
 a rerun goes on from the next (each budget's final models stay in ``DIR/steps-N``). Writes
@@ -109,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-size", type=int, default=128)
     parser.add_argument("--d-sae", type=int, default=1152)
     parser.add_argument("--lr", type=float, default=2e-3, help="every family's Adam rate")
-    parser.add_argument("--bae-scale", type=float, default=0.5)
+    parser.add_argument("--bae-scale", type=float, default=0.5, help="the BAE's coefficient scale")
     parser.add_argument("--topk-k", type=int, default=64)
     parser.add_argument("--jumprelu-coefficient", type=float, default=0.125)
     parser.add_argument("--seed", type=int, default=0)
@@ -148,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _bae_fields(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
     """``--bae-fields`` read as a JSON object of ``BAETrainingSAEConfig`` fields, refused before
-    the harvest if no BAE config takes them (the coefficients are ``--bae-scale``'s)."""
+    the harvest if no BAE config takes them (the coefficients follow ``--bae-scale``)."""
     try:
         fields = json.loads(args.bae_fields)
     except json.JSONDecodeError:
@@ -163,8 +162,7 @@ def _bae_fields(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
     unknown = sorted(set(fields) - set(BAETrainingSAEConfig.__dataclass_fields__))
     if unknown:
         parser.error(f"--bae-fields: {', '.join(unknown)} is not a BAE config field")
-    owners = {"d_in": "--layer", "d_sae": "--d-sae", "entropy_coefficient": "--bae-scale",
-              "covariance_coefficient": "--bae-scale"}  # fmt: skip
+    owners = {"d_in": "--layer", "d_sae": "--d-sae"}  # family_config's own arguments
     for name in sorted(set(fields) & set(owners)):
         parser.error(f"--bae-fields: set {name} through {owners[name]}")
     try:

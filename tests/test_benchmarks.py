@@ -627,7 +627,7 @@ def test_budget_curve_trains_each_family_per_budget_on_one_harvest(
         (
             "--bae-fields",
             '{"entropy_coefficient": 1}',
-            "set entropy_coefficient through --bae-scale",
+            "bae sets entropy_coefficient from its setting, not as fields",
         ),
     ]:
         code, error = _refused(capsys, curve, *common, "--steps", "3", flag, value)

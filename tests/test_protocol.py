@@ -344,8 +344,10 @@ def test_family_config_takes_bae_fields_for_the_bae_families_only():
     }
     with pytest.raises(ValueError, match="topk takes no BAE fields, got input_variance"):
         family_config("topk", 64, 128, 8, 1600, input_variance=None)
-    with pytest.raises(ValueError, match="bae sets coefficient_scale, recipe itself"):
+    with pytest.raises(ValueError, match="bae sets coefficient_scale, recipe from its setting"):
         family_config("bae", 64, 128, 0.5, 1600, recipe="paper", coefficient_scale=2.0)
+    with pytest.raises(ValueError, match="bae sets covariance_coefficient from its setting"):
+        family_config("bae", 64, 128, 0.5, 1600, covariance_coefficient=1e-7)
 
 
 def test_every_named_baseline_is_a_family_of_the_comparison_with_its_remedy():

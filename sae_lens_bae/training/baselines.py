@@ -70,9 +70,11 @@ def family_config(
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
     if family.startswith("bae"):
-        taken = sorted({"recipe", "coefficient_scale"} & set(bae_fields))
+        # the setting scales the recipe's coefficients: a field replacing one would drop it
+        owned = {"recipe", "coefficient_scale", "entropy_coefficient", "covariance_coefficient"}
+        taken = sorted(owned & set(bae_fields))
         if taken:
-            raise ValueError(f"{family} sets {', '.join(taken)} itself, not through BAE fields")
+            raise ValueError(f"{family} sets {', '.join(taken)} from its setting, not as fields")
         window = remedy_window(steps) if family == "bae" else 0
         fields = {"resample_every": window, "total_training_steps": steps, **bae_fields}
         return bae_config(d_in, d_sae, coefficient_scale=setting, **fields)
