@@ -1,0 +1,423 @@
+"""Every piece of the BAE against the bare BAE on LLM states (docs/research/ablation.md): each
+piece switched off from ``default`` and switched on from the bare BAE (the paper's equations,
+benchmarks/bare_bae.py), each variant at several coefficient scales and seeds, read on held-out
+states by ``bae compare``'s definitions (EV, KL spliced into the model, dense, constant,
+activated features) and compared at matched L0 and at matched KL.
+
+    python benchmarks/ablation.py train --dataset TEXT --layer 15 --out DIR --worker 0/2
+    python benchmarks/ablation.py train ... --worker 1/2      # beside it, one thread each
+    python benchmarks/ablation.py report DIR
+
+Every run appends its row to ``DIR/rows-W.jsonl`` as it ends, so a rerun goes on from the next
+run. ``report`` writes ``ablation.md``, ``ablation.json`` and ``ablation.png``.
+
+The pieces and how a variant switches one (the package's training otherwise, ``train_sae`` at
+the default's constant rate):
+
+* ``scale`` and ``shift``: the input frame ``k (x + t)`` (``saes.input_frame``). With both on,
+  the config's own frame; with one, the states are transformed by it here (k and t from the
+  first minibatch, as the frame fixes them) and the transformation is folded into the weights
+  after training, so every variant is read on the same states.
+* ``resample``: ``resample_every`` 125 against 0. ``entropy_off``: ``entropy_off_fraction``
+  0.25 against 0. ``clip``: SAETrainer's gradient clip to norm 1, switched off by replacing
+  ``torch.nn.utils.clip_grad_norm_`` with a no-op for that run in this process only.
+* ``schedule``: SAELens' warm-up over 5% of steps and linear decay to lr / 10 over the last 20%
+  (the schedule ``bae compare`` trains every family with) against a constant rate.
+* ``ste``: the straight-through surrogate against the paper's sigmoid. ``t0.3``: the sigmoid
+  at temperature 0.3 (the entropy recipe's) against 1.
+
+Coefficients: a variant without the frame's scale has its a_e and a_c multiplied by 1 / k^2 (k
+as the frame would set it), which is what the frame does to its penalties, so every variant
+weighs them against the same squared error per unit of variance, and the coefficient scales of
+the ladder mean one thing for all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+
+from sae_lens_bae.experiments.compare import CompareConfig
+from sae_lens_bae.experiments.compare_study import Study
+from sae_lens_bae.plots import save_figure, subplots
+from sae_lens_bae.reports import markdown_table, write_json, write_text
+from sae_lens_bae.saes.bae_recipes import DEFAULT_BATCH_SIZE, DEFAULT_LR, bae_config
+from sae_lens_bae.saes.input_frame import placement
+from sae_lens_bae.training import train_sae
+from sae_lens_bae.training.trainer import activation_batches
+
+PIECES = ("scale", "shift", "resample", "clip", "entropy_off", "schedule", "ste", "t0.3")
+DEFAULT_PIECES = frozenset({"scale", "shift", "resample", "clip", "entropy_off"})
+"""The pieces ``default`` has; the bare BAE has none."""
+
+
+def variants() -> dict[str, frozenset[str]]:
+    """Every variant by name: its set of pieces. ``default-X`` lacks a piece the default has,
+    ``default+X`` adds one it lacks; ``bare+X`` adds one to the bare BAE."""
+    named = {"default": DEFAULT_PIECES, "bare": frozenset()}
+    for piece in PIECES:
+        if piece in DEFAULT_PIECES:
+            named[f"default-{piece}"] = DEFAULT_PIECES - {piece}
+        else:
+            named[f"default+{piece}"] = DEFAULT_PIECES | {piece}
+        named[f"bare+{piece}"] = frozenset({piece})
+    return named
+
+
+def jobs(names: list[str], scales: list[float], seeds: list[int]) -> list[tuple[str, float, int]]:
+    """Seed by seed (a first seed of every variant before any second), then scale, variant."""
+    return [(v, s, seed) for seed in seeds for s in scales for v in names]
+
+
+def frame_of(first: torch.Tensor, variance_per_dim: float = 1.0) -> tuple[float, torch.Tensor]:
+    """(k, t) as ``saes.input_frame.fix_frame`` sets them from a first minibatch."""
+    variance, shift = placement(first.double())
+    return math.sqrt(variance_per_dim * first.shape[1] / float(variance)), shift.float()
+
+
+@torch.no_grad()
+def fold(sae: Any, k: float, t: torch.Tensor) -> None:
+    """Fold a transformation ``k (x + t)`` of the states into the weights (as
+    ``fold_input_scale`` does), so the model reads the untransformed states."""
+    sae.W_enc.data *= k
+    sae.b_enc.data += t @ sae.W_enc.data
+    sae.W_dec.data /= k
+    sae.b_dec.data = sae.b_dec.data / k - t
+
+
+def train_variant(
+    pieces: frozenset[str], train: torch.Tensor, scale: float, seed: int, steps: int
+) -> Any:
+    """One variant trained by ``train_sae`` (see the module docstring for each piece)."""
+    d_in = train.shape[1]
+    first = next(activation_batches(train, DEFAULT_BATCH_SIZE, seed=seed))
+    k, t = frame_of(first)
+    framed = {"scale", "shift"} <= pieces
+    k_here = k if "scale" in pieces and not framed else 1.0
+    t_here = t if "shift" in pieces and not framed else torch.zeros_like(t)
+    weight = scale if "scale" in pieces else scale / k**2  # the frame's 1 / k^2
+    fields: dict[str, Any] = {
+        "input_variance": 1.0 if framed else None,
+        "resample_every": 125 if "resample" in pieces else 0,
+        "entropy_off_fraction": 0.25 if "entropy_off" in pieces else 0.0,
+    }
+    if "ste" in pieces:
+        fields["surrogate"] = "ste"
+    if "t0.3" in pieces:
+        fields["surrogate_temperature"] = 0.3
+    cfg = bae_config(d_in, 2 * d_in, coefficient_scale=weight, **fields)
+    schedule: dict[str, Any] = {}
+    if "schedule" in pieces:
+        schedule = {"lr_end": DEFAULT_LR / 10, "lr_warm_up_steps": steps // 20,
+                    "lr_decay_steps": steps // 5}  # fmt: skip
+    clip = nullcontext() if "clip" in pieces else mock.patch("torch.nn.utils.clip_grad_norm_")
+    with clip:
+        run = train_sae(
+            (train + t_here) * k_here, cfg, training_samples=steps * DEFAULT_BATCH_SIZE,
+            seed=seed, record_every=max(1, steps // 100), **schedule,
+        )  # fmt: skip
+    fold(run.sae, k_here, t_here)
+    return run
+
+
+LATE = ("reconstruction_loss", "dense", "dead")
+"""History columns whose movement over the last quarter a row reports (any logged name holding
+``dense`` or ``dead`` / ``constant``)."""
+
+
+def late_movement(history: list[dict[str, float]]) -> dict[str, float]:
+    """Each followed column's mean over the last 5% of training less its mean around 75%
+    (70-75%): how far it still moved over the last quarter (relative for the loss)."""
+    n = len(history)
+    if n < 20:
+        return {}
+    at75, end = history[int(0.70 * n) : int(0.75 * n)], history[int(0.95 * n) :]
+    moved: dict[str, float] = {}
+    for key in history[-1]:
+        if not any(word in key for word in ("reconstruction_loss", "dense", "dead", "constant")):
+            continue
+        before = statistics.fmean(r[key] for r in at75)
+        after = statistics.fmean(r[key] for r in end)
+        relative = key == "reconstruction_loss" and before != 0
+        moved[key] = (after - before) / before if relative else after - before
+    return moved
+
+
+def train_command(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    index, count = (int(x) for x in args.worker.split("/"))
+    cfg = CompareConfig(
+        dataset=args.dataset, layer=args.layer, max_sequences=args.max_sequences,
+        context_size=128, families=("bae",), seeds=(0,), out=args.out,
+    )  # fmt: skip
+    study = Study(cfg, args.out, progress=False)
+    train = study.data.train[study.data.hook]
+    named = variants()
+    chosen = args.variants.split(",") if args.variants else list(named)
+    unknown = [v for v in chosen if v not in named]
+    if unknown:
+        sys.exit(f"unknown variants {unknown}; choose from {', '.join(named)}")
+    scales = [float(s) for s in args.scales.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    rows_file = args.out / f"rows-{index}.jsonl"
+    done = {(r["variant"], r["scale"], r["seed"], r["steps"]) for r in read_rows(args.out)}
+    todo = jobs(chosen, scales, seeds)[index::count]
+    for variant, scale, seed in todo:
+        if (variant, scale, seed, args.steps) in done:
+            continue
+        start = time.perf_counter()
+        run = train_variant(named[variant], train, scale, seed, args.steps)
+        name = f"{variant}-{scale:g}-seed{seed}"
+        study.models[name] = run.sae.eval()
+        row = {"name": name, "variant": variant, "scale": scale, "seed": seed,
+               "steps": args.steps, "layer": args.layer, "dataset": args.dataset}  # fmt: skip
+        row.update(study._read(name, "test"))
+        study.rows.append(row)
+        study.splice([name], ("test",))  # KL, with its replicates beside the others
+        row.pop("replicates")
+        row["late"] = late_movement(run.history)
+        row["seconds"] = time.perf_counter() - start
+        with rows_file.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        del study.models[name]
+        print(f"{name}: L0 {row['l0']:.1f} EV {row['explained_variance']:.3f} "
+              f"KL {row['kl']:.3f} dense {row['dense']} constant {row['constant']} "
+              f"{row['seconds']:.0f}s", flush=True)  # fmt: skip
+
+
+def read_rows(out: Path) -> list[dict[str, Any]]:
+    rows = []
+    for path in sorted(out.glob("rows-*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+# ----------------------------------------------------------------------------- the verdicts
+
+THRESHOLDS = {"explained_variance": 0.01, "kl": 0.05, "constant": 0.01, "activated": 0.05,
+              "dense": 0.02}  # fmt: skip
+"""The smallest gap that counts (written in the record before the runs): EV absolute, KL
+relative to the base's, constant and dense bits as a fraction of the code's width, activated
+features relative to the base's."""
+HIGHER_IS_BETTER = {"explained_variance": True, "kl": False, "constant": False,
+                    "activated": True, "dense": False}  # fmt: skip
+MATCHED = {"explained_variance": "l0", "kl": "l0", "constant": "l0", "activated": "kl",
+           "dense": "kl"}  # fmt: skip
+"""What each metric is compared at: EV, KL and constant bits at matched L0; activated features
+and dense bits at matched KL."""
+
+
+def curve(rows: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
+    """``y`` against log ``x`` over a variant's scales (one seed), sorted by ``x``."""
+    held = sorted((math.log(r[x]), float(r[y])) for r in rows)
+    return [a for a, _ in held], [b for _, b in held]
+
+
+def interpolate(xs: list[float], ys: list[float], at: float) -> float:
+    for i in range(len(xs) - 1):
+        x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+        if x0 <= at <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (at - x0) / (x1 - x0)
+    raise ValueError("outside the curve")
+
+
+def gap(base: list[dict[str, Any]], variant: list[dict[str, Any]], metric: str, width: int):
+    """Per seed, the mean of (variant - base) of ``metric`` at 5 log-spaced points of their
+    common range of the matched quantity (relative or per bit as ``THRESHOLDS`` reads it); None
+    where the ranges do not meet."""
+    x = MATCHED[metric]
+    seeds = sorted({r["seed"] for r in base} & {r["seed"] for r in variant})
+    curves = {}
+    for seed in seeds:
+        b = curve([r for r in base if r["seed"] == seed], x, metric)
+        v = curve([r for r in variant if r["seed"] == seed], x, metric)
+        curves[seed] = (b, v)
+    if not curves:
+        return None
+    low = max(max(b[0][0], v[0][0]) for b, v in curves.values())
+    high = min(min(b[0][-1], v[0][-1]) for b, v in curves.values())
+    if low > high:
+        return None
+    points = [low + (high - low) * i / 4 for i in range(5)]
+    gaps = []
+    for b, v in curves.values():
+        diffs = [interpolate(*v, p) - interpolate(*b, p) for p in points]
+        base_mean = statistics.fmean(interpolate(*b, p) for p in points)
+        value = statistics.fmean(diffs)
+        if metric in ("kl", "activated"):
+            value /= abs(base_mean) if base_mean else 1.0
+        elif metric in ("constant", "dense"):
+            value /= width
+        gaps.append(value)
+    return {"per_seed": gaps, "range": [math.exp(low), math.exp(high)]}
+
+
+def verdict(found: dict[str, Any] | None, metric: str) -> str:
+    """better / worse (the variant against its base) when every seed's gap has one sign and
+    their mean is past the threshold; else no difference."""
+    if found is None:
+        return "no overlap"
+    gaps, limit = found["per_seed"], THRESHOLDS[metric]
+    mean = statistics.fmean(gaps)
+    same_sign = all(g > 0 for g in gaps) or all(g < 0 for g in gaps)
+    if not same_sign or abs(mean) <= limit:
+        return "no difference"
+    return "better" if (mean > 0) == HIGHER_IS_BETTER[metric] else "worse"
+
+
+def comparisons() -> list[tuple[str, str, str, str]]:
+    """(piece, direction, variant, base): each piece off from the default (or on, where the
+    default lacks it) and on from the bare BAE."""
+    pairs = []
+    for piece in PIECES:
+        sign = "-" if piece in DEFAULT_PIECES else "+"
+        direction = "off from default" if sign == "-" else "on from default"
+        pairs.append((piece, direction, f"default{sign}{piece}", "default"))
+        pairs.append((piece, "on from bare", f"bare+{piece}", "bare"))
+    return [*pairs, ("all five", "default against bare", "default", "bare")]
+
+
+def earns_its_place(found: dict[str, str], direction: str) -> bool:
+    """Whether a comparison says the piece helps: the variant (which lacks it) worse on some
+    metric and better on none, or (which has it) better on some and worse on none."""
+    has_piece = not direction.startswith("off")
+    helps, hurts = ("better", "worse") if has_piece else ("worse", "better")
+    return helps in found.values() and hurts not in found.values()
+
+
+def report_command(args: argparse.Namespace) -> None:
+    rows = [r for r in read_rows(args.out) if r.get("kl") is not None]
+    if not rows:
+        sys.exit(f"{args.out} holds no finished runs: run `train` first")
+    by_variant: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_variant.setdefault(row["variant"], []).append(row)
+    results = []
+    for piece, direction, variant, base in comparisons():
+        if variant not in by_variant or base not in by_variant:
+            continue
+        found, gaps = {}, {}
+        for metric in THRESHOLDS:
+            g = gap(by_variant[base], by_variant[variant], metric, args.d_sae)
+            found[metric], gaps[metric] = verdict(g, metric), g
+        results.append({"piece": piece, "direction": direction, "variant": variant,
+                        "base": base, "verdicts": found, "gaps": gaps,
+                        "earns_its_place": earns_its_place(found, direction)})  # fmt: skip
+    summary = {"runs": rows, "comparisons": results, "late": late_table(by_variant)}
+    write_json(args.out / "ablation.json", summary)
+    write_text(args.out / "ablation.md", markdown(summary))
+    plot(by_variant, args.out / "ablation.png")
+
+
+def late_table(by_variant: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Per variant, the largest movement over the last quarter of each followed column."""
+    table = {}
+    for variant, rows in by_variant.items():
+        keys = {k for r in rows for k in r.get("late", {})}
+        table[variant] = {k: max((r["late"].get(k, 0.0) for r in rows), key=abs) for k in keys}
+    return table
+
+
+def _gap_cell(found: dict[str, Any] | None) -> str:
+    if found is None:
+        return "-"
+    return "/".join(f"{g:+.3f}" for g in found["per_seed"])
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = ["# Ablation against the bare BAE", ""]
+    columns = [
+        ("piece", lambda r: r["piece"]),
+        ("direction", lambda r: r["direction"]),
+        ("variant vs base", lambda r: f"{r['variant']} vs {r['base']}"),
+    ]
+    for metric in THRESHOLDS:
+        columns.append(
+            (
+                f"{metric} @{MATCHED[metric]}",
+                lambda r, m=metric: f"{r['verdicts'][m]} ({_gap_cell(r['gaps'][m])})",
+            )
+        )
+    columns.append(("helps", lambda r: "yes" if r["earns_its_place"] else "no"))
+    lines.append(markdown_table(summary["comparisons"], columns))
+    lines += ["", "## Runs", ""]
+    run_columns = [(k, lambda r, k=k: f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]))
+                   for k in ("variant", "scale", "seed", "l0", "explained_variance", "kl",
+                             "dense", "constant", "activated", "seconds")]  # fmt: skip
+    run_columns.append(
+        (
+            "late (loss rel., dense, dead)",
+            lambda r: ", ".join(f"{k}: {v:+.3f}" for k, v in sorted(r.get("late", {}).items())),
+        )
+    )
+    runs = sorted(summary["runs"], key=lambda r: (r["variant"], r["scale"], r["seed"]))
+    lines.append(markdown_table(runs, run_columns))
+    return "\n".join(lines) + "\n"
+
+
+def plot(by_variant: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    fig, axes = subplots(1, 3, figsize=(16, 5))
+    panels = (("l0", "explained_variance"), ("l0", "kl"), ("kl", "activated"))
+    for ax, (x, y) in zip(axes.flat, panels, strict=True):
+        for variant, rows in sorted(by_variant.items()):
+            means: dict[float, list[tuple[float, float]]] = {}
+            for r in rows:
+                means.setdefault(r["scale"], []).append((r[x], r[y]))
+            held = sorted((statistics.fmean(a for a, _ in v), statistics.fmean(b for _, b in v))
+                          for v in means.values())  # fmt: skip
+            style = "-" if variant.startswith("default") else "--"
+            ax.plot(
+                [a for a, _ in held],
+                [b for _, b in held],
+                style,
+                marker="o",
+                label=variant,
+                alpha=0.8,
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=6, ncol=2)
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train and read every run not yet in OUT")
+    train.add_argument("--dataset", required=True, help="text file, folder or HF dataset")
+    train.add_argument("--layer", type=int, default=15)
+    train.add_argument("--max-sequences", type=int, default=3000)
+    train.add_argument("--steps", type=int, default=1000)
+    train.add_argument("--scales", default="1,3.16,10", help="coefficient scales")
+    train.add_argument("--seeds", default="0,1")
+    train.add_argument("--variants", default="", help="a subset, comma-separated (default all)")
+    train.add_argument("--worker", default="0/1", help="I/N: this process runs every Nth run")
+    train.add_argument("--out", type=Path, required=True)
+    report = commands.add_parser("report", help="the verdicts of the runs in OUT")
+    report.add_argument("out", type=Path)
+    report.add_argument("--d-sae", type=int, default=1152, help="the code's width")
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        index, _, count = args.worker.partition("/")
+        if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+            parser.error(f"--worker takes I/N with 0 <= I < N, got {args.worker!r}")
+        args.out.mkdir(parents=True, exist_ok=True)
+        train_command(args)
+    else:
+        report_command(args)
+
+
+if __name__ == "__main__":
+    main()

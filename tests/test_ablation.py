@@ -1,0 +1,87 @@
+"""The ablation's harness (benchmarks/ablation.py): a frame applied to the states and folded
+afterwards trains what the BAE's own frame trains, and the verdicts read gaps as the record's
+rules say."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def ablation():
+    spec = importlib.util.spec_from_file_location("ablation", BENCHMARKS / "ablation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _states(n: int = 4096, d: int = 16) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(n, 6, generator=generator) @ torch.randn(6, d, generator=generator) + 3.0
+
+
+def test_a_frame_applied_outside_and_folded_trains_the_frame_of_the_bae(ablation):
+    """Scale and shift applied to the states (clip off) against the config's own frame: one
+    set of weights, read in the states' units, up to Adam's epsilon and rounding."""
+    states = _states()
+    framed = ablation.train_variant(frozenset({"scale", "shift"}), states, 1.0, 0, 60).sae
+    first = next(ablation.activation_batches(states, 512, seed=0))
+    k, t = ablation.frame_of(first)
+    outside = ablation.train_variant(frozenset(), (states + t) * k, 1.0, 0, 60).sae
+    ablation.fold(outside, k, t)
+    framed.fold_input_scale()
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+        torch.testing.assert_close(
+            getattr(outside, name).data, getattr(framed, name).data, rtol=1e-3, atol=1e-4
+        )
+
+
+def test_fold_reads_the_untransformed_states_exactly(ablation):
+    from sae_lens.saes.sae import TrainingSAE
+
+    from sae_lens_bae import bae_config
+
+    sae = TrainingSAE.from_dict(bae_config(16, 32, input_variance=None).to_dict())
+    states = _states(64)
+    k, t = 2.5, torch.linspace(-1, 1, 16)
+    before_code = sae.encode_bits((states + t) * k)
+    before_out = sae.decode(sae.encode((states + t) * k)) / k - t
+    ablation.fold(sae, k, t)
+    assert torch.equal(sae.encode_bits(states), before_code)
+    torch.testing.assert_close(sae.decode(sae.encode(states)), before_out)
+
+
+def test_the_variants_are_each_piece_off_the_default_and_on_the_bare_bae(ablation):
+    named = ablation.variants()
+    assert len(named) == 2 + 2 * len(ablation.PIECES)
+    for name, pieces in named.items():
+        if name.startswith("bare+"):
+            assert pieces == {name[5:]}
+        elif name.startswith("default"):
+            assert len(pieces ^ ablation.DEFAULT_PIECES) == (name != "default")
+
+
+def test_verdicts_need_one_sign_on_every_seed_and_the_threshold(ablation):
+    def rows(seed, shift):
+        return [{"seed": seed, "l0": l0, "explained_variance": 0.5 + 0.1 * i + shift}
+                for i, l0 in enumerate((10.0, 30.0, 100.0))]  # fmt: skip
+
+    base = rows(0, 0.0) + rows(1, 0.0)
+    better = ablation.gap(base, rows(0, 0.02) + rows(1, 0.03), "explained_variance", 100)
+    assert better["per_seed"] == pytest.approx([0.02, 0.03])
+    assert ablation.verdict(better, "explained_variance") == "better"
+    mixed = ablation.gap(base, rows(0, 0.05) + rows(1, -0.01), "explained_variance", 100)
+    assert ablation.verdict(mixed, "explained_variance") == "no difference"
+    small = ablation.gap(base, rows(0, 0.005) + rows(1, 0.008), "explained_variance", 100)
+    assert ablation.verdict(small, "explained_variance") == "no difference"
+    far = [dict(r, l0=r["l0"] * 100) for r in rows(0, 0.0) + rows(1, 0.0)]
+    assert ablation.verdict(ablation.gap(base, far, "explained_variance", 100),
+                            "explained_variance") == "no overlap"  # fmt: skip
+    assert ablation.earns_its_place({"kl": "worse", "dense": "no difference"}, "off from default")
+    assert not ablation.earns_its_place({"kl": "worse", "dense": "better"}, "on from bare")
