@@ -1,12 +1,13 @@
 """Hidden-state compression with a BAE: store only the bits that surprise the prior.
 
-A BAE's code differs from the rounded prior round(p) in few bits (the code is globally sparse
-around its mean). ``compress`` keeps, per vector, the indices of bits whose code differs from
-round(p) and whose burstiness log2|h_B - p| is at least ``threshold`` (in [log2 0.5, 0]); at
-log2 0.5 that is every differing bit, so the code is kept exactly; higher thresholds drop the
-flips of bits whose prior was close to 1/2 (the least surprising ones). ``decompress`` flips
-round(p) at the stored indices and decodes. On disk the flips are bit-packed indices
-(ceil(log2 n_bits) bits each) or, when flips are dense enough that this is larger, a packed bitmap.
+A BAE's code differs from the rounded prior round(p) in the bits that are in their rarer state
+(its L0), so the sparser the code the fewer indices are stored. ``compress`` keeps, per vector,
+the indices of bits whose code differs from round(p) and whose burstiness log2|h_B - p| is at
+least ``threshold`` (in [log2 0.5, 0]); at log2 0.5 that is every differing bit, so the code is
+kept exactly; higher thresholds drop the flips of bits whose prior was close to 1/2 (the least
+surprising ones). ``decompress`` flips round(p) at the stored indices and decodes. On disk the
+flips are bit-packed indices (ceil(log2 n_bits) bits each) or, when flips are dense enough that
+this is larger, a packed bitmap.
 """
 
 from __future__ import annotations

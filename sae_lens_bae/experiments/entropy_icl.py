@@ -3,7 +3,8 @@
 Each prompt is k demonstrations ``sentence: <x> sentiment: <label>`` (drawn at random per prompt,
 each with its own label) followed by the query ``sentence: <q> sentiment:``. The same queries are
 used for every k, so the cells differ only in their demonstrations. For every (layer, k) a BAE
-estimates the entropy of the last token's states; the model's ICL accuracy per k is read from the
+reads the last token's states, with the trust rule's verdict and the k-means reference beside
+it; the model's ICL accuracy per k is read from the
 logits of the label words' first tokens at that token.
 """
 

@@ -46,7 +46,7 @@ class SyntheticConfig:
     """What ``bae bench synthetic`` runs: a grid, optionally with parts of it replaced."""
 
     grid: str = "cpu"
-    """cpu (d = 64, a 2-core machine, about 16 minutes), mid (d = 256, r up to 128, about 26
+    """cpu (d = 64, a 2-core machine, about 6 minutes), mid (d = 256, r up to 128, about 26
     minutes on 2 cores), gpu (d = 2048, the paper's scale) or test (seconds)."""
     steps: int | None = ranged(None, low=1)
     """Training steps of every BAE (default: the grid's)."""

@@ -1,8 +1,8 @@
 """Named BAE training recipes, as data: the config fields each sets beyond
 :class:`BAETrainingSAEConfig`'s defaults (which are the ``default`` recipe) and the Adam learning
-rate it trains with. ``bae_config(d_in, recipe=name)`` builds a config from one. How each was
-chosen, with the table of every recipe tried, is in ``docs/research/feature-study.md`` and
-``docs/research/synthetic-entropy.md``.
+rate it trains with. ``bae_config(d_in, recipe=name)`` builds a config from one. How ``default``
+was chosen, with every variant tried, is in ``docs/research/recipe-study.md``; the ``entropy``
+recipe's evidence in ``docs/research/entropy-recipe.md``.
 """
 
 from __future__ import annotations

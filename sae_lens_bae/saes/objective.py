@@ -2,9 +2,10 @@
 summed |off-diagonal covariance| of the code, for one BAE (codes [batch, n_bits]) or any leading
 dimensions (codes [..., batch, n_bits], one objective each): :func:`bae_objective` sums them.
 
-* :func:`minibatch_entropy`: measured on the minibatch (not per sample), so minimising it makes
-  codes sparse *globally*: a bit that fires on every token costs as much as one that never does,
-  so there are no dense features.
+* :func:`minibatch_entropy`: measured on the minibatch (not per sample), so it pushes each bit's
+  firing rate over the minibatch towards 0 or 1: the paper's argument for a code sparse across
+  tokens. It does not guarantee one (how dense codes get on LLM states:
+  docs/research/recipe-study.md).
 * :func:`covariance_penalty`: the plain maths, exact. A faster exact path of the same signature
   (``sae_lens_bae.kernels.covariance_penalty``: tiles, int8 and sparse products, fused Triton
   kernels) plugs in where the objective is called (``code_penalties(covariance=...)``).
