@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--dataset", required=True, help="text file, folder or HF dataset")
     train.add_argument("--layer", type=int, default=15)
     train.add_argument("--max-sequences", type=int, default=3000)
-    train.add_argument("--steps", type=int, default=1000)
+    train.add_argument("--steps", type=int, default=600)
     train.add_argument("--scales", default="1,3.16,10", help="coefficient scales")
     train.add_argument("--seeds", default="0,1")
     train.add_argument("--variants", default="", help="a subset, comma-separated (default all)")

@@ -1,8 +1,11 @@
-"""Registration of this package's architectures with SAELens' registries.
+"""Registration of this package's architectures with SAELens, through SAELens' public calls only
+(``register_sae_class``, ``register_sae_training_class``).
 
-SAELens' ``register_sae_class`` raises when a name is taken, which would break a second import or
-a notebook ``importlib.reload``. Registering here is idempotent: an entry left by an earlier load
-of *our* classes is replaced by the current ones, while a name owned by someone else still raises.
+SAELens refuses a name that is taken and offers no call that replaces an entry. A name already
+held by this package's own classes (a second :func:`register_all`, or a notebook's
+``importlib.reload`` of a module that defines them) is left as it is: SAELens keeps building the
+classes registered first, and the reloaded module's classes stay unregistered. A name held by
+another package's classes is refused.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from sae_lens.registry import (
-    SAE_CLASS_REGISTRY,
-    SAE_TRAINING_CLASS_REGISTRY,
+    get_sae_class,
+    get_sae_training_class,
     register_sae_class,
     register_sae_training_class,
 )
@@ -25,17 +28,17 @@ def _qualname(cls: type) -> str:
 
 
 def _register_one(
-    registry: dict[str, Any], register: Any, architecture: str, classes: tuple[type, type]
+    lookup: Any, register: Any, architecture: str, classes: tuple[type, type]
 ) -> None:
-    existing = registry.get(architecture)
-    if existing is None:
+    try:
+        registered = lookup(architecture)
+    except KeyError:
         register(architecture, *classes)
-    elif tuple(map(_qualname, existing)) == tuple(map(_qualname, classes)):
-        registry[architecture] = classes  # same classes from a reload: use the new objects
-    else:
+        return
+    if tuple(map(_qualname, registered)) != tuple(map(_qualname, classes)):
         raise ValueError(
             f"SAELens architecture {architecture!r} is already registered by "
-            f"{_qualname(existing[0])}; sae_lens_bae cannot register {_qualname(classes[0])} "
+            f"{_qualname(registered[0])}; sae_lens_bae cannot register {_qualname(classes[0])} "
             "under the same name."
         )
 
@@ -49,9 +52,9 @@ def register_architecture(
 ) -> None:
     """Register the inference and the training class of one architecture (both are needed:
     a training config's constructor looks up its inference config)."""
-    _register_one(SAE_CLASS_REGISTRY, register_sae_class, architecture, (sae_class, config_class))
+    _register_one(get_sae_class, register_sae_class, architecture, (sae_class, config_class))
     _register_one(
-        SAE_TRAINING_CLASS_REGISTRY,
+        get_sae_training_class,
         register_sae_training_class,
         architecture,
         (training_class, training_config_class),

@@ -300,21 +300,25 @@ def test_registered_for_inference_and_training():
     assert SAE_TRAINING_CLASS_REGISTRY["bae"] == (BAETrainingSAE, BAETrainingSAEConfig)
 
 
-def test_registration_is_idempotent_across_reimport_and_reload():
-    importlib.import_module("sae_lens_bae")
+def test_registering_again_or_after_a_reload_leaves_saelens_entries_as_they_are():
+    """SAELens refuses a taken name and has no call that replaces an entry: a second
+    ``register_all``, or one after the module defining the classes is reloaded, registers
+    nothing, and SAELens keeps building the classes registered first."""
+    registered = (dict(SAE_CLASS_REGISTRY), dict(SAE_TRAINING_CLASS_REGISTRY))
     sae_lens_bae.registry.register_all()
+    assert registered == (SAE_CLASS_REGISTRY, SAE_TRAINING_CLASS_REGISTRY)
     module = importlib.import_module("sae_lens_bae.saes.bae")
     original_namespace = dict(vars(module))
     reloaded = importlib.reload(module)
     try:
+        assert reloaded.BAE is not BAE
         sae_lens_bae.registry.register_all()
-        assert SAE_CLASS_REGISTRY["bae"][0] is reloaded.BAE
+        assert registered == (SAE_CLASS_REGISTRY, SAE_TRAINING_CLASS_REGISTRY)
+        assert SAE_CLASS_REGISTRY["bae"][0] is BAE
         cfg = reloaded.BAETrainingSAEConfig(d_in=4, d_sae=16)  # looks up the inference config
         assert cfg.metadata.training_architecture == "bae"
     finally:  # the rest of the suite uses the originally imported classes
         vars(module).update(original_namespace)
-        sae_lens_bae.registry.register_all()
-    assert SAE_CLASS_REGISTRY["bae"][0] is BAE
 
 
 def test_foreign_architecture_with_same_name_is_refused():
@@ -327,10 +331,103 @@ def test_foreign_architecture_with_same_name_is_refused():
 
     from sae_lens_bae.registry import register_architecture
 
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(ValueError, match="already registered by sae_lens_bae.saes.bae.BAE"):
         register_architecture(
             "bae", StandardSAE, StandardSAEConfig, StandardTrainingSAE, StandardTrainingSAEConfig
         )
+    assert SAE_CLASS_REGISTRY["bae"] == (BAE, BAEConfig)
+
+
+HOST_SNAPSHOT = r"""
+import importlib, json, pkgutil, sys
+import sae_lens
+for info in pkgutil.walk_packages(sae_lens.__path__, "sae_lens."):
+    importlib.import_module(info.name)
+from sae_lens import registry
+from sae_lens.saes.sae import SAE, SAEConfig, TrainingSAE, TrainingSAEConfig
+
+HOST = ("sae_lens", "transformer_lens")
+
+
+def parts(value):
+    # a function's code and defaults too, so replacing them in place counts as a change
+    value = getattr(value, "__func__", value)
+    kept = ("__code__", "__defaults__", "__kwdefaults__")
+    return (value, *(getattr(value, a, None) for a in kept))
+
+
+def snapshot():
+    seen = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".")[0] not in HOST:
+            continue
+        seen[name] = {k: parts(v) for k, v in vars(module).items()}
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and value.__module__ == name:
+                seen[f"{name}:{value.__qualname__}"] = {k: parts(v) for k, v in vars(value).items()}
+    return seen
+
+
+def compare(before, after):
+    changed = []
+    for owner, names in before.items():
+        now = after.get(owner, {})
+        changed += [f"{owner}.{k}" for k in names if k not in now
+                    or any(a is not b for a, b in zip(names[k], now[k]))]
+        changed += [f"{owner}.{k} (added)" for k in set(now) - set(names)]
+    return sorted(changed)
+
+
+REGISTRIES = ("SAE_CLASS_REGISTRY", "SAE_TRAINING_CLASS_REGISTRY")
+before = snapshot()
+entries = {name: dict(getattr(registry, name)) for name in REGISTRIES}
+import sae_lens_bae
+after = snapshot()
+kept = all(getattr(registry, n)[k] is v for n in REGISTRIES for k, v in entries[n].items())
+added = {n: {k: [c.__module__ + "." + c.__qualname__ for c in v]
+             for k, v in getattr(registry, n).items() if k not in entries[n]} for n in REGISTRIES}
+SAE.get_sae_config_class_for_architecture = classmethod(lambda cls, a: SAEConfig)
+patched = compare(before, snapshot())
+print(json.dumps({
+    "classes": [f"sae_lens.saes.sae:{c.__qualname__}" in before
+                for c in (SAE, TrainingSAE, SAEConfig, TrainingSAEConfig)],
+    "modules": sum(":" not in owner for owner in before),
+    "changed": compare(before, after), "kept": kept, "added": added, "patched": patched,
+}))
+"""
+
+
+def test_importing_the_package_changes_no_saelens_or_transformerlens_attribute():
+    """In a fresh process: every attribute of every SAELens and TransformerLens module loaded (all
+    of SAELens'), and of every class they define (``SAE``, ``TrainingSAE``, ``SAEConfig``,
+    ``TrainingSAEConfig`` among them), is the same object before and after ``import sae_lens_bae``
+    (functions with the same code and defaults); the registries keep their entries and gain the
+    package's two architectures, through SAELens' public calls. A patch like ``SAE``'s config
+    lookup replaced is seen."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", HOST_SNAPSHOT], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["classes"] == [True] * 4 and found["modules"] > 50, found
+    assert found["changed"] == [], found["changed"]
+    assert found["kept"], "an entry SAELens had was replaced"
+    ours = {
+        "bae": ["sae_lens_bae.saes.bae.BAE", "sae_lens_bae.saes.bae.BAEConfig"],
+        "gated_relu": [
+            "sae_lens_bae.saes.gated_relu.GatedReLUSAE",
+            "sae_lens_bae.saes.gated_relu.GatedReLUSAEConfig",
+        ],
+    }
+    assert found["added"]["SAE_CLASS_REGISTRY"] == ours
+    assert set(found["added"]["SAE_TRAINING_CLASS_REGISTRY"]) == set(ours)
+    assert found["patched"] == ["sae_lens.saes.sae:SAE.get_sae_config_class_for_architecture"], (
+        found["patched"]
+    )
 
 
 # ------------------------------------------------------------------ bad input

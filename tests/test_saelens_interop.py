@@ -1,6 +1,7 @@
 """A BAE inside the SAELens ecosystem: spliced into a ``HookedSAETransformer``, read by SAELens'
 ``run_evals``, trained by SAELens' own trainer and runner with no call of ours, and loaded by
-SAELens' loader as by ours, with one strictness."""
+SAELens' loader as by ours: strictly by the BAE's own classes, as SAELens reads every
+architecture by SAELens' ``SAE``."""
 
 from __future__ import annotations
 
@@ -140,10 +141,13 @@ def test_saelens_trainer_trains_a_bae_whose_config_knows_its_length():
     assert sae.schedule is not None and sae.schedule.entropy_on_from == 5
 
 
-# ------------------------------------------------------------------ loading: one strictness
+# ------------------------------------------------------------------ loading
 
 LOADERS = {"load_sae": load_sae, "SAE.load_from_disk": SAE.load_from_disk,
            "BAE.load_from_disk": BAE.load_from_disk}  # fmt: skip
+STRICT = ("load_sae", "BAE.load_from_disk")
+"""The loaders that reach the BAE's own config class; SAELens' ``SAE`` reads every architecture's
+cfg.json with its lenient ``SAEConfig.from_dict``."""
 
 
 def _folders(tmp_path) -> dict[str, tuple[Path, BAETrainingSAE]]:
@@ -196,8 +200,8 @@ EDITS = {
 
 
 @pytest.mark.parametrize("edit", list(EDITS))
-@pytest.mark.parametrize("loader", list(LOADERS))
-def test_every_loader_refuses_an_unknown_or_missing_field_in_one_line(loader, edit, tmp_path):
+@pytest.mark.parametrize("loader", STRICT)
+def test_the_baes_loaders_refuse_an_unknown_or_missing_field_in_one_line(loader, edit, tmp_path):
     """``"bit": 2`` beside ``"bits_per_feature": 2`` would load as 2 bits if dropped; a missing
     ``bits_per_feature`` as 1 bit: refused in the inference folder and in the training checkpoint
     alike."""
@@ -206,6 +210,46 @@ def test_every_loader_refuses_an_unknown_or_missing_field_in_one_line(loader, ed
         with pytest.raises(ValueError, match=message) as error:
             LOADERS[loader](_edited(folder, change))
         assert "\n" not in str(error.value) and "correct the file" in str(error.value), kind
+
+
+def test_saelens_sae_reads_a_bae_folder_as_it_reads_every_architecture(tmp_path):
+    """``SAE.load_from_disk`` is SAELens' own, unchanged by the package: it drops a field it does
+    not know, where the BAE's loaders refuse it."""
+    folder, trained = _folders(tmp_path)["inference"]
+    _edited(folder, lambda cfg: cfg.update(bit=2))
+    loaded = SAE.load_from_disk(folder)
+    x = torch.randn(16, 8)
+    assert type(loaded) is BAE and torch.equal(loaded(x), trained(x))
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['bit'\]"):
+        BAE.load_from_disk(folder)
+
+
+def _from_a_newer_saelens(cfg: dict) -> None:
+    major, minor, _ = (int(part) for part in cfg["metadata"]["sae_lens_version"].split(".")[:3])
+    cfg["metadata"]["sae_lens_version"] = f"{major}.{minor + 1}.0"
+    cfg["a_field_of_a_newer_saelens"] = True
+
+
+@pytest.mark.parametrize("loader", STRICT)
+def test_a_field_from_a_newer_saelens_is_refused_naming_both_versions(loader, tmp_path):
+    """A cfg.json written by a newer SAELens may hold a field the installed one lacks: the BAE's
+    loaders refuse it (they cannot tell it from a typo) saying which SAELens wrote the file and
+    how to read it; ``SAE.load_from_disk`` drops it, as for every architecture."""
+    import sae_lens
+
+    folder, trained = _folders(tmp_path)["inference"]
+    _edited(folder, _from_a_newer_saelens)
+    written = json.loads((folder / "cfg.json").read_text())["metadata"]["sae_lens_version"]
+    with pytest.raises(ValueError) as error:
+        LOADERS[loader](folder)
+    message = str(error.value)
+    assert "unknown field(s) ['a_field_of_a_newer_saelens']" in message and "\n" not in message
+    assert f"written by SAELens {written}, newer than the installed {sae_lens.__version__}" in (
+        message
+    )
+    assert "upgrade sae-lens" in message and "correct the file" not in message
+    x = torch.randn(16, 8)
+    assert torch.equal(SAE.load_from_disk(folder)(x), trained(x))
 
 
 def test_the_cli_refuses_a_bae_folder_with_an_unknown_field_in_one_line(tmp_path):

@@ -109,7 +109,8 @@ def _check_inference_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
 @dataclass
 class BAEConfig(StrictLoading, SAEConfig):
     """Inference configuration of a BAE (``d_in``, ``d_sae``: SAELens'). Read from a cfg.json
-    strictly, by every loader (``saes.loading.StrictLoading``)."""
+    strictly (``saes.loading.StrictLoading``) by the BAE's loaders (``BAE.load_from_disk``,
+    ``load_sae``)."""
 
     bits_per_feature: int = 1
     """Code bits per feature (more-bit decoding): the encoder emits ``n_bits =
@@ -350,6 +351,16 @@ class _BAEMixin(InputFrameFolds):
 class BAE(_BAEMixin, SAE[BAEConfig]):
     """Inference BAE. ``encode`` returns the decoder inputs h_R (the binary code when
     ``bits_per_feature = 1``); :meth:`encode_bits` the full binary code."""
+
+    @override
+    @classmethod
+    def get_sae_config_class_for_architecture(cls, architecture: str) -> type[SAEConfig]:
+        """:class:`BAEConfig`, whose ``from_dict`` reads a cfg.json strictly, for a BAE's: what
+        ``BAE.load_from_disk``, ``BAE.from_dict`` and ``BAE.from_pretrained`` build. SAELens' own
+        ``SAE`` builds every architecture's config with its lenient ``SAEConfig.from_dict``."""
+        if architecture == ARCHITECTURE:
+            return BAEConfig
+        return super().get_sae_config_class_for_architecture(architecture)
 
     @override
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:

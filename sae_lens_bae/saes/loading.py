@@ -2,19 +2,23 @@
 checks of a config's fields that refuse a bad one in one line.
 
 ``SAE.load_from_disk`` reports a foreign or truncated folder as a ``KeyError`` or a safetensors
-header error from deep inside SAELens; ``load_sae`` checks the folder first. A BAE's cfg.json is
-read strictly (an unknown or missing field refused in one line) by every loader, the same way:
-``StrictLoading.from_dict``, which ``SAE.load_from_disk`` reaches for the BAE's architecture.
+header error from deep inside SAELens; ``load_sae`` checks the folder first, then loads it with
+the architecture's own class. A BAE's cfg.json is read strictly (an unknown or missing field
+refused in one line) by its own config class: ``StrictLoading.from_dict``, which the BAE's
+classes reach (``BAE.load_from_disk``, ``BAE.from_dict``, ``load_sae``). SAELens' ``SAE`` builds
+every architecture's config with its own lenient ``SAEConfig.from_dict``, which this package
+leaves as it is.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sae_lens import SAE
+from sae_lens import SAE, __version__
 from sae_lens.constants import SAE_CFG_FILENAME, SAE_WEIGHTS_FILENAME
 from sae_lens.registry import SAE_CLASS_REGISTRY, SAE_TRAINING_CLASS_REGISTRY
 from sae_lens.saes.sae import SAEConfig, SAEMetadata, TrainingSAEConfig
@@ -105,47 +109,53 @@ def strict_config(config_dict: dict[str, Any], config_class: type[Config]) -> Co
         missing
     )
     if problems:
+        written = _newer_saelens(metadata) if extra else None
+        what = (
+            f"the file was written by SAELens {written}, newer than the installed {__version__}: "
+            "upgrade sae-lens to read its fields, or load it with SAE.load_from_disk, which drops "
+            "the fields the installed SAELens does not know"
+            if written
+            else "correct the file or save the SAE again"
+        )
         raise ValueError(
             f"Invalid {architecture} config: {'; '.join(problems)}. A {architecture} cfg.json "
-            f"holds exactly the fields of {kinds}, 'architecture' and 'metadata': correct the "
-            "file or save the SAE again."
+            f"holds exactly the fields of {kinds}, 'architecture' and 'metadata': {what}."
         )
     cfg = config_class(**{k: config_dict[k] for k in own})
     cfg.metadata = SAEMetadata(**metadata)  # type: ignore[arg-type]
     return cfg
 
 
+def _release(version: Any) -> tuple[int, int, int] | None:
+    """``(major, minor, patch)`` of a version string such as SAELens writes; None otherwise."""
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", str(version))
+    return (int(found[1]), int(found[2]), int(found[3])) if found else None
+
+
+def _newer_saelens(metadata: Any) -> str | None:
+    """The SAELens version that wrote a cfg.json, when its release is newer than the installed
+    one's (its unknown fields may be fields that version added); None otherwise."""
+    written = metadata.get("sae_lens_version") if isinstance(metadata, dict) else None
+    mine, theirs = _release(__version__), _release(written)
+    return str(written) if mine and theirs and theirs > mine else None
+
+
 class StrictLoading:
     """Mixin of an inference config class whose saved cfg.json is read by :func:`strict_config`:
-    its ``from_dict``, the one place every loader reaches (SAELens' ``SAE.load_from_disk``, so
-    also the architecture's ``load_from_disk`` and :func:`load_sae`, through
-    ``_config_class_for_architecture``)."""
+    its ``from_dict``, which the architecture's own SAE class reaches when it names this class in
+    ``get_sae_config_class_for_architecture`` (SAELens' hook for it), so ``BAE.load_from_disk``
+    and :func:`load_sae` read strictly."""
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any]) -> Any:
         return strict_config(config_dict, cls)  # type: ignore[type-var]
 
 
-def _config_class_for_architecture(cls: type[SAE[Any]], architecture: str) -> type[SAEConfig]:
-    """The config class whose ``from_dict`` builds an inference SAE's config in SAELens'
-    ``SAE.load_from_disk``/``from_pretrained``/``from_dict``: SAELens' ``SAEConfig`` (which builds
-    any architecture's config leniently), or the architecture's own config class when it reads
-    its cfg.json strictly (:class:`StrictLoading`), as ``TrainingSAE`` already picks the
-    architecture's class. Every other architecture loads exactly as in SAELens."""
-    del cls  # SAELens' classmethod signature
-    config_class = SAE_CLASS_REGISTRY.get(architecture, (None, SAEConfig))[1]
-    return config_class if issubclass(config_class, StrictLoading) else SAEConfig
-
-
-# SAELens' SAE returns SAEConfig for every architecture ("in the future, this can be used to load
-# different config classes for different architectures"): without this, SAE.load_from_disk never
-# reaches an architecture's own from_dict, and a BAE folder loads with its unknown fields dropped
-SAE.get_sae_config_class_for_architecture = classmethod(_config_class_for_architecture)  # type: ignore[method-assign,assignment]
-
-
 def load_sae(path: str | Path, device: str = "cpu") -> SAE[Any]:
-    """``SAE.load_from_disk(path, device)`` after checking the folder: its ``cfg.json`` (present,
-    JSON, an SAE config of a registered architecture) and its weights (present, readable)."""
+    """``load_from_disk(path, device)`` of the architecture's registered SAE class (``BAE`` for a
+    BAE, whose cfg.json is read strictly; SAELens' reading for every other architecture) after
+    checking the folder: its ``cfg.json`` (present, JSON, an SAE config of a registered
+    architecture) and its weights (present, readable)."""
     path = Path(path)
     config = read_cfg_json(path)
     architecture = config["architecture"]
@@ -159,7 +169,7 @@ def load_sae(path: str | Path, device: str = "cpu") -> SAE[Any]:
     if not weights.is_file():
         raise FileNotFoundError(f"No {SAE_WEIGHTS_FILENAME} in {path}: save the SAE again")
     try:
-        return SAE.load_from_disk(path, device)
+        return SAE.get_sae_class_for_architecture(architecture).load_from_disk(path, device)
     except SafetensorError as e:
         message = f"{weights} is not a readable safetensors file ({e}); save the SAE again"
         raise ValueError(message) from e
