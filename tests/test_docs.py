@@ -14,6 +14,8 @@ import pytest
 import sae_lens_bae
 
 ROOT = Path(__file__).resolve().parents[1]
+USER_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+"""What a user reads: the README and the site's pages (the research notes are records)."""
 PROSE = [
     ROOT / "README.md",
     ROOT / "CHANGELOG.md",
@@ -49,9 +51,12 @@ def test_no_tracked_file_has_session_words():
     assert not offending
 
 
-@pytest.mark.parametrize(
-    "path", sorted((ROOT / "docs" / "research").glob("*.md")), ids=lambda p: p.name
-)
+RESEARCH = ROOT / "docs" / "research"
+STUDIES = sorted(p for p in RESEARCH.glob("*.md") if p.name != "index.md")
+"""One note per study; ``index.md`` lists them."""
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
 def test_every_research_note_opens_with_its_conclusions(path):
     """A note per study: its title, at most 30 lines of current conclusions, then the record."""
     lines = path.read_text().splitlines()
@@ -67,12 +72,18 @@ def test_one_version_everywhere():
     assert sae_lens_bae.__version__ == project.group(1) == changelog.group(1)
 
 
-def test_research_notes_stay_out_of_the_navigation():
+def test_the_research_index_is_the_one_research_page_in_the_navigation():
+    """Every user page and the research index are in the navigation; the studies are reached
+    from the index, which links every committed one (a study is added to it with its record)."""
     config = (ROOT / "mkdocs.yml").read_text()
     nav = config.split("nav:")[1].split("not_in_nav:")[0]
-    assert "research/" not in nav
     pages = set(re.findall(r":\s*(\S+\.md)", nav))
-    assert pages == {p.name for p in (ROOT / "docs").glob("*.md")}  # every page in it
+    user_pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert pages == user_pages | {"research/index.md"}
+    index = (RESEARCH / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([^)#]+\.md)", index))
+    tracked = {p.name for p in _tracked_text_files() if p.parent == RESEARCH} - {"index.md"}
+    assert tracked <= linked <= {p.name for p in STUDIES}, "docs/research/index.md: a study"
 
 
 @pytest.mark.slow
@@ -111,12 +122,14 @@ def test_the_readme_example_runs(tmp_path, monkeypatch):
 
 def _documented_commands() -> list[tuple[str, list[str]]]:
     """Every ``bae ...`` command in the bash blocks of the README and the user docs (research
-    notes keep the commands of their day), continuations joined, loop variables filled in."""
+    notes keep the commands of their day), continuations joined, loop variables filled in, and
+    every ``bae ...`` code span in their prose."""
     import shlex
 
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        blocks = re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S)
+    for path in USER_DOCS:
+        text = path.read_text()
+        blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
         for block in blocks:
             text = block.replace("\\\n", " ").replace("$layer", "15")
             for line in text.splitlines():
@@ -124,6 +137,10 @@ def _documented_commands() -> list[tuple[str, list[str]]]:
                     words = shlex.split(part.split("#")[0])
                     if words[:1] == ["bae"]:
                         found.append((path.name, words[1:]))
+        if path.name != "contributing.md":  # its `bae bench foo` is a command yet to be written
+            prose = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+            for span in re.findall(r"`(bae [^`]+)`", prose):
+                found.append((path.name, shlex.split(span)[1:]))
     return found
 
 
@@ -141,3 +158,90 @@ def test_the_documented_commands_are_found():
     commands = _documented_commands()
     assert len(commands) > 20
     assert any(args[:1] == ["compare"] and "--probe-datasets" in args for _, args in commands)
+
+
+def _python_names() -> list[tuple[str, str]]:
+    """Every name the README and the user docs show from the package: what their Python blocks
+    import (``from X import a, b``, ``import X``) and every ``sae_lens_bae.a.b`` code span."""
+    import ast
+
+    found = []
+    for path in USER_DOCS:
+        text = path.read_text()
+        for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+            for node in ast.walk(ast.parse(block)):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    found += [(path.name, f"{node.module}.{a.name}") for a in node.names]
+                elif isinstance(node, ast.Import):
+                    found += [(path.name, a.name) for a in node.names]
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        for name in re.findall(r"`(sae_lens_bae(?:\.[A-Za-z_][A-Za-z0-9_]*)+)", prose):
+            found.append((path.name, name))
+    return sorted(set(found))
+
+
+def _resolve(name: str) -> object:
+    """The object a dotted name names: its longest importable module, then attributes."""
+    import importlib
+
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            found = getattr(found, attribute)
+        return found
+    raise ImportError(name)
+
+
+def test_the_documented_python_names_are_found():
+    names = [name for _, name in _python_names()]
+    assert len(names) > 20 and "sae_lens_bae.estimate_entropies" in names
+
+
+@pytest.mark.parametrize(("doc", "name"), _python_names())
+def test_every_documented_python_name_imports(doc, name):
+    try:
+        _resolve(name)
+    except (ImportError, AttributeError) as error:
+        pytest.fail(f"{doc}: {name} does not import ({error})")
+
+
+@pytest.mark.parametrize("path", [*USER_DOCS, RESEARCH / "index.md"], ids=lambda p: p.name)
+def test_every_relative_link_resolves(path):
+    """Links to files of the repository (mkdocs checks the site's own; the README is not in it)."""
+    prose = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    targets = re.findall(r"\]\(([^)\s]+)\)", prose)
+    missing = [
+        target
+        for target in targets
+        if not re.match(r"[a-z]+:|#", target)
+        and not (path.parent / target.split("#")[0]).exists()
+    ]
+    assert not missing, f"{path.name}: {missing}"
+
+
+USES = [
+    "entropy of a set of states",
+    "entropy traces of an LLM",
+    "features, compared with SAEs",
+    "SynthSAEBench",
+    "steering",
+    "compression, more-bit decoding",
+    "training in SAELens' runners",
+    "any Hugging Face model",
+]
+"""The README's status table: one row per use."""
+
+
+def test_the_readme_status_table_names_a_record_for_every_use():
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## What works today")[1].split("\n\n")[1]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    assert [row[0].lstrip("| ") for row in rows] == USES
+    for row in rows:
+        assert len(row) == 4 and "`" in row[2], f"{row[0]}: no command or call"
+        records = re.findall(r"\]\((docs/research/[^)]+\.md)\)", row[3])
+        assert records and all((ROOT / r).exists() for r in records), f"{row[0]}: no record"
