@@ -12,6 +12,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from sae_lens_bae.outliers import outlier_mask
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.binary import bits_to_values
 from sae_lens_bae.saes.input_frame import module_frame
@@ -245,9 +246,8 @@ def _spliced_runner(model: HookedTransformer, batch: Tensor, hook: str) -> Any:
 
 
 def _not_outliers(acts: Tensor, outlier_norm_ratio: float | None) -> Tensor:
-    """Positions whose activation norm is at most ``outlier_norm_ratio`` times the batch's
+    """Positions ``[batch, pos]`` that are not extreme (``outliers.outlier_mask``) against the
     median over positions after the first (all, without a ratio)."""
-    norms = acts.float().norm(dim=-1)
-    if outlier_norm_ratio is None:
-        return torch.ones_like(norms, dtype=torch.bool)
-    return norms <= outlier_norm_ratio * norms[:, 1:].median()
+    rows = acts.reshape(-1, acts.shape[-1])
+    reference = acts[:, 1:].reshape(-1, acts.shape[-1])
+    return outlier_mask(rows, outlier_norm_ratio, reference=reference).reshape(acts.shape[:-1])

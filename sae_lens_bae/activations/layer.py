@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.activations.cache import harvest_activations
 from sae_lens_bae.activations.hooks import check_hooks, hook_point, layer_of
 from sae_lens_bae.data import default_corpus, iter_texts, tokenize_texts
 from sae_lens_bae.models import load_model
+from sae_lens_bae.outliers import NORM_RATIO, drop_outliers, outlier_mask, report_outliers
 
 __all__ = [
     "LayerActivations",
@@ -31,30 +32,6 @@ __all__ = [
     "outlier_mask",
     "sequence_splits",
 ]
-
-
-def outlier_mask(
-    activations: Float[Tensor, "n d"], max_norm_ratio: float | None = 10.0
-) -> Bool[Tensor, " n"]:
-    """True for the rows to keep: norm at most ``max_norm_ratio`` x the median norm (all rows
-    when ``max_norm_ratio`` is None). A mask, so paired sets (a transcoder's input and target)
-    can drop the same rows."""
-    if max_norm_ratio is None:
-        return torch.ones(activations.shape[0], dtype=torch.bool)
-    norms = activations.float().norm(dim=-1)
-    return norms <= max_norm_ratio * norms.median()
-
-
-def drop_outliers(
-    activations: Float[Tensor, "n d"], max_norm_ratio: float | None = 10.0
-) -> tuple[Float[Tensor, "m d"], int]:
-    """Drop rows whose norm exceeds ``max_norm_ratio`` x the median norm; return (kept, dropped).
-
-    LLMs put "massive activations" (norms thousands of times the median) on attention-sink tokens,
-    e.g. the first token after BOS. A handful of them would dominate any squared-error objective.
-    """
-    keep = outlier_mask(activations, max_norm_ratio)
-    return activations[keep], int((~keep).sum())
 
 
 def norm_scale(acts: Float[Tensor, "n d"]) -> float:
@@ -120,7 +97,7 @@ def harvest_layer(
     context_size: int = 128,
     max_sequences: int | None = 1536,
     held_out_fraction: float = 0.1,
-    outlier_norm_ratio: float = 10.0,
+    outlier_norm_ratio: float | None = NORM_RATIO,
     device: str = "cpu",
     progress: bool = True,
     like: LayerActivations | None = None,
@@ -130,7 +107,9 @@ def harvest_layer(
     and ``extra_hooks`` (names inside the same block) once, then drop, scale and split.
 
     ``like``: another text read as ``like`` was (its hook points and scales), every row held
-    out, for an out-of-distribution test set."""
+    out, for an out-of-distribution test set. Extreme states (``sae_lens_bae.outliers``: norm
+    above ``outlier_norm_ratio`` x the harvest's median; None keeps them) are dropped from
+    every split, and counted in ``outliers_dropped``."""
     if not 0.0 < held_out_fraction < 1.0:
         raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
     source = dataset if dataset is not None else str(default_corpus())
@@ -156,6 +135,7 @@ def harvest_layer(
     acts = {h: cache.activations(h) for h in hooks}
     per_seq = acts[hook].shape[0] // n_seq
     keep = outlier_mask(acts[hook], outlier_norm_ratio)  # the same rows of every hook
+    report_outliers(int((~keep).sum()), len(keep), f"harvest of {hook}", outlier_norm_ratio)
     n_train = int(keep[: n_train_seq * per_seq].sum())
     positions = cache.token_positions()[keep]
     sequences = cache.tokens()

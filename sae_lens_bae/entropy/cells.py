@@ -31,6 +31,7 @@ from sae_lens_bae.entropy.recipe import TRACING_RECIPE, EntropyRecipe
 from sae_lens_bae.entropy.reference import QuantizerReading, reference_reading
 from sae_lens_bae.entropy.repair import repair_baes
 from sae_lens_bae.evaluation import evaluate_sae, held_out_objective, unexplained_variance
+from sae_lens_bae.outliers import NORM_RATIO, drop_outliers, report_outliers
 from sae_lens_bae.saes.bae import BAETrainingSAE
 from sae_lens_bae.saes.decoder_refit import refit_decoder
 from sae_lens_bae.saes.input_frame import current_input_scale
@@ -88,6 +89,7 @@ class CellEntropy:
     # kept BAE by a repair (entropy.repair; [] for none); None where the recipe never repairs
     repair_steps: int = 0  # the most steps the repairs of a kept BAE trained (beside ``steps``)
     state_bits: float | None = None  # the plug-in entropy of the set's distinct states
+    outliers_dropped: int = 0  # extreme states set aside from the set and its evaluation set
     reasons: list[str] = field(default_factory=list)  # the rule's failed conditions, in words
 
     @torch.no_grad()
@@ -124,6 +126,7 @@ class CellEntropy:
             "knocked_out_bits": self.knocked_out_bits,
             "repair_steps": self.repair_steps,
             "state_bits": self.state_bits,
+            "outliers_dropped": self.outliers_dropped,
             "reasons": self.reasons,
             **reference,
         }
@@ -217,6 +220,7 @@ def estimate_entropies(
     progress: bool = True,
     reference: bool = False,
     checkpoint: str | Path | None = None,
+    outlier_norm_ratio: float | None = NORM_RATIO,
 ) -> list[CellEntropy]:
     """Train ``recipe.seeds`` BAEs per set (all stacked, see ``train_stacked_baes``; with
     ``recipe.selection.restarts`` > 1, that many per seed, keeping the one of lowest held-out
@@ -244,6 +248,9 @@ def estimate_entropies(
     its held-out objective (``entropy.repair``; ``knocked_out_bits``), before the restarts are
     compared. ``checkpoint``: a folder the training saves itself to and goes on from when the
     same call is made again (``train_stacked_baes``), so a killed trace does not train again.
+    ``outlier_norm_ratio``: extreme states (``sae_lens_bae.outliers``: norm above this times the
+    set's median norm) are dropped from each training and evaluation set first, and counted in
+    the cell's ``outliers_dropped``; None keeps every state.
     """
     recipe = recipe or EntropyRecipe()
     if not sets:
@@ -257,14 +264,21 @@ def estimate_entropies(
             )
         if not torch.isfinite(states).all():
             raise ValueError(f"Set {index} holds NaN/Inf states; drop or fix them first")
+    apart = eval_sets is not None
     eval_sets = list(sets) if eval_sets is None else list(eval_sets)
     if len(eval_sets) != len(sets):
         raise ValueError(f"{len(sets)} training sets but {len(eval_sets)} evaluation sets")
     base = list(range(len(sets))) if seeds is None else list(seeds)
     if len(base) != len(sets):
         raise ValueError(f"{len(sets)} sets but {len(base)} seeds")
-    scaled = [s.float() for s in sets]
-    held_out = [s.float() for s in eval_sets]
+    scaled, held_out, dropped = [], [], []
+    for index, (states, held) in enumerate(zip(sets, eval_sets, strict=True)):
+        train, n_train = drop_outliers(states.float(), outlier_norm_ratio)
+        held, n_held = drop_outliers(held.float(), outlier_norm_ratio) if apart else (train, 0)
+        report_outliers(n_train + n_held, len(states), f"set {index}", outlier_norm_ratio)
+        scaled.append(train)
+        held_out.append(held)
+        dropped.append(n_train + n_held)
     restarts = recipe.selection.restarts
     replicas = [(r, q) for r in range(recipe.seeds) for q in range(restarts)]
     training = train_stacked_baes(
@@ -349,10 +363,11 @@ def estimate_entropies(
                 repairs[g].knocked_out if g in repairs else [] for g in members
             ]
             entry.repair_steps = max(repairs[g].steps if g in repairs else 0 for g in members)
+        entry.outliers_dropped = dropped[index]
         cells.append(entry)
     if reference:
         for index, entry in enumerate(tqdm(cells, desc="k-means references", disable=not progress)):
             entry.reference, _ = reference_reading(
-                eval_sets[index].to(device), seed=base[index], max_relative_error=max_relative_error
+                held_out[index].to(device), seed=base[index], max_relative_error=max_relative_error
             )
     return cells

@@ -13,6 +13,7 @@ from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.comsem import ClientConfig, comsem_columns
 from sae_lens_bae.entropy import EntropyRecipe
 from sae_lens_bae.features import FeatureRecords
+from sae_lens_bae.outliers import NORM_RATIO
 from sae_lens_bae.prompts import load_icl_pairs
 
 __all__ = ["TRAINING_CHECKPOINT", "ComSemJudge", "LabelledSentences", "LayerData", "recipe_field"]
@@ -51,8 +52,9 @@ class LayerData:
     """Cap on harvested sequences."""
     held_out_fraction: float = ranged(0.1, above=0.0, below=1.0)
     """Fraction of sequences held out for the statistics."""
-    outlier_norm_ratio: float = ranged(10.0, low=1.0)
-    """Activations with a norm above this times the median are dropped (attention sinks)."""
+    outlier_norm_ratio: float | None = ranged(NORM_RATIO, low=1.0)
+    """Extreme states (norm above this times the median: attention sinks) are dropped and
+    counted; none keeps them."""
     device: str = "cpu"
     """Torch device."""
 

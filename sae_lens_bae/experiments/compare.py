@@ -171,6 +171,7 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         "dataset": study.data.dataset,
         "ood_dataset": study.splits["ood"].dataset,
         "tokens": study.tokens(),
+        "outliers_dropped": study.outliers_dropped(),
         "activation_scale": study.data.scales[study.data.hook],
         "chosen_lr": chosen_lr,
         "lr_candidates": tried,

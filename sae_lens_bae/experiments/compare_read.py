@@ -144,7 +144,7 @@ def spliced_reads(
     data: LayerActivations,
     language_model: Any,
     sequences: int,
-    outlier_norm_ratio: float,
+    outlier_norm_ratio: float | None,
 ) -> dict[str, dict[str, Any]]:
     """``spliced_losses`` of every model that reads and writes ``data``'s hook, on its first
     ``sequences`` held-out sequences (none: nothing read)."""

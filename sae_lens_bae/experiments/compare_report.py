@@ -169,6 +169,7 @@ def report(summary: dict[str, Any]) -> str:
         f"test (from {summary['dataset']}), {tokens['ood']} OOD (from {summary['ood_dataset']}). "
         f"{config['steps']} steps of {config['batch_size']}, d_sae {config['d_sae']}, seeds "
         f"{list(config['seeds'])}. BAE magnitudes: burstiness with the {config['prior']} prior.",
+        _outlier_line(config.get("outlier_norm_ratio"), summary.get("outliers_dropped")),
         "",
         "## The decision rule",
         "",
@@ -200,6 +201,19 @@ def report(summary: dict[str, Any]) -> str:
     if summary["verdicts"]:
         lines += ["## Verdicts (the BAE against each family)", "", _verdict_table(summary)]
     return "\n".join(lines)
+
+
+def _outlier_line(ratio: float | None, dropped: dict[str, int] | None) -> str:
+    """The report's words on extreme states (``sae_lens_bae.outliers``): how many the harvests
+    set aside, or that they were kept."""
+    if ratio is None:
+        return "Extreme states kept (--outlier-norm-ratio none)."
+    if dropped is None:
+        return ""
+    return (
+        f"Extreme states (norm above {ratio:g}x the median) set aside: {dropped['harvest']} of "
+        f"the harvest, {dropped['ood']} of the OOD text."
+    )
 
 
 def _verdict_table(summary: dict[str, Any]) -> str:

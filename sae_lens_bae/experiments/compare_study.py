@@ -99,6 +99,11 @@ class Study:
         counts = {s: int(self.splits[s].test[self.data.hook].shape[0]) for s in SPLITS}
         return {"train": int(self.data.train[self.data.hook].shape[0]), **counts}
 
+    def outliers_dropped(self) -> dict[str, int]:
+        """Extreme states set aside (``sae_lens_bae.outliers``): by the harvest and by the
+        harvest of the OOD text."""
+        return {"harvest": self.data.outliers_dropped, "ood": self.splits["ood"].outliers_dropped}
+
     def fit(self, family: str, setting: float, lr: float, seed: int, search: bool = False) -> str:
         """Train one model (or take it from an earlier stage or a checkpoint) and read it on
         validation; the lr search's runs are also scored by their training objective."""
@@ -119,6 +124,7 @@ class Study:
             resume=folder.is_dir() and any(folder.rglob(COMPLETE_MARKER)),
             n_checkpoints=4,
             save_final_checkpoint=True,
+            outlier_norm_ratio=cfg.outlier_norm_ratio,
             **shared_schedule(lr, cfg.steps),
         )
         for kept in folder.iterdir():  # the final checkpoint is all a rerun needs

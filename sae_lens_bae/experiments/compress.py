@@ -62,6 +62,7 @@ def run(cfg: CompressionConfig, progress: bool = True) -> dict[str, Any]:
         lr=DEFAULT_LR,
         device=cfg.device,
         seed=cfg.seed,
+        outlier_norm_ratio=cfg.outlier_norm_ratio,
     ).sae.eval()
     bae.save_inference_model(out / "bae")
     watch.lap("train")

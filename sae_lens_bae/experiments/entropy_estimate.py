@@ -33,6 +33,7 @@ from sae_lens_bae.entropy.cells import estimate_entropies
 from sae_lens_bae.entropy.recipe import EntropyRecipe
 from sae_lens_bae.entropy.tables import cell_columns, reliability_note
 from sae_lens_bae.models import load_model
+from sae_lens_bae.outliers import NORM_RATIO
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import markdown_table, read_torch, write_json, write_text
 
@@ -67,6 +68,9 @@ class EstimateConfig:
     """Token positions after BOS, each its own set, e.g. 1,4,16 (default: all, one set)."""
     recipe: EntropyRecipe = field(default_factory=EntropyRecipe)
     """How each set's BAEs train (sae_lens_bae.entropy.EntropyRecipe)."""
+    outlier_norm_ratio: float | None = ranged(NORM_RATIO, low=1.0)
+    """Extreme states (norm above this times the set's median) are dropped and counted; none
+    keeps them."""
     seed: int = 0
     """Seed of the first BAE of every set (the recipe's seeds count up from it)."""
     device: str = "cpu"
@@ -143,6 +147,18 @@ def harvest_state_sets(cfg: EstimateConfig, progress: bool = True) -> dict[str, 
     return {f"{hook}@{p}": states[:, j].float() for j, p in enumerate(wanted)}
 
 
+def _outlier_note(rows: list[dict[str, Any]], ratio: float | None) -> str:
+    """The report's line on extreme states: how many each set had set aside, or that none
+    were looked for."""
+    if ratio is None:
+        return "Extreme states kept (--outlier-norm-ratio none)."
+    counts = ", ".join(f"{r['set']} {r['outliers_dropped']}" for r in rows)
+    return (
+        f"Extreme states (norm above {ratio:g}x the set's median norm) set aside before "
+        f"training: {counts}."
+    )
+
+
 def plot_bits(rows: list[dict[str, Any]], path: Path) -> Path:
     """Bits per set with the seeds' spread; a reading the trust columns refuse is drawn hollow."""
     fig, ax = subplots(figsize=(max(4.0, 0.6 * len(rows) + 2), 3.2))
@@ -186,6 +202,7 @@ def run(cfg: EstimateConfig, progress: bool = True) -> dict[str, Any]:
         seeds=[cfg.seed] * len(sets),
         device=cfg.device,
         progress=progress,
+        outlier_norm_ratio=cfg.outlier_norm_ratio,
     )
     rows = [
         {"set": name, "n": int(states.shape[0]), "d": int(states.shape[1]), **cell.summary()}
@@ -196,6 +213,7 @@ def run(cfg: EstimateConfig, progress: bool = True) -> dict[str, Any]:
     write_json(out / "entropy.json", summary)
     keys = [("set", lambda r: r["set"]), ("n", lambda r: str(r["n"])), ("d", lambda r: str(r["d"]))]
     table = markdown_table(rows, [*keys, *cell_columns(rows)])
-    write_text(out / REPORT, table + "\n" + reliability_note(rows, lambda r: r["set"]))
+    note = reliability_note(rows, lambda r: r["set"])
+    write_text(out / REPORT, f"{table}\n{note}\n\n{_outlier_note(rows, cfg.outlier_norm_ratio)}\n")
     plot_bits(rows, out / "entropy.png")
     return summary

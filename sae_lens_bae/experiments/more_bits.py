@@ -103,6 +103,7 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
             lr=DEFAULT_LR,
             device=cfg.device,
             seed=cfg.seed,
+            outlier_norm_ratio=cfg.outlier_norm_ratio,
         ).sae.eval()
         magnitude: Magnitude
         if c == 1:

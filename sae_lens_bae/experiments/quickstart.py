@@ -83,6 +83,7 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
         batch_size=cfg.batch_size,
         device=cfg.device,
         seed=cfg.seed,
+        outlier_norm_ratio=cfg.outlier_norm_ratio,
     )
     runs: dict[str, TrainingRun] = {}
     # both configs before any training, so a k above d_sae is refused before the BAE trains

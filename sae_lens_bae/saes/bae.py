@@ -37,6 +37,7 @@ from sae_lens.saes.sae import (
 from torch import Tensor, nn
 from typing_extensions import override
 
+from sae_lens_bae.outliers import screen_step
 from sae_lens_bae.saes.binary import (
     DENSE_FREQUENCY,
     RUNNING_MEAN_BUFFERS,
@@ -450,6 +451,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:
         """SAELens' step, after the input frame and any resampling; then the code's record."""
         schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
+        step_input = screen_step(self, step_input)  # extreme states (sae_lens_bae.outliers)
         self._before_step(step_input.sae_in, n, schedule)
         output = super().training_forward_pass(step_input)
         code = output.feature_acts if self.cfg.bits_per_feature == 1 else (output.hidden_pre >= 0)

@@ -26,6 +26,13 @@ from sae_lens.training.sae_trainer import SAETrainer
 from torch import Tensor
 
 from sae_lens_bae.activations.cache import ActivationCache
+from sae_lens_bae.outliers import (
+    NORM_RATIO,
+    RATIO_ATTRIBUTE,
+    drop_outliers,
+    outliers_set_aside,
+    report_outliers,
+)
 from sae_lens_bae.parallel.distributed import (
     batch_indices,
     data_parallel,
@@ -210,10 +217,13 @@ class RecordingTrainer(SAETrainer[Any, Any]):
 
 @dataclass
 class TrainingRun:
-    """A trained SAE and its recorded loss history."""
+    """A trained SAE, its recorded loss history and how many training states were set aside
+    as extreme (``sae_lens_bae.outliers``: dropped from a tensor or cache, or replaced in a
+    BAE's minibatches)."""
 
     sae: TrainingSAE[Any]
     history: list[dict[str, float]] = field(default_factory=list)
+    outliers_dropped: int = 0
 
 
 def train_sae(
@@ -232,6 +242,7 @@ def train_sae(
     n_checkpoints: int = 10,
     resume: bool = False,
     distributed: bool = False,
+    outlier_norm_ratio: float | None = NORM_RATIO,
     **trainer_kwargs: Any,
 ) -> TrainingRun:
     """Train any SAELens architecture (a BAE or a baseline) with ``SAETrainer`` on activations
@@ -259,6 +270,12 @@ def train_sae(
             a cache is read by blocks, one per rank (resume with the same N); an iterator must
             give this rank's batches. ``training_samples`` counts all ranks; rank 0 writes the
             checkpoints (resuming ranks read them: a file system they share).
+        outlier_norm_ratio: extreme states (``sae_lens_bae.outliers``: norm above this times
+            the median) are dropped from a tensor or a cache (against its median) before
+            training; a BAE's step screens each minibatch of a stream instead (an iterator, a
+            cache read in blocks by ranks) against the minibatch's. None keeps every state. The
+            count (states of a set, minibatch rows of a stream) is logged and returned
+            (``TrainingRun.outliers_dropped``).
         trainer_kwargs: any further ``SAETrainerConfig`` field (``lr_scheduler_name``,
             ``logger``...).
     """
@@ -278,17 +295,28 @@ def train_sae(
             "cfg": repr(sorted(cfg.to_dict().items())),
             "schedule": (lr, seed, training_samples, epochs),  # the global batch: checked apart
             "trainer": repr(trainer_kwargs),
+            "outliers": outlier_norm_ratio,
         }
         info["inputs"] = fingerprint([activations], settings)
     checkpoint = latest_checkpoint(checkpoint_dir) if resume else None
     marker = check_resumable(checkpoint, info) if checkpoint else {}  # before any data is read
     start = int(marker.get("batches_read", 0))
-    if isinstance(activations, ActivationCache):
+    cached = isinstance(activations, ActivationCache)
+    if cached:
         hook = hook or (activations.hooks[0] if len(activations.hooks) == 1 else None)
         if hook is None:
             raise ValueError(f"Name the hook to train on: hook=... (one of {activations.hooks})")
-    data, training_samples = _training_data(
-        activations, cfg.d_in, hook, batch_size, seed, start, distributed, training_samples, epochs
+    data, training_samples, dropped = _training_data(
+        activations,
+        cfg.d_in,
+        hook,
+        batch_size,
+        seed,
+        start,
+        distributed,
+        training_samples,
+        epochs,
+        outlier_norm_ratio,
     )
     writes = checkpoint_dir is not None and rank == 0
     trainer_cfg = SAETrainerConfig(
@@ -302,12 +330,18 @@ def train_sae(
         **trainer_kwargs,
     )
     trainer = _trainer(cfg, trainer_cfg, data, hook, seed, record_every)
+    # a set screened whole is not screened again by minibatch: one rule, applied once
+    streamed = not isinstance(activations, Tensor | ActivationCache) or distributed and cached
+    setattr(trainer.sae, RATIO_ATTRIBUTE, outlier_norm_ratio if streamed else None)
     trainer.marker_info = info
     if checkpoint is not None:
         trainer.resume(checkpoint)
     if distributed:
         data_parallel(trainer)
-    return TrainingRun(trainer.fit(), trainer.history)
+    sae = trainer.fit()
+    in_steps = outliers_set_aside(sae)
+    report_outliers(in_steps, trainer.n_training_samples, "training steps", outlier_norm_ratio)
+    return TrainingRun(sae, trainer.history, dropped + in_steps)
 
 
 def _training_data(
@@ -320,9 +354,11 @@ def _training_data(
     distributed: bool,
     training_samples: int | None,
     epochs: float | None,
-) -> tuple[_Counted, int]:
-    """The counted stream of minibatches ``train_sae`` reads (from batch ``start`` on) and the
-    length of training in rows."""
+    outlier_norm_ratio: float | None,
+) -> tuple[_Counted, int, int]:
+    """The counted stream of minibatches ``train_sae`` reads (from batch ``start`` on), the
+    length of training in rows and how many extreme states a tensor or cache had dropped."""
+    dropped = 0
     if isinstance(activations, ActivationCache):
         assert hook is not None
         if not distributed:
@@ -337,6 +373,9 @@ def _training_data(
             raise ValueError(
                 f"activations must be [n, d_in={d_in}], got {tuple(activations.shape)}"
             )
+        n = activations.shape[0]
+        activations, dropped = drop_outliers(activations, outlier_norm_ratio)
+        report_outliers(dropped, n, "training set", outlier_norm_ratio)
         if epochs is not None:
             training_samples = int(epochs * activations.shape[0])
         batches = rank_batches if distributed else activation_batches
@@ -349,7 +388,7 @@ def _training_data(
             next(data)
     if training_samples is None:
         raise ValueError("Say how long to train: training_samples=... or epochs=...")
-    return data, training_samples
+    return data, training_samples, dropped
 
 
 def _trainer(
