@@ -13,6 +13,7 @@ from sae_lens_bae.entropy import EntropyRecipe
 from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, BAERecipe, RecipeName, bae_config
 from sae_lens_bae.saes.binary import bits_to_values, step
 from sae_lens_bae.saes.canonical import canonicalise
+from sae_lens_bae.saes.input_frame import frame_factor
 from sae_lens_bae.saes.objective import covariance_penalty, minibatch_entropy
 from sae_lens_bae.saes.resampling import RESAMPLE_RATE
 
@@ -236,18 +237,49 @@ def test_training_forward_pass_losses_and_metrics():
         minibatch_entropy(bits).item(), rel=1e-6
     )
     assert out.loss.item() == pytest.approx(sum(v.item() for v in out.losses.values()), rel=1e-6)
-    # dead and dense as everywhere: on each bit's rare state (its rarer value) on the batch
+    # constant and dense bits on this minibatch: on each bit's rare state (its rarer value)
     rare = torch.minimum(bits.mean(0), 1 - bits.mean(0))
-    assert out.metrics["dense_fraction"]() == pytest.approx((rare > 0.1).float().mean().item())
-    assert out.metrics["dead_fraction"]() == pytest.approx((rare == 0).float().mean().item())
+    dense = out.metrics["dense_bits_in_minibatch_fraction"]()
+    assert dense == pytest.approx((rare > 0.1).float().mean().item())
+    constant = out.metrics["constant_bits_in_minibatch_fraction"]()
+    assert constant == pytest.approx((rare == 0).float().mean().item())
+    assert not {"dead_fraction", "dense_fraction", "dead_features"} & set(out.metrics)
+    # the coefficients applied: the entropy's is 0 while its term is off, SAELens' is not
+    assert out.metrics["entropy_coefficient_applied"]() == 0.0
+    assert out.metrics["covariance_coefficient_applied"]() == pytest.approx(0.2)
     out = bae.training_forward_pass(step_input(x, n_training_steps=5, entropy=0.1))
     assert out.losses["entropy_loss"].item() == pytest.approx(
         0.1 * minibatch_entropy(bits).item(), rel=1e-5
     )
     constant = bae.encode_bits(torch.zeros(64, 8)).mean(0)  # one state: every bit constant
     assert constant.min() in (0.0, 1.0) and constant.max() in (0.0, 1.0)
+    assert out.metrics["entropy_coefficient_applied"]() == pytest.approx(0.1)
     out = bae.training_forward_pass(step_input(torch.zeros(64, 8), n_training_steps=6))
-    assert out.metrics["dead_fraction"]() == 1.0 and out.metrics["dense_fraction"]() == 0.0
+    assert out.metrics["constant_bits_in_minibatch_fraction"]() == 1.0  # always-on bits included
+    assert out.metrics["dense_bits_in_minibatch_fraction"]() == 0.0
+
+
+def test_the_logged_coefficients_are_the_ones_the_penalties_were_applied_with():
+    """With an input frame the penalties are divided by k^2 and the entropy is off in its phase:
+    each term equals its logged applied coefficient times its penalty."""
+    bae = make_bae(d_in=8, d_sae=16, input_variance=1.0, entropy_off_fraction=0.5,
+                   covariance_off_final_fraction=0.3, total_training_steps=10)  # fmt: skip
+    x = 3.0 * torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+    for n, entropy_on, covariance_on in ((0, 0, 1), (6, 1, 1), (8, 1, 0)):
+        out = bae.training_forward_pass(step_input(x, n, entropy=0.1, covariance=0.2))
+        k = frame_factor(bae.input_scale).item()
+        bits = bae.encode_bits(x)
+        entropy = out.metrics["entropy_coefficient_applied"]()
+        covariance = out.metrics["covariance_coefficient_applied"]()
+        assert k != pytest.approx(1.0)  # the frame rescales these inputs
+        assert entropy == pytest.approx(0.1 * entropy_on / k**2, rel=1e-6), n
+        assert covariance == pytest.approx(0.2 * covariance_on / k**2, rel=1e-6), n
+        assert out.losses["entropy_loss"].item() == pytest.approx(
+            entropy * minibatch_entropy(bits).item(), rel=1e-5, abs=1e-12
+        ), n
+        assert out.losses["covariance_loss"].item() == pytest.approx(
+            covariance * covariance_penalty(bits).item(), rel=1e-5, abs=1e-12
+        ), n
 
 
 def test_gradients_reach_encoder_through_surrogate():

@@ -464,11 +464,25 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
                 self.window_counts += counts.to(torch.int64)
                 self.window_samples += rows
 
+        # counts over this (global) minibatch, named for what they count: SAELens' own
+        # sparsity/dead_features counts latents that never fired over its window
         rare = lambda: torch.minimum(mean, 1.0 - mean)  # noqa: E731  (each bit's, when logged)
+
+        def applied(name: str, on: bool) -> float:
+            """The weight a penalty was applied with (:meth:`calculate_aux_loss`): SAELens'
+            coefficient (logged as ``details/<name>_coefficient``) times the schedule's on/off
+            and the frame's 1/k^2."""
+            weight = frame_weight(module_frame(self))  # type: ignore[arg-type]
+            return step_input.coefficients[name] * on * (1.0 if weight is None else weight.item())
+
         output.metrics.update(
             batch_entropy_bits=lambda: binary_entropy(mean).item(),
-            dead_fraction=lambda: (rare() == 0).float().mean().item(),
-            dense_fraction=lambda: (rare() > DENSE_FREQUENCY).float().mean().item(),
+            constant_bits_in_minibatch_fraction=lambda: (rare() == 0).float().mean().item(),
+            dense_bits_in_minibatch_fraction=lambda: (
+                (rare() > DENSE_FREQUENCY).float().mean().item()
+            ),
+            entropy_coefficient_applied=lambda: applied("entropy", schedule.entropy_on(n)),
+            covariance_coefficient_applied=lambda: applied("covariance", schedule.covariance_on(n)),
         )
         return output
 
