@@ -141,6 +141,37 @@ def test_saelens_trainer_trains_a_bae_whose_config_knows_its_length():
     assert sae.schedule is not None and sae.schedule.entropy_on_from == 5
 
 
+def test_saelens_log_dict_keeps_saelens_names_and_logs_the_coefficients_applied():
+    """SAETrainer's log of a BAE step in the entropy-off phase: ``details/entropy_coefficient``
+    is SAELens' scheduler's value, the weight applied is 0 and logged as such; the BAE's counts
+    over the minibatch come under their own names beside SAELens' ``sparsity/dead_features``."""
+    from sae_lens.saes.sae import TrainStepInput
+
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    trainer_cfg = SAETrainerConfig(total_training_samples=20 * 64, train_batch_size_samples=64,
+                                   lr=1e-3, lr_end=1e-3, device="cpu", n_checkpoints=0,
+                                   checkpoint_path=None)  # fmt: skip
+    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, total_training_steps=20))
+    trainer = SAETrainer(cfg=trainer_cfg, sae=sae, data_provider=activation_batches(x, 64))
+    step = TrainStepInput(
+        sae_in=x,
+        coefficients=trainer.get_coefficients(),
+        dead_neuron_mask=None,
+        n_training_steps=0,
+        is_logging_step=True,
+    )
+    log = trainer.build_train_step_log_dict(sae.training_forward_pass(step), 64)
+    assert log["details/entropy_coefficient"] == sae.cfg.coefficients()["entropy"] > 0
+    assert log["metrics/entropy_coefficient_applied"] == 0.0  # the first quarter: off
+    k = float(sae.input_scale)  # the frame, fixed on this batch
+    assert log["metrics/covariance_coefficient_applied"] == pytest.approx(
+        log["details/covariance_coefficient"] / k**2, rel=1e-6
+    )
+    assert {"sparsity/dead_features", "metrics/constant_bits_in_minibatch_fraction",
+            "metrics/dense_bits_in_minibatch_fraction"} <= set(log)  # fmt: skip
+    assert not [name for name in log if "dead" in name and name != "sparsity/dead_features"]
+
+
 # ------------------------------------------------------------------ loading
 
 LOADERS = {"load_sae": load_sae, "SAE.load_from_disk": SAE.load_from_disk,
