@@ -180,7 +180,7 @@ def _entropy_paragraph(bae: dict[str, Any]) -> str:
             f"({spent}; reconstruction error <= 20% in total and for the typical state)."
         )
     return (
-        f"No entropy headline: this BAE, trained for features, does not read the set's entropy "
+        f"No entropy headline: this BAE does not read the set's entropy "
         f"({spent}, and the reading fails the trust rule: over the ceiling, dependent code bits "
         "counted twice, or a poor reconstruction). `bae entropy estimate` trains BAEs for it "
         "and says which readings to trust."
