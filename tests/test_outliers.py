@@ -256,3 +256,27 @@ def test_compare_reports_what_its_harvests_set_aside():
     assert _outlier_line(None, {"harvest": 0, "ood": 0}) == (
         "Extreme states kept (--outlier-norm-ratio none)."
     )
+
+
+def test_bae_train_screens_saelens_runner_batches_and_leaves_special_tokens_out(
+    tiny_hf_llama_dir, tiny_corpus, tmp_path, monkeypatch
+):
+    """``bae train`` (SAELens' runner): SAELens' store leaves BOS, EOS and padding out by token
+    id, the BAE's step screens every minibatch at the ratio given (a low one here, so the tiny
+    model's states have rows to set aside) and the count is logged; none keeps them all."""
+    from sae_lens_bae.training import live
+
+    configs, counts = [], []
+    build = live._runner_config
+    monkeypatch.setattr(live, "_runner_config", lambda *a: configs.append(build(*a)) or configs[-1])
+    report = live.report_outliers
+    monkeypatch.setattr(live, "report_outliers", lambda n, *a: counts.append(n) or report(n, *a))
+    common = ["train", "--model", str(tiny_hf_llama_dir), "--dataset", str(tiny_corpus),
+              "--hook", "blocks.1.hook_resid_post", "--context-size", "32", "--checkpoints",
+              "0", "--training-tokens", str(8 * 64), "--batch-size", "64"]  # fmt: skip
+    for ratio in ("1.2", "none"):
+        result = CliRunner().invoke(app, [*common, "--out", str(tmp_path / ratio),
+                                          "--outlier-norm-ratio", ratio])  # fmt: skip
+        assert result.exit_code == 0, result.output
+    assert [c.exclude_special_tokens for c in configs] == [True, True]
+    assert counts[0] > 0 and counts[1] == 0

@@ -30,6 +30,7 @@ from sae_lens_bae.activations.store import ResumableActivationsStore
 from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.data import iter_texts, tokenize_texts
 from sae_lens_bae.models import load_model
+from sae_lens_bae.outliers import NORM_RATIO, RATIO_ATTRIBUTE, outliers_set_aside, report_outliers
 from sae_lens_bae.parallel.distributed import data_parallel, is_distributed, rank_world
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, RecipeName, bae_config
@@ -94,6 +95,10 @@ class LiveTrainingConfig:
     normalize_activations: Normalisation = "none"
     """SAELens' activation normalisation, in place of the BAE's own input frame (which scales and
     moves the inputs once on the first batch)."""
+    outlier_norm_ratio: float | None = ranged(NORM_RATIO, low=1.0)
+    """Each minibatch's extreme states (norm above this times its median; sae_lens_bae.outliers)
+    are replaced by its median state and counted; none keeps them. BOS, EOS and padding states
+    are always left out (SAELens' exclude_special_tokens)."""
     wandb: bool = False
     """Log to Weights & Biases."""
     wandb_project: str = "sae-lens-bae"
@@ -267,7 +272,10 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         runner = BAETrainingRunner(
             runner_cfg, distributed=cfg.distributed, override_dataset=tokens, override_model=model
         )
-    runner.run()
+    setattr(runner.sae, RATIO_ATTRIBUTE, cfg.outlier_norm_ratio)  # the BAE's step screens with it
+    sae = runner.run()
+    served = cfg.training_tokens // world  # this rank's rows
+    report_outliers(outliers_set_aside(sae), served, f"rank {rank}", cfg.outlier_norm_ratio)
     if rank == 0:
         print(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")
     return out
@@ -309,6 +317,7 @@ def _runner_config(
         streaming=False,
         context_size=cfg.context_size,
         prepend_bos=False,  # the rows already start with BOS (see sae_lens_bae.data)
+        exclude_special_tokens=True,  # BOS (an attention sink in many models), EOS, padding
         training_tokens=cfg.training_tokens,
         train_batch_size_tokens=cfg.batch_size,
         lr=cfg.lr or BAE_RECIPES[cfg.recipe].lr,

@@ -340,7 +340,8 @@ def train_sae(
         data_parallel(trainer)
     sae = trainer.fit()
     in_steps = outliers_set_aside(sae)
-    report_outliers(in_steps, trainer.n_training_samples, "training steps", outlier_norm_ratio)
+    rows = trainer.n_training_samples // world  # this rank's
+    report_outliers(in_steps, rows, "training steps", outlier_norm_ratio)
     return TrainingRun(sae, trainer.history, dropped + in_steps)
 
 
