@@ -3,11 +3,13 @@ apart, one version everywhere, and no words about how the work was organised."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,6 +156,47 @@ def test_every_documented_command_names_options_that_exist(doc, args):
     assert result.exit_code == 0, f"{doc}: bae {' '.join(args)}\n{result.output}"
 
 
+@functools.cache
+def _app_that_only_builds_configs() -> Any:
+    """The ``bae`` app with every run taken out: a command builds its config and stops."""
+    import importlib
+
+    from sae_lens_bae.cli.options import config_class
+
+    app = importlib.import_module("sae_lens_bae.cli.app")  # the module; the package exports the app
+
+    def stubbed(run: Any) -> Any:
+        def stub(cfg: Any, progress: bool = True) -> None:  # noqa: ARG001
+            return None
+
+        stub.__annotations__ = {"cfg": config_class(run), "progress": bool}
+        return stub
+
+    return app.build_app(stubbed)
+
+
+@pytest.mark.parametrize(("doc", "args"), _documented_commands())
+def test_every_documented_command_builds_its_config(doc, args, monkeypatch):
+    """Each documented command's values pass its config's checks (a position past
+    ``--context-size``, a rate out of range), without loading a model. A path the example names
+    and this checkout lacks, or a command named in prose without its required options, passes."""
+    from typer.testing import CliRunner
+
+    from sae_lens_bae.cli import options
+
+    def refuse(error: BaseException) -> None:
+        raise error
+
+    monkeypatch.setattr(options, "fail", refuse)
+    result = CliRunner().invoke(_app_that_only_builds_configs(), args)
+    command = f"{doc}: bae {' '.join(args)}"
+    if result.exit_code == 0 or isinstance(result.exception, FileNotFoundError):
+        return
+    if result.exit_code == 2 and ("Missing option" in result.output or not args[1:]):
+        return  # named in prose without its required options, or a group named alone
+    pytest.fail(f"{command}\n{result.output}\n{result.exception!r}")
+
+
 def test_the_documented_commands_are_found():
     commands = _documented_commands()
     assert len(commands) > 20
@@ -217,8 +260,7 @@ def test_every_relative_link_resolves(path):
     missing = [
         target
         for target in targets
-        if not re.match(r"[a-z]+:|#", target)
-        and not (path.parent / target.split("#")[0]).exists()
+        if not re.match(r"[a-z]+:|#", target) and not (path.parent / target.split("#")[0]).exists()
     ]
     assert not missing, f"{path.name}: {missing}"
 

@@ -25,7 +25,10 @@ __all__ = ["COMMANDS", "app", "build_app", "click_command", "main"]
 
 GROUPS = {
     "bench": "Benchmarks with known answers.",
-    "entropy": "The entropy of hidden states: your own, or traced through an LLM.",
+    "entropy": (
+        "A BAE's code entropy of hidden states, with its trust verdict: your own, or traced "
+        "through an LLM."
+    ),
     "steer": "Steer an LLM with task vectors from features.",
 }
 

@@ -49,8 +49,9 @@ REPORT = "compare.md"
 
 @dataclass
 class CompareConfig(ComSemJudge, LayerData):
-    """What ``bae compare`` runs; the defaults fit 45 minutes on a 2-core CPU (the ``full`` CPU
-    preset and the GPU preset are commands in docs/features.md)."""
+    """What ``bae compare`` runs; the defaults ran in 35 minutes on a 2-core CPU before the BAE's
+    default framed its inputs (the ``full`` CPU preset and the GPU preset, neither run yet, are
+    commands in docs/features.md)."""
 
     max_sequences: int | None = ranged(1536, low=1)
     """Cap on harvested sequences."""

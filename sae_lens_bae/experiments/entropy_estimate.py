@@ -1,4 +1,4 @@
-"""``bae entropy estimate``: the entropy of your own hidden states, from files or from a model.
+"""``bae entropy estimate``: a BAE's code entropy of your own hidden states, with its trust verdict.
 
 The states come from files (``--states``), each holding one or more sets ``[n, d]``: a ``.pt``
 tensor (or a dict of named tensors), an ``.npy`` array, a ``.safetensors`` file (every tensor a
@@ -6,8 +6,9 @@ set, named by its key) or an activation cache folder (``harvest_activations``; e
 Without files they are harvested: the hook point ``--hook``/``--layer`` of ``--model`` over
 ``--dataset``, every position but BOS's as one set, or each of ``--positions`` as its own.
 ``estimate_entropies`` trains one BAE per set with the recipe's settings and writes
-``entropy.json``, ``entropy.md`` and ``entropy.png``: each set's bits, with error bars over seeds
-and the trust columns that say whether the reading is an estimate or only a bound.
+``entropy.json``, ``entropy.md`` and ``entropy.png``: each set's bits (with their spread over
+seeds from ``--seeds 2`` on) and the trust columns that say whether the reading is an estimate
+or only a bound.
 """
 
 from __future__ import annotations

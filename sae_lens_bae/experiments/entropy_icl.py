@@ -1,4 +1,4 @@
-"""``bae entropy icl``: entropy of the last-token state as in-context demonstrations are added.
+"""``bae entropy icl``: a BAE's code entropy and trust verdict on the last state per shot count.
 
 Each prompt is k demonstrations ``sentence: <x> sentiment: <label>`` (drawn at random per prompt,
 each with its own label) followed by the query ``sentence: <q> sentiment:``. The same queries are

@@ -1,8 +1,9 @@
-"""``bae entropy positions``: entropy of an LLM's hidden states by token position and layer.
+"""``bae entropy positions``: a BAE's code entropy and trust verdict per LLM position and layer.
 
 Take N windows of BOS + 2^K tokens from documents, the hidden states at positions 2^0 ... 2^K
-(position p has p tokens of context after the BOS) at chosen layers, and estimate each
-(layer, position) cell's entropy with its own BAE. All cells' BAEs train as one stacked module.
+(position p has p tokens of context after the BOS) at chosen layers, and read each
+(layer, position) cell with its own BAE: the bits its code spends, and the trust rule's verdict on
+whether they are the cell's entropy. All cells' BAEs train as one stacked module.
 """
 
 from __future__ import annotations

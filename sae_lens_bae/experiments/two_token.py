@@ -1,4 +1,4 @@
-"""``bae bench two-token``: entropy of a real LM's states after r tokens drawn from two.
+"""``bae bench two-token``: a BAE's code entropy of LM states after r tokens from two (<= r bits).
 
 Feed BOS + r tokens drawn uniformly and independently from two fixed tokens. The last token's
 hidden state is a function of the sequence, so its entropy is at most that of the sequences: r
