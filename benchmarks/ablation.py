@@ -74,9 +74,10 @@ def variants() -> dict[str, frozenset[str]]:
     return named
 
 
-def jobs(names: list[str], scales: list[float], seeds: list[int]) -> list[tuple[str, float, int]]:
-    """Seed by seed (a first seed of every variant before any second), then scale, variant."""
-    return [(v, s, seed) for seed in seeds for s in scales for v in names]
+def groups(names: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """(variant, seed) in the order given, each variant's seeds together: a group trains at
+    every scale, then is read and spliced as one (the clean and ablated passes shared)."""
+    return [(v, seed) for v in names for seed in seeds]
 
 
 def frame_of(first: torch.Tensor, variance_per_dim: float = 1.0) -> tuple[float, torch.Tensor]:
@@ -161,7 +162,6 @@ def train_command(args: argparse.Namespace) -> None:
         context_size=128, families=("bae",), seeds=(0,), out=args.out,
     )  # fmt: skip
     study = Study(cfg, args.out, progress=False)
-    train = study.data.train[study.data.hook]
     named = variants()
     chosen = args.variants.split(",") if args.variants else list(named)
     unknown = [v for v in chosen if v not in named]
@@ -171,28 +171,37 @@ def train_command(args: argparse.Namespace) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     rows_file = args.out / f"rows-{index}.jsonl"
     done = {(r["variant"], r["scale"], r["seed"], r["steps"]) for r in read_rows(args.out)}
-    todo = jobs(chosen, scales, seeds)[index::count]
-    for variant, scale, seed in todo:
-        if (variant, scale, seed, args.steps) in done:
+    for variant, seed in groups(chosen, seeds)[index::count]:
+        todo = [s for s in scales if (variant, s, seed, args.steps) not in done]
+        rows = [train_and_read(study, named[variant], variant, s, seed, args) for s in todo]
+        if not rows:
             continue
-        start = time.perf_counter()
-        run = train_variant(named[variant], train, scale, seed, args.steps)
-        name = f"{variant}-{scale:g}-seed{seed}"
-        study.models[name] = run.sae.eval()
-        row = {"name": name, "variant": variant, "scale": scale, "seed": seed,
-               "steps": args.steps, "layer": args.layer, "dataset": args.dataset}  # fmt: skip
-        row.update(study._read(name, "test"))
-        study.rows.append(row)
-        study.splice([name], ("test",))  # KL, with its replicates beside the others
-        row.pop("replicates")
-        row["late"] = late_movement(run.history)
-        row["seconds"] = time.perf_counter() - start
+        study.splice([r["name"] for r in rows], ("test",))  # KL, replicates beside the others
         with rows_file.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
-        del study.models[name]
-        print(f"{name}: L0 {row['l0']:.1f} EV {row['explained_variance']:.3f} "
-              f"KL {row['kl']:.3f} dense {row['dense']} constant {row['constant']} "
-              f"{row['seconds']:.0f}s", flush=True)  # fmt: skip
+            for row in rows:
+                row.pop("replicates")
+                del study.models[row["name"]]
+                handle.write(json.dumps(row) + "\n")
+                print(f"{row['name']}: L0 {row['l0']:.1f} EV {row['explained_variance']:.3f} "
+                      f"KL {row['kl']:.3f} dense {row['dense']} constant {row['constant']} "
+                      f"{row['seconds']:.0f}s", flush=True)  # fmt: skip
+
+
+def train_and_read(
+    study: Study, pieces: frozenset[str], variant: str, scale: float, seed: int, args: Any
+) -> dict[str, Any]:
+    """One run trained and read on test (its row, in ``study.rows`` for the splice)."""
+    start = time.perf_counter()
+    run = train_variant(pieces, study.data.train[study.data.hook], scale, seed, args.steps)
+    name = f"{variant}-{scale:g}-seed{seed}"
+    study.models[name] = run.sae.eval()
+    row = {"name": name, "variant": variant, "scale": scale, "seed": seed, "steps": args.steps,
+           "layer": args.layer, "dataset": args.dataset}  # fmt: skip
+    row.update(study._read(name, "test"))
+    row["late"] = late_movement(run.history)
+    row["seconds"] = time.perf_counter() - start  # training and reading; the splice is shared
+    study.rows.append(row)
+    return row
 
 
 def read_rows(out: Path) -> list[dict[str, Any]]:
