@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import torch
 from sae_lens.config import SAETrainerConfig
 from sae_lens.training.sae_trainer import SAETrainer
@@ -280,3 +281,30 @@ def test_bae_train_screens_saelens_runner_batches_and_leaves_special_tokens_out(
         assert result.exit_code == 0, result.output
     assert [c.exclude_special_tokens for c in configs] == [True, True]
     assert counts[0] > 0 and counts[1] == 0
+
+
+def test_the_benchmark_sets_aside_exactly_the_injected_states(tmp_path, capsys):
+    """benchmarks/outliers.py at a toy size: with the rule every injected state (30x) is set
+    aside and no other, without it none; each change is against the run without any."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "outliers.py"
+    spec = importlib.util.spec_from_file_location("outliers_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    out = tmp_path / "bench"
+    report = benchmark.main(["--out", str(out), "--n", "2048", "--steps", "5", "--seeds", "0",
+                             "--shares", "0.01", "--factors", "30"])  # fmt: skip
+    runs = {(r["share"], r["policy"]): r for r in report["runs"]}
+    assert runs[(0.01, "drop")]["injected"] == 20 and runs[(0.01, "drop")]["set_aside"] == 20
+    assert runs[(0.01, "keep")]["set_aside"] == 0 and runs[(0.0, "drop")]["set_aside"] == 0
+    clean = runs[(0.0, "drop")]["explained_variance"]
+    for row in report["table"]:
+        expected = runs[(row["share"], row["policy"])]["explained_variance"] - clean
+        assert row["ev_change"] == pytest.approx(expected)
+    assert {p.name for p in out.iterdir()} == {"outliers.json", "outliers.md", "outliers.png"}
+    with pytest.raises(SystemExit) as exit_:
+        benchmark.main(["--out", str(out), "--shares", "2"])
+    assert exit_.value.code == 2 and "--shares must be fractions" in capsys.readouterr().err
