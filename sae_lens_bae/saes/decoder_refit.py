@@ -3,9 +3,9 @@
 Once the encoder is trained the code is fixed, and the decoder that reconstructs the states best
 from it is a linear regression with a closed form. Gradient training stops short of it: the
 decoder chases an encoder that is still moving, under a learning rate that never reaches zero.
-On a d = 512 set of 256 fair bits the refit took a fifth of the BAE's held-out error off
-(docs/research/synthetic-entropy.md). The code, and so every entropy estimate read from it, is
-unchanged: only how much of the state the code is shown to keep moves.
+What the refit gains is measured in docs/research/synthetic-entropy.md. The code, and so every
+entropy estimate read from it, is unchanged: only how much of the state the code is shown to
+keep moves.
 
 A regression overfits where it has few states per weight: with as many weights per output as
 states, or for a bit that fires on a few dozen. So it is pulled towards the trained decoder
