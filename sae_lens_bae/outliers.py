@@ -28,6 +28,7 @@ from torch import Tensor
 
 __all__ = [
     "NORM_RATIO",
+    "RATIO_ATTRIBUTE",
     "drop_outliers",
     "outlier_mask",
     "outliers_set_aside",

@@ -129,6 +129,9 @@ def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
         assert decided == (verdict["points_in_overlap"] >= 3)
     table = (tmp_path / "compare.md").read_text()
     assert table.index("## The decision rule") < table.index("## Test") < table.index("## OOD")
+    dropped = summary["outliers_dropped"]  # the harvests' extreme states, counted and reported
+    assert set(dropped) == {"harvest", "ood"} and min(dropped.values()) >= 0
+    assert f"set aside: {dropped['harvest']} of the harvest, {dropped['ood']} of the OOD" in table
     for png in ("frontier_kl_l0.png", "frontier_activated_kl.png", "density.png",
                 "training_curves.png"):  # fmt: skip
         assert matplotlib.image.imread(tmp_path / png).shape[0] > 100
