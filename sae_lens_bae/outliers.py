@@ -57,12 +57,18 @@ def outlier_mask(
     """True for the states to keep: norm at most ``max_norm_ratio`` times the median norm of
     ``reference`` (default: ``states`` themselves); all of them when ``max_norm_ratio`` is None.
     A mask, so paired sets (a transcoder's input and target, several hooks of one harvest) can
-    drop the same rows."""
+    drop the same rows. NaN or infinite states are kept, for the checks downstream to refuse;
+    a median norm of 0 (a set mostly of zeros) makes no state extreme."""
     if max_norm_ratio is None:
         return torch.ones(states.shape[0], dtype=torch.bool, device=states.device)
     norms = states.float().norm(dim=-1)
-    median = norms.median() if reference is None else reference.float().norm(dim=-1).median()
-    return norms <= max_norm_ratio * median
+    median = (norms if reference is None else reference.float().norm(dim=-1)).nanmedian()
+    return ~_extreme(norms, median, max_norm_ratio) | ~norms.isfinite()
+
+
+def _extreme(norms: Tensor, median: Tensor, max_norm_ratio: float) -> Tensor:
+    """The rule on norms against a median: above ``max_norm_ratio`` times it, when it is not 0."""
+    return (norms > max_norm_ratio * median) & (median > 0)
 
 
 def drop_outliers(
@@ -97,7 +103,7 @@ def screen_step(sae: Any, step_input: TrainStepInput) -> TrainStepInput:
     rows = x.reshape(-1, x.shape[-1])
     norms = rows.float().norm(dim=-1)
     median = norms.median()
-    extreme = norms > ratio * median
+    extreme = _extreme(norms, median, ratio)
     typical = rows.index_select(0, (norms - median).abs().argmin().reshape(1))  # no host wait
     screened = torch.where(extreme[:, None], typical, rows).reshape(x.shape)
     if getattr(sae, _COUNT_ATTRIBUTE, None) is None:  # moves with the SAE; not in its weights

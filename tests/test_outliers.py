@@ -308,3 +308,19 @@ def test_the_benchmark_sets_aside_exactly_the_injected_states(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         benchmark.main(["--out", str(out), "--shares", "2"])
     assert exit_.value.code == 2 and "--shares must be fractions" in capsys.readouterr().err
+
+
+def test_nan_and_infinite_states_are_left_for_the_checks_that_refuse_them():
+    x = _states(100)
+    x[3, 0], x[4, 1] = float("nan"), float("inf")
+    x[5] *= 50
+    assert torch.nonzero(~outlier_mask(x)).flatten().tolist() == [5]
+
+
+def test_a_set_of_median_norm_zero_has_no_extreme_state():
+    x = torch.zeros(100, D)
+    x[:10] = _states(10)
+    assert bool(outlier_mask(x).all())
+    sae = _bae()
+    assert torch.equal(screen_step(sae, _step_input(sae, x)).sae_in, x)
+    assert outliers_set_aside(sae) == 0
