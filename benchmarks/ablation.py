@@ -257,7 +257,7 @@ def gap(base: list[dict[str, Any]], variant: list[dict[str, Any]], metric: str, 
     high = min(min(b[0][-1], v[0][-1]) for b, v in curves.values())
     if low > high:
         return None
-    points = [low + (high - low) * i / 4 for i in range(5)]
+    points = [low + (high - low) * i / 4 for i in range(4)] + [high]  # high itself: no rounding
     gaps = []
     for b, v in curves.values():
         diffs = [interpolate(*v, p) - interpolate(*b, p) for p in points]
@@ -277,6 +277,8 @@ def verdict(found: dict[str, Any] | None, metric: str) -> str:
     if found is None:
         return "no overlap"
     gaps, limit = found["per_seed"], THRESHOLDS[metric]
+    if len(gaps) < 2:  # the rule reads two seeds
+        return "one seed"
     mean = statistics.fmean(gaps)
     same_sign = all(g > 0 for g in gaps) or all(g < 0 for g in gaps)
     if not same_sign or abs(mean) <= limit:

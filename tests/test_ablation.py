@@ -80,6 +80,8 @@ def test_verdicts_need_one_sign_on_every_seed_and_the_threshold(ablation):
     assert ablation.verdict(mixed, "explained_variance") == "no difference"
     small = ablation.gap(base, rows(0, 0.005) + rows(1, 0.008), "explained_variance", 100)
     assert ablation.verdict(small, "explained_variance") == "no difference"
+    alone = ablation.gap(rows(0, 0.0), rows(0, 0.05), "explained_variance", 100)
+    assert ablation.verdict(alone, "explained_variance") == "one seed"
     far = [dict(r, l0=r["l0"] * 100) for r in rows(0, 0.0) + rows(1, 0.0)]
     assert ablation.verdict(ablation.gap(base, far, "explained_variance", 100),
                             "explained_variance") == "no overlap"  # fmt: skip
