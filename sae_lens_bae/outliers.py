@@ -67,8 +67,9 @@ def outlier_mask(
 
 
 def _extreme(norms: Tensor, median: Tensor, max_norm_ratio: float) -> Tensor:
-    """The rule on norms against a median: above ``max_norm_ratio`` times it, when it is not 0."""
-    return (norms > max_norm_ratio * median) & (median > 0)
+    """The rule on norms against a median: above ``max_norm_ratio`` times it, when it is not 0;
+    a NaN or infinite norm is never extreme (the checks that refuse such states see it)."""
+    return (norms > max_norm_ratio * median) & (median > 0) & norms.isfinite()
 
 
 def drop_outliers(

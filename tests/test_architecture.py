@@ -23,6 +23,7 @@ FLOORS = {
     "sae_lens_bae.plots": 0,
     "sae_lens_bae.saes": 1,  # the architectures; the BAE's maths beside it
     "sae_lens_bae.registry": 1,
+    "sae_lens_bae.outliers": 1,  # the rule for extreme states: the BAE's step and every path in
     "sae_lens_bae.kernels": 2,  # faster paths that register into the architecture's seam
     "sae_lens_bae.models": 2,
     "sae_lens_bae.data": 2,
@@ -255,7 +256,8 @@ def test_the_bae_architecture_imports_no_kernel_distributed_or_stack_code():
 
 def test_the_training_step_is_saelens_own(monkeypatch):
     """A BAE's training step runs SAELens' ``TrainingSAE.training_forward_pass`` once, on the
-    step's input, and returns what it built; no BAE config field hides a default behind None."""
+    step's input (screened for extreme rows, of which it has none), and returns what it built;
+    no BAE config field hides a default behind None."""
     from sae_lens.saes.sae import TrainingSAE, TrainStepInput
 
     from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
@@ -278,7 +280,8 @@ def test_the_training_step_is_saelens_own(monkeypatch):
         is_logging_step=False,
     )
     output = sae.training_forward_pass(step)
-    assert len(calls) == 2 and calls[0] is step
+    assert len(calls) == 2 and torch.equal(calls[0].sae_in, step.sae_in)
+    assert (calls[0].coefficients, calls[0].n_training_steps) == (step.coefficients, 0)
     assert output.loss is calls[1].loss  # the loss is the one SAELens' step summed
     assert "= None  # type: ignore" not in MODULES["sae_lens_bae.saes.bae"].read_text()
 
