@@ -6,6 +6,7 @@ activated features) and compared at matched L0 and at matched KL.
 
     python benchmarks/ablation.py train --dataset TEXT --layer 15 --out DIR --worker 0/2
     python benchmarks/ablation.py train ... --worker 1/2      # beside it, one thread each
+    python benchmarks/ablation.py synthetic --model MODEL --scales 215,431,861 --out DIR2
     python benchmarks/ablation.py report DIR
 
 Every run appends its row to ``DIR/rows-W.jsonl`` as it ends, so a rerun goes on from the next
@@ -97,9 +98,15 @@ def fold(sae: Any, k: float, t: torch.Tensor) -> None:
 
 
 def train_variant(
-    pieces: frozenset[str], train: torch.Tensor, scale: float, seed: int, steps: int
+    pieces: frozenset[str],
+    train: torch.Tensor,
+    scale: float,
+    seed: int,
+    steps: int,
+    d_sae: int | None = None,
 ) -> Any:
-    """One variant trained by ``train_sae`` (see the module docstring for each piece)."""
+    """One variant trained by ``train_sae`` (see the module docstring for each piece), of
+    width ``d_sae`` (2 d_in unless given)."""
     d_in = train.shape[1]
     first = next(activation_batches(train, DEFAULT_BATCH_SIZE, seed=seed))
     k, t = frame_of(first)
@@ -116,7 +123,7 @@ def train_variant(
         fields["surrogate"] = "ste"
     if "t0.3" in pieces:
         fields["surrogate_temperature"] = 0.3
-    cfg = bae_config(d_in, 2 * d_in, coefficient_scale=weight, **fields)
+    cfg = bae_config(d_in, d_sae or 2 * d_in, coefficient_scale=weight, **fields)
     schedule: dict[str, Any] = {}
     if "schedule" in pieces:
         schedule = {"lr_end": DEFAULT_LR / 10, "lr_warm_up_steps": steps // 20,
@@ -204,6 +211,45 @@ def train_and_read(
     return row
 
 
+def synthetic_command(args: argparse.Namespace) -> None:
+    """The synthetic judge: every variant trained on states drawn from a saved SyntheticModel
+    (one training set per seed, one scored set), scored by ``eval_sae_on_synthetic_data`` as
+    ``bae bench synth-sae`` scores (MCC, F1, in the BAE's canonical form)."""
+    torch.set_num_threads(1)
+    from sae_lens.synthetic import SyntheticModel
+
+    from sae_lens_bae.experiments.synth_sae_score import EvalSet, score
+
+    if not (args.model / "synthetic_model_config.json").exists():
+        sys.exit(f"{args.model} holds no saved SyntheticModel: build one with "
+                 "benchmarks/recipe_study.py build")  # fmt: skip
+    model = SyntheticModel.load_from_disk(args.model)
+    index, count = (int(x) for x in args.worker.split("/"))
+    named = variants()
+    chosen = args.variants.split(",") if args.variants else list(named)
+    scales = [float(s) for s in args.scales.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    scored = EvalSet.draw(model, 16_384, seed=1)
+    rows_file = args.out / f"rows-{index}.jsonl"
+    done = {(r["variant"], r["scale"], r["seed"], r["steps"]) for r in read_rows(args.out)}
+    for variant, seed in groups(chosen, seeds)[index::count]:
+        train = EvalSet.draw(model, args.samples, seed=20_000 + seed).hidden
+        for scale in scales:
+            if (variant, scale, seed, args.steps) in done:
+                continue
+            start = time.perf_counter()
+            run = train_variant(named[variant], train, scale, seed, args.steps, args.d_sae)
+            row = {"name": f"{variant}-{scale:g}-seed{seed}", "variant": variant,
+                   "scale": scale, "seed": seed, "steps": args.steps, "d_sae": args.d_sae,
+                   "model": str(args.model), **score(run.sae.eval(), scored),
+                   "late": late_movement(run.history)}  # fmt: skip
+            row["seconds"] = time.perf_counter() - start
+            with rows_file.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            print(f"{row['name']}: L0 {row['l0']:.2f} MCC {row['mcc']:.3f} F1 {row['f1']:.3f} "
+                  f"{row['seconds']:.0f}s", flush=True)  # fmt: skip
+
+
 def read_rows(out: Path) -> list[dict[str, Any]]:
     rows = []
     for path in sorted(out.glob("rows-*.jsonl")):
@@ -214,14 +260,17 @@ def read_rows(out: Path) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- the verdicts
 
 THRESHOLDS = {"explained_variance": 0.01, "kl": 0.05, "constant": 0.01, "activated": 0.05,
-              "dense": 0.02}  # fmt: skip
+              "dense": 0.02, "mcc": 0.01, "f1": 0.01}  # fmt: skip
 """The smallest gap that counts (written in the record before the runs): EV absolute, KL
 relative to the base's, constant and dense bits as a fraction of the code's width, activated
 features relative to the base's."""
 HIGHER_IS_BETTER = {"explained_variance": True, "kl": False, "constant": False,
-                    "activated": True, "dense": False}  # fmt: skip
+                    "activated": True, "dense": False, "mcc": True, "f1": True}  # fmt: skip
 MATCHED = {"explained_variance": "l0", "kl": "l0", "constant": "l0", "activated": "kl",
-           "dense": "kl"}  # fmt: skip
+           "dense": "kl", "mcc": "l0", "f1": "l0"}  # fmt: skip
+JUDGES = {"llm": ("explained_variance", "kl", "constant", "activated", "dense"),
+          "synthetic": ("mcc", "f1")}  # fmt: skip
+"""Each judge's metrics: LLM states (``train``) and a synthetic model (``synthetic``)."""
 """What each metric is compared at: EV, KL and constant bits at matched L0; activated features
 and dense bits at matched KL."""
 
@@ -307,9 +356,10 @@ def earns_its_place(found: dict[str, str], direction: str) -> bool:
 
 
 def report_command(args: argparse.Namespace) -> None:
-    rows = [r for r in read_rows(args.out) if r.get("kl") is not None]
+    rows = read_rows(args.out)
     if not rows:
-        sys.exit(f"{args.out} holds no finished runs: run `train` first")
+        sys.exit(f"{args.out} holds no finished runs: run `train` or `synthetic` first")
+    metrics = JUDGES["synthetic" if "mcc" in rows[0] else "llm"]
     by_variant: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_variant.setdefault(row["variant"], []).append(row)
@@ -318,16 +368,17 @@ def report_command(args: argparse.Namespace) -> None:
         if variant not in by_variant or base not in by_variant:
             continue
         found, gaps = {}, {}
-        for metric in THRESHOLDS:
-            g = gap(by_variant[base], by_variant[variant], metric, args.d_sae)
+        for metric in metrics:
+            g = gap(by_variant[base], by_variant[variant], metric, rows[0].get("d_sae", args.d_sae))
             found[metric], gaps[metric] = verdict(g, metric), g
         results.append({"piece": piece, "direction": direction, "variant": variant,
                         "base": base, "verdicts": found, "gaps": gaps,
                         "earns_its_place": earns_its_place(found, direction)})  # fmt: skip
-    summary = {"runs": rows, "comparisons": results, "late": late_table(by_variant)}
+    summary = {"metrics": metrics, "runs": rows, "comparisons": results,
+               "late": late_table(by_variant)}  # fmt: skip
     write_json(args.out / "ablation.json", summary)
     write_text(args.out / "ablation.md", markdown(summary))
-    plot(by_variant, args.out / "ablation.png")
+    plot(by_variant, args.out / "ablation.png", metrics)
 
 
 def late_table(by_variant: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
@@ -352,7 +403,7 @@ def markdown(summary: dict[str, Any]) -> str:
         ("direction", lambda r: r["direction"]),
         ("variant vs base", lambda r: f"{r['variant']} vs {r['base']}"),
     ]
-    for metric in THRESHOLDS:
+    for metric in summary["metrics"]:
         columns.append(
             (
                 f"{metric} @{MATCHED[metric]}",
@@ -363,8 +414,9 @@ def markdown(summary: dict[str, Any]) -> str:
     lines.append(markdown_table(summary["comparisons"], columns))
     lines += ["", "## Runs", ""]
     run_columns = [(k, lambda r, k=k: f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]))
-                   for k in ("variant", "scale", "seed", "l0", "explained_variance", "kl",
-                             "dense", "constant", "activated", "seconds")]  # fmt: skip
+                   for k in dict.fromkeys(("variant", "scale", "seed", "l0", *summary["metrics"],
+                                           "explained_variance", "seconds"))
+                   if k in summary["runs"][0]]  # fmt: skip
     run_columns.append(
         (
             "late (loss rel., dense, dead)",
@@ -376,9 +428,11 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(by_variant: dict[str, list[dict[str, Any]]], path: Path) -> None:
+def plot(by_variant: dict[str, list[dict[str, Any]]], path: Path, metrics: tuple) -> None:
     fig, axes = subplots(1, 3, figsize=(16, 5))
     panels = (("l0", "explained_variance"), ("l0", "kl"), ("kl", "activated"))
+    if "mcc" in metrics:
+        panels = (("l0", "mcc"), ("l0", "f1"), ("l0", "explained_variance"))
     for ax, (x, y) in zip(axes.flat, panels, strict=True):
         for variant, rows in sorted(by_variant.items()):
             means: dict[float, list[tuple[float, float]]] = {}
@@ -416,18 +470,28 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--variants", default="", help="a subset, comma-separated (default all)")
     train.add_argument("--worker", default="0/1", help="I/N: this process runs every Nth run")
     train.add_argument("--out", type=Path, required=True)
+    synth = commands.add_parser("synthetic", help="the synthetic judge's runs into OUT")
+    synth.add_argument("--model", type=Path, required=True, help="a saved SyntheticModel")
+    synth.add_argument("--steps", type=int, default=12_000)
+    synth.add_argument("--samples", type=int, default=500_000, help="training states a seed")
+    synth.add_argument("--d-sae", type=int, default=128)
+    synth.add_argument("--scales", required=True, help="coefficient scales, comma-separated")
+    synth.add_argument("--seeds", default="0,1")
+    synth.add_argument("--variants", default="", help="a subset, comma-separated (default all)")
+    synth.add_argument("--worker", default="0/1", help="I/N: this process runs every Nth group")
+    synth.add_argument("--out", type=Path, required=True)
     report = commands.add_parser("report", help="the verdicts of the runs in OUT")
     report.add_argument("out", type=Path)
     report.add_argument("--d-sae", type=int, default=1152, help="the code's width")
     args = parser.parse_args(argv)
-    if args.command == "train":
-        index, _, count = args.worker.partition("/")
-        if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
-            parser.error(f"--worker takes I/N with 0 <= I < N, got {args.worker!r}")
-        args.out.mkdir(parents=True, exist_ok=True)
-        train_command(args)
-    else:
+    if args.command == "report":
         report_command(args)
+        return
+    index, _, count = args.worker.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        parser.error(f"--worker takes I/N with 0 <= I < N, got {args.worker!r}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (train_command if args.command == "train" else synthetic_command)(args)
 
 
 if __name__ == "__main__":

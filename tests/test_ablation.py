@@ -5,6 +5,7 @@ rules say."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,33 @@ def test_verdicts_need_one_sign_on_every_seed_and_the_threshold(ablation):
                             "explained_variance") == "no overlap"  # fmt: skip
     assert ablation.earns_its_place({"kl": "worse", "dense": "no difference"}, "off from default")
     assert not ablation.earns_its_place({"kl": "worse", "dense": "better"}, "on from bare")
+
+
+def test_the_synthetic_judge_trains_scores_and_reports(ablation, tmp_path):
+    """Two variants at two scales and two seeds on a small saved SyntheticModel: a row per run
+    with SAELens' ground-truth scores, a rerun trains nothing, and the report reads MCC and F1
+    at matched L0."""
+    from sae_lens.synthetic import SyntheticModel
+
+    from sae_lens_bae.experiments.synth_sae import bench_model_config
+
+    model_dir = tmp_path / "model"
+    SyntheticModel(bench_model_config(64, 8, seed=0)).save(model_dir)
+    out = tmp_path / "synthetic"
+    command = ["synthetic", "--model", str(model_dir), "--steps", "8", "--samples", "4096",
+               "--d-sae", "16", "--scales", "1,30", "--variants", "default,bare", "--out",
+               str(out)]  # fmt: skip
+    ablation.main(command)
+    rows = ablation.read_rows(out)
+    assert sorted((r["variant"], r["scale"], r["seed"]) for r in rows) == sorted(
+        (v, s, seed) for v in ("default", "bare") for s in (1.0, 30.0) for seed in (0, 1)
+    )
+    assert all(0 <= r["mcc"] <= 1 and 0 <= r["f1"] <= 1 and r["d_sae"] == 16 for r in rows)
+    ablation.main(command)  # resumed: every run is already there
+    assert len(ablation.read_rows(out)) == 8
+    ablation.main(["report", str(out)])
+    summary = json.loads((out / "ablation.json").read_text())
+    assert summary["metrics"] == ["mcc", "f1"]
+    compared = {(c["variant"], c["base"]) for c in summary["comparisons"]}
+    assert compared == {("default", "bare")}
+    assert (out / "ablation.png").stat().st_size > 0
