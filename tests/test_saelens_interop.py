@@ -243,6 +243,20 @@ def test_the_baes_loaders_refuse_an_unknown_or_missing_field_in_one_line(loader,
         assert "\n" not in str(error.value) and "correct the file" in str(error.value), kind
 
 
+@pytest.mark.parametrize("loader", STRICT)
+def test_a_saelens_field_an_older_saelens_did_not_write_takes_saelens_default(loader, tmp_path):
+    """A cfg.json written before SAELens added a field of its own lacks it: the BAE's loaders give
+    it SAELens' default, as SAELens' reader does; a field the BAE declares (its own, or SAELens'
+    that it redeclares with its own default) is still required."""
+    x = torch.randn(16, 8)
+    for kind, (folder, trained) in _folders(tmp_path).items():
+        loaded = LOADERS[loader](_edited(folder, lambda cfg: cfg.pop("normalize_activations")))
+        assert loaded.cfg.normalize_activations == "none", kind
+        assert torch.equal(loaded(x), trained(x)), kind
+        with pytest.raises(ValueError, match=r"missing field\(s\) \['apply_b_dec_to_input'\]"):
+            LOADERS[loader](_edited(folder, lambda cfg: cfg.pop("apply_b_dec_to_input")))
+
+
 def test_saelens_sae_reads_a_bae_folder_as_it_reads_every_architecture(tmp_path):
     """``SAE.load_from_disk`` is SAELens' own, unchanged by the package: it drops a field it does
     not know, where the BAE's loaders refuse it."""

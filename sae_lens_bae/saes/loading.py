@@ -101,7 +101,11 @@ def strict_config(config_dict: dict[str, Any], config_class: type[Config]) -> Co
         kinds = f"{config_class.__name__} (or {training.__name__}, a training checkpoint's)"
         if given & (training_fields - own):  # a training checkpoint's cfg.json
             expected = training_fields
-    extra, missing = sorted(given - expected), sorted(expected - given)
+    # SAELens' own fields may be absent (a file an older SAELens wrote before it added one):
+    # they take SAELens' defaults, as its own reader gives them; the architecture's may not
+    hosts = {f.name for f in fields(TrainingSAEConfig)} | {f.name for f in fields(SAEConfig)}
+    required = expected - (hosts - _declared_by_architecture(config_class, training))
+    extra, missing = sorted(given - expected), sorted(required - given)
     metadata = config_dict.get("metadata")
     if not (isinstance(metadata, dict) and "sae_lens_version" in metadata):
         missing.append("metadata.sae_lens_version")
@@ -121,9 +125,23 @@ def strict_config(config_dict: dict[str, Any], config_class: type[Config]) -> Co
             f"Invalid {architecture} config: {'; '.join(problems)}. A {architecture} cfg.json "
             f"holds exactly the fields of {kinds}, 'architecture' and 'metadata': {what}."
         )
-    cfg = config_class(**{k: config_dict[k] for k in own})
+    cfg = config_class(**{k: config_dict[k] for k in own if k in config_dict})
     cfg.metadata = SAEMetadata(**metadata)  # type: ignore[arg-type]
     return cfg
+
+
+def _declared_by_architecture(*classes: type | None) -> set[str]:
+    """Fields an architecture's config classes declare themselves (a SAELens field they redeclare
+    with their own default, as the BAE does ``apply_b_dec_to_input``, included)."""
+    own: set[str] = set()
+    for cls in classes:
+        if cls is None:
+            continue
+        for klass in cls.__mro__:
+            if klass.__module__.startswith("sae_lens."):
+                break
+            own |= set(getattr(klass, "__annotations__", {}))
+    return own
 
 
 def _release(version: Any) -> tuple[int, int, int] | None:
