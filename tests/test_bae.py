@@ -372,20 +372,48 @@ def test_foreign_architecture_with_same_name_is_refused():
 
 HOST_SNAPSHOT = r"""
 import importlib, json, pkgutil, sys
-import sae_lens
-for info in pkgutil.walk_packages(sae_lens.__path__, "sae_lens."):
-    importlib.import_module(info.name)
+import sae_lens, transformer_lens
+
+
+def import_all(package):
+    # every module, so that a change the package makes in one loaded later is seen too
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        if info.name.endswith("__main__"):  # a program, not a module to import
+            continue
+        try:
+            importlib.import_module(info.name)
+        except Exception:  # an optional dependency missing: the module cannot be changed either
+            pass
+
+
+import_all(sae_lens)
+import_all(transformer_lens)
 from sae_lens import registry
 from sae_lens.saes.sae import SAE, SAEConfig, TrainingSAE, TrainingSAEConfig
 
 HOST = ("sae_lens", "transformer_lens")
 
 
-def parts(value):
+REGISTRIES = ("SAE_CLASS_REGISTRY", "SAE_TRAINING_CLASS_REGISTRY")  # compared apart below
+
+
+def contents(value):
+    # what a container holds, so that an entry added, replaced or removed in place is seen
+    if isinstance(value, dict):
+        return tuple(sorted((repr(k), id(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(id(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return tuple(sorted(map(repr, value)))
+    return None
+
+
+def parts(value, name=""):
     # a function's code and defaults too, so replacing them in place counts as a change
+    held = None if name in REGISTRIES else contents(value)
     value = getattr(value, "__func__", value)
     kept = ("__code__", "__defaults__", "__kwdefaults__")
-    return (value, *(getattr(value, a, None) for a in kept))
+    return (value, *(getattr(value, a, None) for a in kept)), held
 
 
 def snapshot():
@@ -393,7 +421,7 @@ def snapshot():
     for name, module in list(sys.modules.items()):
         if module is None or name.split(".")[0] not in HOST:
             continue
-        seen[name] = {k: parts(v) for k, v in vars(module).items()}
+        seen[name] = {k: parts(v, k) for k, v in vars(module).items()}
         for value in list(vars(module).values()):
             if isinstance(value, type) and value.__module__ == name:
                 seen[f"{name}:{value.__qualname__}"] = {k: parts(v) for k, v in vars(value).items()}
@@ -405,20 +433,25 @@ def compare(before, after):
     for owner, names in before.items():
         now = after.get(owner, {})
         changed += [f"{owner}.{k}" for k in names if k not in now
-                    or any(a is not b for a, b in zip(names[k], now[k]))]
+                    or any(a is not b for a, b in zip(names[k][0], now[k][0]))
+                    or names[k][1] != now[k][1]]
         changed += [f"{owner}.{k} (added)" for k in set(now) - set(names)]
+    loaded = set(after) - set(before)
+    changed += [f"{owner} (a host module loaded by the package)" for owner in loaded]
     return sorted(changed)
 
 
-REGISTRIES = ("SAE_CLASS_REGISTRY", "SAE_TRAINING_CLASS_REGISTRY")
 before = snapshot()
 entries = {name: dict(getattr(registry, name)) for name in REGISTRIES}
 import sae_lens_bae
+import_all(sae_lens_bae)  # the modules the package imports on first use too
 after = snapshot()
 kept = all(getattr(registry, n)[k] is v for n in REGISTRIES for k, v in entries[n].items())
 added = {n: {k: [c.__module__ + "." + c.__qualname__ for c in v]
              for k, v in getattr(registry, n).items() if k not in entries[n]} for n in REGISTRIES}
 SAE.get_sae_config_class_for_architecture = classmethod(lambda cls, a: SAEConfig)
+from transformer_lens import loading_from_pretrained as tl_loading
+tl_loading.OFFICIAL_MODEL_NAMES.append("a-model-added-in-place")
 patched = compare(before, snapshot())
 print(json.dumps({
     "classes": [f"sae_lens.saes.sae:{c.__qualname__}" in before
@@ -435,7 +468,7 @@ def test_importing_the_package_changes_no_saelens_or_transformerlens_attribute()
     ``TrainingSAEConfig`` among them), is the same object before and after ``import sae_lens_bae``
     (functions with the same code and defaults); the registries keep their entries and gain the
     package's two architectures, through SAELens' public calls. A patch like ``SAE``'s config
-    lookup replaced is seen."""
+    lookup replaced, or an entry appended to a host's list in place, is seen."""
     import json
     import subprocess
     import sys
@@ -457,9 +490,11 @@ def test_importing_the_package_changes_no_saelens_or_transformerlens_attribute()
     }
     assert found["added"]["SAE_CLASS_REGISTRY"] == ours
     assert set(found["added"]["SAE_TRAINING_CLASS_REGISTRY"]) == set(ours)
-    assert found["patched"] == ["sae_lens.saes.sae:SAE.get_sae_config_class_for_architecture"], (
-        found["patched"]
-    )
+    assert found["patched"] == [  # the list is one object under two module names
+        "sae_lens.saes.sae:SAE.get_sae_config_class_for_architecture",
+        "transformer_lens.loading_from_pretrained.OFFICIAL_MODEL_NAMES",
+        "transformer_lens.supported_models.OFFICIAL_MODEL_NAMES",
+    ], found["patched"]
 
 
 # ------------------------------------------------------------------ bad input
