@@ -22,7 +22,7 @@ the default's constant rate):
 * ``resample``: ``resample_every`` 125 against 0. ``entropy_off``: ``entropy_off_fraction``
   0.25 against 0. ``clip``: SAETrainer's gradient clip to norm 1, switched off by replacing
   ``torch.nn.utils.clip_grad_norm_`` with a no-op for that run in this process only.
-* ``schedule``: SAELens' warm-up over 5% of steps and linear decay to lr / 10 over the last 20%
+* ``schedule``: SAELens' warm-up over 5% of steps and linear decay to 0 over the last 20%
   (the schedule ``bae compare`` trains every family with) against a constant rate.
 * ``ste``: the straight-through surrogate against the paper's sigmoid. ``t0.3``: the sigmoid
   at temperature 0.3 (the entropy recipe's) against 1.
@@ -91,6 +91,8 @@ def frame_of(first: torch.Tensor, variance_per_dim: float = 1.0) -> tuple[float,
 def fold(sae: Any, k: float, t: torch.Tensor) -> None:
     """Fold a transformation ``k (x + t)`` of the states into the weights (as
     ``fold_input_scale`` does), so the model reads the untransformed states."""
+    if sae.cfg.apply_b_dec_to_input:  # the shift would belong to b_dec there
+        raise ValueError("fold takes a BAE without apply_b_dec_to_input")
     sae.W_enc.data *= k
     sae.b_enc.data += t @ sae.W_enc.data
     sae.W_dec.data /= k
@@ -128,14 +130,30 @@ def train_variant(
     if "schedule" in pieces:
         schedule = {"lr_end": DEFAULT_LR / 10, "lr_warm_up_steps": steps // 20,
                     "lr_decay_steps": steps // 5}  # fmt: skip
-    clip = nullcontext() if "clip" in pieces else mock.patch("torch.nn.utils.clip_grad_norm_")
-    with clip:
+    with _clip(pieces, k_here):
         run = train_sae(
             (train + t_here) * k_here, cfg, training_samples=steps * DEFAULT_BATCH_SIZE,
             seed=seed, record_every=max(1, steps // 100), **schedule,
         )  # fmt: skip
     fold(run.sae, k_here, t_here)
     return run
+
+
+def _clip(pieces: frozenset[str], k: float) -> Any:
+    """SAETrainer's clip as the piece asks: off (a no-op for this run), or on at norm 1 in the
+    loss the BAE's own frame would have. States scaled here by k make the loss k^2 times the
+    frame's (which reads the squared error in the inputs' units and divides the penalties by
+    k^2), so the clip there is k^2."""
+    if "clip" not in pieces:
+        return mock.patch("torch.nn.utils.clip_grad_norm_")
+    if k == 1.0:
+        return nullcontext()
+    clip_grad_norm = torch.nn.utils.clip_grad_norm_
+
+    def clipped(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
+        return clip_grad_norm(parameters, max_norm * k**2, *args, **kwargs)
+
+    return mock.patch("torch.nn.utils.clip_grad_norm_", clipped)
 
 
 LATE = ("reconstruction_loss", "dense", "dead")

@@ -1,5 +1,7 @@
 """The bare BAE: the paper's equations and nothing else, the yardstick every piece of the
-package's BAE is measured against (docs/research/ablation.md). Short enough to check by eye:
+package's BAE is measured against (docs/research/ablation.md), with one addition the package
+shares with every SAELens SAE: an encoder bias ``b_enc`` (the paper's encoder has none). Short
+enough to check by eye:
 
     h_B   = step(h0 W_enc + b_enc)                 surrogate gradient: d/dx sigmoid(x)
     h_rec = h_B W_dec + b_dec

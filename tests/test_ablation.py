@@ -43,6 +43,22 @@ def test_a_frame_applied_outside_and_folded_trains_the_frame_of_the_bae(ablation
         )
 
 
+def test_the_clip_is_where_the_frame_of_the_bae_would_have_it(ablation):
+    """States scaled here by k make the loss k^2 times the frame's: SAETrainer's clip to norm 1
+    becomes a clip to k^2; off, it clips nothing; at k = 1 it is SAELens' own."""
+
+    def clipped_norm(pieces, k):
+        weight = torch.nn.Parameter(torch.zeros(4))
+        weight.grad = torch.full((4,), 5.0)  # norm 10
+        with ablation._clip(frozenset(pieces), k):
+            torch.nn.utils.clip_grad_norm_([weight], 1.0)
+        return float(weight.grad.norm())
+
+    assert clipped_norm({"clip"}, 0.5) == pytest.approx(0.25)
+    assert clipped_norm({"clip"}, 1.0) == pytest.approx(1.0)
+    assert clipped_norm(set(), 0.5) == pytest.approx(10.0)
+
+
 def test_fold_reads_the_untransformed_states_exactly(ablation):
     from sae_lens.saes.sae import TrainingSAE
 

@@ -230,7 +230,7 @@ model's attention-sink tokens, dropped: {summary["outliers_dropped"]}).
 
 Both models: {summary["config"]["expansion"]}x expansion, {summary["config"]["steps"]} steps of \
 {summary["config"]["batch_size"]} activations with SAELens' `SAETrainer` on one schedule (lr \
-warm-up over 5% of the steps, decay to a tenth over the last 20%, dead-latent window of 1/16 of \
+warm-up over 5% of the steps, decay to 0 over the last 20%, dead-latent window of 1/16 of \
 the steps for TopK's AuxK), activations normalised to mean norm sqrt(d_in) during training and \
 the scale folded back afterwards.
 

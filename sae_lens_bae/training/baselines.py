@@ -49,7 +49,8 @@ def remedy_window(steps: int) -> int:
 
 def shared_schedule(lr: float, steps: int) -> dict[str, Any]:
     """The ``SAETrainerConfig`` fields every family trains with: Adam at ``lr``, warm-up over
-    the first 5% of steps, linear decay to lr / 10 over the last 20%, and the dead-latent window
+    the first 5% of steps, linear decay to 0 over the last 20% (SAELens' ``constant`` schedule ends
+    its decay at 0 whatever ``lr_end``), and the dead-latent window
     (TopK's AuxK and JumpReLU's pre-activation loss read it; the standard SAE has no remedy in
     SAELens)."""
     return {
