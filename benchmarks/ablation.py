@@ -202,10 +202,12 @@ def train_command(args: argparse.Namespace) -> None:
         if not rows:
             continue
         study.splice([r["name"] for r in rows], ("test",))  # KL, replicates beside the others
+        study.rows = []
         with rows_file.open("a") as handle:
-            for row in rows:
+            for row in rows:  # nothing of a written run stays in memory
                 row.pop("replicates")
-                del study.models[row["name"]]
+                for held in (study.models, study.records, study.frequencies):
+                    held.pop(row["name"], None)
                 handle.write(json.dumps(row) + "\n")
                 print(f"{row['name']}: L0 {row['l0']:.1f} EV {row['explained_variance']:.3f} "
                       f"KL {row['kl']:.3f} dense {row['dense']} constant {row['constant']} "
