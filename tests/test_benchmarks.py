@@ -362,7 +362,8 @@ def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does(
     """One SAELens training step of a BAE without its covariance term, on inputs as given, costs
     fewer ATen ops than SAELens' ``standard`` SAE (the step is SAELens' own, its reconstruction
     SAELens' summed squared error divided by d_in), so that a GPU step whose launches dominate
-    costs no more than ``standard``'s does; the input frame adds its own elementwise ops."""
+    costs no more than ``standard``'s does; the input frame adds its own elementwise ops, and
+    the extreme-state screen of the step (``sae_lens_bae.outliers``) its own, counted apart."""
     bench = _load_benchmark("train_step")
     from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
 
@@ -374,8 +375,13 @@ def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does(
             16, 64, batch, None, covariance_coefficient=0.0, input_variance=None
         ),
     }
-    ops = bench.ops_per_step(saes, batch)
+    screened = bench.bae_at_density(
+        16, 64, batch, None, covariance_coefficient=0.0, input_variance=None
+    )
+    saes["bae_no_covariance"].outlier_norm_ratio = None  # the step alone
+    ops = bench.ops_per_step({**saes, "bae_screened": screened}, batch)
     assert ops["bae_no_covariance"] <= ops["standard"] - 3, ops
+    assert 0 < ops["bae_screened"] - ops["bae_no_covariance"] <= 20, ops  # the screen's ops
 
 
 def test_a_bae_set_at_a_density_keeps_it_through_its_first_step():
