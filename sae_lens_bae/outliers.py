@@ -61,15 +61,20 @@ def outlier_mask(
     a median norm of 0 (a set mostly of zeros) makes no state extreme."""
     if max_norm_ratio is None:
         return torch.ones(states.shape[0], dtype=torch.bool, device=states.device)
+    return ~_extreme(states, max_norm_ratio, reference)[0]
+
+
+def _extreme(
+    states: Tensor, max_norm_ratio: float, reference: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The rule, once for every path: (extreme, norms, median) of ``states`` [n, d] against the
+    median norm of ``reference`` (default: themselves). Extreme: norm above ``max_norm_ratio``
+    times the median, when that is not 0; a NaN or infinite norm is never extreme (the checks
+    that refuse such states see it)."""
     norms = states.float().norm(dim=-1)
     median = (norms if reference is None else reference.float().norm(dim=-1)).nanmedian()
-    return ~_extreme(norms, median, max_norm_ratio) | ~norms.isfinite()
-
-
-def _extreme(norms: Tensor, median: Tensor, max_norm_ratio: float) -> Tensor:
-    """The rule on norms against a median: above ``max_norm_ratio`` times it, when it is not 0;
-    a NaN or infinite norm is never extreme (the checks that refuse such states see it)."""
-    return (norms > max_norm_ratio * median) & (median > 0) & norms.isfinite()
+    extreme = (norms > max_norm_ratio * median) & (median > 0) & norms.isfinite()
+    return extreme, norms, median
 
 
 def drop_outliers(
@@ -102,9 +107,7 @@ def screen_step(sae: Any, step_input: TrainStepInput) -> TrainStepInput:
     if ratio is None or x.numel() == 0:
         return step_input
     rows = x.reshape(-1, x.shape[-1])
-    norms = rows.float().norm(dim=-1)
-    median = norms.median()
-    extreme = _extreme(norms, median, ratio)
+    extreme, norms, median = _extreme(rows, ratio)
     typical = rows.index_select(0, (norms - median).abs().argmin().reshape(1))  # no host wait
     screened = torch.where(extreme[:, None], typical, rows).reshape(x.shape)
     if getattr(sae, _COUNT_ATTRIBUTE, None) is None:  # moves with the SAE; not in its weights
