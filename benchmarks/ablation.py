@@ -156,7 +156,7 @@ def _clip(pieces: frozenset[str], k: float) -> Any:
     return mock.patch("torch.nn.utils.clip_grad_norm_", clipped)
 
 
-LATE = ("reconstruction_loss", "dense", "dead")
+LATE = ("reconstruction_loss", "dense", "dead", "constant")
 """History columns whose movement over the last quarter a row reports (any logged name holding
 ``dense`` or ``dead`` / ``constant``)."""
 
@@ -170,7 +170,7 @@ def late_movement(history: list[dict[str, float]]) -> dict[str, float]:
     at75, end = history[int(0.70 * n) : int(0.75 * n)], history[int(0.95 * n) :]
     moved: dict[str, float] = {}
     for key in history[-1]:
-        if not any(word in key for word in ("reconstruction_loss", "dense", "dead", "constant")):
+        if not any(word in key for word in LATE):
             continue
         before = statistics.fmean(r[key] for r in at75)
         after = statistics.fmean(r[key] for r in end)
