@@ -75,6 +75,32 @@ def variants() -> dict[str, frozenset[str]]:
     return named
 
 
+def pieces_of(name: str) -> frozenset[str]:
+    """A variant's pieces from its name: ``default`` or ``bare``, then ``+piece`` or ``-piece``
+    any number of times (``bare+clip+entropy_off``). ValueError names what is wrong."""
+    base, *changes = name.replace("-", "\0-").replace("+", "\0+").split("\0")
+    if base not in ("default", "bare"):
+        raise ValueError(f"{name!r}: a variant starts with 'default' or 'bare'")
+    pieces = set(DEFAULT_PIECES if base == "default" else ())
+    for change in changes:
+        sign, piece = change[0], change[1:]
+        if piece not in PIECES:
+            raise ValueError(f"{name!r}: unknown piece {piece!r}; pieces: {', '.join(PIECES)}")
+        (pieces.add if sign == "+" else pieces.discard)(piece)
+    return frozenset(pieces)
+
+
+def chosen_variants(text: str) -> dict[str, frozenset[str]]:
+    """The variants ``--variants`` names (every grid variant when empty), with their pieces;
+    exits with one line on a bad name."""
+    if not text:
+        return variants()
+    try:
+        return {name: pieces_of(name) for name in text.split(",")}
+    except ValueError as error:
+        sys.exit(str(error))
+
+
 def groups(names: list[str], seeds: list[int]) -> list[tuple[str, int]]:
     """(variant, seed) in the order given, each variant's seeds together: a group trains at
     every scale, then is read and spliced as one (the clean and ablated passes shared)."""
@@ -187,16 +213,12 @@ def train_command(args: argparse.Namespace) -> None:
         context_size=128, families=("bae",), seeds=(0,), out=args.out,
     )  # fmt: skip
     study = Study(cfg, args.out, progress=False)
-    named = variants()
-    chosen = args.variants.split(",") if args.variants else list(named)
-    unknown = [v for v in chosen if v not in named]
-    if unknown:
-        sys.exit(f"unknown variants {unknown}; choose from {', '.join(named)}")
+    named = chosen_variants(args.variants)
     scales = [float(s) for s in args.scales.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     rows_file = args.out / f"rows-{index}.jsonl"
     done = {(r["variant"], r["scale"], r["seed"], r["steps"]) for r in read_rows(args.out)}
-    for variant, seed in groups(chosen, seeds)[index::count]:
+    for variant, seed in groups(list(named), seeds)[index::count]:
         todo = [s for s in scales if (variant, s, seed, args.steps) not in done]
         rows = [train_and_read(study, named[variant], variant, s, seed, args) for s in todo]
         if not rows:
@@ -245,14 +267,13 @@ def synthetic_command(args: argparse.Namespace) -> None:
                  "benchmarks/recipe_study.py build")  # fmt: skip
     model = SyntheticModel.load_from_disk(args.model)
     index, count = (int(x) for x in args.worker.split("/"))
-    named = variants()
-    chosen = args.variants.split(",") if args.variants else list(named)
+    named = chosen_variants(args.variants)
     scales = [float(s) for s in args.scales.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     scored = EvalSet.draw(model, 16_384, seed=1)
     rows_file = args.out / f"rows-{index}.jsonl"
     done = {(r["variant"], r["scale"], r["seed"], r["steps"]) for r in read_rows(args.out)}
-    for variant, seed in groups(chosen, seeds)[index::count]:
+    for variant, seed in groups(list(named), seeds)[index::count]:
         train = EvalSet.draw(model, args.samples, seed=20_000 + seed).hidden
         for scale in scales:
             if (variant, scale, seed, args.steps) in done:
