@@ -363,12 +363,11 @@ def gap(base: list[dict[str, Any]], variant: list[dict[str, Any]], metric: str, 
 
 def verdict(found: dict[str, Any] | None, metric: str) -> str:
     """better / worse (the variant against its base) when every seed's gap has one sign and
-    their mean is past the threshold; else no difference."""
+    their mean is past the threshold (with one seed: its gap past the threshold); else no
+    difference."""
     if found is None:
         return "no overlap"
     gaps, limit = found["per_seed"], THRESHOLDS[metric]
-    if len(gaps) < 2:  # the rule reads two seeds
-        return "one seed"
     mean = statistics.fmean(gaps)
     same_sign = all(g > 0 for g in gaps) or all(g < 0 for g in gaps)
     if not same_sign or abs(mean) <= limit:
@@ -376,16 +375,19 @@ def verdict(found: dict[str, Any] | None, metric: str) -> str:
     return "better" if (mean > 0) == HIGHER_IS_BETTER[metric] else "worse"
 
 
-def comparisons() -> list[tuple[str, str, str, str]]:
+def comparisons(present: set[str] = frozenset()) -> list[tuple[str, str, str, str]]:
     """(piece, direction, variant, base): each piece off from the default (or on, where the
-    default lacks it) and on from the bare BAE."""
-    pairs = []
+    default lacks it) and on from the bare BAE; then each variant of ``present`` outside the
+    grid (a candidate) against ``default``."""
+    outside = sorted(present - set(variants()))
+    pairs = [("whole", "against default", v, "default") for v in outside]
     for piece in PIECES:
         sign = "-" if piece in DEFAULT_PIECES else "+"
         direction = "off from default" if sign == "-" else "on from default"
         pairs.append((piece, direction, f"default{sign}{piece}", "default"))
         pairs.append((piece, "on from bare", f"bare+{piece}", "bare"))
-    return [*pairs, ("all five", "default against bare", "default", "bare")]
+    return [*pairs[len(outside):], ("all five", "default against bare", "default", "bare"),
+            *pairs[: len(outside)]]  # fmt: skip
 
 
 def earns_its_place(found: dict[str, str], direction: str) -> bool:
@@ -405,7 +407,7 @@ def report_command(args: argparse.Namespace) -> None:
     for row in rows:
         by_variant.setdefault(row["variant"], []).append(row)
     results = []
-    for piece, direction, variant, base in comparisons():
+    for piece, direction, variant, base in comparisons(set(by_variant)):
         if variant not in by_variant or base not in by_variant:
             continue
         found, gaps = {}, {}
@@ -414,7 +416,8 @@ def report_command(args: argparse.Namespace) -> None:
             found[metric], gaps[metric] = verdict(g, metric), g
         results.append({"piece": piece, "direction": direction, "variant": variant,
                         "base": base, "verdicts": found, "gaps": gaps,
-                        "earns_its_place": earns_its_place(found, direction)})  # fmt: skip
+                        "earns_its_place": earns_its_place(found, direction),
+                        "worse_on_none": "worse" not in found.values()})  # fmt: skip
     summary = {"metrics": metrics, "runs": rows, "comparisons": results,
                "late": late_table(by_variant)}  # fmt: skip
     write_json(args.out / "ablation.json", summary)
@@ -452,6 +455,7 @@ def markdown(summary: dict[str, Any]) -> str:
             )
         )
     columns.append(("helps", lambda r: "yes" if r["earns_its_place"] else "no"))
+    columns.append(("worse on none", lambda r: "yes" if r["worse_on_none"] else "no"))
     lines.append(markdown_table(summary["comparisons"], columns))
     lines += ["", "## Runs", ""]
     run_columns = [(k, lambda r, k=k: f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]))

@@ -84,6 +84,23 @@ def test_the_variants_are_each_piece_off_the_default_and_on_the_bare_bae(ablatio
             assert len(pieces ^ ablation.DEFAULT_PIECES) == (name != "default")
 
 
+def test_a_variant_is_named_by_its_pieces(ablation):
+    assert ablation.pieces_of("bare+clip+entropy_off") == {"clip", "entropy_off"}
+    assert ablation.pieces_of("default-scale-shift+ste") == ablation.DEFAULT_PIECES - {
+        "scale", "shift"} | {"ste"}  # fmt: skip
+    assert all(ablation.pieces_of(name) == pieces for name, pieces in ablation.variants().items())
+    with pytest.raises(ValueError, match="unknown piece 'clips'"):
+        ablation.pieces_of("bare+clips")
+    with pytest.raises(ValueError, match="starts with 'default' or 'bare'"):
+        ablation.pieces_of("paper+clip")
+
+
+def test_a_candidate_outside_the_grid_is_read_against_default(ablation):
+    pairs = ablation.comparisons({"default", "bare", "bare+clip+entropy_off"})
+    assert pairs[-1] == ("whole", "against default", "bare+clip+entropy_off", "default")
+    assert len(pairs) == 2 * len(ablation.PIECES) + 2
+
+
 def test_verdicts_need_one_sign_on_every_seed_and_the_threshold(ablation):
     def rows(seed, shift):
         return [{"seed": seed, "l0": l0, "explained_variance": 0.5 + 0.1 * i + shift}
@@ -98,7 +115,9 @@ def test_verdicts_need_one_sign_on_every_seed_and_the_threshold(ablation):
     small = ablation.gap(base, rows(0, 0.005) + rows(1, 0.008), "explained_variance", 100)
     assert ablation.verdict(small, "explained_variance") == "no difference"
     alone = ablation.gap(rows(0, 0.0), rows(0, 0.05), "explained_variance", 100)
-    assert ablation.verdict(alone, "explained_variance") == "one seed"
+    assert ablation.verdict(alone, "explained_variance") == "better"  # one seed: the threshold
+    barely = ablation.gap(rows(0, 0.0), rows(0, -0.009), "explained_variance", 100)
+    assert ablation.verdict(barely, "explained_variance") == "no difference"
     far = [dict(r, l0=r["l0"] * 100) for r in rows(0, 0.0) + rows(1, 0.0)]
     assert ablation.verdict(ablation.gap(base, far, "explained_variance", 100),
                             "explained_variance") == "no overlap"  # fmt: skip
