@@ -662,7 +662,7 @@ def test_resampling_revives_constant_bits_on_the_worst_samples():
 
 
 def test_constant_bits_are_those_whose_rare_state_is_below_the_rarity():
-    from sae_lens_bae.saes.resampling import constant_bits
+    from sae_lens_bae.saes.binary import constant_bits
 
     counts = torch.tensor([0, 6, 7, 32_000, 63_993, 63_994, 64_000])
     # 64k samples: the rare state must take at least 1e-4 of them (6.4 samples)

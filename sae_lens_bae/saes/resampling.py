@@ -17,11 +17,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from sae_lens_bae.saes.binary import CONSTANT_RARITY
+from sae_lens_bae.saes.binary import constant_bits
 
 __all__ = [
     "RESAMPLE_RATE",
-    "constant_bits",
     "resample_constant_bits",
     "resample_window",
     "RESAMPLE_UNTIL_FRACTION",
@@ -30,16 +29,6 @@ __all__ = [
 RESAMPLE_RATE = 0.05
 """A resampled bit fires on this fraction of the minibatch it is resampled on: rare, so its
 rare state is its 1, and frequent enough that its gradient is not zero on the next minibatches."""
-
-
-def constant_bits(
-    counts: Float[Tensor, "*stack n_bits"], samples: int, rarity: float = CONSTANT_RARITY
-) -> Bool[Tensor, "*stack n_bits"]:
-    """Bits whose rare state (firing, or not firing) took fewer than ``rarity`` of the
-    ``samples`` samples; at least those that fired on none or on all of them. Not only exactly
-    constant ones: a bit firing on 3 of 64k training tokens reads as dead on held-out text."""
-    rare = torch.minimum(counts, samples - counts)
-    return (rare == 0) | (rare < rarity * samples)
 
 
 @torch.no_grad()
