@@ -19,9 +19,9 @@ the default's constant rate):
   the config's own frame; with one, the states are transformed by it here (k and t from the
   first minibatch, as the frame fixes them) and the transformation is folded into the weights
   after training, so every variant is read on the same states.
-* ``resample``: ``resample_every`` 125 against 0. ``entropy_off``: ``entropy_off_fraction``
-  0.25 against 0. ``clip``: SAETrainer's gradient clip to norm 1, switched off by replacing
-  ``torch.nn.utils.clip_grad_norm_`` with a no-op for that run in this process only.
+* ``entropy_off``: ``entropy_off_fraction`` 0.25 against 0. ``clip``: SAETrainer's gradient
+  clip to norm 1, switched off by replacing ``torch.nn.utils.clip_grad_norm_`` with a no-op for
+  that run in this process only.
 * ``schedule``: SAELens' warm-up over 5% of steps and linear decay to 0 over the last 20%
   (the schedule ``bae compare`` trains every family with) against a constant rate.
 * ``ste``: the straight-through surrogate against the paper's sigmoid. ``t0.3``: the sigmoid
@@ -57,8 +57,8 @@ from sae_lens_bae.saes.input_frame import placement
 from sae_lens_bae.training import train_sae
 from sae_lens_bae.training.trainer import activation_batches
 
-PIECES = ("scale", "shift", "resample", "clip", "entropy_off", "schedule", "ste", "t0.3")
-DEFAULT_PIECES = frozenset({"scale", "shift", "resample", "clip", "entropy_off"})
+PIECES = ("scale", "shift", "clip", "entropy_off", "schedule", "ste", "t0.3")
+DEFAULT_PIECES = frozenset({"scale", "shift", "clip", "entropy_off"})
 """The pieces ``default`` has; the bare BAE has none."""
 
 
@@ -144,7 +144,6 @@ def train_variant(
     weight = scale if "scale" in pieces else scale / k**2  # the frame's 1 / k^2
     fields: dict[str, Any] = {
         "input_variance": 1.0 if framed else None,
-        "resample_every": 125 if "resample" in pieces else 0,
         "entropy_off_fraction": 0.25 if "entropy_off" in pieces else 0.0,
     }
     if "ste" in pieces:

@@ -12,7 +12,7 @@ times the clean set's median norm, each keeping its direction. Every cell trains
 (the default: states above 10x the median norm dropped) and once keeping every state
 (``outlier_norm_ratio=None``), for each of ``--seeds`` (the seed of the data, the injection and
 the training), and reads on the held-out ordinary states: explained variance, the fraction of
-constant bits (``saes.resampling.constant_bits``) and of dense bits (rare state on more than
+constant bits (``saes.binary.constant_bits``) and of dense bits (rare state on more than
 10% of states). Writes ``outliers.json``, ``outliers.md`` (each cell against the clean set of
 its seed) and ``outliers.png``.
 
@@ -44,8 +44,7 @@ from sae_lens_bae.outliers import outlier_mask
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_recipes import bae_config
-from sae_lens_bae.saes.binary import DENSE_FREQUENCY
-from sae_lens_bae.saes.resampling import constant_bits
+from sae_lens_bae.saes.binary import DENSE_FREQUENCY, constant_bits
 from sae_lens_bae.training.trainer import train_sae
 
 D, STRUCTURE, OFFSET, WIDTH, BATCH = 32, 12, 5.0, 64, 512

@@ -57,7 +57,6 @@ def variants(d_in: int) -> dict[str, dict[str, Any]]:
         "ste": {"surrogate": "ste"},
         "width_4d": {"d_sae": 4 * d_in},
         "width_2d": {"d_sae": 2 * d_in},
-        "no_resampling": {"resample_every": 0},
         "paper": {**BAE_RECIPES["paper"].fields, "d_sae": 4 * d_in},
     }
 

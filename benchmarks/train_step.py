@@ -51,9 +51,8 @@ def _sync(device: str) -> None:
 
 
 NOMINAL_STEPS = 1_000_000
-"""The length of training every timed trainer is told: a step's schedule (a BAE's resampling
-counts, which stop with its last resampling at 95% of training) is then where most steps of a
-long run are, whatever ``--steps`` times."""
+"""The length of training every timed trainer is told: the timed steps are then ordinary steps
+of a long run, whatever ``--steps`` times."""
 
 
 def _trainer(sae: Any, batch: torch.Tensor) -> SAETrainer:

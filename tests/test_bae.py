@@ -15,7 +15,6 @@ from sae_lens_bae.saes.binary import bits_to_values, step
 from sae_lens_bae.saes.canonical import canonicalise
 from sae_lens_bae.saes.input_frame import frame_factor
 from sae_lens_bae.saes.objective import covariance_penalty, minibatch_entropy
-from sae_lens_bae.saes.resampling import RESAMPLE_RATE
 
 
 def make_bae(**kwargs) -> BAETrainingSAE:
@@ -162,20 +161,16 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     cfg = BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in)
     assert (cfg.entropy_coefficient, cfg.covariance_coefficient) == (5e-7, 8e-6)
     assert cfg.coefficients() == {"entropy": 5e-7 * scale, "covariance": 8e-6 * scale}
-    assert (cfg.surrogate_temperature, cfg.resample_every, cfg.coefficient_width) == (
-        1.0,
-        125,
-        2048,
-    )
+    assert (cfg.surrogate_temperature, cfg.coefficient_width) == (1.0, 2048)
     assert bae_config(d_in) == cfg  # the default recipe is the config's defaults
     # what SAELens' registry builds from a bare training config dict is the same
     bare = {"architecture": "bae", "d_in": d_in, "d_sae": 4 * d_in}
     assert TrainingSAE.from_dict(bare).cfg.coefficients() == cfg.coefficients()
     # a recipe of one's own, with its coefficients given at d = 2048
-    own = BAERecipe(lr=1e-3, fields={"entropy_coefficient": 1e-4, "resample_every": 40})
+    own = BAERecipe(lr=1e-3, fields={"entropy_coefficient": 1e-4, "entropy_off_fraction": 0.5})
     mine = bae_config(d_in, recipe=own)
     assert mine.coefficients()["entropy"] == pytest.approx(1e-4 * scale)
-    assert mine.resample_every == 40
+    assert mine.entropy_off_fraction == 0.5
     # the paper's recipe keeps its fixed coefficients whatever d
     paper = bae_config(d_in, recipe="paper")
     assert paper.coefficients() == {"entropy": 1e-7 * d_in, "covariance": 1e-7 * d_in}
@@ -191,8 +186,7 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     # estimate_entropies trains with the registry's entropy recipe: one rule for both paths
     through_registry = bae_config(d_in, recipe="entropy", total_training_steps=16000)
     through_recipe = EntropyRecipe().config(d_in)
-    for name in ("surrogate_temperature", "entropy_off_fraction", "resample_every",
-                 "input_variance"):  # fmt: skip
+    for name in ("surrogate_temperature", "entropy_off_fraction", "input_variance"):
         assert getattr(through_recipe, name) == getattr(through_registry, name), name
     assert through_recipe.coefficients() == through_registry.coefficients()
     assert through_registry.coefficients()["entropy"] == pytest.approx(5e-7 * scale)
@@ -532,7 +526,6 @@ def test_bad_bits_per_feature(bits_per_feature):
         ("surrogate_temperature", 0.0, "surrogate_temperature"),
         ("entropy_coefficient", -1.0, "entropy_coefficient"),
         ("entropy_off_fraction", 1.5, "entropy_off_fraction"),
-        ("resample_every", -1, "resample_every"),
         ("total_training_steps", -1, "total_training_steps"),
     ],
 )
@@ -605,26 +598,22 @@ def test_activation_norm_scaling_fold_keeps_outputs(apply_b_dec_to_input):
 TRAINING_OPTIONS = dict(
     entropy_coefficient=0.02,
     covariance_off_final_fraction=0.1,
-    resample_every=5,
     total_training_steps=50,
 )
 
 
 def test_new_training_options_round_trip_through_save_and_load(tmp_path):
     bae = make_bae(d_in=8, d_sae=12, **TRAINING_OPTIONS)
-    bae.window_counts.copy_(torch.arange(12))
-    bae.window_samples.fill_(64)
     bae.save_model(tmp_path / "checkpoint")
     loaded = TrainingSAE.load_from_disk(tmp_path / "checkpoint")
     assert isinstance(loaded, BAETrainingSAE)
     for name, value in TRAINING_OPTIONS.items():
         assert getattr(loaded.cfg, name) == value, name
-    assert torch.equal(loaded.window_counts, torch.arange(12)) and int(loaded.window_samples) == 64
-    # the inference model has no training state; a checkpoint read as one drops it too
+    # the inference model, saved as one or read from the training checkpoint
     bae.save_inference_model(tmp_path / "inference")
     for path in ("inference", "checkpoint"):
         inference = SAE.load_from_disk(tmp_path / path)
-        assert isinstance(inference, BAE) and not hasattr(inference, "window_counts")
+        assert isinstance(inference, BAE)
         x = torch.randn(6, 8)
         assert torch.equal(inference(x), bae(x))
 
@@ -637,68 +626,14 @@ def test_saelens_hands_the_bae_its_configured_coefficients():
     assert coefficients == {"entropy": 0.4 * 8, "covariance": 0.2 * 8}  # against mse_loss
 
 
-def test_resampling_revives_constant_bits_on_the_worst_samples():
-    torch.manual_seed(0)
-    bae = make_bae(d_in=8, d_sae=6, resample_every=3, total_training_steps=100)
-    with torch.no_grad():
-        bae.b_enc[:2] = torch.tensor([-100.0, 100.0])  # bit 0 never fires, bit 1 always
-    x = torch.randn(100, 8)  # 5% of it: 5 samples
-    for n in range(3):
-        bae.training_forward_pass(step_input(x, n_training_steps=n))
-    assert bae.window_counts[:2].tolist() == [0, 300] and int(bae.window_samples) == 300
-    before = bae.encode_bits(x)
-    residual = x - bae.decode(bae.encode(x))
-    worst = torch.argsort(residual.pow(2).sum(-1), descending=True)[:2]
-    bae.training_forward_pass(step_input(x, n_training_steps=3))  # the window ended at step 2
-    after = bae.encode_bits(x)
-    assert torch.equal(after[:, 2:], before[:, 2:])  # the others are untouched
-    assert after[:, :2].sum(0).tolist() == [RESAMPLE_RATE * 100] * 2  # on 5 of the 100 samples
-    for bit, sample in enumerate(worst.tolist()):
-        assert after[sample, bit] == 1  # ... including its worst-reconstructed sample
-        fired = after[:, bit].bool()
-        assert torch.allclose(bae.W_dec[bit], residual[fired].mean(0), atol=1e-5)
-    assert bae.code_mean[:2].tolist() == pytest.approx([RESAMPLE_RATE] * 2)
-    assert int(bae.window_samples) == 100  # a new window, counting this step
-
-
 def test_constant_bits_are_those_whose_rare_state_is_below_the_rarity():
-    from sae_lens_bae.saes.resampling import constant_bits
+    from sae_lens_bae.saes.binary import constant_bits
 
     counts = torch.tensor([0, 6, 7, 32_000, 63_993, 63_994, 64_000])
     # 64k samples: the rare state must take at least 1e-4 of them (6.4 samples)
     assert constant_bits(counts, 64_000).tolist() == [1, 1, 0, 0, 0, 1, 1]
-    # a short window (rarity * samples < 1) resamples only exactly constant bits
+    # few samples (rarity * samples < 1): only exactly constant bits
     assert constant_bits(torch.tensor([0, 1, 99, 100]), 100).tolist() == [1, 0, 0, 1]
-
-
-def test_resampling_stops_after_its_fraction_of_training():
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=10, total_training_steps=40)
-    # RESAMPLE_UNTIL_FRACTION of 40 steps is 38: the window ending at step 39 resamples no more
-    assert [n for n in range(40) if cfg.schedule().resampling_at(n)] == [9, 19, 29]
-    assert (
-        not BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=0).schedule(100).resampling_at(9)
-    )
-    unknown = BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=10, entropy_off_fraction=0.0)
-    assert unknown.schedule().resampling_at(10**6 - 1)  # no length: resampling never stops
-
-
-def test_codes_are_counted_only_in_windows_that_end_in_a_resampling():
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=10, total_training_steps=40)
-    counted = [n for n in range(40) if cfg.schedule().window_counted(n)]
-    assert counted == list(range(30))  # the last resampling ends step 29
-    unknown = BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=10, entropy_off_fraction=0.0)
-    assert unknown.schedule().window_counted(10**6)  # length unknown
-    assert (
-        not BAETrainingSAEConfig(d_in=8, d_sae=32, resample_every=0).schedule(100).window_counted(0)
-    )
-    # a training BAE: its one resampling ends step 2; the steps after it count nothing
-    bae = make_bae(d_sae=6, resample_every=3, total_training_steps=4)
-    x = torch.randn(64, 8)
-    samples = []
-    for n in range(4):
-        bae.training_forward_pass(step_input(x, n_training_steps=n))
-        samples.append(int(bae.window_samples))
-    assert samples == [64, 128, 192, 0]
 
 
 @pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
@@ -789,22 +724,18 @@ def test_the_covariance_term_is_off_for_the_last_fraction_of_training():
 def test_a_step_reads_its_batch_through_the_input_hook_once_and_logs_saelens_mse(
     input_variance,
 ):
-    """``hook_sae_input`` fires once per training step: on step 0 (which fixes the input frame),
-    on a plain step and on a step that resamples (step 2, after the window of steps 0-1). The
-    logged ``mse_loss`` is SAELens': the squared error summed over d_in and averaged over the
-    batch, in the inputs' own units (not the frame's), on step 0 with the frame on."""
-    bae = make_bae(input_variance=input_variance, resample_every=2, total_training_steps=100)
+    """``hook_sae_input`` fires once per training step: on step 0 (which fixes the input frame)
+    and on the plain steps after it. The logged ``mse_loss`` is SAELens': the squared error
+    summed over d_in and averaged over the batch, in the inputs' own units (not the frame's), on
+    step 0 with the frame on."""
+    bae = make_bae(input_variance=input_variance, total_training_steps=100)
     calls = []
     bae.hook_sae_input.add_hook(lambda acts, hook: calls.append(acts.shape))  # noqa: ARG005
     x = 3.0 * torch.randn(32, 8) + 1.0
-    with torch.no_grad():
-        bae.b_enc[0] = -100.0  # bit 0 never fires: constant through the window, resampled
     for n in range(3):
-        before = bae.W_enc.detach().clone()
         out = bae.training_forward_pass(step_input(x, n_training_steps=n))
         assert len(calls) == n + 1, n
         expected = ((out.sae_out - x) ** 2).sum(-1).mean()
         assert out.losses["mse_loss"].item() == pytest.approx(expected.item(), rel=1e-6)
-    assert not torch.equal(before[:, 0], bae.W_enc[:, 0])  # step 2 resampled bit 0
     if input_variance is not None:
         assert bae.input_scale.item() > 0 and bae.input_scale.item() != pytest.approx(1.0)

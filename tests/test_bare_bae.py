@@ -24,13 +24,12 @@ def _bare():
 
 
 def _extras_off(d_in: int, d_sae: int) -> BAETrainingSAEConfig:
-    """No input frame, no resampling, no entropy-off phase, coefficients as given, the paper's
-    sigmoid surrogate (a constant learning rate is ``train_sae``'s own default)."""
+    """No input frame, no entropy-off phase, coefficients as given, the paper's sigmoid
+    surrogate (a constant learning rate is ``train_sae``'s own default)."""
     return BAETrainingSAEConfig(
         d_in=d_in,
         d_sae=d_sae,
         input_variance=None,
-        resample_every=0,
         entropy_off_fraction=0.0,
         coefficient_width=None,
         entropy_coefficient=1e-2,

@@ -41,7 +41,7 @@ def test_gated_relu_gate_training_and_round_trip(tmp_path):
 
 def _tiny_compare(model, corpus, out, **changes):
     settings = dict(dataset=str(corpus), model=str(model), context_size=32, max_sequences=96,
-                    held_out_fraction=0.15, families=("bae", "bae_no_resampling", "topk"),
+                    held_out_fraction=0.15, families=("bae", "topk"),
                     bae_scales=(0.5, 0.7071, 1.0), d_sae=32, steps=12, lrs=(1e-3, 2e-3),
                     lr_extensions=1, ladder_extensions=1, seeds=(0, 1, 2), bootstrap=20,
                     batch_size=64, records_k=4, spliced_sequences=2, probe_sentences=40,
@@ -73,7 +73,6 @@ def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
         }
         assert {r["lr"] for r in final} == {summary["chosen_lr"][family]}
         assert all(r["lr_candidates"] == tried for r in final)
-    assert summary["chosen_lr"]["bae_no_resampling"] == summary["chosen_lr"]["bae"]
     # one round of rungs (the tiny models' ranges miss each other), each exactly one sqrt(2)
     # beyond an end of the ladder as given; what the rule still finds short is recorded
     assert summary["settings_added"]
@@ -86,7 +85,6 @@ def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
     final_names = {r["name"] for r in rows if r["split"] == "test"}
     judged = [r for r in rows if r["name"] in final_names]
     assert summary["ladder_shortfalls"] == ladder_shortfalls(judged, ["bae", "topk"])
-    assert "bae_no_resampling" not in summary["settings_added"]
     assert summary["bae_default"] in summary["settings"]["bae"]  # its rule: test_protocol.py
     names = {r["name"] for r in rows if r["split"] == "test"}
     assert names == {r["name"] for r in rows if r["split"] == "ood"}
@@ -122,7 +120,7 @@ def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
     tokens = summary["tokens"]
     assert min(tokens.values()) > 0 and summary["ood_dataset"].endswith("ood-text.txt")
     for verdict in summary["verdicts"]:
-        assert verdict["against"] in ("topk", "bae_no_resampling")
+        assert verdict["against"] == "topk"
         assert verdict["verdict"] in ("better", "worse", "no difference", "no overlap",
                                       "too few points")  # fmt: skip
         decided = verdict["verdict"] in ("better", "worse", "no difference")
@@ -148,8 +146,6 @@ def test_compare_runs_the_protocol_and_writes_rows_tables_and_frontiers(
         CompareConfig(probe_datasets=("a/sst2", "b/sst2.tsv"))
     with pytest.raises(ValueError, match="at least 2 rates"):
         CompareConfig(lrs=(1e-3,))
-    with pytest.raises(ValueError, match="bae_no_resampling trains at the BAE's"):
-        CompareConfig(families=("bae_no_resampling", "topk"))
 
 
 @pytest.mark.slow

@@ -57,7 +57,7 @@ def compare_out(tiny_hf_llama_dir, tiny_corpus, tmp_path_factory) -> Path:
             ladder_extensions=0,
             seeds=(0,),
             d_sae=64,
-            steps=24,  # shorter than the remedy window: no resampled bit, no twin records
+            steps=24,
             batch_size=128,
             records_k=4,
             spliced_sequences=2,

@@ -331,14 +331,14 @@ def test_the_bae_default_meets_the_feature_target_on_validation_rows_only():
     assert _bae_default(rows, [r["name"] for r in rows], d_sae=1000) == 1.0
 
 
-def test_family_config_takes_bae_fields_for_the_bae_families_only():
-    """``bae_fields`` replace the BAE's config fields, its remedy's included, and leave the rest
-    as the family builds them; another family given one is refused by name."""
+def test_family_config_takes_bae_fields_for_the_bae_family_only():
+    """``bae_fields`` replace the BAE's config fields and leave the rest as the family builds
+    them; another family given one is refused by name."""
     plain = family_config("bae", 64, 128, 0.5, 1600)
-    variant = family_config("bae", 64, 128, 0.5, 1600, input_variance=None, resample_every=0)
-    assert plain.input_variance == 1.0 and plain.resample_every > 0
-    assert variant.input_variance is None and variant.resample_every == 0
-    replaced = {"input_variance", "resample_every", "metadata"}  # metadata repeats the fields
+    variant = family_config("bae", 64, 128, 0.5, 1600, input_variance=None)
+    assert plain.input_variance == 1.0
+    assert variant.input_variance is None
+    replaced = {"input_variance", "metadata"}  # metadata repeats the fields
     assert {k: v for k, v in vars(variant).items() if k not in replaced} == {
         k: v for k, v in vars(plain).items() if k not in replaced
     }

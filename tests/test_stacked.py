@@ -6,9 +6,7 @@ import torch
 
 from sae_lens_bae import BAETrainingSAEConfig, train_sae
 from sae_lens_bae.saes.input_frame import placement
-from sae_lens_bae.saes.schedule import Schedule
 from sae_lens_bae.stacks import StackedBAE, train_stacked_baes
-from sae_lens_bae.stacks import model as stack_model
 from sae_lens_bae.training import DrainHold
 
 
@@ -26,61 +24,29 @@ def binary_mixtures(n_sets, n=1024, d=8, rank=3, dtype=torch.float64, noise=0.0)
     return sets
 
 
-# resampling must match as well, and so must the learning rate's warm-up
-# (SAELens' scheduler in both): (config fields, trainer arguments)
+# the learning rate's warm-up must match as well (SAELens' scheduler in both):
+# (config fields, trainer arguments)
 OPTIONS = {
-    "paper terms": ({"resample_every": 0}, {}),
-    "resampling": ({"resample_every": 7}, {}),
-    "lr warm-up, cosine": ({"resample_every": 0}, {"lr_warm_up_steps": 12,
-                                                   "lr_scheduler_name": "cosineannealing",
-                                                   "lr_end": 2e-4}),
-    "adam beta2": ({"resample_every": 0}, {"adam_beta2": 0.9}),
+    "paper terms": ({}, {}),
+    "lr warm-up, cosine": ({}, {"lr_warm_up_steps": 12, "lr_scheduler_name": "cosineannealing",
+                                "lr_end": 2e-4}),
+    "adam beta2": ({}, {"adam_beta2": 0.9}),
     # the codes of these sets decorrelate by step 20: off for the last 30 of 40 steps
-    "covariance off at the end": ({"resample_every": 0, "covariance_off_final_fraction": 0.75},
-                                  {}),
+    "covariance off at the end": ({"covariance_off_final_fraction": 0.75}, {}),
 }  # fmt: skip
-
-
-def _record_resamplings(monkeypatch):
-    """Every resampling of a run, as [step, [each BAE's constant bits, window counts]]."""
-    from sae_lens_bae.saes import resampling
-
-    events = []
-    resamples_before, constant_bits = Schedule.resamples_before, resampling.constant_bits
-
-    def stamped(schedule, step):
-        if resamples_before(schedule, step):
-            events.append([step, []])
-            return True
-        return False
-
-    def recorded(counts, samples, *args):
-        constant = constant_bits(counts, samples, *args)
-        events[-1][1].append((constant.clone(), counts.clone()))
-        return constant
-
-    monkeypatch.setattr(Schedule, "resamples_before", stamped)
-    monkeypatch.setattr(resampling, "constant_bits", recorded)
-    return events
 
 
 @pytest.mark.parametrize("options", list(OPTIONS))
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("bits_per_feature", [1, 2])
-def test_stacked_training_equals_separate_trainings(bits_per_feature, dtype, options, monkeypatch):
-    """The stack and three separate runs take the same decisions (the same bits resampled at
-    the same steps, after the same firings) and end with the same weights up to rounding.
+def test_stacked_training_equals_separate_trainings(bits_per_feature, dtype, options):
+    """The stack and three separate runs end with the same weights up to rounding.
 
-    The sets are binary mixtures blurred by noise: on sets of 8 distinct points, a resampled
-    bit's threshold (a quantile of its projections) falls exactly on a sample, whose bit is then
-    decided by how its pre-activation rounds, and the stack's batched matmuls may round it apart
-    from a single BAE's matmuls: in float32 a flip of that sample's bit, and every step after.
-
-    The bound: with the same decisions, the runs differ only in the order of their float reductions
+    The bound: with the same codes, the runs differ only in the order of their float reductions
     (batched matmuls; for bits_per_feature > 1 the single BAE steps its code twice, the stack once).
     A step then moves each weight by the same update up to a few roundings at the weights' scale,
     and over ``steps`` steps those add up to about ``steps * eps * scale``: nothing amplifies them
-    while no decision differs (40 Adam steps of lr 2e-3 are far from chaotic).
+    while no code bit differs (40 Adam steps of lr 2e-3 are far from chaotic).
     float64 makes that bound ~1e-15: equality to float64 rounding."""
     sets = binary_mixtures(3, dtype=getattr(torch, dtype), noise=0.02)
     cfg = BAETrainingSAEConfig(
@@ -97,21 +63,11 @@ def test_stacked_training_equals_separate_trainings(bits_per_feature, dtype, opt
     )
     seeds, steps = [5, 6, 7], 40
     trainer = {"training_samples": steps * 64, "batch_size": 64, "lr": 2e-3, **OPTIONS[options][1]}
-    resamplings = _record_resamplings(monkeypatch)
     stacked, histories, taken = train_stacked_baes(sets, cfg, seeds=seeds, progress=False,
                                                    **trainer)  # fmt: skip
     assert len(histories[0]["reconstruction_loss"]) == steps and taken == [steps] * 3
-    stacked_resamplings = list(resamplings)
-    assert len(stacked_resamplings) == (5 if cfg.resample_every else 0)  # at steps 7, ..., 35
-    if cfg.resample_every:  # some bits were constant through a window
-        assert any(constant.any() for _, members in stacked_resamplings for constant, _ in members)
     for g, (x, seed) in enumerate(zip(sets, seeds, strict=True)):
-        resamplings.clear()
         alone = train_sae(x, cfg, seed=seed, **trainer).sae
-        assert [n for n, _ in resamplings] == [n for n, _ in stacked_resamplings]
-        pairs = zip(resamplings, stacked_resamplings, strict=True)
-        for (n, [(constant, counts)]), (_, members) in pairs:
-            assert torch.equal(members[g][0], constant) and torch.equal(members[g][1], counts), n
         for name, value in alone.state_dict().items():
             mine = stacked[g].state_dict()[name]
             if not value.is_floating_point():
@@ -132,7 +88,7 @@ def test_each_bae_of_a_stack_reads_its_set_in_its_own_input_frame():
     100 times the first's (``mse_loss`` is in the inputs' units), as two separate runs would."""
     x = binary_mixtures(1, dtype=torch.float64)[0]
     cfg = BAETrainingSAEConfig(coefficient_width=None, 
-        d_in=8, d_sae=12, dtype="float64", input_variance=0.5 / 8, resample_every=0,
+        d_in=8, d_sae=12, dtype="float64", input_variance=0.5 / 8,
         entropy_off_fraction=0.25, entropy_coefficient=1e-2, covariance_coefficient=1e-3,
     )  # fmt: skip
     near, far = train_stacked_baes(
@@ -153,7 +109,7 @@ def test_a_stack_that_frames_its_sets_trains_as_on_the_sets_framed_beforehand():
     times the other's (``mse_loss`` is in the inputs' units)."""
     mixtures = binary_mixtures(2, dtype=torch.float64)
     sets = [mixtures[0] * 3.0 + 1.0, mixtures[1] * 0.2 - 5.0]
-    fields = {"d_in": 8, "d_sae": 12, "dtype": "float64", "resample_every": 0,
+    fields = {"d_in": 8, "d_sae": 12, "dtype": "float64",
               "entropy_off_fraction": 0.25, "entropy_coefficient": 1e-2, "coefficient_width": None,
               "covariance_coefficient": 1e-3}  # fmt: skip
     run = {"seeds": [5, 6], "training_samples": 40 * 64, "batch_size": 64, "progress": False}
@@ -182,7 +138,6 @@ def test_the_stacked_trainer_drops_the_covariance_term_for_the_last_fraction():
         d_in=8,
         d_sae=12,
         entropy_off_fraction=0.0,
-        resample_every=0,
         covariance_coefficient=1e-3,
         covariance_off_final_fraction=0.25,
     )
@@ -229,7 +184,7 @@ def test_converged_baes_drop_out_and_the_others_train_as_if_alone(final):
     sets.append(torch.randn(1024, 8, generator=g, dtype=torch.float64))  # never flat early
     cfg = BAETrainingSAEConfig(coefficient_width=None, 
         d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.125, entropy_coefficient=1e-2,
-        covariance_coefficient=1e-3, resample_every=7,
+        covariance_coefficient=1e-3,
         covariance_off_final_fraction=final, input_variance=None,  # frames differ: see above
     )  # fmt: skip
     rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2,
@@ -240,18 +195,19 @@ def test_converged_baes_drop_out_and_the_others_train_as_if_alone(final):
     stacked = train_stacked_baes(sets, cfg, seeds=seeds, **kwargs)
     assert len(set(stacked.steps)) > 1, stacked.steps  # they stopped at different steps
     assert min(stacked.steps) < 80
-    if final:  # the first to converge trained its last quarter without the term, beside others
-        first = stacked.steps.index(min(stacked.steps))
-        covariance = stacked.histories[first]["covariance_loss"]
+    if final:  # the Gaussian set's BAE (whose code never decorrelates on its own: the binary
+        # sets' do) trained its last quarter without the term, beside a member still paying it
+        covariance = stacked.histories[2]["covariance_loss"]
         paid = covariance.index(0.0)  # converged there: f / (1 - f) = 1/3 of that more, unpaid
         assert all(value > 0 for value in covariance[:paid])
         assert covariance[paid:] == [0.0] * math.ceil(paid / 3)
+        assert stacked.steps[2] < max(stacked.steps)
     for g, (x, seed) in enumerate(zip(sets, seeds, strict=True)):
         alone = train_stacked_baes([x], cfg, seeds=[seed], **kwargs)
         assert alone.steps == [stacked.steps[g]]
         assert len(stacked.histories[g]["reconstruction_loss"]) == stacked.steps[g]
         for name, value in alone.baes[0].state_dict().items():
-            if name in ("code_mean_count", "window_samples"):  # the stack's shared counters
+            if name == "code_mean_count":  # the stack's shared counter
                 continue
             assert torch.allclose(stacked.baes[g].state_dict()[name], value, rtol=1e-9,
                                   atol=1e-12), (g, name)  # fmt: skip
@@ -318,8 +274,7 @@ def _drain_run(drain_hold, **config):
     x = binary_mixtures(1)[0]
     cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.0,
                                covariance_coefficient=1e-3, covariance_off_final_fraction=0.2,
-                               coefficient_width=None,
-                               **{"resample_every": 0, **config})  # fmt: skip
+                               coefficient_width=None, **config)  # fmt: skip
     return train_stacked_baes([x], cfg, training_samples=40 * 64, batch_size=64, lr=2e-3,
                               lr_scheduler_name="cosineannealing", lr_end=2e-4, seeds=[5],
                               progress=False, drain_hold=drain_hold)  # fmt: skip
@@ -341,21 +296,16 @@ class _AlwaysDraining(DrainHold):
         return True
 
 
-def test_a_held_schedule_stands_still_then_runs_its_full_course(count_calls):
+def test_a_held_schedule_stands_still_then_runs_its_full_course():
     """40 schedule steps, at most 20 held, a check every 5 steps: held from the check after
     step 5 while the rest of the schedule (35 steps) still fits in what is left after the next
     5, i.e. through the check after step 20, so steps 6-25 train at step 5's learning rate and
     phase, and then the schedule's 35 steps run: 60 steps. The losses match the unheld run up to
     the first held step's (computed before its update), and differ after it; the covariance-off
-    final fifth is the last 8 steps in both; a resampling window is read once, not once per held
-    step."""
-    calls = count_calls(stack_model, "resample_window")
-    resampling = {"resample_every": 5}
-    plain = _drain_run(None, **resampling)
-    resamples = len(calls)
-    held = _drain_run(_AlwaysDraining(extra=0.5, check_every=5), **resampling)
+    final fifth is the last 8 steps in both."""
+    plain = _drain_run(None)
+    held = _drain_run(_AlwaysDraining(extra=0.5, check_every=5))
     assert plain.steps == [40] and held.steps == [60]
-    assert resamples > 0 and len(calls) == 2 * resamples
     reconstruction = held.histories[0]["reconstruction_loss"]
     assert reconstruction[:7] == plain.histories[0]["reconstruction_loss"][:7]
     assert reconstruction[7] != plain.histories[0]["reconstruction_loss"][7]
@@ -369,7 +319,7 @@ def test_a_drain_hold_shows_the_held_steps_and_the_code_bits_as_it_trains(capsys
     """What a run stopped by a time limit leaves in its log: the held steps and the check
     states' bits at the last check."""
     x = binary_mixtures(1)[0]
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, entropy_off_fraction=0.0, resample_every=0)
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, entropy_off_fraction=0.0)
     hold = _AlwaysDraining(extra=0.5, check_every=5)
     train_stacked_baes(
         [x], cfg, training_samples=20 * 64, batch_size=64, seeds=[5], progress=True, drain_hold=hold
@@ -379,29 +329,23 @@ def test_a_drain_hold_shows_the_held_steps_and_the_code_bits_as_it_trains(capsys
 
 
 def test_a_stacks_record_of_codes_moves_only_its_trained_rows_as_each_bae_alone():
-    """A stack's trained rows move their running means and window counts exactly as each BAE
-    alone would (``update_running_mean``); the rows that did not train keep theirs."""
+    """A stack's trained rows move their running means exactly as each BAE alone would
+    (``update_running_mean``); the rows that did not train keep theirs."""
     from sae_lens_bae.saes.binary import update_running_mean
 
     torch.manual_seed(0)
-    cfg = BAETrainingSAEConfig(d_in=4, d_sae=6, resample_every=5)
+    cfg = BAETrainingSAEConfig(d_in=4, d_sae=6)
     model = StackedBAE(cfg, [0, 1, 2])
     bits = (torch.rand(2, 16, 6) > 0.5).float()  # rows 0 and 2 of the stack trained
-    means, counts = torch.rand(3, 6), torch.randint(0, 9, (3, 6))
+    means = torch.rand(3, 6)
     model.code_mean.copy_(means)
     model.code_mean_count.fill_(4.0)
-    model.window_counts.copy_(counts)
-    model.window_samples.fill_(32)
-    model._record(bits.sum(1), 16, torch.tensor([0, 2]), counting=True)
+    model._record(bits.sum(1), 16, torch.tensor([0, 2]))
     for row, g in ((0, 0), (1, 2)):
         alone, alone_count = means[g].clone(), torch.tensor(4.0)
         update_running_mean(alone, alone_count, bits[row].mean(0))
         assert torch.equal(model.code_mean[g], alone) and alone_count == model.code_mean_count == 5
-        assert torch.equal(model.window_counts[g], counts[g] + bits[row].sum(0).long())
-    assert torch.equal(model.code_mean[1], means[1]) and torch.equal(
-        model.window_counts[1], counts[1]
-    )
-    assert model.window_samples == 32 + 16
+    assert torch.equal(model.code_mean[1], means[1])
 
 
 @pytest.mark.parametrize("kill_after", [7, 62])  # a member stops at step 57
@@ -409,7 +353,7 @@ def test_a_killed_stacked_run_goes_on_to_the_uninterrupted_weights(
     tmp_path, monkeypatch, training_steps, kill_after
 ):
     """Killed after ``kill_after`` steps (before and after a member converged, with the covariance
-    term's final phase, resampling and a drain hold in play), the same call on the same folder
+    term's final phase and a drain hold in play), the same call on the same folder
     ends with the weights, histories and steps of a run that was never interrupted; a finished
     run returns without a step; another run's folder is refused in one line."""
     from sae_lens_bae.training import Convergence
@@ -419,7 +363,7 @@ def test_a_killed_stacked_run_goes_on_to_the_uninterrupted_weights(
     sets.append(torch.randn(1024, 8, generator=g, dtype=torch.float64))
     cfg = BAETrainingSAEConfig(coefficient_width=None, 
         d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.125, entropy_coefficient=1e-2,
-        covariance_coefficient=1e-3, resample_every=7, covariance_off_final_fraction=0.25,
+        covariance_coefficient=1e-3, covariance_off_final_fraction=0.25,
     )  # fmt: skip
     rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2,
                        horizon=0.0)  # fmt: skip

@@ -223,7 +223,7 @@ def test_a_bae_variant_trains_on_the_same_stream_and_is_judged_against_the_bae(
 
     monkeypatch.setattr(synth_sae, "_training_saes", keep)
     cfg = synth_sae.SynthSAEConfig(preset="test", families=("bae",), seeds=(0,), entropy=False)
-    fields = {"d_sae": 64, "resample_every": 0, "covariance_coefficient": 5e-7}
+    fields = {"d_sae": 64, "covariance_coefficient": 5e-7}
     variants = {
         "ste": synth_sae.Variant({"surrogate": "ste"}),
         "wide": synth_sae.Variant(fields),
@@ -239,8 +239,7 @@ def test_a_bae_variant_trains_on_the_same_stream_and_is_judged_against_the_bae(
         bae, ste, wide = (built[f"{f}@{s}"] for f in ("bae", "bae:ste", "bae:wide"))
         assert (bae.surrogate, ste.surrogate, wide.surrogate) == ("sigmoid", "ste", "sigmoid")
         assert ste.entropy_coefficient == bae.entropy_coefficient == wide.entropy_coefficient
-        assert (bae.d_sae, wide.d_sae, wide.resample_every) == (32, 64, 0)
-        assert ste.resample_every == bae.resample_every > 0
+        assert (bae.d_sae, wide.d_sae) == (32, 64)
         assert wide.covariance_coefficient == pytest.approx(5e-7 * s)  # scaled like a recipe's
         assert rows["bae:wide", s]["ev_ceiling"] > rows["bae", s]["ev_ceiling"]  # its own width
     twins = [{**r, "family": "bae:twin"} for r in result["rows"] if r["family"] == "bae"]

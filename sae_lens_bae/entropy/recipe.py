@@ -273,7 +273,6 @@ class EntropyRecipe:
             coefficient_width=2048,
             entropy_off_fraction=self.phases.entropy_off_fraction,
             covariance_off_final_fraction=self.phases.covariance_off_final_fraction,
-            resample_every=0,
             total_training_steps=self.steps,
         )
 

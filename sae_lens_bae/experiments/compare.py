@@ -13,8 +13,7 @@ The protocol, in order:
    for validation and test); OOD: another text, read the same way, every sequence held out.
 2. Learning rate, per family: its middle setting at every ``lrs`` candidate (the first two
    seeds), the grid extended while its edge wins (``protocol.bracket_learning_rate``); the lowest
-   mean validation value of the family's own training objective wins. ``bae_no_resampling``
-   takes the BAE's rate, so that one thing changes.
+   mean validation value of the family's own training objective wins.
 3. At that rate, every setting and seed; every model read on validation, test and OOD.
 4. The BAE's default setting, on validation (means over seeds): the most ``activated`` features
    among the settings that meet the feature target (EV at least the sparsest TopK's minus 0.02,
@@ -113,8 +112,6 @@ class CompareConfig(ComSemJudge, LayerData):
             values = getattr(self, name)
             if not values or any(v <= 0 for v in values) or len(set(values)) < len(values):
                 raise ValueError(f"{name} must be distinct positive values, got {list(values)}")
-        if "bae_no_resampling" in self.families and "bae" not in self.families:
-            raise ValueError("bae_no_resampling trains at the BAE's learning rate: add bae")
         names = [task_name(source) for source in self.probe_datasets]
         if len(set(names)) < len(names):
             raise ValueError(
@@ -137,9 +134,6 @@ class CompareConfig(ComSemJudge, LayerData):
             "standard": self.l1_coefficients,
             "gated_relu": self.l1_coefficients,
         }
-        if family == "bae_no_resampling":  # the remedy's effect, at the BAE's middle setting
-            ordered = sorted(self.bae_scales)
-            return [ordered[(len(ordered) - 1) // 2]]
         return sorted(float(v) for v in grid[family])
 
 
@@ -152,11 +146,10 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
     chosen_lr, tried = study.choose_learning_rates()
     ladders = {family: cfg.settings(family) for family in cfg.families}
     final = study.train_grid(ladders, chosen_lr)
-    compared = [f for f in cfg.families if f != "bae_no_resampling"]  # one setting by design
     added: dict[str, list[float]] = {}
     for _ in range(cfg.ladder_extensions):
         judged = [r for r in study.rows if r["name"] in final]
-        more = _rungs_to_add(cfg, judged, {f: ladders[f] for f in compared})
+        more = _rungs_to_add(cfg, judged, ladders)
         if not more:
             break
         for family, rungs in more.items():
@@ -178,7 +171,7 @@ def run(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
         "lr_candidates": tried,
         "settings": ladders,
         "settings_added": added,
-        "ladder_shortfalls": ladder_shortfalls(judged, compared),
+        "ladder_shortfalls": ladder_shortfalls(judged, list(cfg.families)),
         "bae_default": bae_default,
         "rows": study.rows,
         "verdicts": verdicts(study.rows, list(cfg.families), seed=cfg.seeds[0]),

@@ -153,14 +153,10 @@ class Study:
 
     def choose_learning_rates(self) -> tuple[dict[str, float], dict[str, list[float]]]:
         """Per family, its middle setting's mean validation objective over the first two seeds
-        at each rate, the grid extended while its edge wins (``bracket_learning_rate``);
-        ``bae_no_resampling`` takes the BAE's rate, so that one thing changes."""
+        at each rate, the grid extended while its edge wins (``bracket_learning_rate``)."""
         chosen: dict[str, float] = {}
         seeds = list(self.cfg.seeds)[:2]
         for family in self.cfg.families:
-            if family == "bae_no_resampling":
-                chosen[family], self.tried[family] = chosen["bae"], self.tried["bae"]
-                continue
             middle = _middle(self.cfg.settings(family))
 
             def score(lr: float, family: str = family, middle: float = middle) -> float:

@@ -60,7 +60,7 @@ from sae_lens_bae.experiments.synth_sae_score import (
 from sae_lens_bae.models import cache_dir
 from sae_lens_bae.reports import read_json, write_json
 from sae_lens_bae.saes.bae_recipes import BAERecipe, bae_config
-from sae_lens_bae.training.baselines import remedy_window, shared_schedule
+from sae_lens_bae.training.baselines import shared_schedule
 
 __all__ = [
     "FAMILIES",
@@ -268,8 +268,7 @@ def family_config(
     its coefficients are scaled by ``setting``."""
     d_in, width = preset.hidden_dim, preset.width
     if family == "bae":
-        fields = {"resample_every": remedy_window(steps), **bae_fields}
-        recipe = BAERecipe(lr=preset.lr, fields=fields)
+        recipe = BAERecipe(lr=preset.lr, fields=bae_fields)
         return bae_config(
             d_in, width, recipe=recipe, coefficient_scale=setting, total_training_steps=steps
         )

@@ -10,9 +10,8 @@ one feature value (``h_R = h_B`` for ``bits_per_feature = 1``). Training minimis
 (``mse_loss`` SAELens', in the inputs' units; k the input frame's factor, 1 without one) with
 gradients through the step from a surrogate derivative (``saes.binary``). The training step is
 SAELens' own: the penalties come through ``calculate_aux_loss`` (``saes.objective``), around it
-the input frame, resampling (``saes.resampling``) and the running mean code (the burstiness
-prior). SAELens' parameter names and hook points are kept, so its evals, histograms and
-splicing work unchanged.
+the input frame and the running mean code (the burstiness prior). SAELens' parameter names and
+hook points are kept, so its evals, histograms and splicing work unchanged.
 """
 
 from __future__ import annotations
@@ -54,7 +53,6 @@ from sae_lens_bae.saes.input_frame import (
     check_activations,
     fix_frame,
     frame,
-    frame_factor,
     module_frame,
     register_input_frame,
     unframe,
@@ -68,7 +66,6 @@ from sae_lens_bae.saes.objective import (
     covariance_penalty,
     frame_weight,
 )
-from sae_lens_bae.saes.resampling import RESAMPLE_UNTIL_FRACTION, resample_window
 from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = [
@@ -80,8 +77,6 @@ __all__ = [
 ]
 
 ARCHITECTURE = "bae"
-WINDOW_BUFFERS = ("window_counts", "window_samples")
-"""A resampling BAE's training-only buffers (the firings of each bit in the current window)."""
 
 
 # ----------------------------------------------------------------------------- configs
@@ -168,8 +163,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     """First fraction of training with the entropy term off."""
     covariance_off_final_fraction: float = 0.0
     """Last fraction of training with the covariance term off."""
-    resample_every: int = 125
-    """Steps between resamplings of constant bits (0: never), until 95% of training."""
     total_training_steps: int | None = None
     """Length of training, which resolves the fractions; set by ``train_sae`` and
     ``fill_training_schedule`` (SAELens never tells an SAE)."""
@@ -196,7 +189,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
                     0 <= self.covariance_off_final_fraction <= 1,
                     fraction,
                 ),
-                "resample_every": (is_count(self.resample_every, 0), "steps, 0 for never"),
                 "total_training_steps": (steps is None or is_count(steps, 0), "steps or None"),
             },
         )
@@ -236,9 +228,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             total_steps=total,
             entropy_on_from=0 if total is None else round(self.entropy_off_fraction * total),
             covariance_off_from=None if total is None or final == 0 else round((1 - final) * total),
-            resample_every=self.resample_every,
-            # without a length, resampling never stops (nothing says when training ends)
-            resample_until=None if total is None else RESAMPLE_UNTIL_FRACTION * total,
         )
 
 
@@ -369,20 +358,14 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
             bits_to_values(step(self.hidden_pre(x)), self.cfg.bits_per_feature)
         )
 
-    @override
-    def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:
-        super().process_state_dict_for_loading(state_dict)
-        for name in WINDOW_BUFFERS:  # a training checkpoint read as an inference model
-            state_dict.pop(name, None)
-
     def log_histograms(self) -> dict[str, NDArray[Any]]:
         return self._bae_histograms()
 
 
 class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     """Training BAE. Its step is SAELens' ``training_forward_pass`` (``mse_loss``, then the
-    code's penalties through :meth:`calculate_aux_loss`), after the input frame and resampling
-    (on the :class:`Schedule`), before the running mean code and window counts of its output.
+    code's penalties through :meth:`calculate_aux_loss`), after the input frame, before the
+    running mean code of its output.
     Seams: ``batch`` (this process, unless ``sae_lens_bae.parallel`` sets its ranks' global
     minibatch) and ``covariance_penalty`` (the plain maths; the package plugs in the kernels')."""
 
@@ -390,14 +373,6 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     covariance_penalty = staticmethod(covariance_penalty)  # the plain maths (see the seams)
     schedule: Schedule | None = None
     _framed = False  # whether the input frame is known to be set
-
-    @override
-    def initialize_weights(self) -> None:
-        super().initialize_weights()
-        if self.cfg.resample_every > 0:  # each bit's firings since the last resampling
-            counts = torch.zeros(self.cfg.n_bits, dtype=torch.int64, device=self.W_dec.device)
-            self.register_buffer("window_counts", counts)
-            self.register_buffer("window_samples", counts.new_zeros(()))
 
     def resolve_schedule(self, total_steps: int | None = None) -> Schedule:
         """Fix the phases in steps for a run of ``total_steps`` (the config's
@@ -412,12 +387,6 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         if self.schedule is None:
             self.resolve_schedule()
         return dict(self.cfg.coefficients())
-
-    @override
-    def process_state_dict_for_saving_inference(self, state_dict: dict[str, Any]) -> None:
-        super().process_state_dict_for_saving_inference(state_dict)
-        for name in WINDOW_BUFFERS:  # training state, not part of the inference model
-            state_dict.pop(name, None)
 
     @override
     def encode_with_hidden_pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -449,10 +418,10 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     @override
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:
-        """SAELens' step, after the input frame and any resampling; then the code's record."""
+        """SAELens' step, after the input frame; then the code's record."""
         schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
         step_input = screen_step(self, step_input)  # extreme states (sae_lens_bae.outliers)
-        self._before_step(step_input.sae_in, n, schedule)
+        self._before_step(step_input.sae_in, n)
         output = super().training_forward_pass(step_input)
         code = output.feature_acts if self.cfg.bits_per_feature == 1 else (output.hidden_pre >= 0)
         code = code.reshape(-1, code.shape[-1])
@@ -460,9 +429,6 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         mean = counts / rows
         with torch.no_grad():
             update_running_mean(self.code_mean, self.code_mean_count, mean)
-            if self.cfg.resample_every > 0 and schedule.window_counted(n):
-                self.window_counts += counts.to(torch.int64)
-                self.window_samples += rows
 
         # counts over this (global) minibatch, named for what they count: SAELens' own
         # sparsity/dead_features counts latents that never fired over its window
@@ -487,39 +453,18 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         return output
 
     @torch.no_grad()
-    def _before_step(self, sae_in: Tensor, n: int, schedule: Schedule) -> None:
-        """Fix an unset input frame on the (global) minibatch; at the end of a resampling window,
-        resample the constant bits (reading the batch without the input hook: the step calls it)."""
+    def _before_step(self, sae_in: Tensor, n: int) -> None:
+        """Fix an unset input frame on the (global) minibatch (reading the batch without the
+        input hook: the step calls it)."""
         input_frame = module_frame(self)  # type: ignore[arg-type]
         # every rank frames from the first global batch, one process until a batch had variance
         framing = input_frame is not None and (n == 0 or self.batch.world == 1 and not self._framed)
-        resampling = schedule.resamples_before(n)
-        if not (framing or resampling):
+        if not framing or input_frame is None or self.cfg.input_variance is None:
             return
         x = self.read_inputs(sae_in, hooked=False)
         x = self.batch.gather(x.reshape(-1, x.shape[-1]))
-        if framing and input_frame is not None and self.cfg.input_variance is not None:
-            fix_frame(input_frame, x, self.cfg.input_variance)
-            self._framed = bool((input_frame[0] > 0).all())  # one wait, until it is set
-        if not resampling:
-            return
-        inputs = self.encoder_inputs(x)
-        values = bits_to_values(step(self.pre_activations(inputs)), self.cfg.bits_per_feature)
-        residuals = x - self.reconstruct(values)
-        if input_frame is not None:  # decoder rows live in the frame's units
-            residuals = residuals * frame_factor(input_frame[0])
-        resample_window(
-            self.W_enc.data,
-            self.b_enc.data,
-            self.W_dec.data,
-            inputs,
-            residuals,
-            self.window_counts,
-            int(self.window_samples),
-            self.code_mean,
-            bits_per_feature=self.cfg.bits_per_feature,
-        )
-        self.window_samples.zero_()
+        fix_frame(input_frame, x, self.cfg.input_variance)
+        self._framed = bool((input_frame[0] > 0).all())  # one wait, until it is set
 
     def log_histograms(self) -> dict[str, NDArray[Any]]:
         return {**super().log_histograms(), **self._bae_histograms()}

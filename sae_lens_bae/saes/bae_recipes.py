@@ -43,8 +43,7 @@ class BAERecipe:
 
 BAE_RECIPES: dict[RecipeName, BAERecipe] = {
     # the config's defaults: the short-run entropy coefficient and a covariance coefficient 16x
-    # it, the paper's surrogate temperature, constant bits resampled every 125 steps, inputs
-    # framed at variance 1 per dimension
+    # it, the paper's surrogate temperature, inputs framed at variance 1 per dimension
     "default": BAERecipe(lr=2e-3),
     # the short-run rule, tuned on the synthetic benchmark at d = 64 and 128 on states as given
     "short_run": BAERecipe(
@@ -52,16 +51,14 @@ BAE_RECIPES: dict[RecipeName, BAERecipe] = {
         fields={
             "surrogate_temperature": 0.3,
             "covariance_coefficient": 1e-6,
-            "resample_every": 0,
             "input_variance": None,
         },
     ),
-    # entropy estimation: the short-run coefficients at EntropyRecipe's lr, no resampling (a
-    # resampled bit is a random one: it adds entropy), inputs framed at the total variance of the
-    # fair-bit sets it was calibrated on, whatever their width
+    # entropy estimation: the short-run coefficients at EntropyRecipe's lr, inputs framed at the
+    # total variance of the fair-bit sets it was calibrated on, whatever their width
     "entropy": BAERecipe(
         lr=4e-3,
-        fields={"surrogate_temperature": 0.3, "covariance_coefficient": 1e-6, "resample_every": 0},
+        fields={"surrogate_temperature": 0.3, "covariance_coefficient": 1e-6},
         input_total_variance=0.5,
     ),
     # the paper: a_e = a_c = 1e-7 whatever d, sigmoid surrogate at T = 1, states as given, Adam
@@ -72,7 +69,6 @@ BAE_RECIPES: dict[RecipeName, BAERecipe] = {
             "entropy_coefficient": 1e-7,
             "covariance_coefficient": 1e-7,
             "coefficient_width": None,
-            "resample_every": 0,
             "input_variance": None,
         },
     ),

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import einops
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "SURROGATES",
     "bits_to_values",
     "apply_keeping_dtypes",
+    "constant_bits",
     "step",
     "update_running_mean",
 ]
@@ -30,6 +31,17 @@ CONSTANT_RARITY = 1e-4
 DENSE_FREQUENCY = 0.1
 """A bit (or an SAE latent) in its rare state on more than this fraction of tokens is dense (the
 SAE literature's 10%; a bit's rare state is at most half of them, so 1/2 could never count one)."""
+
+
+def constant_bits(
+    counts: Float[Tensor, "*stack n_bits"], samples: int, rarity: float = CONSTANT_RARITY
+) -> Bool[Tensor, "*stack n_bits"]:
+    """Bits whose rare state (firing, or not firing) took fewer than ``rarity`` of the
+    ``samples`` samples; at least those that fired on none or on all of them. Not only exactly
+    constant ones: a bit firing on 3 of 64k training tokens reads as dead on held-out text."""
+    rare = torch.minimum(counts, samples - counts)
+    return (rare == 0) | (rare < rarity * samples)
+
 
 SURROGATE_CPU_CUTOFF = 30.0
 """On CPU the sigmoid surrogate's derivative beyond |x / T| = 30 is held at its value there

@@ -2,8 +2,8 @@
 dimension, and each BAE is initialised as ``train_sae`` initialises it with its seed. Entropy
 tracing needs dozens to hundreds of small BAEs (one per layer and position) on states of the
 same forward passes; stacked, they are one set of ``[G, ...]`` weights whose step is the
-architecture's (``saes.bae``: its input frame, objective, resampling and running mean code) with
-batched matmuls. ``unstack`` gives the G SAELens ``BAETrainingSAE`` objects.
+architecture's (``saes.bae``: its input frame, objective and running mean code) with batched
+matmuls. ``unstack`` gives the G SAELens ``BAETrainingSAE`` objects.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from sae_lens_bae.saes.input_frame import (
     Frame,
     fix_frame,
     frame,
-    frame_factor,
     module_frame,
     unframe,
 )
@@ -40,7 +39,6 @@ from sae_lens_bae.saes.objective import (
     code_counts,
     frame_weight,
 )
-from sae_lens_bae.saes.resampling import resample_window
 from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = ["StackedBAE"]
@@ -95,10 +93,6 @@ class StackedBAE(nn.Module):
         if cfg.input_variance is not None:  # each member's frame (unset: zeros), stacked
             self.register_buffer(INPUT_SCALE_BUFFER, torch.stack([m.input_scale for m in members]))
             self.register_buffer(INPUT_SHIFT_BUFFER, torch.stack([m.input_shift for m in members]))
-        if cfg.resample_every > 0:  # per BAE, as BAETrainingSAE keeps them
-            counts = torch.zeros(len(members), cfg.n_bits, dtype=torch.int64)
-            self.register_buffer("window_counts", counts)
-            self.register_buffer("window_samples", torch.zeros((), dtype=torch.int64))
 
     @staticmethod
     def _members(
@@ -175,20 +169,18 @@ class StackedBAE(nn.Module):
         n_training_steps: int,
         members: Tensor | None = None,
         covariance_off: Sequence[bool] | None = None,
-        resample: bool = True,
     ) -> dict[str, Tensor]:
         """One step of every BAE (or of the stack rows ``members``, ``x`` holding their
         minibatches: the others cost nothing and get no gradient) at schedule step
-        ``n_training_steps``: the frame and resampling as a single BAE's step, then each
-        member's objective (``bae_objective``, each term of shape [G], as a single BAE's step
-        weighs it) and ``batch_entropy_bits``, then the running mean codes and window counts.
-        ``covariance_off``: per row of ``x``, True where that BAE trains without the covariance
-        term (its final phase after it converged). ``resample``: False on a second step at the
-        same ``n_training_steps`` (a held schedule)."""
+        ``n_training_steps``: the frame as a single BAE's step, then each member's objective
+        (``bae_objective``, each term of shape [G], as a single BAE's step weighs it) and
+        ``batch_entropy_bits``, then the running mean codes. ``covariance_off``: per row of
+        ``x``, True where that BAE trains without the covariance term (its final phase after it
+        converged)."""
         schedule, n = self.schedule or self.cfg.schedule(), n_training_steps
         self.schedule = schedule
         x = self._check_shape(x, members)
-        self._before_step(x, n, schedule, members, resample)
+        self._before_step(x, n, members)
         rows = self._rows(members)
         pre = self._pre(rows, frame(x, rows.frame))
         bits = step(pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
@@ -211,71 +203,32 @@ class StackedBAE(nn.Module):
         )
         counts, samples = code_counts(bits, self.batch), self.batch.world * bits.shape[-2]
         terms["batch_entropy_bits"] = binary_entropy(counts / samples)
-        self._record(counts, samples, members, schedule.window_counted(n))
+        self._record(counts, samples, members)
         return terms
 
     @torch.no_grad()
-    def _before_step(
-        self, x: Tensor, n: int, schedule: Schedule, members: Tensor | None, resample: bool
-    ) -> None:
-        """Each member's unset frame fixed on its (global) minibatch; at the end of a resampling
-        window, each member's constant bits resampled on it (``resample_window``)."""
+    def _before_step(self, x: Tensor, n: int, members: Tensor | None) -> None:
+        """Each member's unset frame fixed on its (global) minibatch."""
         input_frame = module_frame(self)
         framing = input_frame is not None and (n == 0 or self.batch.world == 1)
-        resampling = resample and schedule.resamples_before(n)
-        if not (framing or resampling):
+        if not framing or input_frame is None or self.cfg.input_variance is None:
             return
         x = self.batch.gather(x)
-        if framing and input_frame is not None and self.cfg.input_variance is not None:
-            rows = (
-                input_frame
-                if members is None
-                else (input_frame[0][members], input_frame[1][members])
-            )
-            fix_frame(rows, x, self.cfg.input_variance)
-            if members is not None:  # an indexed copy: written back
-                input_frame[0][members], input_frame[1][members] = rows
-        if resampling:
-            self._resample(x, members)
-
-    def _resample(self, x: Tensor, members: Tensor | None) -> None:
-        rows = self._rows(members)
-        inputs = self._encoder_inputs(rows, frame(x, rows.frame))
-        bits = step(_affine(rows.b_enc, inputs, rows.W_enc))
-        residuals = x - unframe(self._out(rows, bits), rows.frame)
-        if rows.frame is not None:  # decoder rows live in the frame's units
-            residuals = residuals * frame_factor(rows.frame[0])[..., None, None]
-        ids = range(self.n_models) if members is None else members.tolist()
-        samples = int(self.window_samples)
-        for i, g in enumerate(ids):
-            resample_window(
-                self.W_enc.data[g],
-                self.b_enc.data[g],
-                self.W_dec.data[g],
-                inputs[i],
-                residuals[i],
-                self.window_counts[g],
-                samples,
-                self.code_mean[g],
-                bits_per_feature=self.cfg.bits_per_feature,
-            )
-        self.window_samples.zero_()
+        rows = (
+            input_frame if members is None else (input_frame[0][members], input_frame[1][members])
+        )
+        fix_frame(rows, x, self.cfg.input_variance)
+        if members is not None:  # an indexed copy: written back
+            input_frame[0][members], input_frame[1][members] = rows
 
     @torch.no_grad()
-    def _record(self, counts: Tensor, samples: int, members: Tensor | None, counting: bool) -> None:
-        """Each trained member's running mean code moves towards its minibatch's; inside a
-        resampling window its bits' firings are counted (the shared counts advance once)."""
+    def _record(self, counts: Tensor, samples: int, members: Tensor | None) -> None:
+        """Each trained member's running mean code moves towards its minibatch's (the shared
+        count advances once)."""
         rows = self.code_mean if members is None else self.code_mean[members]
         update_running_mean(rows, self.code_mean_count, counts / samples)
         if members is not None:  # an indexed copy: written back
             self.code_mean[members] = rows
-        if counting and self.cfg.resample_every > 0:
-            fired = counts.to(torch.int64)
-            if members is None:
-                self.window_counts += fired
-            else:
-                self.window_counts[members] += fired
-            self.window_samples += samples
 
     @torch.no_grad()
     def clip_grad_norms_(self, max_norm: float = 1.0) -> Tensor:
@@ -297,9 +250,6 @@ class StackedBAE(nn.Module):
             if self.cfg.input_variance is not None:
                 state[INPUT_SCALE_BUFFER] = self.input_scale[g]
                 state[INPUT_SHIFT_BUFFER] = self.input_shift[g]
-            if self.cfg.resample_every > 0:
-                state["window_counts"] = self.window_counts[g]
-                state["window_samples"] = self.window_samples
             sae.load_state_dict(state)
             members.append(sae)
         return members

@@ -88,8 +88,6 @@ class _Progress:
     """The schedule's step: it stands still while a drain hold holds it."""
     holding: bool = False
     """Whether the drain hold holds the schedule now."""
-    fresh: bool = True
-    """Whether this step's clock is new (a held step must not resample again)."""
     frozen: dict[int, list[Tensor]] = field(default_factory=dict)
     """The weights of each BAE that stopped (Adam's momentum would still move them)."""
     taken: dict[int, int] = field(default_factory=dict)
@@ -321,8 +319,7 @@ class StackedTrainer:
         """One optimiser step of the training BAEs on their minibatches ``batch``."""
         run = self.run
         off = [g in run.ends for g in run.active] if run.ends else None
-        losses = self.model.losses(batch, run.clock, self.members, off, resample=run.fresh)
-        run.fresh = not run.holding  # a held step leaves the clock where it is
+        losses = self.model.losses(batch, run.clock, self.members, off)
         losses.pop("loss").sum().backward()
         self.model.clip_grad_norms_(1.0)
         self.optimizer.step()

@@ -24,7 +24,6 @@ __all__ = [
 
 FAMILIES = {
     "bae": "coefficient_scale",
-    "bae_no_resampling": "coefficient_scale",
     "topk": "k",
     "batchtopk": "k",
     "jumprelu": "l0_coefficient",
@@ -32,18 +31,17 @@ FAMILIES = {
     "gated_relu": "l1_coefficient",
 }
 """Each family and what its sparsity setting is: a multiple of the BAE recipe's a_e and a_c,
-TopK's k, JumpReLU's L0 coefficient, an L1 coefficient. ``bae_no_resampling``: the BAE without
-its remedy, to show what the remedy does."""
+TopK's k, JumpReLU's L0 coefficient, an L1 coefficient."""
 
 JUMPRELU_PRE_ACT_COEFFICIENT = 3e-6
 """JumpReLU's remedy: SAELens' pre-activation loss on dead latents, at Anthropic's coefficient."""
 
 
 def remedy_window(steps: int) -> int:
-    """Steps after which a silent latent counts as dead (and a BAE resamples its near-constant
-    bits): 1/16 of the run, so every run gets the same number of chances whatever its
-    length (SAELens' 1000-step default is half of a 2000-step run), and at least 25 steps, so
-    that a latent is judged on more than a few minibatches."""
+    """Steps after which a silent latent counts as dead: 1/16 of the run, so every run gets the
+    same number of chances whatever its length (SAELens' 1000-step default is half of a
+    2000-step run), and at least 25 steps, so that a latent is judged on more than a few
+    minibatches."""
     return max(25, steps // 16)
 
 
@@ -52,7 +50,7 @@ def shared_schedule(lr: float, steps: int) -> dict[str, Any]:
     the first 5% of steps, linear decay to 0 over the last 20% (SAELens' ``constant`` schedule ends
     its decay at 0 whatever ``lr_end``), and the dead-latent window
     (TopK's AuxK and JumpReLU's pre-activation loss read it; the standard SAE has no remedy in
-    SAELens)."""
+    SAELens, the BAE none of its own)."""
     return {
         "lr": lr,
         "lr_end": lr / 10,
@@ -67,17 +65,16 @@ def family_config(
 ) -> Any:
     """The training config of ``family`` at sparsity ``setting`` (``FAMILIES``), with no
     activation normalisation: callers scale activations once for every model. ``bae_fields``
-    replace a BAE family's config fields (a recipe variant); the other families take none."""
+    replace the BAE's config fields (a recipe variant); the other families take none."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
-    if family.startswith("bae"):
+    if family == "bae":
         # the setting scales the recipe's coefficients: a field replacing one would drop it
         owned = {"recipe", "coefficient_scale", "entropy_coefficient", "covariance_coefficient"}
         taken = sorted(owned & set(bae_fields))
         if taken:
             raise ValueError(f"{family} sets {', '.join(taken)} from its setting, not as fields")
-        window = remedy_window(steps) if family == "bae" else 0
-        fields = {"resample_every": window, "total_training_steps": steps, **bae_fields}
+        fields = {"total_training_steps": steps, **bae_fields}
         return bae_config(d_in, d_sae, coefficient_scale=setting, **fields)
     if bae_fields:
         raise ValueError(f"{family} takes no BAE fields, got {', '.join(sorted(bae_fields))}")
