@@ -108,8 +108,8 @@ def test_compression_report_measures_size_and_error():
     for row in rows:
         assert row["original_bytes_float32"] == 200 * 8 * 4
         assert row["ratio_float32"] == pytest.approx(200 * 8 * 4 / row["bytes"])
-        # decoder weights and bias, the prior and the input frame (k, t), in float32
-        assert row["bytes_with_decoder"] == row["bytes"] + (32 * 8 + 8 + 32 + 1 + 8) * 4
+        # decoder weights and bias and the prior, in float32 (the default has no input frame)
+        assert row["bytes_with_decoder"] == row["bytes"] + (32 * 8 + 8 + 32) * 4
     exact = decompress(bae, compress(bae, 2 * h0, prior=prior), prior=prior) / 2
     assert rows[0]["mse"] == pytest.approx(float((exact - h0).pow(2).mean()), rel=1e-5)
     cosines = [torch.dot(a, b) / (a.norm() * b.norm()) for a, b in zip(exact, h0, strict=True)]
@@ -118,8 +118,8 @@ def test_compression_report_measures_size_and_error():
 
 def test_decoder_bytes_count_what_decoding_reads():
     """W_dec, b_dec and the prior; a framed BAE also its frame (k and t: d_in + 1 floats)."""
-    framed = BAE(BAEConfig(d_in=8, d_sae=32))
-    plain = BAE(BAEConfig(d_in=8, d_sae=32, input_variance=None))
+    framed = BAE(BAEConfig(d_in=8, d_sae=32, input_variance=1.0))
+    plain = BAE(BAEConfig(d_in=8, d_sae=32))
     assert decoder_bytes(plain) == 4 * (32 * 8 + 8 + 32)
     assert decoder_bytes(framed) == decoder_bytes(plain) + 4 * (8 + 1)
 

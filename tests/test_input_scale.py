@@ -167,23 +167,23 @@ def test_a_bad_target_is_refused(value):
 
 @pytest.mark.parametrize("d_in", [8, 48, 576])
 def test_each_recipe_frames_at_its_own_variance(d_in):
-    """The entropy recipes frame at the fair-bit sets' total variance whatever the width, the
-    default at variance 1 per dimension; the paper's and the short-run recipe read states as
-    given."""
+    """The entropy recipes frame at the fair-bit sets' total variance whatever the width, a
+    config that asks for it at its variance per dimension; the default, the paper's and the
+    short-run recipe read states as given."""
     x, steps = fair_bits(d=d_in), {"total_training_steps": 10}
     for cfg, total in (
         (bae_config(d_in, recipe="entropy", **steps), 0.5),
         (EntropyRecipe.of().config(d_in), 0.5),
-        (bae_config(d_in, **steps), float(d_in)),
-        (BAETrainingSAEConfig(d_in=d_in, d_sae=2 * d_in, **steps), float(d_in)),
+        (BAETrainingSAEConfig(d_in=d_in, d_sae=2 * d_in, input_variance=1.0, **steps), d_in),
     ):
         bae = BAETrainingSAE(cfg)
         bae.training_forward_pass(_step(x[:64], 0))
         framed = (x[:64] + bae.input_shift) * bae.input_scale
         variance = (framed - framed.mean(0)).pow(2).sum(-1).mean().item()
         assert variance == pytest.approx(total, rel=1e-5)
-    for name in ("paper", "short_run"):
+    for name in ("default", "paper", "short_run"):
         assert bae_config(d_in, recipe=name).input_variance is None
+        assert not hasattr(BAETrainingSAE(bae_config(d_in, recipe=name)), "input_scale")
 
 
 def _first_step(x: torch.Tensor) -> BAETrainingSAE:
@@ -198,3 +198,37 @@ def _step(x: torch.Tensor, n: int) -> TrainStepInput:
     coefficients = {"entropy": 1e-3, "covariance": 1e-3}
     return TrainStepInput(sae_in=x, coefficients=coefficients, dead_neuron_mask=None,
                           n_training_steps=n, is_logging_step=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("norm_over_sqrt_d", [0.1, 1.0, 10.0])
+def test_a_bae_on_states_far_from_the_coefficients_scale_says_so_once(norm_over_sqrt_d, caplog):
+    """Without a frame, the first step of a BAE whose states' mean norm is more than 3 times off
+    sqrt(d_in) logs one warning naming SAELens' normalisation; later steps and states at the
+    scale log nothing."""
+    x = torch.randn(256, 16)
+    x = x / x.norm(dim=-1).mean() * 4.0 * norm_over_sqrt_d  # mean norm: the factor x sqrt(16)
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=16, d_sae=32, total_training_steps=10))
+    with caplog.at_level("WARNING", logger="sae_lens_bae.saes.input_frame"):
+        for n in range(3):
+            bae.training_forward_pass(_step(x, n))
+    warned = [r.getMessage() for r in caplog.records if "mean norm" in r.getMessage()]
+    assert len(warned) == (norm_over_sqrt_d != 1.0)
+    if warned:
+        assert f"{norm_over_sqrt_d:.3g} x sqrt(d_in)" in warned[0]
+        assert "normalize_activations='expected_average_only_in'" in warned[0]
+
+
+def test_saelens_normalisation_brings_states_to_the_scale_and_folds_it(caplog):
+    """States 10 times off the coefficients' scale, trained with SAELens' normalisation: the steps
+    see them at the scale (no warning), and the BAE comes back in the states' own units (SAELens'
+    fold: its config reads "none", and it decodes raw states as it was trained to)."""
+    x = torch.randn(2048, 16) * 10.0
+    cfg = BAETrainingSAEConfig(d_in=16, d_sae=32, normalize_activations="expected_average_only_in")
+    with caplog.at_level("WARNING", logger="sae_lens_bae.saes.input_frame"):
+        run = train_sae(x, cfg, training_samples=40 * 256, batch_size=256,
+                        n_batches_for_norm_estimate=4)  # fmt: skip
+    assert not [r for r in caplog.records if "mean norm" in r.getMessage()]
+    assert run.sae.cfg.normalize_activations == "none"
+    out = run.sae.decode(run.sae.encode(x))
+    explained = 1 - (out - x).pow(2).sum() / (x - x.mean(0)).pow(2).sum()
+    assert explained > 0.3  # in the states' units: unfolded, it would be off by 100x

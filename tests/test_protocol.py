@@ -335,15 +335,15 @@ def test_family_config_takes_bae_fields_for_the_bae_family_only():
     """``bae_fields`` replace the BAE's config fields and leave the rest as the family builds
     them; another family given one is refused by name."""
     plain = family_config("bae", 64, 128, 0.5, 1600)
-    variant = family_config("bae", 64, 128, 0.5, 1600, input_variance=None)
-    assert plain.input_variance == 1.0
-    assert variant.input_variance is None
+    variant = family_config("bae", 64, 128, 0.5, 1600, input_variance=1.0)
+    assert plain.input_variance is None
+    assert variant.input_variance == 1.0
     replaced = {"input_variance", "metadata"}  # metadata repeats the fields
     assert {k: v for k, v in vars(variant).items() if k not in replaced} == {
         k: v for k, v in vars(plain).items() if k not in replaced
     }
     with pytest.raises(ValueError, match="topk takes no BAE fields, got input_variance"):
-        family_config("topk", 64, 128, 8, 1600, input_variance=None)
+        family_config("topk", 64, 128, 8, 1600, input_variance=1.0)
     with pytest.raises(ValueError, match="bae sets coefficient_scale, recipe from its setting"):
         family_config("bae", 64, 128, 0.5, 1600, recipe="paper", coefficient_scale=2.0)
     with pytest.raises(ValueError, match="bae sets covariance_coefficient from its setting"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -163,8 +164,11 @@ def test_saelens_log_dict_keeps_saelens_names_and_logs_the_coefficients_applied(
     log = trainer.build_train_step_log_dict(sae.training_forward_pass(step), 64)
     assert log["details/entropy_coefficient"] == sae.cfg.coefficients()["entropy"] > 0
     assert log["metrics/entropy_coefficient_applied"] == 0.0  # the first quarter: off
-    k = float(sae.input_scale)  # the frame, fixed on this batch
-    assert log["metrics/covariance_coefficient_applied"] == pytest.approx(
+    assert log["metrics/covariance_coefficient_applied"] == log["details/covariance_coefficient"]
+    framed = BAETrainingSAE(replace(sae.cfg, input_variance=1.0))
+    framed_log = trainer.build_train_step_log_dict(framed.training_forward_pass(step), 64)
+    k = float(framed.input_scale)  # an input frame, fixed on this batch, divides by k^2
+    assert framed_log["metrics/covariance_coefficient_applied"] == pytest.approx(
         log["details/covariance_coefficient"] / k**2, rel=1e-6
     )
     assert {"sparsity/dead_features", "metrics/constant_bits_in_minibatch_fraction",

@@ -361,9 +361,10 @@ def test_a_killed_stacked_run_goes_on_to_the_uninterrupted_weights(
     g = torch.Generator().manual_seed(1)
     sets = [binary_mixtures(1, rank=rank)[0] for rank in (1, 3)]
     sets.append(torch.randn(1024, 8, generator=g, dtype=torch.float64))
-    cfg = BAETrainingSAEConfig(coefficient_width=None, 
+    cfg = BAETrainingSAEConfig(
         d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.125, entropy_coefficient=1e-2,
-        covariance_coefficient=1e-3, covariance_off_final_fraction=0.25,
+        covariance_coefficient=1e-3, covariance_off_final_fraction=0.25, coefficient_width=None,
+        input_variance=1.0,  # the entropy recipe's frame, so the members converge apart
     )  # fmt: skip
     rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2,
                        horizon=0.0)  # fmt: skip

@@ -49,7 +49,9 @@ def test_task_vector_is_the_top_mean_code_difference_decoded():
 def test_a_framed_bae_s_task_vector_is_its_decoded_difference_in_the_states_units():
     """With its input frame set (k, t), a BAE's task vector is the difference of what it decodes
     from the two mean codes: (diff W_dec + b_dec) / k - t, the shift and bias cancelling."""
-    bae = _bae()
+    torch.manual_seed(0)
+    bae = BAE(BAEConfig(d_in=8, d_sae=32, input_variance=1.0))
+    torch.nn.init.normal_(bae.b_dec)
     with torch.no_grad():
         bae.input_scale.fill_(0.25)
         bae.input_shift.normal_()

@@ -90,18 +90,17 @@ def _count_hook_calls(model, hook_name, run):
 
 @pytest.mark.parametrize("recipe", ["default", "entropy", "paper"])
 def test_bae_train_reads_saelens_normalisation_in_place_of_its_frame(recipe, tmp_path):
-    """``bae train --normalize-activations`` trains with SAELens' normalisation and no input
-    frame, whatever the recipe's frame; without it the recipe's frame stays."""
+    """``bae train`` trains with SAELens' normalisation (the scale the coefficients assume) and
+    no input frame, whatever the recipe's frame, unless ``--normalize-activations none``: then
+    the recipe's frame stays."""
     from sae_lens_bae.training.live import LiveTrainingConfig, _sae_config
 
     common = {"out": tmp_path, "dataset": "unused", "recipe": recipe}
-    normalised = _sae_config(
-        LiveTrainingConfig(**common, normalize_activations="expected_average_only_in"), 16
-    )
+    normalised = _sae_config(LiveTrainingConfig(**common), 16)
     assert normalised.input_variance is None
     assert normalised.normalize_activations == "expected_average_only_in"
-    own = _sae_config(LiveTrainingConfig(**common), 16)
-    expected = {"default": 1.0, "entropy": 0.5 / 16, "paper": None}[recipe]
+    own = _sae_config(LiveTrainingConfig(**common, normalize_activations="none"), 16)
+    expected = {"default": None, "entropy": 0.5 / 16, "paper": None}[recipe]
     assert own.input_variance == expected and own.normalize_activations == "none"
 
 

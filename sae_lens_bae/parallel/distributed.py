@@ -158,7 +158,7 @@ def data_parallel(trainer: SAETrainer[Any, Any], group: Any = None) -> SAETraine
     the step now runs through ``DistributedDataParallel`` (which broadcasts rank 0's weights and
     buffers once, then averages gradients; buffers are not synced again, the BAE's running
     statistics are computed from the global batch on every rank). ``trainer.step`` counts the
-    samples of every rank. Returns ``trainer``.
+    samples of every rank, and SAELens' scale estimate is the ranks' mean. Returns ``trainer``.
     """
     sae = trainer.sae
     if not isinstance(sae, BAETrainingSAE):
@@ -187,7 +187,25 @@ def data_parallel(trainer: SAETrainer[Any, Any], group: Any = None) -> SAETraine
         return output
 
     trainer.step = step
+    _one_scale(trainer, group, world)
     return trainer
+
+
+def _one_scale(trainer: SAETrainer[Any, Any], group: Any, world: int) -> None:
+    """SAELens' estimate of the states' scale (``normalize_activations``) reads this rank's
+    batches; averaged over the ranks, every rank scales by the factor of the global stream, as
+    one process would, and a resumed run (which loads rank 0's) goes on with the same."""
+    scaler = trainer.activation_scaler
+    estimate = scaler.estimate_scaling_factor
+
+    def estimate_globally(*args: Any, **kwargs: Any) -> None:
+        estimate(*args, **kwargs)
+        device = trainer.cfg.device if dist.get_backend(group) == "nccl" else "cpu"
+        norm = torch.tensor([1.0 / scaler.scaling_factor], dtype=torch.float64, device=device)
+        dist.all_reduce(norm, group=group)  # the ranks' mean norms over sqrt(d), summed
+        scaler.scaling_factor = world / float(norm)
+
+    scaler.estimate_scaling_factor = estimate_globally  # type: ignore[method-assign]
 
 
 def spawn_local(fn: Callable[..., None], world: int, *args: Any, backend: str = "gloo") -> None:

@@ -51,6 +51,7 @@ from sae_lens_bae.saes.input_frame import (
     INPUT_SHIFT_BUFFER,
     InputFrameFolds,
     check_activations,
+    check_scale,
     fix_frame,
     frame,
     module_frame,
@@ -113,10 +114,10 @@ class BAEConfig(StrictLoading, SAEConfig):
     bits_per_feature * d_sae`` bits."""
     apply_b_dec_to_input: bool = False
     """SAELens' input centring; off, as in the paper."""
-    input_variance: float | None = 1.0
-    """Variance per input dimension the BAE brings its inputs to with its input frame
-    ``k (x + t)``, fixed on the first training batch and undone on its outputs
-    (``saes.input_frame``); None: inputs as given."""
+    input_variance: float | None = None
+    """Variance per input dimension an input frame ``k (x + t)`` brings the inputs to, fixed on
+    the first training batch and undone on the outputs (``saes.input_frame``; the ``entropy``
+    recipe's); None: inputs as given."""
 
     @override
     @classmethod
@@ -144,16 +145,17 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     bits_per_feature * d_sae`` bits."""
     apply_b_dec_to_input: bool = False
     """SAELens' input centring; off, as in the paper."""
-    input_variance: float | None = 1.0
-    """Variance per input dimension of the input frame (see :class:`BAEConfig`); None: inputs as
-    given."""
+    input_variance: float | None = None
+    """Variance per input dimension of an input frame (see :class:`BAEConfig`); None: inputs as
+    given, at the scale the coefficients assume (mean norm sqrt(d_in))."""
     surrogate: Literal["sigmoid", "ste"] = "sigmoid"
     """Surrogate derivative of the step: d/dx sigmoid(x / T), or straight-through."""
     surrogate_temperature: float = 1.0
     """T of the sigmoid surrogate (1.0 is the paper's definition)."""
     entropy_coefficient: float = 5e-7
-    """a_e, weight of the minibatch entropy in bits against the squared error per element in the
-    input frame's units, at ``coefficient_width``."""
+    """a_e, weight of the minibatch entropy in bits against the squared error per element of
+    states at mean norm sqrt(d_in) (SAELens' ``expected_average_only_in``; with an input frame,
+    in its units), at ``coefficient_width``."""
     covariance_coefficient: float = 8e-6
     """a_c, weight of the summed |off-diagonal covariance|, as ``entropy_coefficient``."""
     coefficient_width: int | None = 2048
@@ -455,8 +457,10 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     @torch.no_grad()
     def _before_step(self, sae_in: Tensor, n: int) -> None:
         """Fix an unset input frame on the (global) minibatch (reading the batch without the
-        input hook: the step calls it)."""
+        input hook: the step calls it); without a frame, check the first minibatch's scale."""
         input_frame = module_frame(self)  # type: ignore[arg-type]
+        if input_frame is None and n == 0:
+            check_scale(self.read_inputs(sae_in, hooked=False).reshape(-1, self.cfg.d_in))
         # every rank frames from the first global batch, one process until a batch had variance
         framing = input_frame is not None and (n == 0 or self.batch.world == 1 and not self._framed)
         if not framing or input_frame is None or self.cfg.input_variance is None:

@@ -1,8 +1,8 @@
 """Named BAE training recipes, as data: the config fields each sets beyond
 :class:`BAETrainingSAEConfig`'s defaults (which are the ``default`` recipe) and the Adam learning
 rate it trains with. ``bae_config(d_in, recipe=name)`` builds a config from one. How ``default``
-was chosen, with every variant tried, is in ``docs/research/recipe-study.md``; the ``entropy``
-recipe's evidence in ``docs/research/entropy-recipe.md``.
+was chosen, every piece against the paper's bare equations, is in ``docs/research/ablation.md``;
+the ``entropy`` recipe's evidence in ``docs/research/entropy-recipe.md``.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ class BAERecipe:
 
 
 BAE_RECIPES: dict[RecipeName, BAERecipe] = {
-    # the config's defaults: the short-run entropy coefficient and a covariance coefficient 16x
-    # it, the paper's surrogate temperature, inputs framed at variance 1 per dimension
+    # the config's defaults: the paper's equations with the entropy term off for the first
+    # quarter, the short-run entropy coefficient and a covariance coefficient 16x it, the
+    # paper's surrogate temperature, inputs as given (at mean norm sqrt(d_in))
     "default": BAERecipe(lr=2e-3),
     # the short-run rule, tuned on the synthetic benchmark at d = 64 and 128 on states as given
     "short_run": BAERecipe(
@@ -51,7 +52,6 @@ BAE_RECIPES: dict[RecipeName, BAERecipe] = {
         fields={
             "surrogate_temperature": 0.3,
             "covariance_coefficient": 1e-6,
-            "input_variance": None,
         },
     ),
     # entropy estimation: the short-run coefficients at EntropyRecipe's lr, inputs framed at the
@@ -69,7 +69,6 @@ BAE_RECIPES: dict[RecipeName, BAERecipe] = {
             "entropy_coefficient": 1e-7,
             "covariance_coefficient": 1e-7,
             "coefficient_width": None,
-            "input_variance": None,
         },
     ),
 }

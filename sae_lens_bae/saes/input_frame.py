@@ -30,6 +30,7 @@ recipes at the total variance of the fair-bit sets they were calibrated on, one 
 
 from __future__ import annotations
 
+import logging
 from typing import Any, NoReturn
 
 import torch
@@ -37,7 +38,9 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 __all__ = [
+    "SCALE_TOLERANCE",
     "check_activations",
+    "check_scale",
     "INPUT_SCALE_BUFFER",
     "INPUT_SHIFT_BUFFER",
     "InputFrameFolds",
@@ -63,6 +66,29 @@ Frame = tuple[Tensor, Tensor]
 
 
 _ADVICE = "Check the model's dtype (fp16 overflow) and the activation source."
+
+SCALE_TOLERANCE = 3.0
+"""States read as given whose mean norm is off sqrt(d_in) by more than this factor get a
+warning: the coefficients' penalties weigh the square of it more or less there."""
+
+logger = logging.getLogger(__name__)
+
+
+def check_scale(x: Float[Tensor, "n d_in"]) -> float:
+    """The mean norm of ``x`` over sqrt(d_in) (the scale a BAE's coefficients assume, SAELens'
+    ``expected_average_only_in``), logging a warning when it is off by more than
+    ``SCALE_TOLERANCE``."""
+    ratio = float(x.detach().float().norm(dim=-1).mean()) / x.shape[-1] ** 0.5
+    if not 1 / SCALE_TOLERANCE <= ratio <= SCALE_TOLERANCE:
+        logger.warning(
+            "BAE inputs have a mean norm of %.3g x sqrt(d_in), where the coefficients assume 1 "
+            "(the penalties weigh %.2g x as much here): set normalize_activations="
+            "'expected_average_only_in' (SAELens scales the states and folds the factor into "
+            "the saved weights), or scale the states",
+            ratio,
+            1 / ratio**2,
+        )
+    return ratio
 
 
 def check_activations(x: Tensor, d_in: int, hook_name: str | None, on_device: bool = False) -> None:

@@ -4,8 +4,9 @@ The result equals G separate ``train_sae`` runs with the same seeds and data ord
 initialised as ``train_sae`` initialises it, sees its own minibatches and minibatch statistics,
 and has its gradient clipped to norm 1 on its own, as SAELens' ``SAETrainer`` does (Adam is
 elementwise, so one optimiser over stacked weights updates each BAE as its own would). One
-difference: a framed BAE (``input_variance`` set, the default) fixes its input frame from its
-whole set here and from its first minibatch alone; on inputs as given they are equal.
+difference: a framed BAE (``input_variance`` set, the ``entropy`` recipe's) fixes its input
+frame from its whole set here and from its first minibatch alone; on inputs as given they are
+equal.
 
 With a ``checkpoint`` folder the run saves everything it would need to go on (weights, Adam, the
 learning-rate schedule, the loop's ``_Progress``, the stop rule's checks and the loss histories)

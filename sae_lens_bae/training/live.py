@@ -46,6 +46,10 @@ from sae_lens_bae.training.trainer import fill_training_schedule
 __all__ = ["BAETrainingRunner", "LiveTrainingConfig", "train_live"]
 
 Normalisation = typing.get_type_hints(SAEConfig)["normalize_activations"]
+NORM_ESTIMATE_BATCHES = 100
+"""Minibatches SAELens' runner reads to estimate the states' mean norm (its default, 1,000,
+costs a thousand minibatches of forward passes before the first step; a mean norm settles in
+far fewer)."""
 """SAELens' activation normalisations (``none``, ``expected_average_only_in``, ...)."""
 
 
@@ -92,9 +96,10 @@ class LiveTrainingConfig:
     """Surrogate derivative of the step."""
     surrogate_temperature: float | None = ranged(None, above=0.0)
     """Temperature of the sigmoid surrogate (default: the recipe's)."""
-    normalize_activations: Normalisation = "none"
-    """SAELens' activation normalisation, in place of the BAE's own input frame (which scales and
-    moves the inputs once on the first batch)."""
+    normalize_activations: Normalisation = "expected_average_only_in"
+    """SAELens' activation normalisation: by default states are scaled to mean norm sqrt(d_in)
+    (estimated over NORM_ESTIMATE_BATCHES batches, folded into the saved weights), the scale the
+    coefficients assume; it replaces a recipe's input frame, which "none" keeps."""
     outlier_norm_ratio: float | None = ranged(NORM_RATIO, low=1.0)
     """Each minibatch's extreme states (norm above this times its median; sae_lens_bae.outliers)
     are replaced by its median state and counted; none keeps them. BOS, EOS and padding states
@@ -320,6 +325,7 @@ def _runner_config(
         exclude_special_tokens=True,  # BOS (an attention sink in many models), EOS, padding
         training_tokens=cfg.training_tokens,
         train_batch_size_tokens=cfg.batch_size,
+        n_batches_for_norm_estimate=NORM_ESTIMATE_BATCHES,
         lr=cfg.lr or BAE_RECIPES[cfg.recipe].lr,
         device=device,
         seed=cfg.seed,
