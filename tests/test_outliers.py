@@ -191,6 +191,21 @@ def test_train_sae_on_a_stream_screens_each_minibatch_in_the_step():
         batches(dirty), cfg, training_samples=10 * 64, batch_size=64, outlier_norm_ratio=None
     )
     assert kept.outliers_dropped == 0
+    assert cfg.extreme_norm_ratio == NORM_RATIO  # the caller's config is left as it was
+    assert run.sae.cfg.extreme_norm_ratio == NORM_RATIO and kept.sae.cfg.extreme_norm_ratio is None
+
+
+def test_train_sae_leaves_an_sae_of_another_architecture_alone():
+    """Only a BAE's step screens: a stream trains any other SAELens SAE as given, which gets no
+    attribute or buffer of the rule."""
+    from sae_lens import StandardTrainingSAEConfig
+
+    dirty = _inject(_states(64 * 4), [3])
+    cfg = StandardTrainingSAEConfig(d_in=D, d_sae=16)
+    run = train_sae(iter(dirty.split(64)), cfg, training_samples=4 * 64, batch_size=64)
+    assert run.outliers_dropped == 0 and outliers_set_aside(run.sae) == 0
+    assert not any("extreme" in name or "outlier" in name for name in vars(run.sae))
+    assert not any("extreme" in name for name, _ in run.sae.named_buffers())
 
 
 def test_saelens_trainer_streams_through_the_screening_step():
