@@ -8,30 +8,36 @@ thousands of times the others') are found by it, and a set without them loses no
 Where a path holds the whole set (a tensor or an activation cache given to ``train_sae``, a
 harvest, the sets of ``estimate_entropies``), the median is the set's and the extreme states
 are dropped before training (``drop_outliers``). Where states stream (SAELens' runners, an
-iterator of batches), the BAE's training step screens each minibatch against its own median
-(``screen_step``); a step's minibatch keeps its size (the ranks of a data-parallel step gather
-equal shares, and a dropped row would need the host to learn the count), so each extreme row is
-replaced by the minibatch's state of median norm, and adds nothing of its own. A ratio of None
-keeps every state. Every path reports how many states it set aside.
+iterator of batches), the BAE's training step screens each minibatch at its config's
+``extreme_norm_ratio`` (``screen_step``) against the median norm of the global minibatch (every
+rank of a data-parallel step gathers the norms, so the split does not change the rule); a
+step's minibatch keeps its size (the ranks gather equal shares, and a dropped row would need the
+host to learn the count), so each extreme row is replaced by the global minibatch's state of
+median norm, and adds nothing of its own. A ratio of None keeps every state. Every path reports
+how many states it set aside.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float
 from sae_lens.saes.sae import TrainStepInput
 from torch import Tensor
 
+if TYPE_CHECKING:
+    from sae_lens_bae.saes.bae import BAETrainingSAE
+
 __all__ = [
     "NORM_RATIO",
-    "RATIO_ATTRIBUTE",
     "drop_outliers",
     "outlier_mask",
     "outliers_set_aside",
+    "register_screen_count",
     "report_outliers",
     "screen_step",
 ]
@@ -39,11 +45,7 @@ __all__ = [
 NORM_RATIO = 10.0
 """A state whose norm is above this many times the median norm is extreme."""
 
-RATIO_ATTRIBUTE = "outlier_norm_ratio"
-"""The attribute of a training BAE its step reads the ratio from (``NORM_RATIO`` when unset;
-None: keep every state), e.g. on the SAE given to SAELens' runner as ``override_sae``."""
-
-_COUNT_ATTRIBUTE = "_outliers_set_aside"
+_COUNT_BUFFER = "extreme_rows_set_aside"
 
 logger = logging.getLogger(__name__)
 
@@ -65,16 +67,22 @@ def outlier_mask(
 
 
 def _extreme(
-    states: Tensor, max_norm_ratio: float, reference: Tensor | None = None
+    states: Tensor,
+    max_norm_ratio: float,
+    reference: Tensor | None = None,
+    gather: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The rule, once for every path: (extreme, norms, median) of ``states`` [n, d] against the
-    median norm of ``reference`` (default: themselves). Extreme: norm above ``max_norm_ratio``
-    times the median, when that is not 0; a NaN or infinite norm is never extreme (the checks
-    that refuse such states see it)."""
+    """The rule, once for every path: (extreme, reference norms, median) of ``states`` [n, d]
+    against the median norm of ``reference`` (default: themselves), whose norms ``gather`` makes
+    those of the global minibatch where ``states`` are one rank's share. Extreme: norm above
+    ``max_norm_ratio`` times the median, when that is not 0; a NaN or infinite norm is never
+    extreme (the checks that refuse such states see it)."""
     norms = states.float().norm(dim=-1)
-    median = (norms if reference is None else reference.float().norm(dim=-1)).nanmedian()
+    against = norms if reference is None else reference.float().norm(dim=-1)
+    against = against if gather is None else gather(against)
+    median = against.nanmedian()
     extreme = (norms > max_norm_ratio * median) & (median > 0) & norms.isfinite()
-    return extreme, norms, median
+    return extreme, against, median
 
 
 def drop_outliers(
@@ -97,23 +105,41 @@ def report_outliers(dropped: int, total: int, where: str, max_norm_ratio: float 
         )  # fmt: skip
 
 
-def screen_step(sae: Any, step_input: TrainStepInput) -> TrainStepInput:
-    """The step's input with each extreme row of its minibatch (against the minibatch's median
-    norm, at the SAE's ``outlier_norm_ratio``) replaced by the minibatch's state of median
-    norm. The count adds up on the device (no wait for it in the step); it is logged on
-    SAELens' logging steps and read by ``outliers_set_aside``."""
-    ratio = getattr(sae, RATIO_ATTRIBUTE, NORM_RATIO)
+def register_screen_count(sae: torch.nn.Module, device: torch.device) -> None:
+    """Give a training BAE, when built, the buffer its steps count the rows they set aside in:
+    on the device (no wait for it in the step), moved with the SAE, and out of its state dict (a
+    record of this process's steps, not a weight: in no checkpoint or saved inference model)."""
+    count = torch.zeros((), dtype=torch.int64, device=device)
+    sae.register_buffer(_COUNT_BUFFER, count, persistent=False)
+    sae.register_load_state_dict_post_hook(_count_off_meta)
+
+
+def _count_off_meta(sae: torch.nn.Module, _: Any) -> None:
+    """SAELens' loaders build an SAE on the meta device and load its weights into it: the
+    count, in no state dict, starts at 0 beside them (a meta tensor cannot be moved)."""
+    count = getattr(sae, _COUNT_BUFFER)
+    if count.is_meta:
+        device = next((t.device for t in sae.parameters() if not t.is_meta), torch.device("cpu"))
+        setattr(sae, _COUNT_BUFFER, torch.zeros_like(count, device=device))
+
+
+def screen_step(sae: BAETrainingSAE, step_input: TrainStepInput) -> TrainStepInput:
+    """The step's input with each extreme row of its minibatch (at ``sae.cfg.extreme_norm_ratio``,
+    against the median norm of the global minibatch of ``sae.batch``) replaced by the global
+    minibatch's state of median norm. The count of the global minibatch's rows (the same on every
+    rank) adds up on the device; it is logged on SAELens' logging steps and read by
+    ``outliers_set_aside``."""
+    ratio = sae.cfg.extreme_norm_ratio
     x = step_input.sae_in
     if ratio is None or x.numel() == 0:
         return step_input
     rows = x.reshape(-1, x.shape[-1])
-    extreme, norms, median = _extreme(rows, ratio)
-    typical = rows.index_select(0, (norms - median).abs().argmin().reshape(1))  # no host wait
+    batch = sae.batch  # the ranks' norms, gathered in rank order: one median for all
+    extreme, norms, median = _extreme(rows, ratio, gather=lambda n: batch.gather(n, 0))
+    typical = _typical_row(batch, rows, (norms - median).abs().argmin())
     screened = torch.where(extreme[:, None], typical, rows).reshape(x.shape)
-    if getattr(sae, _COUNT_ATTRIBUTE, None) is None:  # moves with the SAE; not in its weights
-        count = torch.zeros((), dtype=torch.int64, device=x.device)
-        sae.register_buffer(_COUNT_ATTRIBUTE, count, persistent=False)
-    getattr(sae, _COUNT_ATTRIBUTE).add_(extreme.sum())
+    counted = extreme.sum()
+    getattr(sae, _COUNT_BUFFER).add_(counted if batch.world == 1 else batch.sum(counted))
     if step_input.is_logging_step and outliers_set_aside(sae):
         logger.warning(
             "%d minibatch rows set aside as extreme so far (norm above %g x the minibatch's "
@@ -122,7 +148,20 @@ def screen_step(sae: Any, step_input: TrainStepInput) -> TrainStepInput:
     return replace(step_input, sae_in=screened)
 
 
-def outliers_set_aside(sae: Any) -> int:
-    """How many minibatch rows the SAE's training steps have set aside as extreme."""
-    count = getattr(sae, _COUNT_ATTRIBUTE, None)
+def _typical_row(batch: Any, rows: Tensor, index: Tensor) -> Tensor:
+    """Row ``index`` (a 0-dim tensor, no host wait) of the global minibatch, as [1, d] on every
+    rank: the rank holding it sends it, the others add zeros."""
+    if batch.world == 1:
+        return rows.index_select(0, index.reshape(1))
+    n = rows.shape[0]
+    local = index - batch.rank * n
+    mine = rows.index_select(0, local.clamp(0, n - 1).reshape(1))
+    return batch.sum(torch.where((local >= 0) & (local < n), mine, torch.zeros_like(mine)))
+
+
+def outliers_set_aside(sae: torch.nn.Module) -> int:
+    """How many minibatch rows the SAE's training steps in this process have set aside as
+    extreme (of the global minibatches, under data parallelism); 0 for an SAE that is not a
+    training BAE."""
+    count = getattr(sae, _COUNT_BUFFER, None)
     return 0 if count is None else int(count)

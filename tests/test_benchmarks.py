@@ -371,14 +371,14 @@ def test_a_bae_step_without_the_covariance_dispatches_what_a_standard_step_does(
     batch = torch.randn(64, 16)
     saes = {
         "standard": StandardTrainingSAE(StandardTrainingSAEConfig(d_in=16, d_sae=64)),
-        "bae_no_covariance": bench.bae_at_density(
-            16, 64, batch, None, covariance_coefficient=0.0, input_variance=None
+        "bae_no_covariance": bench.bae_at_density(  # the step alone
+            16, 64, batch, None, covariance_coefficient=0.0, input_variance=None,
+            extreme_norm_ratio=None,
         ),
-    }
+    }  # fmt: skip
     screened = bench.bae_at_density(
         16, 64, batch, None, covariance_coefficient=0.0, input_variance=None
     )
-    saes["bae_no_covariance"].outlier_norm_ratio = None  # the step alone
     ops = bench.ops_per_step({**saes, "bae_screened": screened}, batch)
     assert ops["bae_no_covariance"] <= ops["standard"] - 3, ops
     assert 0 < ops["bae_screened"] - ops["bae_no_covariance"] <= 20, ops  # the screen's ops

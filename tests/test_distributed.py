@@ -58,8 +58,21 @@ def _activations() -> torch.Tensor:
     return torch.randn(ROWS, D_IN, generator=torch.Generator().manual_seed(0))
 
 
-def _train(out: Path, batch_size: int, distributed: bool, **kwargs: Any) -> dict[str, Any]:
-    """Train, recording every step's gradients (after clipping, as the optimizer sees them)."""
+EXTREME = [5, 77, 300, 301, 650]
+"""Rows of ``_activations`` made extreme (50x their norm) in the streamed runs."""
+
+
+def _dirty() -> torch.Tensor:
+    x = _activations()
+    x[EXTREME] *= 50
+    return x
+
+
+def _train(
+    out: Path, batch_size: int, distributed: bool, data: Any = None, **kwargs: Any
+) -> dict[str, Any]:
+    """Train (on ``data``, default ``_activations()``), recording every step's gradients (after
+    clipping, as the optimizer sees them)."""
     grads: list[list[torch.Tensor]] = []
 
     def record(optimizer: Any, *_: Any) -> None:
@@ -67,12 +80,14 @@ def _train(out: Path, batch_size: int, distributed: bool, **kwargs: Any) -> dict
 
     handle = register_optimizer_step_pre_hook(record)
     try:
-        run = train_sae(_activations(), _config(), training_samples=STEPS * 2 * BATCH,
+        run = train_sae(_activations() if data is None else data, _config(),
+                        training_samples=STEPS * 2 * BATCH,
                         batch_size=batch_size, lr=1e-2, seed=3, record_every=1,
                         distributed=distributed, **kwargs)  # fmt: skip
     finally:
         handle.remove()
-    result = {"history": run.history, "grads": grads, "state": run.sae.state_dict()}
+    result = {"history": run.history, "grads": grads, "state": run.sae.state_dict(),
+              "set_aside": run.outliers_dropped}  # fmt: skip
     torch.save(result, out)
     return result
 
@@ -113,6 +128,7 @@ def _worker(rank: int, tmp: str, cache_path: str) -> None:
     torch.save(_stacked_steps(rank), Path(tmp) / f"stacked{rank}.pt")
     _train(Path(tmp) / f"rank{rank}.pt", BATCH, True,
            checkpoint_dir=Path(tmp) / "ckpt", n_checkpoints=1)  # fmt: skip
+    _train(Path(tmp) / f"screened{rank}.pt", BATCH, True, rank_batches(_dirty(), BATCH, seed=3))
     ids = torch.arange(100, dtype=torch.float32)[:, None]  # row i holds i
     epoch = [b[:, 0].long() for b in islice(rank_batches(ids, 8, seed=5), 6)]
     cache = ActivationCache.load(cache_path)
@@ -164,6 +180,36 @@ def test_two_ranks_train_the_bae_of_one_process_on_the_concatenated_batch(two_ra
     assert len(ranks[0]["grads"]) == len(single["grads"]) == STEPS
     _assert_same_run(ranks, single)
     assert float(ranks[0]["state"]["input_scale"]) > 0  # set (and equal, above) on every rank
+
+
+def test_two_ranks_screen_extreme_rows_as_one_process_screens_the_concatenated_batch(
+    two_ranks, tmp_path
+):
+    """A stream with extreme rows: the ranks screen their halves against the global minibatch's
+    median norm and put the global median-norm state in place of each extreme row, so they
+    train the BAE one process trains on the concatenated minibatches (a rank's own median-norm
+    state, here, would differ from the global one)."""
+    ranks = [torch.load(two_ranks / f"screened{r}.pt") for r in range(WORLD)]
+    stream = activation_batches(_dirty(), WORLD * BATCH, seed=3)
+    single = _train(tmp_path / "single.pt", WORLD * BATCH, False, stream)
+    assert single["set_aside"] > 0  # every rank counts the global minibatches' rows
+    assert ranks[0]["set_aside"] == ranks[1]["set_aside"] == single["set_aside"]
+    _assert_same_run(ranks, single)
+    assert _ranks_own_median_states_would_differ(_dirty())
+
+
+def _ranks_own_median_states_would_differ(dirty: torch.Tensor) -> bool:
+    """Whether, in some global minibatch of the stream, a rank holding an extreme row has a
+    median-norm state of its own other than the global minibatch's."""
+    for batch in islice(activation_batches(dirty, WORLD * BATCH, seed=3), STEPS):
+        norms = batch.norm(dim=-1)
+        typical = int((norms - norms.median()).abs().argmin())
+        halves = norms.view(WORLD, BATCH)
+        for rank, half in enumerate(halves):
+            own = rank * BATCH + int((half - half.median()).abs().argmin())
+            if (half > 10 * norms.median()).any() and own != typical:
+                return True
+    return False
 
 
 def test_two_ranks_train_a_stack_of_baes_as_one_process_on_the_concatenated_batch(two_ranks):

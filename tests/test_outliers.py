@@ -5,11 +5,15 @@ them when asked."""
 from __future__ import annotations
 
 import json
+import math
 import re
+from dataclasses import replace
 
 import pytest
 import torch
+from sae_lens import LanguageModelSAERunnerConfig
 from sae_lens.config import SAETrainerConfig
+from sae_lens.saes.sae import TrainingSAE, TrainingSAEConfig, TrainStepInput
 from sae_lens.training.sae_trainer import SAETrainer
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
@@ -66,8 +70,6 @@ def _bae(steps: int = 20) -> BAETrainingSAE:
 
 
 def _step_input(sae: BAETrainingSAE, batch: torch.Tensor, logging: bool = False):
-    from sae_lens.saes.sae import TrainStepInput
-
     return TrainStepInput(
         sae_in=batch, coefficients=dict(sae.get_coefficients()), dead_neuron_mask=None,
         n_training_steps=0, is_logging_step=logging,
@@ -90,8 +92,66 @@ def test_a_step_replaces_each_extreme_row_by_the_batchs_median_state(caplog):
     assert outliers_set_aside(sae) == 4 and "4 minibatch rows set aside" in caplog.text
     clean = _states(64)
     assert torch.equal(screen_step(sae, _step_input(sae, clean)).sae_in, clean)
-    sae.outlier_norm_ratio = None  # the option to keep them
+    sae.cfg = replace(sae.cfg, extreme_norm_ratio=None)  # the option to keep them
     assert screen_step(sae, _step_input(sae, batch)).sae_in is batch
+
+
+def test_the_ratio_is_a_training_config_field_that_round_trips_and_is_checked():
+    cfg = bae_config(D, 16, extreme_norm_ratio=4.5)
+    again = BAETrainingSAEConfig.from_dict(cfg.to_dict())
+    assert again.extreme_norm_ratio == 4.5 and again == cfg
+    assert BAETrainingSAEConfig.from_dict(replace(cfg, extreme_norm_ratio=None).to_dict()) == (
+        replace(cfg, extreme_norm_ratio=None)
+    )
+    assert BAETrainingSAEConfig(d_in=D, d_sae=16).extreme_norm_ratio == NORM_RATIO
+    for bad in (1.0, 0.5, -3.0, math.nan, True, "10"):
+        with pytest.raises(ValueError, match="extreme_norm_ratio"):
+            bae_config(D, 16, extreme_norm_ratio=bad)
+
+
+def test_a_saelens_runner_configs_bae_screens_at_its_configs_ratio():
+    """The BAE SAELens' runner builds from its config (after the round trip of a saved runner
+    config) screens at the config's ratio: the default replaces an extreme row, None keeps it."""
+    batch = _inject(_states(64), [9])
+    screened = {}
+    for ratio in (NORM_RATIO, None):
+        runner_cfg = LanguageModelSAERunnerConfig(
+            sae=bae_config(D, 16, total_training_steps=20, extreme_norm_ratio=ratio),
+            hook_name="blocks.0.hook_resid_post", dataset_path="", is_dataset_tokenized=True,
+            context_size=8, training_tokens=64, train_batch_size_tokens=64, device="cpu",
+        )  # fmt: skip
+        runner_cfg = LanguageModelSAERunnerConfig.from_dict(runner_cfg.to_dict())
+        sae = TrainingSAE.from_dict(  # as SAELens' LanguageModelSAETrainingRunner builds it
+            TrainingSAEConfig.from_dict(runner_cfg.get_training_sae_cfg_dict()).to_dict()
+        )
+        assert isinstance(sae, BAETrainingSAE) and sae.cfg.extreme_norm_ratio == ratio
+        screened[ratio] = screen_step(sae, _step_input(sae, batch)).sae_in
+        assert outliers_set_aside(sae) == (1 if ratio else 0)
+    assert not torch.equal(screened[NORM_RATIO][9], batch[9])
+    assert torch.equal(screened[None], batch)
+
+
+def test_the_count_is_a_buffer_from_construction_and_never_in_a_saved_model(tmp_path):
+    """Registered when the training BAE is built (its buffers and state-dict keys do not change
+    in its first step: DDP and torch.compile see them all), and not a weight: neither in its
+    state dict nor in a saved inference model; an inference BAE has none."""
+    from safetensors.torch import load_file as load_weights
+
+    from sae_lens_bae.saes.bae import BAE
+
+    sae = _bae()
+    buffers, keys = dict(sae.named_buffers()).keys(), sae.state_dict().keys()
+    assert "extreme_rows_set_aside" in buffers and "extreme_rows_set_aside" not in keys
+    screen_step(sae, _step_input(sae, _inject(_states(64), [1])))
+    assert dict(sae.named_buffers()).keys() == buffers and sae.state_dict().keys() == keys
+    weights, cfg_path = sae.save_inference_model(tmp_path)
+    assert "extreme_rows_set_aside" not in load_weights(weights)
+    saved = json.loads(cfg_path.read_text())
+    assert "extreme_norm_ratio" not in saved  # a training field: in the training details only
+    assert saved["metadata"]["training_architecture_details"]["extreme_norm_ratio"] == NORM_RATIO
+    inference = BAE.load_from_disk(tmp_path)
+    assert outliers_set_aside(inference) == 0
+    assert "extreme_rows_set_aside" not in dict(inference.named_buffers())
 
 
 def _weights(sae) -> dict[str, torch.Tensor]:
@@ -131,6 +191,21 @@ def test_train_sae_on_a_stream_screens_each_minibatch_in_the_step():
         batches(dirty), cfg, training_samples=10 * 64, batch_size=64, outlier_norm_ratio=None
     )
     assert kept.outliers_dropped == 0
+    assert cfg.extreme_norm_ratio == NORM_RATIO  # the caller's config is left as it was
+    assert run.sae.cfg.extreme_norm_ratio == NORM_RATIO and kept.sae.cfg.extreme_norm_ratio is None
+
+
+def test_train_sae_leaves_an_sae_of_another_architecture_alone():
+    """Only a BAE's step screens: a stream trains any other SAELens SAE as given, which gets no
+    attribute or buffer of the rule."""
+    from sae_lens import StandardTrainingSAEConfig
+
+    dirty = _inject(_states(64 * 4), [3])
+    cfg = StandardTrainingSAEConfig(d_in=D, d_sae=16)
+    run = train_sae(iter(dirty.split(64)), cfg, training_samples=4 * 64, batch_size=64)
+    assert run.outliers_dropped == 0 and outliers_set_aside(run.sae) == 0
+    assert not any("extreme" in name or "outlier" in name for name in vars(run.sae))
+    assert not any("extreme" in name for name, _ in run.sae.named_buffers())
 
 
 def test_saelens_trainer_streams_through_the_screening_step():

@@ -52,7 +52,7 @@ class LayerData:
     """Cap on harvested sequences."""
     held_out_fraction: float = ranged(0.1, above=0.0, below=1.0)
     """Fraction of sequences held out for the statistics."""
-    outlier_norm_ratio: float | None = ranged(NORM_RATIO, low=1.0)
+    outlier_norm_ratio: float | None = ranged(NORM_RATIO, above=1.0)
     """Extreme states (norm above this times the median: attention sinks) are dropped and
     counted; none keeps them."""
     device: str = "cpu"

@@ -69,7 +69,7 @@ class EstimateConfig:
     """Token positions after BOS, each its own set, e.g. 1,4,16 (default: all, one set)."""
     recipe: EntropyRecipe = field(default_factory=EntropyRecipe)
     """How each set's BAEs train (sae_lens_bae.entropy.EntropyRecipe)."""
-    outlier_norm_ratio: float | None = ranged(NORM_RATIO, low=1.0)
+    outlier_norm_ratio: float | None = ranged(NORM_RATIO, above=1.0)
     """Extreme states (norm above this times the set's median) are dropped and counted; none
     keeps them."""
     seed: int = 0

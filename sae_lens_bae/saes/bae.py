@@ -36,7 +36,7 @@ from sae_lens.saes.sae import (
 from torch import Tensor, nn
 from typing_extensions import override
 
-from sae_lens_bae.outliers import screen_step
+from sae_lens_bae.outliers import NORM_RATIO, register_screen_count, screen_step
 from sae_lens_bae.saes.binary import (
     DENSE_FREQUENCY,
     RUNNING_MEAN_BUFFERS,
@@ -101,6 +101,10 @@ def _check_inference_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
             ),
         },
     )
+
+
+def _above_one(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 1
 
 
 @dataclass
@@ -168,6 +172,9 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     total_training_steps: int | None = None
     """Length of training, which resolves the fractions; set by ``train_sae`` and
     ``fill_training_schedule`` (SAELens never tells an SAE)."""
+    extreme_norm_ratio: float | None = NORM_RATIO
+    """A training state whose norm is above this many times its minibatch's median norm is
+    replaced by the median-norm state (``sae_lens_bae.outliers``); None keeps every state."""
 
     @override
     @classmethod
@@ -177,6 +184,7 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     def __post_init__(self) -> None:
         _check_inference_fields(self)
         steps, width = self.total_training_steps, self.coefficient_width
+        ratio = self.extreme_norm_ratio
         fraction = "in [0, 1]"
         refuse_fields(
             self,
@@ -186,6 +194,7 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
                 "entropy_coefficient": (self.entropy_coefficient >= 0, "at least 0"),
                 "covariance_coefficient": (self.covariance_coefficient >= 0, "at least 0"),
                 "coefficient_width": (width is None or is_count(width, 1), "a width or None"),
+                "extreme_norm_ratio": (ratio is None or _above_one(ratio), "above 1 or None"),
                 "entropy_off_fraction": (0 <= self.entropy_off_fraction <= 1, fraction),
                 "covariance_off_final_fraction": (
                     0 <= self.covariance_off_final_fraction <= 1,
@@ -256,7 +265,8 @@ class _BAEMixin(InputFrameFolds):
 
     def initialize_weights(self) -> None:
         """SAELens' init, an encoder of width ``n_bits`` with a zero bias, the running mean code
-        (fp32) and, when configured, the unset input frame."""
+        (fp32), when configured the unset input frame, and a training BAE's count of the rows its
+        steps set aside as extreme."""
         super().initialize_weights()  # type: ignore[misc]  # SAE's or TrainingSAE's
         cfg, device = self.cfg, self.W_dec.device
         if cfg.bits_per_feature > 1:  # bits of one feature need distinct directions
@@ -274,6 +284,8 @@ class _BAEMixin(InputFrameFolds):
         self.register_buffer("code_mean", torch.zeros(cfg.n_bits, device=device))  # type: ignore[attr-defined]
         self.register_buffer("code_mean_count", torch.zeros((), device=device))  # type: ignore[attr-defined]
         register_input_frame(self, cfg.input_variance)  # type: ignore[arg-type]
+        if isinstance(self, TrainingSAE):  # the count of its steps' extreme rows, from the start
+            register_screen_count(self, device)
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
         """``.to(dtype)``/``.half()`` cast parameters only: running means and the frame keep fp32

@@ -30,7 +30,7 @@ from sae_lens_bae.activations.store import ResumableActivationsStore
 from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.data import iter_texts, tokenize_texts
 from sae_lens_bae.models import load_model
-from sae_lens_bae.outliers import NORM_RATIO, RATIO_ATTRIBUTE, outliers_set_aside, report_outliers
+from sae_lens_bae.outliers import NORM_RATIO, outliers_set_aside, report_outliers
 from sae_lens_bae.parallel.distributed import data_parallel, is_distributed, rank_world
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, RecipeName, bae_config
@@ -100,7 +100,7 @@ class LiveTrainingConfig:
     """SAELens' activation normalisation: by default states are scaled to mean norm sqrt(d_in)
     (estimated over NORM_ESTIMATE_BATCHES batches, folded into the saved weights), the scale the
     coefficients assume; it replaces a recipe's input frame, which "none" keeps."""
-    outlier_norm_ratio: float | None = ranged(NORM_RATIO, low=1.0)
+    outlier_norm_ratio: float | None = ranged(NORM_RATIO, above=1.0)
     """Each minibatch's extreme states (norm above this times its median; sae_lens_bae.outliers)
     are replaced by its median state and counted; none keeps them. BOS, EOS and padding states
     are always left out (SAELens' exclude_special_tokens)."""
@@ -277,11 +277,10 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
         runner = BAETrainingRunner(
             runner_cfg, distributed=cfg.distributed, override_dataset=tokens, override_model=model
         )
-    setattr(runner.sae, RATIO_ATTRIBUTE, cfg.outlier_norm_ratio)  # the BAE's step screens with it
     sae = runner.run()
-    served = cfg.training_tokens // world  # this rank's rows
-    report_outliers(outliers_set_aside(sae), served, f"rank {rank}", cfg.outlier_norm_ratio)
-    if rank == 0:
+    if rank == 0:  # every rank counts the rows of the global minibatches: one report
+        total, ratio = cfg.training_tokens, cfg.outlier_norm_ratio
+        report_outliers(outliers_set_aside(sae), total, "training steps", ratio)
         print(f"BAE saved to {out} (load with SAE.load_from_disk after `import sae_lens_bae`)")
     return out
 
@@ -303,6 +302,7 @@ def _sae_config(cfg: LiveTrainingConfig, d_in: int) -> BAETrainingSAEConfig:
         bits_per_feature=cfg.bits_per_feature,
         surrogate=cfg.surrogate,
         normalize_activations=cfg.normalize_activations,
+        extreme_norm_ratio=cfg.outlier_norm_ratio,  # the ratio the BAE's step screens with
         **chosen,
     )
 

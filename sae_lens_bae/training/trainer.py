@@ -28,7 +28,6 @@ from torch import Tensor
 from sae_lens_bae.activations.cache import ActivationCache
 from sae_lens_bae.outliers import (
     NORM_RATIO,
-    RATIO_ATTRIBUTE,
     drop_outliers,
     outliers_set_aside,
     report_outliers,
@@ -273,9 +272,10 @@ def train_sae(
         outlier_norm_ratio: extreme states (``sae_lens_bae.outliers``: norm above this times
             the median) are dropped from a tensor or a cache (against its median) before
             training; a BAE's step screens each minibatch of a stream instead (an iterator, a
-            cache read in blocks by ranks) against the minibatch's. None keeps every state. The
-            count (states of a set, minibatch rows of a stream) is logged and returned
-            (``TrainingRun.outliers_dropped``).
+            cache read in blocks by ranks) against the minibatch's: the BAE's config gets it as
+            ``extreme_norm_ratio`` (in place of the one ``cfg`` holds; None where the set was
+            screened whole). None keeps every state. The count (states of a set, minibatch rows
+            of a stream) is logged and returned (``TrainingRun.outliers_dropped``).
         trainer_kwargs: any further ``SAETrainerConfig`` field (``lr_scheduler_name``,
             ``logger``...).
     """
@@ -329,10 +329,11 @@ def train_sae(
         n_checkpoints=n_checkpoints if writes else 0,
         **trainer_kwargs,
     )
-    trainer = _trainer(cfg, trainer_cfg, data, hook, seed, record_every)
     # a set screened whole is not screened again by minibatch: one rule, applied once
     streamed = not isinstance(activations, Tensor | ActivationCache) or distributed and cached
-    setattr(trainer.sae, RATIO_ATTRIBUTE, outlier_norm_ratio if streamed else None)
+    if isinstance(cfg, BAETrainingSAEConfig):  # the ratio its step screens with
+        cfg = replace(cfg, extreme_norm_ratio=outlier_norm_ratio if streamed else None)
+    trainer = _trainer(cfg, trainer_cfg, data, hook, seed, record_every)
     trainer.marker_info = info
     if checkpoint is not None:
         trainer.resume(checkpoint)
@@ -340,7 +341,7 @@ def train_sae(
         data_parallel(trainer)
     sae = trainer.fit()
     in_steps = outliers_set_aside(sae)
-    rows = trainer.n_training_samples // world  # this rank's
+    rows = trainer.n_training_samples  # every rank's (the count is the global minibatches')
     report_outliers(in_steps, rows, "training steps", outlier_norm_ratio)
     return TrainingRun(sae, trainer.history, dropped + in_steps)
 
