@@ -387,6 +387,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     covariance_penalty = staticmethod(covariance_penalty)  # the plain maths (see the seams)
     schedule: Schedule | None = None
     _framed = False  # whether the input frame is known to be set
+    _scale_checked = False  # whether the inputs' scale was checked (without a frame)
 
     def resolve_schedule(self, total_steps: int | None = None) -> Schedule:
         """Fix the phases in steps for a run of ``total_steps`` (the config's
@@ -471,8 +472,9 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         """Fix an unset input frame on the (global) minibatch (reading the batch without the
         input hook: the step calls it); without a frame, check the first minibatch's scale."""
         input_frame = module_frame(self)  # type: ignore[arg-type]
-        if input_frame is None and n == 0:
+        if input_frame is None and not self._scale_checked:  # once, on the first step taken
             check_scale(self.read_inputs(sae_in, hooked=False).reshape(-1, self.cfg.d_in))
+            self._scale_checked = True
         # every rank frames from the first global batch, one process until a batch had variance
         framing = input_frame is not None and (n == 0 or self.batch.world == 1 and not self._framed)
         if not framing or input_frame is None or self.cfg.input_variance is None:
