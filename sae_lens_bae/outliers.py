@@ -22,15 +22,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Float
 from sae_lens.saes.sae import TrainStepInput
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from sae_lens_bae.saes.bae import BAETrainingSAE
 
 __all__ = [
     "NORM_RATIO",
@@ -123,12 +120,12 @@ def _count_off_meta(sae: torch.nn.Module, _: Any) -> None:
         setattr(sae, _COUNT_BUFFER, torch.zeros_like(count, device=device))
 
 
-def screen_step(sae: BAETrainingSAE, step_input: TrainStepInput) -> TrainStepInput:
-    """The step's input with each extreme row of its minibatch (at ``sae.cfg.extreme_norm_ratio``,
-    against the median norm of the global minibatch of ``sae.batch``) replaced by the global
-    minibatch's state of median norm. The count of the global minibatch's rows (the same on every
-    rank) adds up on the device; it is logged on SAELens' logging steps and read by
-    ``outliers_set_aside``."""
+def screen_step(sae: Any, step_input: TrainStepInput) -> TrainStepInput:
+    """The step's input of a training BAE (``saes.bae.BAETrainingSAE``, which imports this) with
+    each extreme row of its minibatch (at ``sae.cfg.extreme_norm_ratio``, against the median norm
+    of the global minibatch of ``sae.batch``) replaced by the global minibatch's state of median
+    norm. The count of the global minibatch's rows (the same on every rank) adds up on the device;
+    it is logged on SAELens' logging steps and read by ``outliers_set_aside``."""
     ratio = sae.cfg.extreme_norm_ratio
     x = step_input.sae_in
     if ratio is None or x.numel() == 0:

@@ -487,7 +487,7 @@ def test_the_code_probe_splits_the_error_between_copied_and_mixed_bits():
     bits = torch.tensor([[(i >> k) & 1 for k in range(4)] for i in range(16)]).float()
     basis = torch.linalg.qr(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))[0].T
     m0, m1, m2, m3 = basis
-    bae = BAETrainingSAE(bae_config(8, 4, apply_b_dec_to_input=False))
+    bae = BAETrainingSAE(bae_config(8, 4, apply_b_dec_to_input=False, input_variance=1.0))
     root2 = 2**0.5
     with torch.no_grad():
         bae.W_enc.copy_(torch.stack([m0, m1, (m2 + m3) / root2, (m2 - m3) / root2], dim=1))

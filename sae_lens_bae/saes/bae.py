@@ -472,7 +472,8 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         """Fix an unset input frame on the (global) minibatch (reading the batch without the
         input hook: the step calls it); without a frame, check the first minibatch's scale."""
         input_frame = module_frame(self)  # type: ignore[arg-type]
-        if input_frame is None and not self._scale_checked:  # once, on the first step taken
+        # once, on the first step taken; a compiled step leaves it out (a host read in a graph)
+        if input_frame is None and not self._scale_checked and not torch.compiler.is_compiling():
             check_scale(self.read_inputs(sae_in, hooked=False).reshape(-1, self.cfg.d_in))
             self._scale_checked = True
         # every rank frames from the first global batch, one process until a batch had variance
