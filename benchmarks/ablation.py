@@ -24,8 +24,8 @@ the default's constant rate):
   that run in this process only.
 * ``schedule``: SAELens' warm-up over 5% of steps and linear decay to 0 over the last 20%
   (the schedule ``bae compare`` trains every family with) against a constant rate.
-* ``ste``: the straight-through surrogate against the paper's sigmoid. ``t0.3``: the sigmoid
-  at temperature 0.3 (the entropy recipe's) against 1.
+* ``t0.3``: the sigmoid surrogate at temperature 0.3 (the entropy recipe's) against the paper's
+  1.
 
 Coefficients: a variant without the frame's scale has its a_e and a_c multiplied by 1 / k^2 (k
 as the frame would set it), which is what the frame does to its penalties, so every variant
@@ -57,7 +57,7 @@ from sae_lens_bae.saes.input_frame import placement
 from sae_lens_bae.training import train_sae
 from sae_lens_bae.training.trainer import activation_batches
 
-PIECES = ("scale", "shift", "clip", "entropy_off", "schedule", "ste", "t0.3")
+PIECES = ("scale", "shift", "clip", "entropy_off", "schedule", "t0.3")
 DEFAULT_PIECES = frozenset({"scale", "shift", "clip", "entropy_off"})
 """The pieces ``default`` has; the bare BAE has none."""
 
@@ -146,8 +146,6 @@ def train_variant(
         "input_variance": 1.0 if framed else None,
         "entropy_off_fraction": 0.25 if "entropy_off" in pieces else 0.0,
     }
-    if "ste" in pieces:
-        fields["surrogate"] = "ste"
     if "t0.3" in pieces:
         fields["surrogate_temperature"] = 0.3
     cfg = bae_config(d_in, d_sae or 2 * d_in, coefficient_scale=weight, **fields)

@@ -54,7 +54,6 @@ def variants(d_in: int) -> dict[str, dict[str, Any]]:
     return {
         "covariance_equal": {"covariance_coefficient": entropy},
         "inputs_as_given": {"input_variance": None},
-        "ste": {"surrogate": "ste"},
         "width_4d": {"d_sae": 4 * d_in},
         "width_2d": {"d_sae": 2 * d_in},
         "paper": {**BAE_RECIPES["paper"].fields, "d_sae": 4 * d_in},
@@ -86,7 +85,7 @@ def _asked(names_given: str, scales_given: str, d_in: int) -> tuple[dict[str, An
     try:
         scales = json.loads(scales_given)
     except json.JSONDecodeError:
-        example = '{"ste": [724, 861]}'
+        example = '{"width_2d": [724, 861]}'
         raise Refused(f"--scales takes JSON like '{example}', got {scales_given!r}") from None
     stray = sorted(set(scales) - {*names, "default"})
     if stray:

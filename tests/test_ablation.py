@@ -86,8 +86,8 @@ def test_the_variants_are_each_piece_off_the_default_and_on_the_bare_bae(ablatio
 
 def test_a_variant_is_named_by_its_pieces(ablation):
     assert ablation.pieces_of("bare+clip+entropy_off") == {"clip", "entropy_off"}
-    assert ablation.pieces_of("default-scale-shift+ste") == ablation.DEFAULT_PIECES - {
-        "scale", "shift"} | {"ste"}  # fmt: skip
+    assert ablation.pieces_of("default-scale-shift+schedule") == ablation.DEFAULT_PIECES - {
+        "scale", "shift"} | {"schedule"}  # fmt: skip
     assert all(ablation.pieces_of(name) == pieces for name, pieces in ablation.variants().items())
     with pytest.raises(ValueError, match="unknown piece 'clips'"):
         ablation.pieces_of("bare+clips")

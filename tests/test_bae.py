@@ -39,19 +39,19 @@ def step_input(x, n_training_steps=0, entropy=1e-3, covariance=1e-3, dead=None):
     )
 
 
-# ------------------------------------------------------------------ step and surrogates
+# ------------------------------------------------------------------ step and its surrogate
 
 
 def test_step_forward_is_heaviside_with_step_of_zero_one():
     x = torch.tensor([-1.0, -1e-9, 0.0, 1e-9, 2.0])
     assert step(x).tolist() == [0.0, 0.0, 1.0, 1.0, 1.0]
-    assert step(x, "sigmoid").tolist() == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert step(x, 1.0).tolist() == [0.0, 0.0, 1.0, 1.0, 1.0]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.3])
 def test_sigmoid_surrogate_gradient(temperature):
     x = torch.tensor([-2.0, 0.0, 0.5], requires_grad=True)
-    step(x, "sigmoid", temperature).sum().backward()
+    step(x, temperature).sum().backward()
     s = torch.sigmoid(x.detach() / temperature)
     assert torch.allclose(x.grad, s * (1 - s) / temperature)
 
@@ -66,7 +66,7 @@ def test_sigmoid_surrogate_has_no_denormal_gradient_far_from_the_threshold(tempe
     x = torch.tensor([-60.0, -30.0, -20.0, 0.0, 20.0, 30.5, 60.0]) * temperature
     x.requires_grad_(True)
     upstream = 1e-15  # a loss term's gradient can be this small
-    (step(x, "sigmoid", temperature) * upstream).sum().backward()
+    (step(x, temperature) * upstream).sum().backward()
     s = torch.sigmoid(x.detach() / temperature)
     inside = (x.detach() / temperature).abs() <= SURROGATE_CPU_CUTOFF
     assert inside.tolist() == [False, True, True, True, True, False, False]
@@ -79,19 +79,6 @@ def test_sigmoid_surrogate_has_no_denormal_gradient_far_from_the_threshold(tempe
     tiny = torch.finfo(torch.float32).tiny
     assert not ((x.grad != 0) & (x.grad.abs() < tiny)).any()
     assert 0 < exact[0] < tiny  # the denormal the cutoff keeps out of the gradient
-
-
-def test_straight_through_gradient_is_identity():
-    x = torch.tensor([-2.0, 0.0, 0.5], requires_grad=True)
-    (step(x, "ste") * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
-    assert x.grad.tolist() == [1.0, 2.0, 3.0]
-
-
-def test_unknown_surrogate_is_rejected():
-    with pytest.raises(ValueError, match="Unknown surrogate 'relu'.*sigmoid"):
-        step(torch.zeros(2), "relu")
-    with pytest.raises(ValueError, match=r"surrogate='relu' \(one of \['sigmoid', 'ste'\]\)"):
-        BAETrainingSAEConfig(d_in=4, d_sae=16, surrogate="relu")
 
 
 # ------------------------------------------------------------------ more-bit decoding

@@ -533,14 +533,15 @@ def test_recipe_study_trains_variants_at_their_scales_and_judges_them(tmp_path, 
     study.main(["build", "--seed", "7", "--size", "64,8", "--out", str(model)])
     for seed in ("100", "101"):
         study.main(["train", "--model", str(model), "--seed", seed, "--steps", "6",
-                    "--variants", "ste,width_2d", "--scales", '{"ste": [2, 4]}',
+                    "--variants", "covariance_equal,width_2d",
+                    "--scales", '{"covariance_equal": [2, 4]}',
                     "--out", str(first)])  # fmt: skip
     held = json.loads((first / "seed-100.json").read_text())
     scales = PRESETS["cpu"].settings["bae"]  # a variant without scales of its own takes these
     default = {("bae", s) for s in scales}
     wide = {("bae:width_2d", s) for s in scales}
     assert {(r["family"], r["setting"]) for r in held["rows"]} == (
-        default | wide | {("bae:ste", 2.0), ("bae:ste", 4.0)}
+        default | wide | {("bae:covariance_equal", 2.0), ("bae:covariance_equal", 4.0)}
     )
     assert (held["study"]["width"], held["study"]["steps"]) == (8 * 256 // 48, 6)
     widths = {r["family"]: r["ev_ceiling"] for r in held["rows"]}
@@ -556,17 +557,17 @@ def test_recipe_study_trains_variants_at_their_scales_and_judges_them(tmp_path, 
                 str(tmp_path / "report")])  # fmt: skip
     lines = (tmp_path / "report" / "study.md").read_text().splitlines()
     decided = {line.split(" | ")[0][2:]: line for line in lines if " vs " in line}
-    assert "bae:ste vs default (A)" in decided and "bae:width_2d vs default (B)" in decided
+    assert {"bae:covariance_equal vs default (A)", "bae:width_2d vs default (B)"} <= set(decided)
     twin = decided["bae vs default of A (B)"]
     assert twin.split(" | ")[1] == "no difference (+0.000)"
     rows = 2 * 2 * len(scales)  # both defaults' rows, 2 seeds each, every row converged
     assert twin.split(" | ")[5] == f"{rows}/{rows}"
     assert "bae vs default of A (A)" not in decided  # the baseline is not judged against itself
     code, error = _refused(capsys, study, "train", "--model", str(model), "--seed", "1",
-                           "--variants", "ste,topk", "--out", str(tmp_path / "x"))  # fmt: skip
+                           "--variants", "paper,topk", "--out", str(tmp_path / "x"))  # fmt: skip
     assert code == 2 and "unknown variants ['topk']; choose from covariance_equal" in error
     code, error = _refused(capsys, study, "train", "--model", str(model), "--seed", "1",
-                           "--scales", "{ste: 1}", "--out", str(tmp_path / "x"))  # fmt: skip
+                           "--scales", "{paper: 1}", "--out", str(tmp_path / "x"))  # fmt: skip
     assert code == 2 and "--scales takes JSON like" in error
 
 

@@ -573,7 +573,6 @@ PREVIOUS_OPTIONS = {
         "bits_per_feature",
         "entropy_coefficient",
         "covariance_coefficient",
-        "surrogate",
         "surrogate_temperature",
         "normalize_activations",
         "wandb",

@@ -225,20 +225,21 @@ def test_a_bae_variant_trains_on_the_same_stream_and_is_judged_against_the_bae(
     cfg = synth_sae.SynthSAEConfig(preset="test", families=("bae",), seeds=(0,), entropy=False)
     fields = {"d_sae": 64, "covariance_coefficient": 5e-7}
     variants = {
-        "ste": synth_sae.Variant({"surrogate": "ste"}),
+        "sharp": synth_sae.Variant({"surrogate_temperature": 0.3}),
         "wide": synth_sae.Variant(fields),
         "strong": synth_sae.Variant({}, settings=(4.0, 8.0)),
     }
     result = synth_sae.train_seed(cfg, 0, variants=variants)
     settings = (0.5, 1.0, 2.0)
     rows = {(r["family"], r["setting"]): r for r in result["rows"]}
-    expected = {(f, s) for f in ("bae", "bae:ste", "bae:wide") for s in settings}
+    expected = {(f, s) for f in ("bae", "bae:sharp", "bae:wide") for s in settings}
     assert set(rows) == expected | {("bae:strong", 4.0), ("bae:strong", 8.0)}
     assert built["bae:strong@8.0"].entropy_coefficient == 8 * built["bae@1.0"].entropy_coefficient
     for s in settings:
-        bae, ste, wide = (built[f"{f}@{s}"] for f in ("bae", "bae:ste", "bae:wide"))
-        assert (bae.surrogate, ste.surrogate, wide.surrogate) == ("sigmoid", "ste", "sigmoid")
-        assert ste.entropy_coefficient == bae.entropy_coefficient == wide.entropy_coefficient
+        bae, sharp, wide = (built[f"{f}@{s}"] for f in ("bae", "bae:sharp", "bae:wide"))
+        temperatures = (bae.surrogate_temperature, sharp.surrogate_temperature)
+        assert temperatures == (wide.surrogate_temperature, 0.3) and temperatures[0] != 0.3
+        assert sharp.entropy_coefficient == bae.entropy_coefficient == wide.entropy_coefficient
         assert (bae.d_sae, wide.d_sae) == (32, 64)
         assert wide.covariance_coefficient == pytest.approx(5e-7 * s)  # scaled like a recipe's
         assert rows["bae:wide", s]["ev_ceiling"] > rows["bae", s]["ev_ceiling"]  # its own width

@@ -55,8 +55,7 @@ would look fixed by the rest."""
 KNOCKED_OUT_BIAS = -1e4
 """A knocked-out bit's encoder bias (its encoder column is zero): its pre-activation is this
 on every state, where the sigmoid surrogate's gradient is nil (on CPU held at 4e-13 of its peak,
-``saes.binary.SURROGATE_CPU_CUTOFF``: Adam moves the weights by about 1e-8), so it stays off. A
-straight-through surrogate passes the gradient and can revive it: the objective still judges."""
+``saes.binary.SURROGATE_CPU_CUTOFF``: Adam moves the weights by about 1e-8), so it stays off."""
 _HASH_BLOCK = 1 << 24
 """Entries (rows x bits) hashed at once: bounds the memory of reading a code."""
 

@@ -8,17 +8,17 @@ one feature value (``h_R = h_B`` for ``bits_per_feature = 1``). Training minimis
     mse_loss + (a_e * H(mean code of the minibatch) + a_c * sum_{i != j} |cov(h_B)_ij|) / k^2
 
 (``mse_loss`` SAELens', in the inputs' units; k the input frame's factor, 1 without one) with
-gradients through the step from a surrogate derivative (``saes.binary``). The training step is
-SAELens' own: the penalties come through ``calculate_aux_loss`` (``saes.objective``), around it
-the input frame and the running mean code (the burstiness prior). SAELens' parameter names and
-hook points are kept, so its evals, histograms and splicing work unchanged.
+gradients through the step from a sigmoid surrogate derivative (``saes.binary``). The training
+step is SAELens' own: the penalties come through ``calculate_aux_loss`` (``saes.objective``),
+around it the input frame and the running mean code (the burstiness prior). SAELens' parameter
+names and hook points are kept, so its evals, histograms and splicing work unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +40,6 @@ from sae_lens_bae.outliers import NORM_RATIO, register_screen_count, screen_step
 from sae_lens_bae.saes.binary import (
     DENSE_FREQUENCY,
     RUNNING_MEAN_BUFFERS,
-    SURROGATES,
     apply_keeping_dtypes,
     bits_to_values,
     step,
@@ -152,10 +151,9 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     input_variance: float | None = None
     """Variance per input dimension of an input frame (see :class:`BAEConfig`); None: inputs as
     given, at the scale the coefficients assume (mean norm sqrt(d_in))."""
-    surrogate: Literal["sigmoid", "ste"] = "sigmoid"
-    """Surrogate derivative of the step: d/dx sigmoid(x / T), or straight-through."""
     surrogate_temperature: float = 1.0
-    """T of the sigmoid surrogate (1.0 is the paper's definition)."""
+    """T of the step's surrogate derivative d/dx sigmoid(x / T) (1.0 is the paper's
+    definition)."""
     entropy_coefficient: float = 5e-7
     """a_e, weight of the minibatch entropy in bits against the squared error per element of
     states at mean norm sqrt(d_in) (SAELens' ``expected_average_only_in``; with an input frame,
@@ -189,7 +187,6 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         refuse_fields(
             self,
             {
-                "surrogate": (self.surrogate in SURROGATES, f"one of {sorted(SURROGATES)}"),
                 "surrogate_temperature": (self.surrogate_temperature > 0, "above 0"),
                 "entropy_coefficient": (self.entropy_coefficient >= 0, "at least 0"),
                 "covariance_coefficient": (self.covariance_coefficient >= 0, "at least 0"),
@@ -406,7 +403,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     @override
     def encode_with_hidden_pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
         pre = self.hidden_pre(x)
-        bits = step(pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
+        bits = step(pre, self.cfg.surrogate_temperature)
         return self.hook_sae_acts_post(bits_to_values(bits, self.cfg.bits_per_feature)), pre
 
     @override
@@ -420,7 +417,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         if self.cfg.bits_per_feature == 1:  # the code itself, with its surrogate gradient
             bits = feature_acts
         else:
-            bits = step(hidden_pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
+            bits = step(hidden_pre, self.cfg.surrogate_temperature)
         coefficients = step_input.coefficients
         return code_penalties(
             bits.reshape(-1, bits.shape[-1]),

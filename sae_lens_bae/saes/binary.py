@@ -1,4 +1,4 @@
-"""The binary code's primitives: the Heaviside step with surrogate gradients, more-bit grouping
+"""The binary code's primitives: the Heaviside step with its surrogate gradient, more-bit grouping
 of code bits into values, the running mean code (the prior of burstiness), and the firing
 thresholds that call a bit constant or dense."""
 
@@ -15,7 +15,6 @@ __all__ = [
     "CONSTANT_RARITY",
     "DENSE_FREQUENCY",
     "RUNNING_MEAN_BUFFERS",
-    "SURROGATES",
     "bits_to_values",
     "apply_keeping_dtypes",
     "constant_bits",
@@ -51,6 +50,8 @@ pre-activations outgrew T would slow a whole stacked training run."""
 
 
 def _sigmoid_surrogate(grad_out: Tensor, x: Tensor, temperature: float) -> Tensor:
+    """``grad_out`` times d/dx sigmoid(x / T), i.e. ``sigmoid(x/T)(1 - sigmoid(x/T)) / T`` (the
+    paper's definition is T = 1)."""
     # sigmoid_backward fuses grad * s (1 - s): two kernels at T = 1 instead of six (a GPU step
     # of a small BAE costs its kernel launches)
     scaled = x if temperature == 1.0 else x * (1.0 / temperature)
@@ -58,22 +59,6 @@ def _sigmoid_surrogate(grad_out: Tensor, x: Tensor, temperature: float) -> Tenso
         scaled = scaled.clamp(-SURROGATE_CPU_CUTOFF, SURROGATE_CPU_CUTOFF)
     grad = torch.ops.aten.sigmoid_backward(grad_out, torch.sigmoid(scaled))
     return grad if temperature == 1.0 else grad * (1.0 / temperature)
-
-
-def _straight_through(grad_out: Tensor, x: Tensor, temperature: float) -> Tensor:  # noqa: ARG001
-    return grad_out
-
-
-SURROGATES: dict[str, Callable[[Tensor, Tensor, float], Tensor]] = {
-    "sigmoid": _sigmoid_surrogate,
-    "ste": _straight_through,
-}
-"""Surrogate gradients through the step, by name: ``(grad_out, x, T)`` -> grad_out times the
-surrogate derivative at x.
-
-``sigmoid``: d/dx sigmoid(x / T), i.e. ``sigmoid(x/T)(1 - sigmoid(x/T)) / T`` (the paper's
-definition is T = 1). ``ste``: straight-through, derivative 1.
-"""
 
 
 def _heaviside(x: Tensor) -> Tensor:
@@ -86,30 +71,26 @@ def _heaviside(x: Tensor) -> Tensor:
 
 class _Step(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, surrogate: str, temperature: float) -> Tensor:
+    def forward(ctx, x: Tensor, temperature: float) -> Tensor:
         ctx.save_for_backward(x)
-        ctx.surrogate, ctx.temperature = surrogate, temperature
+        ctx.temperature = temperature
         return _heaviside(x)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None]:
         (x,) = ctx.saved_tensors
-        return SURROGATES[ctx.surrogate](grad_out, x, ctx.temperature), None, None
+        return _sigmoid_surrogate(grad_out, x, ctx.temperature), None
 
 
-def step(
-    x: Float[Tensor, "..."], surrogate: str | None = None, temperature: float = 1.0
-) -> Float[Tensor, "..."]:
+def step(x: Float[Tensor, "..."], temperature: float | None = None) -> Float[Tensor, "..."]:
     """Heaviside step (1 where ``x >= 0``) in ``x``'s dtype.
 
-    With ``surrogate`` set, gradients pass through with that surrogate derivative; without, the
-    result is a constant for autograd (inference).
+    With ``temperature`` T set, gradients pass through with the sigmoid surrogate derivative
+    d/dx sigmoid(x / T); without, the result is a constant for autograd (inference).
     """
-    if surrogate is None:
+    if temperature is None:
         return _heaviside(x)
-    if surrogate not in SURROGATES:
-        raise ValueError(f"Unknown surrogate {surrogate!r}; choose one of {sorted(SURROGATES)}")
-    return _Step.apply(x, surrogate, temperature)
+    return _Step.apply(x, temperature)
 
 
 def bits_to_values(

@@ -183,7 +183,7 @@ class StackedBAE(nn.Module):
         self._before_step(x, n, members)
         rows = self._rows(members)
         pre = self._pre(rows, frame(x, rows.frame))
-        bits = step(pre, self.cfg.surrogate, self.cfg.surrogate_temperature)
+        bits = step(pre, self.cfg.surrogate_temperature)
         output = unframe(self._out(rows, bits), rows.frame)
         no_member_pays = covariance_off is not None and all(covariance_off)  # then not computed
         coefficients = self.cfg.coefficients()

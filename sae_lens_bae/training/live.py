@@ -92,10 +92,8 @@ class LiveTrainingConfig:
     objective weighs it by width / d_in; default: the recipe's)."""
     covariance_coefficient: float | None = ranged(None, low=0.0)
     """a_c, weight of the off-diagonal covariance penalty, likewise (default: the recipe's)."""
-    surrogate: Literal["sigmoid", "ste"] = "sigmoid"
-    """Surrogate derivative of the step."""
     surrogate_temperature: float | None = ranged(None, above=0.0)
-    """Temperature of the sigmoid surrogate (default: the recipe's)."""
+    """Temperature of the step's sigmoid surrogate derivative (default: the recipe's)."""
     normalize_activations: Normalisation = "expected_average_only_in"
     """SAELens' activation normalisation: by default states are scaled to mean norm sqrt(d_in)
     (estimated over NORM_ESTIMATE_BATCHES batches, folded into the saved weights), the scale the
@@ -300,7 +298,6 @@ def _sae_config(cfg: LiveTrainingConfig, d_in: int) -> BAETrainingSAEConfig:
         cfg.expansion * d_in,
         recipe=cfg.recipe,
         bits_per_feature=cfg.bits_per_feature,
-        surrogate=cfg.surrogate,
         normalize_activations=cfg.normalize_activations,
         extreme_norm_ratio=cfg.outlier_norm_ratio,  # the ratio the BAE's step screens with
         **chosen,
