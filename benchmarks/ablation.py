@@ -314,8 +314,9 @@ and dense bits at matched KL."""
 
 
 def curve(rows: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
-    """``y`` against log ``x`` over a variant's scales (one seed), sorted by ``x``."""
-    held = sorted((math.log(r[x]), float(r[y])) for r in rows)
+    """``y`` against log ``x`` over a variant's scales (one seed), sorted by ``x``; a run at
+    ``x`` 0 (a code with every bit constant) has no place on the log axis and is left out."""
+    held = sorted((math.log(r[x]), float(r[y])) for r in rows if r[x] > 0)
     return [a for a, _ in held], [b for _, b in held]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,12 @@ def test_a_candidate_outside_the_grid_is_read_against_default(ablation):
     pairs = ablation.comparisons({"default", "bare", "bare+clip+entropy_off"})
     assert pairs[-1] == ("whole", "against default", "bare+clip+entropy_off", "default")
     assert len(pairs) == 2 * len(ablation.PIECES) + 2
+
+
+def test_a_dead_code_is_left_off_the_log_axis(ablation):
+    rows = [{"l0": 0.0, "mcc": 0.6}, {"l0": 4.0, "mcc": 0.62}, {"l0": 1.0, "mcc": 0.61}]
+    xs, ys = ablation.curve(rows, "l0", "mcc")
+    assert xs == pytest.approx([0.0, math.log(4.0)]) and ys == [0.61, 0.62]
 
 
 def test_verdicts_need_one_sign_on_every_seed_and_the_threshold(ablation):
