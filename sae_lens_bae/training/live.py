@@ -46,11 +46,10 @@ from sae_lens_bae.training.trainer import fill_training_schedule
 __all__ = ["BAETrainingRunner", "LiveTrainingConfig", "train_live"]
 
 Normalisation = typing.get_type_hints(SAEConfig)["normalize_activations"]
-NORM_ESTIMATE_BATCHES = 100
-"""Minibatches SAELens' runner reads to estimate the states' mean norm (its default, 1,000,
-costs a thousand minibatches of forward passes before the first step; a mean norm settles in
-far fewer)."""
 """SAELens' activation normalisations (``none``, ``expected_average_only_in``, ...)."""
+NORM_ESTIMATE_BATCHES = 100
+"""Minibatches SAELens' runner reads to estimate the states' mean norm before the first step
+(100 x ``--batch-size`` states; SAELens' default, 1,000, costs ten times the forward passes)."""
 
 
 CompileMode = Literal["reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
