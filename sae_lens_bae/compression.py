@@ -30,7 +30,6 @@ from torch import Tensor
 
 from sae_lens_bae.features.burstiness import burstiness, code_prior
 from sae_lens_bae.saes.bae import bits_to_values
-from sae_lens_bae.saes.input_frame import module_frame
 
 __all__ = [
     "LOSSLESS_THRESHOLD",
@@ -235,9 +234,9 @@ def decompress(
 
 
 def decoder_bytes(bae: Any) -> int:
-    """What decompression needs of the model: decoder weights and bias, the prior, and the input
-    frame the decoder's output is taken out of (when the BAE has one)."""
-    tensors = [bae.W_dec, bae.b_dec, bae.code_mean, *(module_frame(bae) or ())]
+    """What decompression needs of the model: the saved BAE's decoder weights and bias and its
+    prior (an input frame is folded into the saved weights)."""
+    tensors = [bae.W_dec, bae.b_dec, bae.code_mean]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

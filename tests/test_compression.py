@@ -12,6 +12,7 @@ import torch
 from sae_lens_bae import (
     BAE,
     BAEConfig,
+    BAETrainingSAE,
     BAETrainingSAEConfig,
     compress,
     decompress,
@@ -117,11 +118,11 @@ def test_compression_report_measures_size_and_error():
 
 
 def test_decoder_bytes_count_what_decoding_reads():
-    """W_dec, b_dec and the prior; a framed BAE also its frame (k and t: d_in + 1 floats)."""
-    framed = BAE(BAEConfig(d_in=8, d_sae=32, input_variance=1.0))
+    """W_dec, b_dec and the prior of the saved BAE; a framed training BAE's frame is folded into
+    the saved weights, so it costs nothing more."""
+    framed = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=32, input_variance=1.0))
     plain = BAE(BAEConfig(d_in=8, d_sae=32))
-    assert decoder_bytes(plain) == 4 * (32 * 8 + 8 + 32)
-    assert decoder_bytes(framed) == decoder_bytes(plain) + 4 * (8 + 1)
+    assert decoder_bytes(plain) == 4 * (32 * 8 + 8 + 32) == decoder_bytes(framed)
 
 
 def test_more_bit_decoding_matches_the_formula_on_hand_made_bits():

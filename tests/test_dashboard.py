@@ -120,7 +120,6 @@ def test_logit_lens_and_rarity_from_the_model(hand_made, tiny_hf_llama_dir, tmp_
     bae = BAE(BAEConfig(d_in=32, d_sae=4))
     with torch.no_grad():
         bae.code_mean.copy_(torch.tensor([0.1, 0.95, 0.5, 0.2]))
-        bae.code_mean_count.fill_(1.0)
     bae.save_model(tmp_path / "bae")
     out = tmp_path / "site"
     dashboard(DashboardConfig(records=path, out=out, sae=tmp_path / "bae", lens_tokens=3),

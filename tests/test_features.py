@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sae_lens_bae import BAE, BAEConfig, burstiness
+from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig, burstiness
 from sae_lens_bae.features import (
     FeatureRecords,
     code_prior,
@@ -63,9 +63,14 @@ def test_code_prior_from_training_buffer_or_evaluation_set():
     evaluation = code_prior(bae, x, source="evaluation", batch_size=7)
     assert torch.allclose(evaluation, bae.encode_bits(x).mean(0))
     with pytest.raises(ValueError, match="no training prior"):
-        code_prior(bae)  # never trained: code_mean_count is 0
-    bae.code_mean.fill_(0.3)
-    bae.code_mean_count.fill_(10)
+        code_prior(bae)  # never trained: its mean code is all zero
+    training = BAETrainingSAE(BAETrainingSAEConfig(d_in=4, d_sae=6))
+    training.code_mean.fill_(0.3)
+    with pytest.raises(ValueError, match="no training prior"):
+        code_prior(training)  # a training BAE's count says: never updated
+    training.code_mean_count.fill_(10)
+    assert torch.equal(code_prior(training), training.code_mean)
+    bae.code_mean.fill_(0.3)  # a saved BAE's prior
     prior = code_prior(bae)
     assert torch.allclose(prior, torch.full((6,), 0.3))
     prior += 1

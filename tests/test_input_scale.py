@@ -1,17 +1,27 @@
-"""A BAE's constant input scale (``input_variance``): set once on the first training batch,
-saved and loaded with the model, folded exactly, and what makes training independent of the
-states' scale."""
+"""A BAE's constant input scale (``input_variance``): set once on the first training batch, folded
+exactly into the saved BAE's weights, and what makes training independent of the states'
+scale."""
+
+import json
 
 import pytest
 import torch
 from sae_lens import SAE
 from sae_lens.saes.sae import TrainStepInput
+from safetensors.torch import load_file
 
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.entropy import code_entropy
 from sae_lens_bae.entropy.recipe import EntropyRecipe
+from sae_lens_bae.features.statistics import decoder_covariance_norm, feature_statistics
 from sae_lens_bae.saes.bae_recipes import bae_config
-from sae_lens_bae.saes.input_frame import frame, module_frame
+from sae_lens_bae.saes.input_frame import (
+    frame,
+    in_input_units,
+    module_frame,
+    weights_in_input_units,
+)
+from sae_lens_bae.saes.saebench import SAEBenchBAE
 from sae_lens_bae.training import train_sae
 
 
@@ -108,28 +118,49 @@ def test_without_the_scale_the_states_scale_changes_what_is_learnt():
     assert not torch.equal(small.encode_bits(x), large.encode_bits(64.0 * x))
 
 
-def test_the_scale_is_saved_and_loaded(tmp_path):
+def _codes_agree(a: torch.Tensor, b: torch.Tensor, pre: torch.Tensor) -> None:
+    """Two codes of one BAE in two forms: equal wherever its pre-activation is not within
+    rounding of the step's edge."""
+    clear = pre.abs() > 1e-4 * pre.abs().max()
+    assert torch.equal(a[clear], b[clear]) and clear.float().mean() > 0.99
+
+
+def test_the_saved_bae_is_in_input_units(tmp_path):
+    """The saved BAE holds SAELens' weights and its prior only, the frame folded into the
+    weights: the same codes and outputs on raw states, no frame or training counter."""
     x = fair_bits()
     bae = trained(x)
+    assert bool(bae.input_shift.any()) and bae.input_scale.item() != 1.0
     bae.save_inference_model(tmp_path)
-    loaded = SAE.load_from_disk(tmp_path)  # built on the meta device: the buffer must be saved
-    assert isinstance(loaded, BAE) and loaded.cfg.input_variance == bae.cfg.input_variance
-    assert loaded.input_scale.item() == bae.input_scale.item()
-    assert torch.equal(loaded.input_shift, bae.input_shift) and bool(bae.input_shift.any())
-    assert torch.equal(loaded(x), bae(x))
+    saved = set(load_file(tmp_path / "sae_weights.safetensors"))
+    assert saved == {"W_enc", "b_enc", "W_dec", "b_dec", "code_mean"}
+    assert "input_variance" not in json.loads((tmp_path / "cfg.json").read_text())
+    loaded = SAE.load_from_disk(tmp_path)  # built on the meta device
+    assert isinstance(loaded, BAE) and module_frame(loaded) is None
+    _codes_agree(loaded.encode_bits(x), bae.encode_bits(x), bae.hidden_pre(x))
+    torch.testing.assert_close(loaded(x), bae(x), rtol=1e-5, atol=1e-5)
+    assert torch.equal(loaded.code_mean, bae.code_mean)
+    # the weights read directly give the BAE: step(x W_enc + b_enc) W_dec + b_dec
+    by_hand = ((x @ loaded.W_enc + loaded.b_enc) >= 0).float() @ loaded.W_dec + loaded.b_dec
+    torch.testing.assert_close(by_hand, bae(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
-def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
+def _framed_bae(apply_b_dec_to_input: bool) -> BAETrainingSAE:
     torch.manual_seed(0)
-    bae = BAE(BAEConfig(d_in=6, d_sae=12, input_variance=1.0,
-                        apply_b_dec_to_input=apply_b_dec_to_input)).double()  # fmt: skip
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=6, d_sae=12, input_variance=1.0,
+                         apply_b_dec_to_input=apply_b_dec_to_input)).double()  # fmt: skip
     with torch.no_grad():
         bae.b_dec.normal_()
         bae.W_dec.normal_()
         bae.b_enc.normal_()
         bae.input_scale.fill_(0.3)
         bae.input_shift.normal_()
+    return bae
+
+
+@pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
+def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
+    bae = _framed_bae(apply_b_dec_to_input)
     x = torch.randn(50, 6, dtype=torch.float64)
     expected_norm_fold = bae(3.0 * x) / 3.0
     mean, matrix = torch.randn(6, dtype=torch.float64), torch.randn(6, 6, dtype=torch.float64)
@@ -141,21 +172,56 @@ def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
     assert torch.equal(bae.encode_bits(x), codes)
     assert torch.allclose(bae.decode(bae.encode(x)), expected)
 
-    torch.manual_seed(0)
-    bae = BAE(BAEConfig(d_in=6, d_sae=12, input_variance=1.0,
-                        apply_b_dec_to_input=apply_b_dec_to_input)).double()  # fmt: skip
-    with torch.no_grad():
-        bae.b_dec.normal_()
-        bae.W_dec.normal_()
-        bae.b_enc.normal_()
-        bae.input_scale.fill_(0.3)
-        bae.input_shift.normal_()
+    bae = _framed_bae(apply_b_dec_to_input)
     bae.fold_activation_norm_scaling_factor(3.0)  # after the frame's own fold, SAELens'
     assert torch.allclose(bae(x), expected_norm_fold)
 
 
+@pytest.mark.parametrize("apply_b_dec_to_input", [False, True])
+def test_a_training_checkpoint_loads_as_the_saved_bae(apply_b_dec_to_input, tmp_path):
+    """A training checkpoint (``save_model``: frame and counters kept, for resuming) read by an
+    inference loader gives the BAE ``save_inference_model`` writes."""
+    bae = _framed_bae(apply_b_dec_to_input)
+    bae.save_model(tmp_path / "checkpoint")
+    bae.save_inference_model(tmp_path / "inference")
+    from_checkpoint = BAE.load_from_disk(tmp_path / "checkpoint", dtype="float64")
+    saved = BAE.load_from_disk(tmp_path / "inference", dtype="float64")
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec", "code_mean"):
+        torch.testing.assert_close(getattr(from_checkpoint, name), getattr(saved, name))
+    x = torch.randn(50, 6, dtype=torch.float64)
+    torch.testing.assert_close(from_checkpoint(x), bae(x))
+
+
+def test_every_weight_reader_reads_input_units():
+    """Readers of a framed BAE's weights see its input-unit weights: the frame folded into a
+    copy (the BAE keeps training in its frame), SAEBench's wrapper and the decoder statistics
+    alike."""
+    bae = _framed_bae(False)
+    folded = in_input_units(bae)
+    assert folded is not bae and bae.input_scale.item() == pytest.approx(0.3)
+    x = torch.randn(50, 6, dtype=torch.float64)
+    torch.testing.assert_close(folded(x), bae(x))
+    expected = weights_in_input_units(bae)
+    for name, value in expected.items():
+        assert torch.equal(getattr(folded, name), value), name
+    torch.testing.assert_close(expected["W_dec"], bae.W_dec / 0.3)
+    wrapped = SAEBenchBAE(bae, model_name="m", hook_name="blocks.0.hook_resid_post")
+    assert torch.equal(wrapped.W_dec, expected["W_dec"]) and torch.equal(
+        wrapped.W_enc, expected["W_enc"]
+    )
+    torch.testing.assert_close(wrapped(x), bae(x))
+    plain = BAE(BAEConfig(d_in=6, d_sae=12))
+    assert in_input_units(plain) is plain
+    assert decoder_covariance_norm(expected["W_dec"]) != decoder_covariance_norm(bae.W_dec)
+    stats = feature_statistics(bae.float(), x.float())
+    assert stats["decoder_covariance_norm"] == pytest.approx(
+        decoder_covariance_norm(weights_in_input_units(bae)["W_dec"])
+    )
+
+
 def test_a_cast_keeps_the_scale_in_fp32():
-    bae = BAE(BAEConfig(d_in=8, d_sae=32, input_variance=1.0)).to(torch.bfloat16)
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=32, input_variance=1.0))
+    bae = bae.to(torch.bfloat16)
     assert bae.W_enc.dtype == torch.bfloat16 and bae.input_scale.dtype == torch.float32
 
 
@@ -232,3 +298,16 @@ def test_saelens_normalisation_brings_states_to_the_scale_and_folds_it(caplog):
     out = run.sae.decode(run.sae.encode(x))
     explained = 1 - (out - x).pow(2).sum() / (x - x.mean(0)).pow(2).sum()
     assert explained > 0.3  # in the states' units: unfolded, it would be off by 100x
+
+
+def test_train_sae_fixes_the_frame_on_the_training_set_not_its_first_minibatch():
+    """On a tensor, the frame is estimated on the screened set (up to 100 minibatches' rows, as
+    SAELens estimates its scale), so a first minibatch unlike the rest does not set it."""
+    x = fair_bits(n=1024)
+    x[:64] *= 5.0  # a first minibatch (in the tensor's order) five times wider than the rest
+    bae = trained(x)
+    target = bae.cfg.input_variance * x.shape[-1]
+    variance = (x - x.mean(0)).pow(2).sum(-1).mean()
+    assert bae.input_scale.item() == pytest.approx((target / variance).sqrt().item(), rel=1e-5)
+    first = (x[:64] - x[:64].mean(0)).pow(2).sum(-1).mean()
+    assert abs(bae.input_scale.item() / (target / first).sqrt().item() - 1) > 0.5

@@ -81,7 +81,6 @@ def test_a_saved_bae_loads_with_the_same_config_weights_and_outputs(tmp_path_fac
         for parameter in bae.parameters():
             parameter.normal_()
         bae.code_mean.uniform_()
-        bae.code_mean_count.fill_(float(seed))
     folder = tmp_path_factory.mktemp("bae")
     bae.save_model(folder)
     loaded = SAE.load_from_disk(folder)
@@ -99,7 +98,6 @@ def test_compressed_states_and_records_round_trip(tmp_path_factory, n, seed, thr
     bae = BAE(BAEConfig(d_in=6, d_sae=16))
     with torch.no_grad():
         bae.code_mean.uniform_()
-        bae.code_mean_count.fill_(1.0)
     x = torch.randn(n, 6)
     folder = tmp_path_factory.mktemp("saved")
     stored = compress(bae, x, threshold)

@@ -28,6 +28,7 @@ from sae_lens.training.sae_trainer import SAETrainer
 from sae_lens_bae import load_model, load_sae, train_sae
 from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.saes.bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.saes.input_frame import in_input_units, module_frame
 from sae_lens_bae.training import activation_batches, fill_training_schedule
 from sae_lens_bae.training.checkpoints import latest_checkpoint
 
@@ -45,7 +46,6 @@ def _bae(bits_per_feature: int) -> BAE:
     with torch.no_grad():
         bae.W_dec.normal_(0, 0.3)
         bae.code_mean.fill_(0.3)
-        bae.code_mean_count.fill_(1.0)
     bae.cfg.metadata.hook_name = HOOK
     return bae
 
@@ -188,7 +188,8 @@ cfg.json with its lenient ``SAEConfig.from_dict``."""
 def _folders(tmp_path) -> dict[str, tuple[Path, BAETrainingSAE]]:
     """A BAE trained 4 steps by ``train_sae`` (framed, 2 bits per feature) with
     checkpoints on: its inference folder and the training checkpoint SAELens' trainer wrote,
-    each with the training BAE it holds (the checkpoint's read by SAELens' training loader)."""
+    each with the training BAE it holds (the checkpoint's read by SAELens' training loader) in
+    input units (its frame folded into a copy: what an inference loader gives)."""
     x = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
     cfg = BAETrainingSAEConfig(d_in=8, d_sae=6, bits_per_feature=2, input_variance=1.0)
     run = train_sae(x, cfg, training_samples=4 * 64, batch_size=64,
@@ -197,8 +198,8 @@ def _folders(tmp_path) -> dict[str, tuple[Path, BAETrainingSAE]]:
     checkpoint = latest_checkpoint(tmp_path / "run")
     assert "entropy_off_fraction" in json.loads((checkpoint / "cfg.json").read_text())
     return {
-        "inference": (tmp_path / "inference", run.sae),
-        "checkpoint": (checkpoint, TrainingSAE.load_from_disk(checkpoint)),
+        "inference": (tmp_path / "inference", in_input_units(run.sae)),
+        "checkpoint": (checkpoint, in_input_units(TrainingSAE.load_from_disk(checkpoint))),
     }
 
 
@@ -209,8 +210,8 @@ def test_every_loader_reads_an_inference_folder_and_a_training_checkpoint_alike(
         assert isinstance(trained, BAETrainingSAE), kind
         loaded = LOADERS[loader](folder)
         assert type(loaded) is BAE, kind
-        assert loaded.cfg.bits_per_feature == 2 and loaded.cfg.input_variance == 1.0, kind
-        assert torch.equal(loaded.input_scale, trained.input_scale), kind
+        assert loaded.cfg.bits_per_feature == 2 and module_frame(loaded) is None, kind
+        assert trained.input_scale.item() == 1.0 and not trained.input_shift.any(), kind
         assert torch.equal(loaded.encode_bits(x), trained.encode_bits(x)), kind
         assert torch.equal(loaded(x), trained(x)), kind
 

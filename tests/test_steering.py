@@ -9,7 +9,15 @@ import pytest
 import torch
 from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig
 
-from sae_lens_bae import BAE, BAEConfig, steer, steering_hook, task_vector
+from sae_lens_bae import (
+    BAE,
+    BAEConfig,
+    BAETrainingSAE,
+    BAETrainingSAEConfig,
+    steer,
+    steering_hook,
+    task_vector,
+)
 from sae_lens_bae.models import load_model
 from sae_lens_bae.prompts import ICLTemplate, build_icl_prompts, encode_prompts, first_token_ids
 from sae_lens_bae.steering import SteeredClassifier, label_accuracy, mean_difference
@@ -50,7 +58,7 @@ def test_a_framed_bae_s_task_vector_is_its_decoded_difference_in_the_states_unit
     """With its input frame set (k, t), a BAE's task vector is the difference of what it decodes
     from the two mean codes: (diff W_dec + b_dec) / k - t, the shift and bias cancelling."""
     torch.manual_seed(0)
-    bae = BAE(BAEConfig(d_in=8, d_sae=32, input_variance=1.0))
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=32, input_variance=1.0))
     torch.nn.init.normal_(bae.b_dec)
     with torch.no_grad():
         bae.input_scale.fill_(0.25)

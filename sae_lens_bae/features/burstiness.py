@@ -8,7 +8,7 @@ is off where it is usually on scores log2(prior); a bit at its usual value score
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
@@ -16,7 +16,7 @@ from torch import Tensor
 
 from sae_lens_bae.saes.protocols import BinaryEncoder
 
-__all__ = ["PriorSource", "burstiness", "code_prior"]
+__all__ = ["PriorSource", "burstiness", "code_prior", "has_training_prior"]
 
 PriorSource = Literal["training", "evaluation"]
 
@@ -41,6 +41,17 @@ def burstiness(
     return torch.log2((codes.float() - prior).abs().clamp_min(_FLOOR))
 
 
+def has_training_prior(bae: Any) -> bool:
+    """Whether the BAE holds a mean code from training: a training BAE whose running mean was
+    updated, or a saved BAE's ``code_mean`` (all zero only when it was never updated: no trained
+    code has every bit always off)."""
+    code_mean = getattr(bae, "code_mean", None)
+    if not isinstance(code_mean, Tensor):
+        return False
+    count = getattr(bae, "code_mean_count", None)
+    return bool(code_mean.any()) if count is None else float(count) > 0
+
+
 @torch.no_grad()
 def code_prior(
     bae: BinaryEncoder,
@@ -55,8 +66,7 @@ def code_prior(
     """
     if source == "training":
         code_mean = getattr(bae, "code_mean", None)
-        count = getattr(bae, "code_mean_count", None)
-        if not isinstance(code_mean, Tensor) or (count is not None and float(count) == 0):
+        if not has_training_prior(bae):
             raise ValueError(
                 "This BAE has no training prior (its code_mean was never updated); pass "
                 "activations with source='evaluation'"

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from sae_lens_bae.activations.cache import harvest_activations
 from sae_lens_bae.features.activity import latent_activity
-from sae_lens_bae.features.burstiness import burstiness, code_prior
+from sae_lens_bae.features.burstiness import burstiness, code_prior, has_training_prior
 from sae_lens_bae.saes.protocols import BinaryEncoder, Encoder
 
 __all__ = [
@@ -414,8 +414,8 @@ def records_from_text(
     if magnitude == "burstiness":
         if not is_bae:
             raise ValueError("burstiness magnitudes need a BAE; use raw or rescaled for an SAE")
-        trained = float(getattr(sae, "code_mean_count", 0)) > 0
-        prior = code_prior(sae, acts, source="training" if trained else "evaluation")
+        source = "training" if has_training_prior(sae) else "evaluation"
+        prior = code_prior(sae, acts, source=source)
     records = top_k_records(
         sae,
         acts.to(sae.dtype),

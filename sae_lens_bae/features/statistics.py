@@ -30,6 +30,7 @@ from sae_lens_bae.features.activity import latent_activity, rarity
 from sae_lens_bae.features.burstiness import code_prior
 from sae_lens_bae.features.records import FeatureRecords
 from sae_lens_bae.saes.binary import CONSTANT_RARITY, DENSE_FREQUENCY
+from sae_lens_bae.saes.input_frame import in_input_units
 
 __all__ = [
     "DENSE_FREQUENCY",
@@ -116,7 +117,7 @@ def feature_statistics(
     measured against them)."""
     stats = evaluate_sae(sae, activations, targets=targets)
     stats.pop("firing_rates")  # a BAE's raw bits: the frequency below is the one definition
-    stats["decoder_covariance_norm"] = decoder_covariance_norm(sae.W_dec)
+    stats["decoder_covariance_norm"] = decoder_covariance_norm(in_input_units(sae).W_dec)
     frequency = firing_frequency(sae, activations)
     stats["firing_frequency"] = frequency
     stats.update(frequency_counts(frequency, dense_threshold, constant_threshold))

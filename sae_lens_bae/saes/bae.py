@@ -52,10 +52,12 @@ from sae_lens_bae.saes.input_frame import (
     check_activations,
     check_scale,
     fix_frame,
+    fold_frame,
     frame,
     module_frame,
     register_input_frame,
     unframe,
+    weights_in_input_units,
 )
 from sae_lens_bae.saes.loading import StrictLoading, is_count, refuse_fields
 from sae_lens_bae.saes.objective import (
@@ -83,21 +85,13 @@ ARCHITECTURE = "bae"
 
 
 def _check_inference_fields(cfg: BAEConfig | BAETrainingSAEConfig) -> None:
-    target = cfg.input_variance
-    positive = not isinstance(target, bool) and target is not None and target > 0
     refuse_fields(
         cfg,
         {
             "d_in": (is_count(cfg.d_in, 1), "a positive integer"),
             "d_sae": (is_count(cfg.d_sae, 1), "a positive integer"),
             "bits_per_feature": (is_count(cfg.bits_per_feature, 1), "an integer >= 1"),
-            "input_variance": (target is None or positive, "a positive variance or None"),
             "reshape_activations": (cfg.reshape_activations == "none", "flatten hook_z upstream"),
-            "normalize_activations": (
-                target is None or cfg.normalize_activations == "none",
-                "none with an input frame, which scales the inputs itself (input_variance=None "
-                "reads them as given)",
-            ),
         },
     )
 
@@ -117,10 +111,6 @@ class BAEConfig(StrictLoading, SAEConfig):
     bits_per_feature * d_sae`` bits."""
     apply_b_dec_to_input: bool = False
     """SAELens' input centring; off, as in the paper."""
-    input_variance: float | None = None
-    """Variance per input dimension an input frame ``k (x + t)`` brings the inputs to, fixed on
-    the first training batch and undone on the outputs (``saes.input_frame``; the ``entropy``
-    recipe's); None: inputs as given."""
 
     @override
     @classmethod
@@ -149,8 +139,10 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     apply_b_dec_to_input: bool = False
     """SAELens' input centring; off, as in the paper."""
     input_variance: float | None = None
-    """Variance per input dimension of an input frame (see :class:`BAEConfig`); None: inputs as
-    given, at the scale the coefficients assume (mean norm sqrt(d_in))."""
+    """Variance per input dimension an input frame ``k (x + t)`` brings the inputs to while
+    training, fixed on the first training batch and undone on the outputs (``saes.input_frame``;
+    the ``entropy`` recipe's), folded into the weights of the saved BAE; None: inputs as given,
+    at the scale the coefficients assume (mean norm sqrt(d_in))."""
     surrogate_temperature: float = 1.0
     """T of the step's surrogate derivative d/dx sigmoid(x / T) (1.0 is the paper's
     definition)."""
@@ -181,12 +173,20 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
 
     def __post_init__(self) -> None:
         _check_inference_fields(self)
+        target = self.input_variance
+        positive = not isinstance(target, bool) and target is not None and target > 0
         steps, width = self.total_training_steps, self.coefficient_width
         ratio = self.extreme_norm_ratio
         fraction = "in [0, 1]"
         refuse_fields(
             self,
             {
+                "input_variance": (target is None or positive, "a positive variance or None"),
+                "normalize_activations": (
+                    target is None or self.normalize_activations == "none",
+                    "none with an input frame, which scales the inputs itself (input_variance="
+                    "None reads them as given)",
+                ),
                 "surrogate_temperature": (self.surrogate_temperature > 0, "above 0"),
                 "entropy_coefficient": (self.entropy_coefficient >= 0, "at least 0"),
                 "covariance_coefficient": (self.covariance_coefficient >= 0, "at least 0"),
@@ -252,7 +252,6 @@ class _BAEMixin(InputFrameFolds):
     W_dec: nn.Parameter
     b_dec: nn.Parameter
     code_mean: Tensor
-    code_mean_count: Tensor
     hook_sae_acts_pre: Callable[[Tensor], Tensor]
     hook_sae_acts_post: Callable[[Tensor], Tensor]
     hook_sae_recons: Callable[[Tensor], Tensor]
@@ -261,9 +260,8 @@ class _BAEMixin(InputFrameFolds):
     run_time_activation_norm_fn_out: Callable[[Tensor], Tensor]
 
     def initialize_weights(self) -> None:
-        """SAELens' init, an encoder of width ``n_bits`` with a zero bias, the running mean code
-        (fp32), when configured the unset input frame, and a training BAE's count of the rows its
-        steps set aside as extreme."""
+        """SAELens' init, an encoder of width ``n_bits`` with a zero bias, and the mean code (the
+        burstiness prior, fp32)."""
         super().initialize_weights()  # type: ignore[misc]  # SAE's or TrainingSAE's
         cfg, device = self.cfg, self.W_dec.device
         if cfg.bits_per_feature > 1:  # bits of one feature need distinct directions
@@ -279,10 +277,6 @@ class _BAEMixin(InputFrameFolds):
             self.W_enc = nn.Parameter(w_enc.reshape(cfg.d_in, cfg.n_bits).contiguous())
         self.b_enc = nn.Parameter(torch.zeros(cfg.n_bits, dtype=self.W_dec.dtype, device=device))
         self.register_buffer("code_mean", torch.zeros(cfg.n_bits, device=device))  # type: ignore[attr-defined]
-        self.register_buffer("code_mean_count", torch.zeros((), device=device))  # type: ignore[attr-defined]
-        register_input_frame(self, cfg.input_variance)  # type: ignore[arg-type]
-        if isinstance(self, TrainingSAE):  # the count of its steps' extreme rows, from the start
-            register_screen_count(self, device)
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
         """``.to(dtype)``/``.half()`` cast parameters only: running means and the frame keep fp32
@@ -364,6 +358,17 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
         return super().get_sae_config_class_for_architecture(architecture)
 
     @override
+    def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:
+        """A training checkpoint's state read as the inference BAE saves it: its input frame
+        folded into the weights, the training counters dropped."""
+        scale = state_dict.pop(INPUT_SCALE_BUFFER, None)
+        shift = state_dict.pop(INPUT_SHIFT_BUFFER, None)
+        state_dict.pop("code_mean_count", None)
+        if scale is not None and shift is not None:
+            frame_of = (scale, shift)
+            state_dict.update(fold_frame(state_dict, frame_of, self.cfg.apply_b_dec_to_input))
+
+    @override
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
         return self.hook_sae_acts_post(
             bits_to_values(step(self.hidden_pre(x)), self.cfg.bits_per_feature)
@@ -385,6 +390,30 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     schedule: Schedule | None = None
     _framed = False  # whether the input frame is known to be set
     _scale_checked = False  # whether the inputs' scale was checked (without a frame)
+
+    code_mean_count: Tensor
+
+    def initialize_weights(self) -> None:
+        """The BAE's weights and prior, then what only training needs: the running mean code's
+        count, the unset input frame when configured, and the count of the rows its steps set
+        aside as extreme. The saved inference BAE has none of them (its weights are in input
+        units: :meth:`process_state_dict_for_saving_inference`)."""
+        super().initialize_weights()
+        device = self.W_dec.device
+        self.register_buffer("code_mean_count", torch.zeros((), device=device))
+        register_input_frame(self, self.cfg.input_variance)
+        register_screen_count(self, device)
+
+    @override
+    def process_state_dict_for_saving_inference(self, state_dict: dict[str, Any]) -> None:
+        """The inference BAE's state: the input frame folded into the weights (exact up to
+        rounding: ``saes.input_frame.weights_in_input_units``), its buffers and the training
+        counters dropped, so the saved BAE is ``step(x W_enc + b_enc) W_dec + b_dec`` on raw
+        inputs with its prior ``code_mean``."""
+        super().process_state_dict_for_saving_inference(state_dict)
+        state_dict.update(weights_in_input_units(self))
+        for name in (INPUT_SCALE_BUFFER, INPUT_SHIFT_BUFFER, "code_mean_count"):
+            state_dict.pop(name, None)
 
     def resolve_schedule(self, total_steps: int | None = None) -> Schedule:
         """Fix the phases in steps for a run of ``total_steps`` (the config's

@@ -3,7 +3,7 @@
 Once the encoder is trained the code is fixed, and the decoder that reconstructs the states best
 from it is a linear regression with a closed form. Gradient training stops short of it: the
 decoder chases an encoder that is still moving, under a learning rate that never reaches zero.
-What the refit gains is measured in docs/research/synthetic-entropy.md. The code, and so every
+The code, and so every
 entropy estimate read from it, is unchanged: only how much of the state the code is shown to
 keep moves.
 
@@ -40,9 +40,8 @@ RIDGES = (0.0, 1.0, 10.0, 100.0, 1000.0)
 """The ridges ``refit_decoder`` chooses from on the held-back states, in units of states (a 0/1
 bit's Gram diagonal is the number of states it fires on). A ridge pulls the weights
 towards the trained decoder, not towards 0: a bit that fires on a few dozen of 65536 states
-gets a regression weight from those few, which can be worse than its trained one (a d = 512
-code at T = 0.3 had 761 of 1024 bits firing on fewer than 100 states; the plain regression
-raised its held-out error from 2.14% to 2.20%, a ridge of 10-100 lowered it to 1.78-1.80%)."""
+gets a regression weight from those few, which can be worse than its trained one
+(docs/research/synthetic-entropy.md measures both)."""
 
 
 @dataclass(frozen=True)

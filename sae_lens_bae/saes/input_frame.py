@@ -1,35 +1,19 @@
-"""A BAE's input frame: one constant factor and one constant shift, measured on its first training
-batch, that bring its inputs to the variance per dimension and the place its recipe was
-calibrated at (``input_variance``): the encoder reads ``k (x + t)``, the decoder's output is
-divided by k and t is subtracted again.
+"""A training BAE's input frame: a constant factor k and shift t, fixed on its first training
+batch, that bring its inputs to the variance per dimension its recipe was calibrated at
+(``input_variance``) and put their mean at ``sqrt(variance)`` along the unit diagonal: the
+encoder reads ``k (x + t)`` and the decoder's output is divided by k and has t subtracted.
 
-A BAE's training is not scale-invariant (docs/research/entropy-reading.md): its penalties weigh
-against a reconstruction error that grows with the square of the states' scale, and Adam's steps
-have one size whatever the scale the weights need. Multiplying the input by a constant k before the
-encoder, dividing the reconstruction by k after the decoder, and measuring the reconstruction
-loss in the scaled units makes training on ``s * x`` the same as training on ``x`` (k absorbs s),
-so a recipe calibrated at one scale holds on states of any scale, with no step on the caller's
-side. k is taken from the inputs' variance (mean squared distance from their mean), not their
-mean squared norm: states far from the origin (an LLM's share a large mean) would otherwise be
-scaled by where they sit rather than by how they spread, and the penalties would weigh many
-times more against their reconstruction than the recipe was calibrated for.
-
-Nor is training translation-invariant: the initial encoder's hyperplanes pass through the origin,
-and the encoder's gradient is the input times the pre-activations' gradient, so a large common
-component of the inputs steers every update (biases can absorb a translation of the forward
-pass, not of the gradients). t moves the inputs so that their mean sits at ``sqrt(variance)``
-along the unit diagonal ``(1, ..., 1) / sqrt(d)``, where sets of fair bits sit (the recipes were
-calibrated on them), so a translated set trains as the set itself, up to rounding. The inputs
-are not centred: centred, every bit of the initial encoder splits the set in half; moved
-off the origin by as much as they spread, bits start at many rates and can settle constant
-(docs/research/entropy-reading.md, "Placed where the recipe was calibrated"). Both are fixed
-once (never re-estimated): the weights are learnt for them. Every BAE is framed this way unless
-its config's ``input_variance`` is None: the default at variance 1 per dimension, the entropy
-recipes at the total variance of the fair-bit sets they were calibrated on, one BAE or a stack.
+Why: the BAE's penalties weigh against a squared error that grows with the states' scale, and
+its initial hyperplanes pass through the origin, so training depends on where the states sit and
+how they spread; in the frame, states of any scale and place train as the recipe's own did
+(docs/entropy.md). Both are fixed once: the weights are learnt for them. The saved BAE has them
+folded into its weights (``fold_frame``); readers of a training BAE's weights use
+``in_input_units``. Also here: the checks of a BAE's inputs (width, finiteness, scale).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, NoReturn
 
@@ -47,12 +31,16 @@ __all__ = [
     "Frame",
     "current_input_scale",
     "fix_frame",
+    "fix_frame_from_set",
+    "fold_frame",
     "frame",
     "frame_factor",
+    "in_input_units",
     "module_frame",
     "placement",
     "register_input_frame",
     "unframe",
+    "weights_in_input_units",
 ]
 
 INPUT_SCALE_BUFFER = "input_scale"
@@ -190,12 +178,68 @@ def fix_frame(frame: Frame, x: Float[Tensor, "... batch d_in"], variance_per_dim
     shift.copy_(torch.where(setting.unsqueeze(-1), fresh_shift, shift))
 
 
+@torch.no_grad()
+def fix_frame_from_set(bae: Any, rows: Float[Tensor, "n d_in"], max_rows: int, seed: int) -> None:
+    """Fix an unset input frame of ``bae`` on a seeded sample of up to ``max_rows`` of a whole
+    (screened) training set, as SAELens estimates its own scale over many minibatches, instead of
+    on the first minibatch its step sees; a BAE without a frame, or with one set, is left."""
+    input_frame = module_frame(bae)
+    if input_frame is None:
+        return
+    if rows.shape[0] > max_rows:
+        generator = torch.Generator().manual_seed(seed)
+        rows = rows[torch.randperm(rows.shape[0], generator=generator)[:max_rows]]
+    fix_frame(input_frame, rows.to(input_frame[0].device), bae.cfg.input_variance)
+
+
 def _refuse_decoder_norm_folding() -> NoReturn:
     raise ValueError(
         "A BAE cannot fold decoder norms: its codes are binary, so scaling the encoder does not "
         "scale them and the reconstruction would change. Load or use it without "
         "fold_W_dec_norm (its outputs are already exact)."
     )
+
+
+def fold_frame(
+    weights: dict[str, Tensor], frame: Frame, apply_b_dec_to_input: bool
+) -> dict[str, Tensor]:
+    """``W_enc``, ``b_enc``, ``W_dec``, ``b_dec`` with an input frame folded in (new tensors),
+    exactly: ``k (x + t) W + b`` is ``x (k W) + (b + t k W)`` and ``(h W_dec + b_dec) / k - t``
+    is ``h (W_dec / k) + (b_dec / k - t)``; with ``apply_b_dec_to_input`` the encoder's
+    subtracted decoder bias carries the shift, and no encoder bias moves. An unset k (0) is 1."""
+    scale, shift = frame_factor(frame[0]), frame[1]
+    W_enc, b_enc, W_dec, b_dec = (weights[name] for name in ("W_enc", "b_enc", "W_dec", "b_dec"))
+    W_enc = W_enc * scale.to(W_enc.dtype)
+    if not apply_b_dec_to_input:
+        b_enc = b_enc + (shift.float() @ W_enc.float()).to(b_enc.dtype)
+    return {
+        "W_enc": W_enc,
+        "b_enc": b_enc,
+        "W_dec": W_dec / scale.to(W_dec.dtype),
+        "b_dec": b_dec / scale.to(b_dec.dtype) - shift.to(b_dec.dtype),
+    }
+
+
+def weights_in_input_units(bae: Any) -> dict[str, Tensor]:
+    """``W_enc``, ``b_enc``, ``W_dec``, ``b_dec`` of a BAE in the units of its inputs: its input
+    frame folded in (``fold_frame``; new tensors, the BAE unchanged), or its own weights
+    (detached) without one."""
+    weights = {name: getattr(bae, name).detach() for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    input_frame = module_frame(bae)
+    if input_frame is None:
+        return weights
+    return fold_frame(weights, input_frame, bae.cfg.apply_b_dec_to_input)
+
+
+def in_input_units(bae: Any) -> Any:
+    """The BAE itself when it has no input frame; else a copy with the frame folded into its
+    weights (k 1, t 0): what a reader of weights (decoder statistics, a logit lens, SAEBench)
+    needs, in the units of the states it reads."""
+    if current_input_scale(bae) is None:
+        return bae
+    folded = copy.deepcopy(bae)
+    folded.fold_input_scale()
+    return folded
 
 
 class InputFrameFolds:
@@ -223,22 +267,14 @@ class InputFrameFolds:
 
     @torch.no_grad()
     def fold_input_scale(self) -> None:
-        """Move the input frame into the weights, exactly (k becomes 1, t 0): SAELens' whitening
-        fold assumes an encoder that reads its input as given. ``k (x + t) W + b`` is
-        ``x (k W) + (b + t k W)`` and ``(h W_dec + b_dec) / k - t`` is
-        ``h (W_dec / k) + (b_dec / k - t)``; with ``apply_b_dec_to_input`` the encoder's
-        subtracted decoder bias carries the shift, and no encoder bias moves."""
-        scale = current_input_scale(self)  # type: ignore[arg-type]
-        if scale is None:
+        """Move the input frame into the weights in place (``weights_in_input_units``; k becomes
+        1, t 0): SAELens' folds assume an encoder that reads its input as given."""
+        if current_input_scale(self) is None:  # type: ignore[arg-type]
             return
-        shift = getattr(self, INPUT_SHIFT_BUFFER)
-        self.W_enc.data *= scale.to(self.W_enc.dtype)
-        self.W_dec.data /= scale.to(self.W_dec.dtype)
-        self.b_dec.data = self.b_dec.data / scale.to(self.b_dec.dtype) - shift.to(self.b_dec.dtype)
-        if not self.cfg.apply_b_dec_to_input:
-            self.b_enc.data += (shift @ self.W_enc.data.float()).to(self.b_enc.dtype)
+        for name, value in weights_in_input_units(self).items():
+            getattr(self, name).data = value
         getattr(self, INPUT_SCALE_BUFFER).fill_(1.0)
-        shift.zero_()
+        getattr(self, INPUT_SHIFT_BUFFER).zero_()
 
     def fold_W_dec_norm(self) -> None:
         _refuse_decoder_norm_folding()

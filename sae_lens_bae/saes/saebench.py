@@ -4,8 +4,10 @@ SAEBench (``sae_bench.custom_saes``) evaluates any ``nn.Module`` with ``encode``
 ``forward``, ``W_enc`` [d_in, d_sae], ``W_dec`` [d_sae, d_in], ``b_enc``, ``b_dec``, ``device``
 and ``dtype`` attributes that follow ``.to()``, and a ``cfg`` holding the fields of its
 ``CustomSAEConfig`` (``SAEBENCH_CONFIG_FIELDS``). ``SAEBenchBAE`` wraps a BAE that way without
-copying its weights. A BAE's decoder rows are not unit-norm (a binary code cannot absorb a
-rescaling), so SAEBench's ``check_decoder_norms`` reports them as they are.
+copying its weights (a training BAE with an input frame: a copy with the frame folded in, so the
+weights SAEBench reads are in the units of the states it feeds). A BAE's decoder rows are not
+unit-norm (a binary code cannot absorb a rescaling), so SAEBench's ``check_decoder_norms``
+reports them as they are.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
+
+from sae_lens_bae.saes.input_frame import in_input_units
 
 __all__ = ["SAEBENCH_CONFIG_FIELDS", "SAEBenchBAE", "SAEBenchConfig"]
 
@@ -56,11 +60,11 @@ SAEBENCH_CONFIG_FIELDS = tuple(SAEBenchConfig.__dataclass_fields__)
 
 class SAEBenchBAE(nn.Module):
     """A BAE (any bits per feature) behind SAEBench's custom-SAE interface; its parameters are the
-    BAE's own (shared, not copied)."""
+    BAE's own (shared, not copied) in input units."""
 
     def __init__(self, bae: Any, model_name: str | None = None, hook_name: str | None = None):
         super().__init__()
-        self.bae = bae
+        self.bae = bae = in_input_units(bae)
         meta = bae.cfg.metadata
         hook = hook_name or meta.hook_name
         if hook is None:

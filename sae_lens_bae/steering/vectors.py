@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sae_lens_bae.saes.input_frame import current_input_scale
+from sae_lens_bae.saes.input_frame import in_input_units
 
 __all__ = ["feature_difference", "mean_difference", "task_vector"]
 
@@ -86,16 +86,14 @@ def task_vector(
     ``input_scale``: the factor the SAE's training activations were multiplied by (e.g. SAELens'
     activation normalisation); states are scaled by it before encoding and the vector is divided
     by it, so the vector can be added to the model's own residual stream. The decoder bias cancels
-    in the difference and is not added; a BAE's input frame k is undone as its decoder undoes it
-    (the shift cancels, the factor divides).
+    in the difference and is not added; a BAE's decoder is read in input units (its input frame
+    folded in).
     """
     diff = feature_difference(
         sae, positive_acts, negative_acts, top, input_scale=input_scale, batch_size=batch_size
     )
-    vector = diff.to(sae.W_dec.device, sae.W_dec.dtype) @ sae.W_dec
-    frame_scale = current_input_scale(sae)
-    if frame_scale is not None:
-        vector = vector / frame_scale.to(vector)
+    W_dec = in_input_units(sae).W_dec
+    vector = diff.to(W_dec.device, W_dec.dtype) @ W_dec
     return (vector / input_scale).float().cpu()
 
 

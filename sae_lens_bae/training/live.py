@@ -41,15 +41,12 @@ from sae_lens_bae.training.checkpoints import (
     mark_complete,
     read_marker,
 )
-from sae_lens_bae.training.trainer import fill_training_schedule
+from sae_lens_bae.training.trainer import NORM_ESTIMATE_BATCHES, fill_training_schedule
 
 __all__ = ["BAETrainingRunner", "LiveTrainingConfig", "train_live"]
 
 Normalisation = typing.get_type_hints(SAEConfig)["normalize_activations"]
 """SAELens' activation normalisations (``none``, ``expected_average_only_in``, ...)."""
-NORM_ESTIMATE_BATCHES = 100
-"""Minibatches SAELens' runner reads to estimate the states' mean norm before the first step
-(100 x ``--batch-size`` states; SAELens' default, 1,000, costs ten times the forward passes)."""
 
 
 CompileMode = Literal["reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]

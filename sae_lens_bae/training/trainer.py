@@ -43,6 +43,7 @@ from sae_lens_bae.parallel.distributed import (
 from sae_lens_bae.reports import read_json_list, write_json
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import DEFAULT_BATCH_SIZE, DEFAULT_LR, bae_config
+from sae_lens_bae.saes.input_frame import fix_frame_from_set
 from sae_lens_bae.training.checkpoints import (
     DAMAGED_CHECKPOINT_FIX,
     check_checkpoint_files,
@@ -306,7 +307,7 @@ def train_sae(
         hook = hook or (activations.hooks[0] if len(activations.hooks) == 1 else None)
         if hook is None:
             raise ValueError(f"Name the hook to train on: hook=... (one of {activations.hooks})")
-    data, training_samples, dropped = _training_data(
+    data, training_samples, dropped, rows = _training_data(
         activations,
         cfg.d_in,
         hook,
@@ -335,15 +336,23 @@ def train_sae(
         cfg = replace(cfg, extreme_norm_ratio=outlier_norm_ratio if streamed else None)
     trainer = _trainer(cfg, trainer_cfg, data, hook, seed, record_every)
     trainer.marker_info = info
+    if rows is not None:  # an input frame from the set (a resumed run loads its own below)
+        fix_frame_from_set(trainer.sae, rows, NORM_ESTIMATE_BATCHES * batch_size * world, seed)
     if checkpoint is not None:
         trainer.resume(checkpoint)
     if distributed:
         data_parallel(trainer)
     sae = trainer.fit()
     in_steps = outliers_set_aside(sae)
-    rows = trainer.n_training_samples  # every rank's (the count is the global minibatches')
-    report_outliers(in_steps, rows, "training steps", outlier_norm_ratio)
+    trained = trainer.n_training_samples  # every rank's (the count is the global minibatches')
+    report_outliers(in_steps, trained, "training steps", outlier_norm_ratio)
     return TrainingRun(sae, trainer.history, dropped + in_steps)
+
+
+NORM_ESTIMATE_BATCHES = 100
+"""Minibatches a statistic of the states is estimated over before the first step: SAELens'
+mean-norm estimate in ``bae train`` (100 x ``--batch-size`` states; SAELens' default, 1,000, costs
+ten times the forward passes) and the input frame ``train_sae`` fixes on a training set."""
 
 
 def _training_data(
@@ -357,10 +366,11 @@ def _training_data(
     training_samples: int | None,
     epochs: float | None,
     outlier_norm_ratio: float | None,
-) -> tuple[_Counted, int, int]:
+) -> tuple[_Counted, int, int, Tensor | None]:
     """The counted stream of minibatches ``train_sae`` reads (from batch ``start`` on), the
-    length of training in rows and how many extreme states a tensor or cache had dropped."""
-    dropped = 0
+    length of training in rows, how many extreme states a tensor or cache had dropped, and the
+    screened set itself (None for a stream)."""
+    dropped, rows = 0, None
     if isinstance(activations, ActivationCache):
         assert hook is not None
         if not distributed:
@@ -382,6 +392,7 @@ def _training_data(
             training_samples = int(epochs * activations.shape[0])
         batches = rank_batches if distributed else activation_batches
         data = _Counted(batches(activations, batch_size, seed=seed, start=start), start)
+        rows = activations
     elif not isinstance(activations, ActivationCache):
         if epochs is not None:
             raise ValueError("epochs needs an activation tensor; give training_samples instead")
@@ -390,7 +401,7 @@ def _training_data(
             next(data)
     if training_samples is None:
         raise ValueError("Say how long to train: training_samples=... or epochs=...")
-    return data, training_samples, dropped
+    return data, training_samples, dropped, rows
 
 
 def _trainer(
