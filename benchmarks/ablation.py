@@ -17,7 +17,7 @@ the default's constant rate):
 
 * ``scale`` and ``shift``: the input frame ``k (x + t)`` (``saes.input_frame``). With both on,
   the config's own frame; with one, the states are transformed by it here (k and t from the
-  first minibatch, as the frame fixes them) and the transformation is folded into the weights
+  rows ``train_sae`` fixes a frame on) and the transformation is folded into the weights
   after training, so every variant is read on the same states.
 * ``entropy_off``: ``entropy_off_fraction`` 0.25 against 0. ``clip``: SAETrainer's gradient
   clip to norm 1, switched off by replacing ``torch.nn.utils.clip_grad_norm_`` with a no-op for
@@ -53,9 +53,9 @@ from sae_lens_bae.experiments.compare_study import Study
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae_recipes import DEFAULT_BATCH_SIZE, DEFAULT_LR, bae_config
-from sae_lens_bae.saes.input_frame import placement
+from sae_lens_bae.saes.input_frame import frame_sample, placement
 from sae_lens_bae.training import train_sae
-from sae_lens_bae.training.trainer import activation_batches
+from sae_lens_bae.training.trainer import NORM_ESTIMATE_BATCHES
 
 PIECES = ("scale", "shift", "clip", "entropy_off", "schedule", "t0.3")
 DEFAULT_PIECES = frozenset({"scale", "shift", "clip", "entropy_off"})
@@ -107,10 +107,10 @@ def groups(names: list[str], seeds: list[int]) -> list[tuple[str, int]]:
     return [(v, seed) for v in names for seed in seeds]
 
 
-def frame_of(first: torch.Tensor, variance_per_dim: float = 1.0) -> tuple[float, torch.Tensor]:
-    """(k, t) as ``saes.input_frame.fix_frame`` sets them from a first minibatch."""
-    variance, shift = placement(first.double())
-    return math.sqrt(variance_per_dim * first.shape[1] / float(variance)), shift.float()
+def frame_of(rows: torch.Tensor, variance_per_dim: float = 1.0) -> tuple[float, torch.Tensor]:
+    """(k, t) as ``saes.input_frame.fix_frame`` sets them from ``rows``."""
+    variance, shift = placement(rows.double())
+    return math.sqrt(variance_per_dim * rows.shape[1] / float(variance)), shift.float()
 
 
 @torch.no_grad()
@@ -136,8 +136,7 @@ def train_variant(
     """One variant trained by ``train_sae`` (see the module docstring for each piece), of
     width ``d_sae`` (2 d_in unless given)."""
     d_in = train.shape[1]
-    first = next(activation_batches(train, DEFAULT_BATCH_SIZE, seed=seed))
-    k, t = frame_of(first)
+    k, t = frame_of(frame_sample(train, NORM_ESTIMATE_BATCHES * DEFAULT_BATCH_SIZE, seed))
     framed = {"scale", "shift"} <= pieces
     k_here = k if "scale" in pieces and not framed else 1.0
     t_here = t if "shift" in pieces and not framed else torch.zeros_like(t)

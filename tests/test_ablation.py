@@ -33,8 +33,7 @@ def test_a_frame_applied_outside_and_folded_trains_the_frame_of_the_bae(ablation
     set of weights, read in the states' units, up to Adam's epsilon and rounding."""
     states = _states()
     framed = ablation.train_variant(frozenset({"scale", "shift"}), states, 1.0, 0, 60).sae
-    first = next(ablation.activation_batches(states, 512, seed=0))
-    k, t = ablation.frame_of(first)
+    k, t = ablation.frame_of(states)  # every row: fewer than train_sae's frame sample
     outside = ablation.train_variant(frozenset(), (states + t) * k, 1.0, 0, 60).sae
     ablation.fold(outside, k, t)
     framed.fold_input_scale()

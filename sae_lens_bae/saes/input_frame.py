@@ -32,6 +32,7 @@ __all__ = [
     "current_input_scale",
     "fix_frame",
     "fix_frame_from_set",
+    "frame_sample",
     "fold_frame",
     "frame",
     "frame_factor",
@@ -184,12 +185,18 @@ def fix_frame_from_set(bae: Any, rows: Float[Tensor, "n d_in"], max_rows: int, s
     (screened) training set, as SAELens estimates its own scale over many minibatches, instead of
     on the first minibatch its step sees; a BAE without a frame, or with one set, is left."""
     input_frame = module_frame(bae)
-    if input_frame is None:
-        return
-    if rows.shape[0] > max_rows:
-        generator = torch.Generator().manual_seed(seed)
-        rows = rows[torch.randperm(rows.shape[0], generator=generator)[:max_rows]]
-    fix_frame(input_frame, rows.to(input_frame[0].device), bae.cfg.input_variance)
+    if input_frame is not None:
+        rows = frame_sample(rows, max_rows, seed).to(input_frame[0].device)
+        fix_frame(input_frame, rows, bae.cfg.input_variance)
+
+
+def frame_sample(rows: Float[Tensor, "n d_in"], max_rows: int, seed: int) -> Tensor:
+    """The rows ``fix_frame_from_set`` estimates a frame on: all of them, or a seeded sample of
+    ``max_rows``."""
+    if rows.shape[0] <= max_rows:
+        return rows
+    generator = torch.Generator().manual_seed(seed)
+    return rows[torch.randperm(rows.shape[0], generator=generator)[:max_rows]]
 
 
 def _refuse_decoder_norm_folding() -> NoReturn:
