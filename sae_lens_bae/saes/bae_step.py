@@ -13,7 +13,7 @@ dimension on each: ``W [G, d, n]``, ``b [G, n]``, inputs ``[G, batch, d_in]``, f
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +22,7 @@ from torch import Tensor
 from sae_lens_bae.saes.binary import update_running_mean
 from sae_lens_bae.saes.input_frame import Frame, fix_frame, frame, unframe
 from sae_lens_bae.saes.objective import CovariancePenalty, code_counts, code_penalties, frame_weight
-
-if TYPE_CHECKING:
-    from sae_lens_bae.saes.bae import BAETrainingSAEConfig
-    from sae_lens_bae.saes.schedule import Schedule
+from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = [
     "affine",
@@ -107,11 +104,19 @@ def fix_unset_frame(
     return bool((input_frame[0] > 0).all())
 
 
+class _Phases(Protocol):
+    """A BAE's training config: its phases in steps (``BAETrainingSAEConfig.schedule``)."""
+
+    def schedule(self, total_steps: int | None = None) -> Schedule: ...
+
+
 class _Phased(Protocol):
     """A BAE or a stack: its config and the schedule a trainer resolved (None: not yet)."""
 
-    cfg: BAETrainingSAEConfig
     schedule: Schedule | None
+
+    @property
+    def cfg(self) -> _Phases: ...
 
 
 def phase_coefficients(
