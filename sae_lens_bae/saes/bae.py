@@ -449,8 +449,8 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             coefficient (logged as ``details/<name>_coefficient``) as its phase has it and times
             the frame's 1/k^2."""
             weight = frame_weight(module_frame(self))  # type: ignore[arg-type]
-            on = phase_coefficients(self, step_input.coefficients, n)[name]
-            return on * (1.0 if weight is None else weight.item())
+            coefficient = phase_coefficients(self, step_input.coefficients, n)[name]
+            return coefficient * (1.0 if weight is None else weight.item())
 
         output.metrics.update(
             batch_entropy_bits=lambda: binary_entropy(mean).item(),

@@ -2,8 +2,9 @@
 dimension, and each BAE is initialised as ``train_sae`` initialises it with its seed. Entropy
 tracing needs dozens to hundreds of small BAEs (one per layer and position) on states of the
 same forward passes; stacked, they are one set of ``[G, ...]`` weights whose step is the
-architecture's (``saes.bae``: its input frame, objective and running mean code) with batched
-matmuls. ``unstack`` gives the G SAELens ``BAETrainingSAE`` objects.
+architecture's, the same functions a single BAE's step calls (``saes.bae_step``: its input
+frame, objective and running mean code) with the stack dimension leading and batched matmuls.
+``unstack`` gives the G SAELens ``BAETrainingSAE`` objects.
 """
 
 from __future__ import annotations
