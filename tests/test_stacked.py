@@ -331,7 +331,9 @@ def test_a_drain_hold_shows_the_held_steps_and_the_code_bits_as_it_trains(capsys
 def test_a_stacks_record_of_codes_moves_only_its_trained_rows_as_each_bae_alone():
     """A stack's trained rows move their running means exactly as each BAE alone would
     (``update_running_mean``); the rows that did not train keep theirs."""
+    from sae_lens_bae.saes.bae_step import record_code
     from sae_lens_bae.saes.binary import update_running_mean
+    from sae_lens_bae.saes.objective import LOCAL_BATCH
 
     torch.manual_seed(0)
     cfg = BAETrainingSAEConfig(d_in=4, d_sae=6)
@@ -340,7 +342,7 @@ def test_a_stacks_record_of_codes_moves_only_its_trained_rows_as_each_bae_alone(
     means = torch.rand(3, 6)
     model.code_mean.copy_(means)
     model.code_mean_count.fill_(4.0)
-    model._record(bits.sum(1), 16, torch.tensor([0, 2]))
+    record_code(model.code_mean, model.code_mean_count, bits, LOCAL_BATCH, torch.tensor([0, 2]))
     for row, g in ((0, 0), (1, 2)):
         alone, alone_count = means[g].clone(), torch.tensor(4.0)
         update_running_mean(alone, alone_count, bits[row].mean(0))
@@ -388,3 +390,58 @@ def test_a_killed_stacked_run_goes_on_to_the_uninterrupted_weights(
     assert again.steps == whole.steps and torch.equal(again.baes[2].W_enc, whole.baes[2].W_enc)
     with pytest.raises(ValueError, match=r"holds another run \(other data or settings\)"):
         train_stacked_baes([x * 2 for x in sets], cfg, checkpoint=tmp_path / "run", **kwargs)
+
+
+@pytest.mark.parametrize("bits_per_feature", [1, 2])
+def test_a_stack_step_is_each_bae_s_own_step_input_frame_included(bits_per_feature):
+    """One ``StackedBAE.losses`` step of G BAEs gives what G ``BAETrainingSAE`` steps (SAELens'
+    ``training_forward_pass``) give on the same minibatches: every term, gradients, input frames
+    (set on the first step by both, from each BAE's own minibatch) and running mean codes, on
+    the first step and on the next, whose frames are kept. Both go through ``saes.bae_step``;
+    any drift between the two steps (a frame condition, a weight on a term, a phase, the
+    record) fails here."""
+    import copy
+
+    from sae_lens.saes.sae import TrainStepInput
+
+    from sae_lens_bae import BAETrainingSAE, bae_config
+
+    d, members, rows = 8, 3, 64
+    cfg = bae_config(
+        d, 12, recipe="entropy", dtype="float64", bits_per_feature=bits_per_feature,
+        entropy_off_fraction=0.0, total_training_steps=10,
+    )  # fmt: skip
+    assert cfg.input_variance is not None
+    alone = []
+    for seed in (5, 6, 7):
+        torch.manual_seed(seed)
+        alone.append(BAETrainingSAE(cfg))
+    stack = StackedBAE(cfg, [5, 6, 7], init=[copy.deepcopy(sae) for sae in alone])
+    assert not (stack.input_scale > 0).any()  # unset until the first step
+    g = torch.Generator().manual_seed(0)
+    scales = torch.tensor([1.0, 10.0, 0.1], dtype=torch.float64)[:, None, None]
+    for n in range(2):
+        x = scales * (torch.randn(members, rows, d, generator=g, dtype=torch.float64) + 3)
+        stack.zero_grad()
+        terms = stack.losses(x, n)
+        terms["loss"].sum().backward()
+        for member, sae in enumerate(alone):
+            sae.zero_grad()
+            output = sae.training_forward_pass(
+                TrainStepInput(sae_in=x[member], coefficients=sae.get_coefficients(),
+                               dead_neuron_mask=None, n_training_steps=n, is_logging_step=False)
+            )  # fmt: skip
+            output.loss.backward()
+            assert sae.input_scale > 0 and stack.input_scale[member] == sae.input_scale
+            assert torch.equal(stack.input_shift[member], sae.input_shift)
+            for name in ("mse_loss", "entropy_loss", "covariance_loss"):
+                assert output.losses[name] > 0, name  # every term on
+                torch.testing.assert_close(terms[name][member], output.losses[name], msg=name)
+            torch.testing.assert_close(terms["loss"][member], output.loss)
+            entropy = terms["batch_entropy_bits"][member].item()
+            assert entropy == pytest.approx(output.metrics["batch_entropy_bits"](), rel=1e-12)
+            for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+                grad = getattr(stack, name).grad[member]
+                torch.testing.assert_close(grad, getattr(sae, name).grad, msg=name)
+            torch.testing.assert_close(stack.code_mean[member], sae.code_mean)
+            assert stack.code_mean_count == sae.code_mean_count == n + 1

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float
 from numpy.typing import NDArray
 from sae_lens.saes.sae import (
@@ -37,13 +36,21 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from sae_lens_bae.outliers import NORM_RATIO, register_screen_count, screen_step
+from sae_lens_bae.saes.bae_step import (
+    encoder_inputs,
+    fix_unset_frame,
+    phase_coefficients,
+    pre_activations,
+    reconstruct,
+    record_code,
+    step_penalties,
+)
 from sae_lens_bae.saes.binary import (
     DENSE_FREQUENCY,
     RUNNING_MEAN_BUFFERS,
     apply_keeping_dtypes,
     bits_to_values,
     step,
-    update_running_mean,
 )
 from sae_lens_bae.saes.input_frame import (
     INPUT_SCALE_BUFFER,
@@ -51,20 +58,15 @@ from sae_lens_bae.saes.input_frame import (
     InputFrameFolds,
     check_activations,
     check_scale,
-    fix_frame,
     fold_frame,
-    frame,
     module_frame,
     register_input_frame,
-    unframe,
     weights_in_input_units,
 )
 from sae_lens_bae.saes.loading import StrictLoading, is_count, refuse_fields
 from sae_lens_bae.saes.objective import (
     LOCAL_BATCH,
     binary_entropy,
-    code_counts,
-    code_penalties,
     covariance_penalty,
     frame_weight,
 )
@@ -300,14 +302,14 @@ class _BAEMixin(InputFrameFolds):
         )
 
     def encoder_inputs(self, x: Tensor) -> Tensor:
-        """What the encoder reads: ``k (x + t)`` (with a frame), less ``b_dec`` when centring."""
-        x = frame(x, module_frame(self))  # type: ignore[arg-type]
-        return x - self.b_dec if self.cfg.apply_b_dec_to_input else x
+        """What the encoder reads (``bae_step.encoder_inputs``): ``k (x + t)`` (with a frame),
+        less ``b_dec`` when centring."""
+        input_frame = module_frame(self)  # type: ignore[arg-type]
+        return encoder_inputs(x, input_frame, self.b_dec, self.cfg.apply_b_dec_to_input)
 
     def reconstruct(self, values: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
-        """``h_R W_dec + b_dec`` (one addmm), out of the frame."""
-        out = F.linear(values, self.W_dec.t(), self.b_dec)
-        return unframe(out, module_frame(self))  # type: ignore[arg-type]
+        """``h_R W_dec + b_dec`` (one addmm), out of the frame (``bae_step.reconstruct``)."""
+        return reconstruct(values, self.W_dec, self.b_dec, module_frame(self))  # type: ignore[arg-type]
 
     def process_sae_in(self, sae_in: Tensor) -> Tensor:
         """SAELens' input processing, then :meth:`encoder_inputs`."""
@@ -315,7 +317,7 @@ class _BAEMixin(InputFrameFolds):
 
     def pre_activations(self, inputs: Tensor) -> Tensor:
         """``inputs W_enc + b_enc`` of :meth:`encoder_inputs` (one addmm)."""
-        return F.linear(inputs, self.W_enc.t(), self.b_enc)
+        return pre_activations(inputs, self.W_enc, self.b_enc)
 
     def hidden_pre(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... n_bits"]:
         """Encoder pre-activations of every code bit (their sign is the code)."""
@@ -439,20 +441,18 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     def calculate_aux_loss(
         self, step_input: TrainStepInput, feature_acts: Tensor, hidden_pre: Tensor, sae_out: Tensor
     ) -> dict[str, Tensor]:
-        """The entropy and covariance terms (``saes.objective.code_penalties``) of the step's
-        code, each off in its phase of the schedule, divided by the frame's k^2."""
+        """The entropy and covariance terms (``bae_step.step_penalties``) of the step's code,
+        each off in its phase of the schedule, divided by the frame's k^2."""
         del sae_out  # SAELens' signature; the penalties read the code only
-        schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
+        n = step_input.n_training_steps
         if self.cfg.bits_per_feature == 1:  # the code itself, with its surrogate gradient
             bits = feature_acts
         else:
             bits = step(hidden_pre, self.cfg.surrogate_temperature)
-        coefficients = step_input.coefficients
-        return code_penalties(
+        return step_penalties(
             bits.reshape(-1, bits.shape[-1]),
-            entropy_coefficient=coefficients["entropy"] * schedule.entropy_on(n),
-            covariance_coefficient=coefficients["covariance"] * schedule.covariance_on(n),
-            weight=frame_weight(module_frame(self)),  # type: ignore[arg-type]
+            phase_coefficients(self, step_input.coefficients, n),
+            module_frame(self),  # type: ignore[arg-type]
             batch=self.batch,
             covariance=self.covariance_penalty,
         )
@@ -460,27 +460,26 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
     @override
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:
         """SAELens' step, after the input frame; then the code's record."""
-        schedule, n = self.schedule or self.resolve_schedule(), step_input.n_training_steps
+        n = step_input.n_training_steps
         step_input = screen_step(self, step_input)  # extreme states (sae_lens_bae.outliers)
         self._before_step(step_input.sae_in, n)
         output = super().training_forward_pass(step_input)
         code = output.feature_acts if self.cfg.bits_per_feature == 1 else (output.hidden_pre >= 0)
-        code = code.reshape(-1, code.shape[-1])
-        counts, rows = code_counts(code, self.batch), self.batch.world * code.shape[0]
-        mean = counts / rows
-        with torch.no_grad():
-            update_running_mean(self.code_mean, self.code_mean_count, mean)
+        mean = record_code(
+            self.code_mean, self.code_mean_count, code.reshape(-1, code.shape[-1]), self.batch
+        )
 
         # counts over this (global) minibatch, named for what they count: SAELens' own
         # sparsity/dead_features counts latents that never fired over its window
         rare = lambda: torch.minimum(mean, 1.0 - mean)  # noqa: E731  (each bit's, when logged)
 
-        def applied(name: str, on: bool) -> float:
+        def applied(name: str) -> float:
             """The weight a penalty was applied with (:meth:`calculate_aux_loss`): SAELens'
-            coefficient (logged as ``details/<name>_coefficient``) times the schedule's on/off
-            and the frame's 1/k^2."""
+            coefficient (logged as ``details/<name>_coefficient``) as its phase has it and times
+            the frame's 1/k^2."""
             weight = frame_weight(module_frame(self))  # type: ignore[arg-type]
-            return step_input.coefficients[name] * on * (1.0 if weight is None else weight.item())
+            coefficient = phase_coefficients(self, step_input.coefficients, n)[name]
+            return coefficient * (1.0 if weight is None else weight.item())
 
         output.metrics.update(
             batch_entropy_bits=lambda: binary_entropy(mean).item(),
@@ -488,28 +487,29 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             dense_bits_in_minibatch_fraction=lambda: (
                 (rare() > DENSE_FREQUENCY).float().mean().item()
             ),
-            entropy_coefficient_applied=lambda: applied("entropy", schedule.entropy_on(n)),
-            covariance_coefficient_applied=lambda: applied("covariance", schedule.covariance_on(n)),
+            entropy_coefficient_applied=lambda: applied("entropy"),
+            covariance_coefficient_applied=lambda: applied("covariance"),
         )
         return output
 
     @torch.no_grad()
     def _before_step(self, sae_in: Tensor, n: int) -> None:
-        """Fix an unset input frame on the (global) minibatch (reading the batch without the
-        input hook: the step calls it); without a frame, check the first minibatch's scale."""
+        """Fix an unset input frame on the (global) minibatch (``bae_step.fix_unset_frame``,
+        reading the batch without the input hook: the step calls it); without a frame, check the
+        first minibatch's scale."""
         input_frame = module_frame(self)  # type: ignore[arg-type]
         # once, on the first step taken; a compiled step leaves it out (a host read in a graph)
         if input_frame is None and not self._scale_checked and not torch.compiler.is_compiling():
             check_scale(self.read_inputs(sae_in, hooked=False).reshape(-1, self.cfg.d_in))
             self._scale_checked = True
-        # every rank frames from the first global batch, one process until a batch had variance
-        framing = input_frame is not None and (n == 0 or self.batch.world == 1 and not self._framed)
-        if not framing or input_frame is None or self.cfg.input_variance is None:
-            return
-        x = self.read_inputs(sae_in, hooked=False)
-        x = self.batch.gather(x.reshape(-1, x.shape[-1]))
-        fix_frame(input_frame, x, self.cfg.input_variance)
-        self._framed = bool((input_frame[0] > 0).all())  # one wait, until it is set
+        self._framed = fix_unset_frame(
+            input_frame,
+            self.cfg.input_variance,
+            lambda: self.read_inputs(sae_in, hooked=False).reshape(-1, self.cfg.d_in),
+            n=n,
+            batch=self.batch,
+            framed=self._framed,
+        )
 
     def log_histograms(self) -> dict[str, NDArray[Any]]:
         return {**super().log_histograms(), **self._bae_histograms()}

@@ -46,6 +46,7 @@ __all__ = [
     "minibatch_entropy",
     "reconstruction_loss",
     "squared_error",
+    "with_loss",
 ]
 
 _LN2 = math.log(2.0)
@@ -243,7 +244,13 @@ def bae_objective(
             f"{tuple(bits.shape)}"
         )
     batch = penalties.get("batch", LOCAL_BATCH)
-    terms = {"mse_loss": squared_error(sae_out, sae_in, batch), **code_penalties(bits, **penalties)}
+    return with_loss(
+        {"mse_loss": squared_error(sae_out, sae_in, batch), **code_penalties(bits, **penalties)}
+    )
+
+
+def with_loss(terms: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``terms`` (``mse_loss`` and :func:`code_penalties`' terms) with their sum as ``loss``."""
     terms["loss"] = terms["mse_loss"]
     for name in ("entropy_loss", "covariance_loss"):
         if not is_off(terms[name]):  # adding a term that is off would cost a kernel

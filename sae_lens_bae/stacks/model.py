@@ -2,8 +2,9 @@
 dimension, and each BAE is initialised as ``train_sae`` initialises it with its seed. Entropy
 tracing needs dozens to hundreds of small BAEs (one per layer and position) on states of the
 same forward passes; stacked, they are one set of ``[G, ...]`` weights whose step is the
-architecture's (``saes.bae``: its input frame, objective and running mean code) with batched
-matmuls. ``unstack`` gives the G SAELens ``BAETrainingSAE`` objects.
+architecture's, the same functions a single BAE's step calls (``saes.bae_step``: its input
+frame, objective and running mean code) with the stack dimension leading and batched matmuls.
+``unstack`` gives the G SAELens ``BAETrainingSAE`` objects.
 """
 
 from __future__ import annotations
@@ -16,29 +17,28 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae.saes.bae_step import (
+    encoder_inputs,
+    fix_unset_frame,
+    phase_coefficients,
+    pre_activations,
+    reconstruct,
+    record_code,
+    step_penalties,
+)
 from sae_lens_bae.saes.binary import (
     RUNNING_MEAN_BUFFERS,
     apply_keeping_dtypes,
     bits_to_values,
     step,
-    update_running_mean,
 )
 from sae_lens_bae.saes.input_frame import (
     INPUT_SCALE_BUFFER,
     INPUT_SHIFT_BUFFER,
     Frame,
-    fix_frame,
-    frame,
     module_frame,
-    unframe,
 )
-from sae_lens_bae.saes.objective import (
-    LOCAL_BATCH,
-    bae_objective,
-    binary_entropy,
-    code_counts,
-    frame_weight,
-)
+from sae_lens_bae.saes.objective import LOCAL_BATCH, binary_entropy, squared_error, with_loss
 from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = ["StackedBAE"]
@@ -56,17 +56,13 @@ class _Rows(NamedTuple):
     frame: Frame | None
 
 
-def _affine(bias: Tensor, x: Tensor, weight: Tensor) -> Tensor:
-    """``x @ weight + bias`` for each member: one baddbmm."""
-    return torch.baddbmm(bias.unsqueeze(-2), x, weight)
-
-
 class StackedBAE(nn.Module):
     """G BAEs with one config, stacked along a leading dimension of every weight, each
     initialised as its seed's, or from ``init`` (BAEs of ``cfg``'s shape, one per seed).
     ``batch``: the data-parallel seam, as ``BAETrainingSAE.batch``."""
 
     batch: Any = LOCAL_BATCH
+    _framed = False  # whether every input frame is known to be set
 
     def __init__(
         self,
@@ -137,31 +133,24 @@ class StackedBAE(nn.Module):
             )
         return x.to(self.W_enc.dtype)
 
-    def _encoder_inputs(self, rows: _Rows, framed: Tensor) -> Tensor:
-        """What each encoder reads of its framed inputs: less its decoder bias when centring."""
-        return framed - rows.b_dec.unsqueeze(-2) if self.cfg.apply_b_dec_to_input else framed
-
-    def _pre(self, rows: _Rows, framed: Tensor) -> Tensor:
-        """Pre-activations of the rows' BAEs on their framed inputs."""
-        return _affine(rows.b_enc, self._encoder_inputs(rows, framed), rows.W_enc)
-
-    def _out(self, rows: _Rows, bits: Tensor) -> Tensor:
-        """The rows' reconstructions of their codes, in their frames."""
-        return _affine(rows.b_dec, bits_to_values(bits, self.cfg.bits_per_feature), rows.W_dec)
+    def _pre(self, rows: _Rows, x: Tensor) -> Tensor:
+        """Pre-activations of the rows' BAEs on their inputs ``x`` (``bae_step``, as one BAE's)."""
+        inputs = encoder_inputs(x, rows.frame, rows.b_dec, self.cfg.apply_b_dec_to_input)
+        return pre_activations(inputs, rows.W_enc, rows.b_enc)
 
     def hidden_pre(
         self, x: Float[Tensor, "G batch d_in"], members: Tensor | None = None
     ) -> Float[Tensor, "G batch n_bits"]:
         """Pre-activations of every BAE (or of the stack rows ``members``) on its own inputs."""
-        rows = self._rows(members)
-        return self._pre(rows, frame(self._check_shape(x, members), rows.frame))
+        return self._pre(self._rows(members), self._check_shape(x, members))
 
     def decode(
         self, bits: Float[Tensor, "G batch n_bits"], members: Tensor | None = None
     ) -> Float[Tensor, "G batch d_in"]:
         """Each BAE's reconstruction of its bits, in the inputs' units."""
         rows = self._rows(members)
-        return unframe(self._out(rows, bits), rows.frame)
+        values = bits_to_values(bits, self.cfg.bits_per_feature)
+        return reconstruct(values, rows.W_dec, rows.b_dec, rows.frame)
 
     def losses(
         self,
@@ -172,63 +161,44 @@ class StackedBAE(nn.Module):
     ) -> dict[str, Tensor]:
         """One step of every BAE (or of the stack rows ``members``, ``x`` holding their
         minibatches: the others cost nothing and get no gradient) at schedule step
-        ``n_training_steps``: the frame as a single BAE's step, then each member's objective
-        (``bae_objective``, each term of shape [G], as a single BAE's step weighs it) and
-        ``batch_entropy_bits``, then the running mean codes. ``covariance_off``: per row of
-        ``x``, True where that BAE trains without the covariance term (its final phase after it
-        converged)."""
-        schedule, n = self.schedule or self.cfg.schedule(), n_training_steps
-        self.schedule = schedule
+        ``n_training_steps``: a single BAE's step (``saes.bae_step``) with the stack dimension
+        leading: the frame, then each member's ``mse_loss`` (``squared_error``), penalties
+        (``step_penalties``) and ``loss``, each of shape [G], and ``batch_entropy_bits``, then
+        the running mean codes. ``covariance_off``: per row of ``x``, True where that BAE trains
+        without the covariance term (its final phase after it converged)."""
+        n, batch = n_training_steps, self.batch
         x = self._check_shape(x, members)
-        self._before_step(x, n, members)
+        self._framed = fix_unset_frame(
+            module_frame(self),
+            self.cfg.input_variance,
+            lambda: x,
+            n=n,
+            batch=batch,
+            framed=self._framed,
+            members=members,
+        )
         rows = self._rows(members)
-        pre = self._pre(rows, frame(x, rows.frame))
-        bits = step(pre, self.cfg.surrogate_temperature)
-        output = unframe(self._out(rows, bits), rows.frame)
-        no_member_pays = covariance_off is not None and all(covariance_off)  # then not computed
-        coefficients = self.cfg.coefficients()
-        terms = bae_objective(
-            x,
-            output,
+        bits = step(self._pre(rows, x), self.cfg.surrogate_temperature)
+        values = bits_to_values(bits, self.cfg.bits_per_feature)
+        output = reconstruct(values, rows.W_dec, rows.b_dec, rows.frame)
+        coefficients = phase_coefficients(self, self.cfg.coefficients(), n)
+        off = None
+        if covariance_off is not None:
+            if all(covariance_off):  # no member pays: not computed
+                coefficients["covariance"] = 0.0
+            off = torch.tensor(covariance_off, device=x.device)
+        penalties = step_penalties(
             bits,
-            entropy_coefficient=coefficients["entropy"] * schedule.entropy_on(n),
-            covariance_coefficient=coefficients["covariance"]
-            * (schedule.covariance_on(n) and not no_member_pays),
-            weight=frame_weight(rows.frame),
-            covariance_off=None
-            if covariance_off is None
-            else torch.tensor(covariance_off, device=x.device),
-            batch=self.batch,
+            coefficients,
+            rows.frame,
+            batch=batch,
             covariance=BAETrainingSAE.covariance_penalty,
+            covariance_off=off,
         )
-        counts, samples = code_counts(bits, self.batch), self.batch.world * bits.shape[-2]
-        terms["batch_entropy_bits"] = binary_entropy(counts / samples)
-        self._record(counts, samples, members)
+        terms = with_loss({"mse_loss": squared_error(output, x, batch), **penalties})
+        mean = record_code(self.code_mean, self.code_mean_count, bits, batch, members)
+        terms["batch_entropy_bits"] = binary_entropy(mean)
         return terms
-
-    @torch.no_grad()
-    def _before_step(self, x: Tensor, n: int, members: Tensor | None) -> None:
-        """Each member's unset frame fixed on its (global) minibatch."""
-        input_frame = module_frame(self)
-        framing = input_frame is not None and (n == 0 or self.batch.world == 1)
-        if not framing or input_frame is None or self.cfg.input_variance is None:
-            return
-        x = self.batch.gather(x)
-        rows = (
-            input_frame if members is None else (input_frame[0][members], input_frame[1][members])
-        )
-        fix_frame(rows, x, self.cfg.input_variance)
-        if members is not None:  # an indexed copy: written back
-            input_frame[0][members], input_frame[1][members] = rows
-
-    @torch.no_grad()
-    def _record(self, counts: Tensor, samples: int, members: Tensor | None) -> None:
-        """Each trained member's running mean code moves towards its minibatch's (the shared
-        count advances once)."""
-        rows = self.code_mean if members is None else self.code_mean[members]
-        update_running_mean(rows, self.code_mean_count, counts / samples)
-        if members is not None:  # an indexed copy: written back
-            self.code_mean[members] = rows
 
     @torch.no_grad()
     def clip_grad_norms_(self, max_norm: float = 1.0) -> Tensor:

@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 from sae_lens_bae.reports import read_torch, write_torch
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import DEFAULT_BATCH_SIZE, DEFAULT_LR
-from sae_lens_bae.saes.binary import step
+from sae_lens_bae.saes.bae_step import reconstruct
+from sae_lens_bae.saes.binary import bits_to_values, step
 from sae_lens_bae.saes.input_frame import fix_frame, frame, module_frame
 from sae_lens_bae.saes.objective import binary_entropy
 from sae_lens_bae.stacks.model import StackedBAE
@@ -109,9 +110,11 @@ def _check(
     entropy in bits of each stacked BAE (or of the rows ``members``) on its own check states
     [G, m, d]."""
     rows = model._rows(members)
-    framed = frame(states.to(rows.W_enc.dtype), rows.frame)
-    bits = step(model._pre(rows, framed))
-    out = model._out(rows, bits)
+    x = states.to(rows.W_enc.dtype)
+    framed = frame(x, rows.frame)
+    bits = step(model._pre(rows, x))
+    values = bits_to_values(bits, model.cfg.bits_per_feature)
+    out = reconstruct(values, rows.W_dec, rows.b_dec, None)  # left in the frame, as ``framed``
     sse = (out - framed).double().pow(2).sum(dim=(1, 2))
     squares = framed.double().pow(2).sum(dim=(1, 2)).clamp_min(1e-30)
     entropy = binary_entropy(bits.float().mean(1))

@@ -1,0 +1,180 @@
+"""The maths of a BAE's training step as functions of tensors, for one BAE or a stack of them:
+what the encoder reads, its pre-activations, the reconstruction, the input frame fixed on the
+first minibatch, the coefficients of the step's phase, the code's penalties and the record of the
+running mean code.
+
+One BAE's weights are ``W [d, n]`` and ``b [n]``, its inputs ``[..., batch, d_in]`` and its frame
+``(k [], t [d_in])``; a stack of G BAEs (``stacks.StackedBAE``) is the same with a leading
+dimension on each: ``W [G, d, n]``, ``b [G, n]``, inputs ``[G, batch, d_in]``, frame
+``(k [G], t [G, d_in])``. An input frame of None reads the inputs as given. ``BAETrainingSAE``
+(SAELens' step) and ``StackedBAE.losses`` both call these, so the two steps are one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sae_lens_bae.saes.binary import update_running_mean
+from sae_lens_bae.saes.input_frame import Frame, fix_frame, frame, unframe
+from sae_lens_bae.saes.objective import CovariancePenalty, code_counts, code_penalties, frame_weight
+from sae_lens_bae.saes.schedule import Schedule
+
+__all__ = [
+    "affine",
+    "encoder_inputs",
+    "fix_unset_frame",
+    "phase_coefficients",
+    "pre_activations",
+    "reconstruct",
+    "record_code",
+    "step_penalties",
+]
+
+
+def _over_rows(bias: Tensor) -> Tensor:
+    """A bias ``[..., n]`` shaped to add to each row of ``[..., batch, n]``: one BAE's as it is
+    (its inputs may have any leading dimensions), a stack's ``[G, 1, n]``."""
+    return bias if bias.ndim == 1 else bias.unsqueeze(-2)
+
+
+def affine(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``x @ weight + bias`` in one kernel: addmm for one BAE (``weight [d, n]``), baddbmm for a
+    stack (``weight [G, d, n]``, ``x [G, batch, d]``)."""
+    if weight.ndim == 2:
+        return F.linear(x, weight.t(), bias)
+    if weight.ndim == 3:
+        return torch.baddbmm(bias.unsqueeze(-2), x, weight)
+    return torch.matmul(x, weight) + _over_rows(bias)  # more than one stack dimension
+
+
+def encoder_inputs(
+    x: Tensor, input_frame: Frame | None, b_dec: Tensor, apply_b_dec_to_input: bool
+) -> Tensor:
+    """What the encoder reads: ``k (x + t)`` (``x`` itself without a frame), less ``b_dec`` when
+    centring (SAELens' ``apply_b_dec_to_input``)."""
+    x = frame(x, input_frame)
+    return x - _over_rows(b_dec) if apply_b_dec_to_input else x
+
+
+def pre_activations(inputs: Tensor, W_enc: Tensor, b_enc: Tensor) -> Tensor:
+    """``inputs W_enc + b_enc`` of :func:`encoder_inputs`: every code bit's pre-activation."""
+    return affine(inputs, W_enc, b_enc)
+
+
+def reconstruct(values: Tensor, W_dec: Tensor, b_dec: Tensor, input_frame: Frame | None) -> Tensor:
+    """``values W_dec + b_dec`` out of the frame: in the inputs' own units (in the frame's for
+    ``input_frame`` None)."""
+    return unframe(affine(values, W_dec, b_dec), input_frame)
+
+
+@torch.no_grad()
+def fix_unset_frame(
+    input_frame: Frame | None,
+    input_variance: float | None,
+    inputs: Callable[[], Tensor],
+    *,
+    n: int,
+    batch: Any,
+    framed: bool,
+    members: Tensor | None = None,
+) -> bool:
+    """Fix each unset input frame (``input_frame.fix_frame``) on the (global) minibatch
+    ``inputs()`` [..., batch, d_in], read only when a frame is fixed: on step ``n`` 0, and on
+    later steps while one process trains and a frame is still unset (a minibatch without
+    variance leaves it so). Every rank of a data-parallel group frames from the first global
+    minibatch; a later one would need the ranks to agree on whether to gather. ``framed``: whether
+    every frame was known to be set; ``members``: the stack rows ``inputs()`` holds. Returns
+    whether every frame is set now (one wait for the device, on a step that fixed a frame)."""
+    if input_frame is None or input_variance is None:
+        return framed
+    if not (n == 0 or batch.world == 1 and not framed):
+        return framed
+    x = batch.gather(inputs())
+    if members is None:
+        fix_frame(input_frame, x, input_variance)
+    else:  # indexed copies of the rows, written back
+        rows = (input_frame[0][members], input_frame[1][members])
+        fix_frame(rows, x, input_variance)
+        input_frame[0][members], input_frame[1][members] = rows
+    return bool((input_frame[0] > 0).all())
+
+
+class _Phases(Protocol):
+    """A BAE's training config: its phases in steps (``BAETrainingSAEConfig.schedule``)."""
+
+    def schedule(self, total_steps: int | None = None) -> Schedule: ...
+
+
+class _Phased(Protocol):
+    """A BAE or a stack: its config and the schedule a trainer resolved (None: not yet)."""
+
+    schedule: Schedule | None
+
+    @property
+    def cfg(self) -> _Phases: ...
+
+
+def phase_coefficients(
+    model: _Phased, coefficients: Mapping[str, float], n: int
+) -> dict[str, float]:
+    """a_e and a_c (``coefficients`` by SAELens' names, as ``cfg.coefficients()``) as step ``n``
+    applies them: each 0 in the phase of training that has its term off. The schedule is the one
+    a trainer resolved, else the config's, resolved here once. Every phase a step reads is read
+    here."""
+    if model.schedule is None:
+        model.schedule = model.cfg.schedule()
+    schedule = model.schedule
+    return {
+        "entropy": coefficients["entropy"] * schedule.entropy_on(n),
+        "covariance": coefficients["covariance"] * schedule.covariance_on(n),
+    }
+
+
+def step_penalties(
+    bits: Tensor,
+    coefficients: Mapping[str, float],
+    input_frame: Frame | None,
+    *,
+    batch: Any,
+    covariance: CovariancePenalty,
+    covariance_off: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """The code's terms of a step (``objective.code_penalties``: the entropy of the (global)
+    minibatch's mean code and the summed |off-diagonal covariance|) for codes
+    ``[..., batch, n_bits]`` at the ``coefficients`` of :func:`phase_coefficients`, each divided
+    by its frame's k^2 (``objective.frame_weight``: the coefficients weigh the penalties against
+    the squared error in the frame's units, ``mse_loss`` is in the inputs')."""
+    return code_penalties(
+        bits,
+        entropy_coefficient=coefficients["entropy"],
+        covariance_coefficient=coefficients["covariance"],
+        weight=frame_weight(input_frame),
+        covariance_off=covariance_off,
+        batch=batch,
+        covariance=covariance,
+    )
+
+
+@torch.no_grad()
+def record_code(
+    code_mean: Tensor,
+    code_mean_count: Tensor,
+    code: Tensor,
+    batch: Any,
+    members: Tensor | None = None,
+) -> Tensor:
+    """The (global) minibatch's mean code ``[..., n_bits]`` of codes ``[..., batch, n_bits]``,
+    after moving the running mean code towards it (``binary.update_running_mean``); a stack's
+    ``members``: the rows that trained (the others keep theirs; the shared count advances
+    once)."""
+    mean = code_counts(code, batch) / (batch.world * code.shape[-2])
+    rows = code_mean if members is None else code_mean[members]
+    update_running_mean(rows, code_mean_count, mean)
+    if members is not None:  # an indexed copy: written back
+        code_mean[members] = rows
+    return mean
