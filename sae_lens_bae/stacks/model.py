@@ -39,7 +39,6 @@ from sae_lens_bae.saes.objective import (
     code_counts,
     frame_weight,
 )
-from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = ["StackedBAE"]
 
@@ -81,7 +80,6 @@ class StackedBAE(nn.Module):
                 f"(got normalize_activations={cfg.normalize_activations!r})"
             )
         self.cfg = cfg
-        self.schedule: Schedule | None = None  # resolved by the trainer, else on the first step
         members = self._members(cfg, seeds, init)
         for name in _PARAMS:
             setattr(
@@ -171,14 +169,13 @@ class StackedBAE(nn.Module):
         covariance_off: Sequence[bool] | None = None,
     ) -> dict[str, Tensor]:
         """One step of every BAE (or of the stack rows ``members``, ``x`` holding their
-        minibatches: the others cost nothing and get no gradient) at schedule step
+        minibatches: the others cost nothing and get no gradient) at training step
         ``n_training_steps``: the frame as a single BAE's step, then each member's objective
         (``bae_objective``, each term of shape [G], as a single BAE's step weighs it) and
         ``batch_entropy_bits``, then the running mean codes. ``covariance_off``: per row of
         ``x``, True where that BAE trains without the covariance term (its final phase after it
         converged)."""
-        schedule, n = self.schedule or self.cfg.schedule(), n_training_steps
-        self.schedule = schedule
+        n = n_training_steps
         x = self._check_shape(x, members)
         self._before_step(x, n, members)
         rows = self._rows(members)
@@ -191,9 +188,9 @@ class StackedBAE(nn.Module):
             x,
             output,
             bits,
-            entropy_coefficient=coefficients["entropy"] * schedule.entropy_on(n),
+            entropy_coefficient=coefficients["entropy"] * self.cfg.entropy_on(n),
             covariance_coefficient=coefficients["covariance"]
-            * (schedule.covariance_on(n) and not no_member_pays),
+            * (self.cfg.covariance_on(n) and not no_member_pays),
             weight=frame_weight(rows.frame),
             covariance_off=None
             if covariance_off is None
