@@ -19,9 +19,10 @@ the default's constant rate):
   the config's own frame; with one, the states are transformed by it here (k and t from the
   rows ``train_sae`` fixes a frame on) and the transformation is folded into the weights
   after training, so every variant is read on the same states.
-* ``entropy_off``: ``entropy_off_fraction`` 0.25 against 0. ``clip``: SAETrainer's gradient
-  clip to norm 1, switched off by replacing ``torch.nn.utils.clip_grad_norm_`` with a no-op for
-  that run in this process only.
+* ``entropy_off``: the entropy term off for the first quarter of the steps (the default
+  recipe's phase, ``bae_config(..., training_steps=steps)``) against on from the first.
+  ``clip``: SAETrainer's gradient clip to norm 1, switched off by replacing
+  ``torch.nn.utils.clip_grad_norm_`` with a no-op for that run in this process only.
 * ``schedule``: SAELens' warm-up over 5% of steps and linear decay to 0 over the last 20%
   (the schedule ``bae compare`` trains every family with) against a constant rate.
 * ``t0.3``: the sigmoid surrogate at temperature 0.3 (the entropy recipe's) against the paper's
@@ -141,13 +142,14 @@ def train_variant(
     k_here = k if "scale" in pieces and not framed else 1.0
     t_here = t if "shift" in pieces and not framed else torch.zeros_like(t)
     weight = scale if "scale" in pieces else scale / k**2  # the frame's 1 / k^2
-    fields: dict[str, Any] = {
-        "input_variance": 1.0 if framed else None,
-        "entropy_off_fraction": 0.25 if "entropy_off" in pieces else 0.0,
-    }
+    fields: dict[str, Any] = {"input_variance": 1.0 if framed else None}
+    if "entropy_off" not in pieces:
+        fields["entropy_off_steps"] = 0  # on from the first step, not the recipe's quarter
     if "t0.3" in pieces:
         fields["surrogate_temperature"] = 0.3
-    cfg = bae_config(d_in, d_sae or 2 * d_in, coefficient_scale=weight, **fields)
+    cfg = bae_config(
+        d_in, d_sae or 2 * d_in, coefficient_scale=weight, training_steps=steps, **fields
+    )
     schedule: dict[str, Any] = {}
     if "schedule" in pieces:
         schedule = {"lr_end": DEFAULT_LR / 10, "lr_warm_up_steps": steps // 20,

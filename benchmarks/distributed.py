@@ -33,9 +33,7 @@ def _step_times(d_in: int, batch: int, steps: int, device: str, parallel: bool) 
     """Seconds per step of a BAE trained on ``batch`` rows per process."""
     world = dist.get_world_size() if parallel else 1
     torch.manual_seed(0)
-    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in,
-                                              total_training_steps=steps + 3,
-                                              entropy_off_fraction=0.0, device=device))  # fmt: skip
+    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in, device=device))
     data = torch.randn(batch, d_in, device=device, generator=None)
     trainer = RecordingTrainer(
         cfg=SAETrainerConfig(

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         copied = recovered_bits(estimate.codes(test).cpu(), test_bits)
                     else:
                         steps, repaired, repair_steps = args.registry_steps, None, 0
-                        cfg = bae_config(d, recipe="entropy", total_training_steps=steps)
+                        cfg = bae_config(d, recipe="entropy", training_steps=steps)
                         run = train_sae(train, cfg, training_samples=steps * 512, batch_size=512,
                                         lr=BAE_RECIPES["entropy"].lr, seed=seed)  # fmt: skip
                         bae = run.sae.eval()

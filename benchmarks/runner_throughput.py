@@ -37,7 +37,6 @@ import sae_lens_bae  # noqa: F401  (registers the BAE with SAELens)
 from sae_lens_bae.data import default_corpus, load_token_dataset
 from sae_lens_bae.models import load_model
 from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, bae_config
-from sae_lens_bae.training import fill_training_schedule
 
 REGIONS = {
     "model forward": (ActivationsStore, "get_activations"),
@@ -85,20 +84,24 @@ class RegionTimer:
                 setattr(cls, attr, originals[name])
 
 
-def sae_config(architecture: str, d_in: int, d_sae: int, device: str) -> tuple[Any, float]:
-    """(SAELens training config, learning rate) of each compared architecture."""
+def sae_config(
+    architecture: str, d_in: int, d_sae: int, device: str, steps: int
+) -> tuple[Any, float]:
+    """(SAELens training config, learning rate) of each compared architecture for a run of
+    ``steps`` steps (the BAE's phases in them)."""
     if architecture == "standard":
         return StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae, device=device), 5e-4
     if architecture == "topk":
         return TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=32, device=device), 5e-4
-    return bae_config(d_in, d_sae, device=device), BAE_RECIPES["default"].lr
+    return bae_config(d_in, d_sae, training_steps=steps, device=device), BAE_RECIPES["default"].lr
 
 
 def run_one(
     architecture: str, model: Any, tokens: Any, args: argparse.Namespace, d_in: int
 ) -> dict[str, Any]:
     """Train one SAE through SAELens' runner; tokens/s and the split of its wall time."""
-    cfg, lr = sae_config(architecture, d_in, args.expansion * d_in, args.device)
+    steps = args.training_tokens // args.batch_size  # SAELens' total_training_steps
+    cfg, lr = sae_config(architecture, d_in, args.expansion * d_in, args.device, steps)
     runner_cfg = LanguageModelSAERunnerConfig(
         sae=cfg,
         model_name=args.model,
@@ -118,7 +121,6 @@ def run_one(
         checkpoint_path=None,
         n_checkpoints=0,
     )
-    fill_training_schedule(runner_cfg)  # a BAE's phases need the length of training
     timer = RegionTimer()
     torch.manual_seed(args.seed)
     activities = [ProfilerActivity.CPU]

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from sae_lens_bae import BAETrainingSAEConfig, train_sae
+from sae_lens_bae import bae_config, train_sae
 from sae_lens_bae.stacks import train_stacked_baes
 
 
@@ -27,9 +27,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    cfg = BAETrainingSAEConfig(
-        d_in=args.d_in, d_sae=args.expansion * args.d_in, entropy_off_fraction=0.25
-    )
+    cfg = bae_config(args.d_in, args.expansion * args.d_in, training_steps=args.steps)
     samples = args.steps * args.batch
     rows = []
     for groups in (int(g) for g in args.groups.split(",")):

@@ -190,8 +190,6 @@ def bae_at_density(
     cfg = BAETrainingSAEConfig(
         d_in=d_in,
         d_sae=d_sae,
-        entropy_off_fraction=0.0,
-        total_training_steps=NOMINAL_STEPS,
         **config,
     )
     sae = BAETrainingSAE(cfg).to(batch.device)

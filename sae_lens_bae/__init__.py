@@ -28,7 +28,7 @@ from sae_lens_bae.saes.bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAE
 from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, DEFAULT_LR, bae_config
 from sae_lens_bae.saes.loading import load_sae
 from sae_lens_bae.steering import steer, steering_hook, task_vector
-from sae_lens_bae.training import TrainingRun, fill_training_schedule, train_bae, train_sae
+from sae_lens_bae.training import TrainingRun, train_bae, train_sae
 
 if TYPE_CHECKING:  # imported on first use (``__getattr__``); named here for checkers and docs
     from sae_lens_bae.comsem import ClientConfig, ComSemConfig, comsem
@@ -57,7 +57,6 @@ __all__ = [
     # training
     "DEFAULT_LR",
     "TrainingRun",
-    "fill_training_schedule",
     "train_bae",
     "train_sae",
     # entropy

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -206,3 +207,36 @@ def count_calls(monkeypatch):
         return calls
 
     return install
+
+
+@pytest.fixture
+def phases_applied(monkeypatch):
+    """Every BAE training step taken for the rest of the test, in order: ``(step, {term: the
+    coefficient applied, as SAELens' trainer logs it}, {term: the config's coefficient})``;
+    ``.phases()`` reads each as ``(step, entropy on, covariance on)``."""
+    from sae_lens_bae import BAETrainingSAE
+
+    class Steps(list):
+        def phases(self) -> list[tuple[int, bool, bool]]:
+            """Each step's terms on or off: an applied coefficient is exactly the config's
+            (on) or exactly 0 (off); anything else is kept as the value, to fail a comparison."""
+            return [(n, *(on(value, weights[name]) for name, value in terms.items()))
+                    for n, terms, weights in self]  # fmt: skip
+
+    def on(value: float, coefficient: float) -> bool | float:
+        return {coefficient: True, 0.0: False}.get(value, value)
+
+    taken = Steps()
+    original = BAETrainingSAE.training_forward_pass
+
+    def recorded(sae: BAETrainingSAE, step_input: Any) -> Any:
+        output = original(sae, step_input)
+        terms = {
+            name: output.metrics[f"{name}_coefficient_applied"]()
+            for name in ("entropy", "covariance")
+        }
+        taken.append((step_input.n_training_steps, terms, sae.cfg.coefficients()))
+        return output
+
+    monkeypatch.setattr(BAETrainingSAE, "training_forward_pass", recorded)
+    return taken

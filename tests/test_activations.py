@@ -4,7 +4,7 @@ import pytest
 import torch
 from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner
 
-from sae_lens_bae import BAETrainingSAEConfig, fill_training_schedule
+from sae_lens_bae import BAETrainingSAEConfig
 from sae_lens_bae.activations import (
     ActivationCache,
     drop_outliers,
@@ -148,6 +148,7 @@ def test_training_from_cache_matches_live_training(
         covariance_coefficient=1e-4,
         coefficient_width=None,
         input_variance=None,  # coefficients set for these states as given
+        entropy_off_steps=round(0.25 * steps),  # the default recipe's phase, in steps
     )
 
     cache = harvest_activations(
@@ -169,7 +170,6 @@ def test_training_from_cache_matches_live_training(
         output_path=None,
         **runner_kwargs(batch=batch, steps=steps),
     )
-    fill_training_schedule(live_cfg)
     live = LanguageModelSAETrainingRunner(
         live_cfg,
         override_dataset=token_dataset.select(range(160)),

@@ -271,7 +271,7 @@ def test_the_training_step_is_saelens_own(monkeypatch):
         return calls[-1]
 
     monkeypatch.setattr(TrainingSAE, "training_forward_pass", counted)
-    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, total_training_steps=10))
+    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16))
     step = TrainStepInput(
         sae_in=torch.randn(32, 8, generator=torch.Generator().manual_seed(0)),
         coefficients={k: getattr(v, "value", v) for k, v in sae.get_coefficients().items()},

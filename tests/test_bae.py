@@ -1,5 +1,7 @@
+import copy
 import importlib
 import typing
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,7 +12,13 @@ from sae_lens.saes.sae import TrainStepInput
 import sae_lens_bae
 from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.entropy import EntropyRecipe
-from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, BAERecipe, RecipeName, bae_config
+from sae_lens_bae.saes.bae_recipes import (
+    BAE_RECIPES,
+    BAERecipe,
+    RecipeName,
+    bae_config,
+    phase_steps,
+)
 from sae_lens_bae.saes.binary import bits_to_values, step
 from sae_lens_bae.saes.canonical import canonicalise
 from sae_lens_bae.saes.input_frame import frame_factor
@@ -23,7 +31,6 @@ def make_bae(**kwargs) -> BAETrainingSAE:
     kwargs.setdefault("d_sae", 4 * kwargs["d_in"])
     if any(name.endswith("_coefficient") for name in kwargs):  # coefficients as given
         kwargs.setdefault("coefficient_width", None)
-    kwargs.setdefault("entropy_off_fraction", 0.0)
     kwargs.setdefault("input_variance", None)  # the step's maths in the inputs' units (the frame:
     # test_input_scale.py)
     return BAETrainingSAE(BAETrainingSAEConfig(**kwargs))
@@ -120,8 +127,8 @@ def test_more_bit_bae_shapes_and_decoding():
 def test_a_default_bae_is_the_papers_shape_and_reads_raw_states(d_in):
     """What the defaults must do, whatever their values: a code of 4 d_in bits in training and
     inference alike; the encoder reads the raw state (moving the decoder bias moves no bit);
-    the entropy term is off for a first part of training, then on; one gradient flows through
-    every bit (the surrogate is defined)."""
+    the default recipe's entropy term is off for a first part of a run, then on; one gradient
+    flows through every bit (the surrogate is defined)."""
     cfg = BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in)
     assert cfg.n_bits == BAEConfig(d_in=d_in, d_sae=4 * d_in).n_bits == 4 * d_in
     torch.manual_seed(0)
@@ -131,9 +138,9 @@ def test_a_default_bae_is_the_papers_shape_and_reads_raw_states(d_in):
     with torch.no_grad():
         bae.b_dec.add_(10.0)
     assert torch.equal(bae.encode_bits(x), before)
-    schedule = cfg.schedule(1000)
-    assert 0 < schedule.entropy_on_from < 1000
-    assert not schedule.entropy_on(0) and schedule.entropy_on(999)
+    recipe = bae_config(d_in, training_steps=1000)  # the default recipe's phase, in steps
+    assert 0 < recipe.entropy_off_steps < 1000
+    assert not recipe.entropy_on(0) and recipe.entropy_on(999)
     bits, _ = bae.encode_with_hidden_pre(x)
     bits.sum().backward()
     assert bae.W_enc.grad is not None and (bae.W_enc.grad != 0).any()
@@ -149,15 +156,20 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     assert (cfg.entropy_coefficient, cfg.covariance_coefficient) == (5e-7, 8e-6)
     assert cfg.coefficients() == {"entropy": 5e-7 * scale, "covariance": 8e-6 * scale}
     assert (cfg.surrogate_temperature, cfg.coefficient_width) == (1.0, 2048)
-    assert bae_config(d_in) == cfg  # the default recipe is the config's defaults
+    assert bae_config(d_in) == cfg  # without a length, the default recipe is the config's defaults
+    # with one, its phase in steps of it: entropy off for the first quarter (rounded)
+    assert bae_config(d_in, training_steps=100) == replace(cfg, entropy_off_steps=25)
+    assert bae_config(d_in, training_steps=10).entropy_off_steps == round(2.5) == 2
+    assert bae_config(d_in, training_steps=100, entropy_off_steps=7).entropy_off_steps == 7
     # what SAELens' registry builds from a bare training config dict is the same
     bare = {"architecture": "bae", "d_in": d_in, "d_sae": 4 * d_in}
     assert TrainingSAE.from_dict(bare).cfg.coefficients() == cfg.coefficients()
     # a recipe of one's own, with its coefficients given at d = 2048
-    own = BAERecipe(lr=1e-3, fields={"entropy_coefficient": 1e-4, "entropy_off_fraction": 0.5})
-    mine = bae_config(d_in, recipe=own)
+    own = BAERecipe(lr=1e-3, fields={"entropy_coefficient": 1e-4}, entropy_off_fraction=0.5,
+                    covariance_off_final_fraction=0.1)  # fmt: skip
+    mine = bae_config(d_in, recipe=own, training_steps=40)
     assert mine.coefficients()["entropy"] == pytest.approx(1e-4 * scale)
-    assert mine.entropy_off_fraction == 0.5
+    assert (mine.entropy_off_steps, mine.covariance_off_from_step) == (20, 36)
     # the paper's recipe keeps its fixed coefficients whatever d
     paper = bae_config(d_in, recipe="paper")
     assert paper.coefficients() == {"entropy": 1e-7 * d_in, "covariance": 1e-7 * d_in}
@@ -171,9 +183,14 @@ def test_default_recipe_is_dimension_aware_from_every_entry_point(d_in):
     with pytest.raises(ValueError, match="unknown BAE recipe"):
         bae_config(d_in, recipe="fast")
     # estimate_entropies trains with the registry's entropy recipe: one rule for both paths
-    through_registry = bae_config(d_in, recipe="entropy", total_training_steps=16000)
     through_recipe = EntropyRecipe().config(d_in)
-    for name in ("surrogate_temperature", "entropy_off_fraction", "input_variance"):
+    through_registry = bae_config(d_in, recipe="entropy", training_steps=EntropyRecipe().steps)
+    for name in (
+        "surrogate_temperature",
+        "entropy_off_steps",
+        "covariance_off_from_step",
+        "input_variance",
+    ):
         assert getattr(through_recipe, name) == getattr(through_registry, name), name
     assert through_recipe.coefficients() == through_registry.coefficients()
     assert through_registry.coefficients()["entropy"] == pytest.approx(5e-7 * scale)
@@ -202,7 +219,7 @@ def test_saelens_parameter_names():
 
 
 def test_training_forward_pass_losses_and_metrics():
-    bae = make_bae(d_in=8, d_sae=16, entropy_off_fraction=0.05, total_training_steps=100)
+    bae = make_bae(d_in=8, d_sae=16, entropy_off_steps=5)
     x = torch.randn(64, 8)
     out = bae.training_forward_pass(step_input(x, n_training_steps=0, entropy=0.1, covariance=0.2))
     assert set(out.losses) == {"mse_loss", "entropy_loss", "covariance_loss"}  # SAELens' step's
@@ -241,12 +258,15 @@ def test_training_forward_pass_losses_and_metrics():
 
 
 def test_the_logged_coefficients_are_the_ones_the_penalties_were_applied_with():
-    """With an input frame the penalties are divided by k^2 and the entropy is off in its phase:
-    each term equals its logged applied coefficient times its penalty."""
-    bae = make_bae(d_in=8, d_sae=16, input_variance=1.0, entropy_off_fraction=0.5,
-                   covariance_off_final_fraction=0.3, total_training_steps=10)  # fmt: skip
+    """With an input frame the penalties are divided by k^2, the entropy term is off exactly for
+    the steps before ``entropy_off_steps`` and the covariance term exactly from
+    ``covariance_off_from_step``: each term equals its logged applied coefficient times its
+    penalty."""
+    bae = make_bae(d_in=8, d_sae=16, input_variance=1.0, entropy_off_steps=5,
+                   covariance_off_from_step=7)  # fmt: skip
     x = 3.0 * torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
-    for n, entropy_on, covariance_on in ((0, 0, 1), (6, 1, 1), (8, 1, 0)):
+    for n in (0, 4, 5, 6, 7, 8, 10**6):
+        entropy_on, covariance_on = n >= 5, n < 7
         out = bae.training_forward_pass(step_input(x, n, entropy=0.1, covariance=0.2))
         k = frame_factor(bae.input_scale).item()
         bits = bae.encode_bits(x)
@@ -271,21 +291,21 @@ def test_gradients_reach_encoder_through_surrogate():
     assert bae.b_enc.grad.abs().sum() > 0
 
 
-def test_entropy_schedule_needs_length_of_training():
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=32))
-    with pytest.raises(ValueError, match="total_training_steps"):
-        bae.training_forward_pass(step_input(torch.randn(16, 8)))
-    with pytest.raises(ValueError, match="fill_training_schedule"):
-        bae.get_coefficients()  # what SAELens' trainer calls when it is built
-    assert bae.resolve_schedule(100).entropy_on_from == 25  # the seam a trainer calls
-    assert bae.schedule == bae.cfg.schedule(100)
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=32, total_training_steps=100)
-    assert cfg.schedule().entropy_on_from == 25
-    assert cfg.schedule(7).total_steps == 100  # a length in the config wins
-    assert (
-        BAETrainingSAEConfig(d_in=8, d_sae=32, entropy_off_fraction=0).schedule().entropy_on_from
-        == 0
-    )
+def test_a_bare_config_trains_with_no_length_and_get_coefficients_changes_nothing():
+    """The phases are steps of the config, as SAELens' own: a bare config's step runs with both
+    terms on, and ``get_coefficients`` (what SAETrainer asks when built) answers the same twice
+    and changes no attribute of the BAE or its config."""
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=32, input_variance=None))
+    attributes = {name: id(value) for name, value in vars(bae).items()}
+    cfg = copy.deepcopy(bae.cfg)
+    first, second = bae.get_coefficients(), bae.get_coefficients()
+    assert first == second == bae.cfg.coefficients()
+    assert {name: id(value) for name, value in vars(bae).items()} == attributes
+    assert bae.cfg == cfg
+    out = bae.training_forward_pass(step_input(torch.randn(16, 8), entropy=0.1, covariance=0.2))
+    assert out.metrics["entropy_coefficient_applied"]() == 0.1
+    assert out.metrics["covariance_coefficient_applied"]() == 0.2
+    assert out.losses["entropy_loss"].item() > 0 and out.losses["covariance_loss"].item() > 0
 
 
 def test_code_mean_is_running_mean_then_ema():
@@ -512,14 +532,30 @@ def test_bad_bits_per_feature(bits_per_feature):
         ("d_in", 0, r"d_in=0 \(a positive integer\)"),
         ("surrogate_temperature", 0.0, "surrogate_temperature"),
         ("entropy_coefficient", -1.0, "entropy_coefficient"),
-        ("entropy_off_fraction", 1.5, "entropy_off_fraction"),
-        ("total_training_steps", -1, "total_training_steps"),
+        ("entropy_off_steps", -1, r"entropy_off_steps=-1 \(steps, at least 0\)"),
+        ("entropy_off_steps", 2.5, r"entropy_off_steps=2.5 "),
+        ("entropy_off_steps", True, r"entropy_off_steps=True "),
+        ("covariance_off_from_step", -3, r"covariance_off_from_step=-3 \(a step"),
+        ("covariance_off_from_step", 0.5, r"covariance_off_from_step=0.5 "),
     ],
 )
 def test_bad_training_config_values(field, value, match):
     kwargs = {"d_in": 8, "d_sae": 32, field: value}
     with pytest.raises(ValueError, match=match):
         BAETrainingSAEConfig(**kwargs)
+
+
+def test_bad_phases_are_refused_in_one_error_naming_each_field():
+    with pytest.raises(ValueError, match="^Invalid bae config: ") as error:
+        BAETrainingSAEConfig(d_in=8, d_sae=32, entropy_off_steps=-1, covariance_off_from_step=0.5)
+    assert "entropy_off_steps=-1" in str(error.value)
+    assert "covariance_off_from_step=0.5" in str(error.value)
+    with pytest.raises(ValueError, match="covariance_off_final_fraction must be in"):
+        BAERecipe(lr=1e-3, covariance_off_final_fraction=1.5)
+    with pytest.raises(ValueError, match="training_steps must be"):
+        bae_config(8, training_steps=-1)
+    assert phase_steps(10, 0.25, 0.0) == {"entropy_off_steps": 2, "covariance_off_from_step": None}
+    assert phase_steps(10, 0.0, 0.3) == {"entropy_off_steps": 0, "covariance_off_from_step": 7}
 
 
 def test_load_from_folder_without_cfg(tmp_path):
@@ -554,7 +590,7 @@ def test_training_checkpoint_reloads_as_training_sae(tmp_path):
     bae.save_model(tmp_path)
     loaded = TrainingSAE.load_from_disk(tmp_path)
     assert isinstance(loaded, BAETrainingSAE)
-    assert loaded.cfg.entropy_off_fraction == 0.0
+    assert loaded.cfg.entropy_off_steps == 0
     x = torch.randn(5, 8)
     assert torch.equal(loaded(x), bae(x))
 
@@ -584,8 +620,8 @@ def test_activation_norm_scaling_fold_keeps_outputs(apply_b_dec_to_input):
 
 TRAINING_OPTIONS = dict(
     entropy_coefficient=0.02,
-    covariance_off_final_fraction=0.1,
-    total_training_steps=50,
+    entropy_off_steps=5,
+    covariance_off_from_step=45,
 )
 
 
@@ -607,8 +643,7 @@ def test_new_training_options_round_trip_through_save_and_load(tmp_path):
 
 def test_saelens_hands_the_bae_its_configured_coefficients():
     cfg = BAETrainingSAEConfig(d_in=8, d_sae=32, entropy_coefficient=0.4,
-                               covariance_coefficient=0.2, coefficient_width=None,
-                               total_training_steps=10)  # fmt: skip
+                               covariance_coefficient=0.2, coefficient_width=None)  # fmt: skip
     coefficients = BAETrainingSAE(cfg).get_coefficients()
     assert coefficients == {"entropy": 0.4 * 8, "covariance": 0.2 * 8}  # against mse_loss
 
@@ -678,27 +713,15 @@ def test_more_bit_encoder_starts_at_the_one_bit_scale():
     assert not torch.allclose(two.W_enc[:, 1::3], two.W_enc[:, ::3])  # the others differ
 
 
-def test_the_covariance_term_is_off_for_the_last_fraction_of_training():
-    """``covariance_off_final_fraction``: the term counts before the last tenth of training and
-    not in it, in the step SAELens' trainer runs; a config that does not know how long training
-    is cannot place that tenth, and says so."""
-    cfg = BAETrainingSAEConfig(
-        d_in=8, d_sae=32, covariance_off_final_fraction=0.1, total_training_steps=100
-    )
-    on = cfg.schedule().covariance_on
-    assert [on(s) for s in (0, 89, 90, 99)] == [True, True, False, False]
-    assert (
-        BAETrainingSAEConfig(d_in=8, d_sae=32, entropy_off_fraction=0.0)
-        .schedule()
-        .covariance_on(10**6)
-    )
-    no_length = BAETrainingSAEConfig(d_in=8, d_sae=32, covariance_off_final_fraction=0.1,
-                                     entropy_off_fraction=0.0)  # fmt: skip
-    with pytest.raises(ValueError, match="covariance_off_final_fraction=0.1 needs the length"):
-        no_length.schedule()
-    with pytest.raises(ValueError, match="covariance_off_final_fraction=1.5"):
-        BAETrainingSAEConfig(d_in=8, d_sae=32, covariance_off_final_fraction=1.5)
-    bae = make_bae(d_in=8, d_sae=32, covariance_off_final_fraction=0.1, total_training_steps=100)
+def test_the_covariance_term_is_off_from_its_step():
+    """``covariance_off_from_step``: the term counts before that step and not from it, in the step
+    SAELens' trainer runs; None (the default) keeps it on to the end."""
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=32, covariance_off_from_step=90)
+    assert [cfg.covariance_on(s) for s in (0, 89, 90, 99)] == [True, True, False, False]
+    assert BAETrainingSAEConfig(d_in=8, d_sae=32).covariance_on(10**6)
+    assert bae_config(8, recipe=BAERecipe(lr=1e-3, covariance_off_final_fraction=0.1),
+                      training_steps=100).covariance_off_from_step == 90  # fmt: skip
+    bae = make_bae(d_in=8, d_sae=32, covariance_off_from_step=90)
     x = torch.randn(64, 8)
     on = bae.training_forward_pass(step_input(x, n_training_steps=89)).losses
     off = bae.training_forward_pass(step_input(x, n_training_steps=90)).losses
@@ -715,7 +738,7 @@ def test_a_step_reads_its_batch_through_the_input_hook_once_and_logs_saelens_mse
     and on the plain steps after it. The logged ``mse_loss`` is SAELens': the squared error
     summed over d_in and averaged over the batch, in the inputs' own units (not the frame's), on
     step 0 with the frame on."""
-    bae = make_bae(input_variance=input_variance, total_training_steps=100)
+    bae = make_bae(input_variance=input_variance)
     calls = []
     bae.hook_sae_input.add_hook(lambda acts, hook: calls.append(acts.shape))  # noqa: ARG005
     x = 3.0 * torch.randn(32, 8) + 1.0

@@ -30,7 +30,6 @@ def _extras_off(d_in: int, d_sae: int) -> BAETrainingSAEConfig:
         d_in=d_in,
         d_sae=d_sae,
         input_variance=None,
-        entropy_off_fraction=0.0,
         coefficient_width=None,
         entropy_coefficient=1e-2,
         covariance_coefficient=1e-2,

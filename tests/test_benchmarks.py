@@ -156,7 +156,7 @@ def test_heldout_entropy_reads_each_set_through_both_paths(tmp_path, capsys):
     assert torch.equal(same_test, test)
     assert rows[2]["recovered_bits"] == recovered_bits(cell.codes(test), test_bits)
     assert rows[2]["typical_relative_error"] == pytest.approx(cell.typical_relative_error)
-    cfg = bae_config(8, recipe="entropy", total_training_steps=200)
+    cfg = bae_config(8, recipe="entropy", training_steps=200)
     run = train_sae(train, cfg, training_samples=200 * 512, batch_size=512, lr=4e-3, seed=0)
     direct = code_entropy(run.sae.eval(), test)
     assert rows[3]["bits"] == pytest.approx(direct.bits, rel=1e-6)

@@ -77,7 +77,7 @@ def _stacked_state(folder: Path) -> tuple[Path, Callable[[], object]]:
     from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 
     x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
-    cfg = BAETrainingSAEConfig(d_in=4, d_sae=8, entropy_off_fraction=0.0)
+    cfg = BAETrainingSAEConfig(d_in=4, d_sae=8)
     run = dict(training_samples=4 * 16, batch_size=16, progress=False, checkpoint=folder / "st")
     train_stacked_baes([x], cfg, **run)
     return folder / "st" / "stacked_state.pt", lambda: train_stacked_baes([x], cfg, **run)
@@ -116,7 +116,7 @@ def _train_sae_checkpoint(name: str) -> Callable[[Path], tuple[Path, Callable[[]
         from sae_lens_bae.training import train_sae
 
         x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
-        cfg = BAETrainingSAEConfig(d_in=4, d_sae=8, entropy_off_fraction=0.0)
+        cfg = BAETrainingSAEConfig(d_in=4, d_sae=8)
         run = dict(training_samples=64, batch_size=16, checkpoint_dir=folder / "ckpt")
         train_sae(x, cfg, n_checkpoints=0, save_final_checkpoint=True, **run)
         (path,) = (folder / "ckpt").rglob(name)

@@ -174,8 +174,7 @@ def test_the_package_trains_every_bae_through_the_kernels():
     assert bae.BAETrainingSAE.covariance_penalty is covariance_penalty
     source = Path(bae.__file__).read_text()
     assert "covariance_penalty = staticmethod(covariance_penalty)" in source
-    cfg = bae.BAETrainingSAEConfig(d_in=6, d_sae=8, covariance_coefficient=1.0,
-                                   total_training_steps=10)  # fmt: skip
+    cfg = bae.BAETrainingSAEConfig(d_in=6, d_sae=8, covariance_coefficient=1.0)
     stack = StackedBAE(cfg, [0])
     calls = []
     original = bae.BAETrainingSAE.covariance_penalty

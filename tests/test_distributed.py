@@ -50,7 +50,7 @@ def _config() -> BAETrainingSAEConfig:
     # entropy on after 3 steps, the input scale set from the first global batch: every part of
     # the step runs in 20 steps
     return BAETrainingSAEConfig(
-        d_in=D_IN, d_sae=D_SAE, entropy_off_fraction=0.15, input_variance=1.0,
+        d_in=D_IN, d_sae=D_SAE, entropy_off_steps=3, input_variance=1.0,
     )  # fmt: skip
 
 
@@ -97,8 +97,7 @@ def _stacked_steps(rank: int | None, steps: int = 10) -> dict[str, Any]:
     with ``rank``, that rank's half of every global minibatch of 64 rows, gradients averaged over
     the ranks as ``DistributedDataParallel`` averages them."""
     cfg = BAETrainingSAEConfig(
-        d_in=D_IN, d_sae=D_SAE, entropy_off_fraction=0.15, input_variance=1.0,
-        total_training_steps=steps,
+        d_in=D_IN, d_sae=D_SAE, entropy_off_steps=2, input_variance=1.0,
     )  # fmt: skip
     model = StackedBAE(cfg, seeds=[3, 4])
     if rank is not None:

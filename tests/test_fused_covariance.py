@@ -210,7 +210,7 @@ def test_a_compiled_bae_training_step_takes_the_op_with_the_eager_loss_and_gradi
     objective's penalty is the op, and its loss and gradients are the eager step's (which runs
     the kernels through the autograd Function)."""
     torch.manual_seed(0)
-    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=16, d_sae=64, total_training_steps=100))
+    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=16, d_sae=64, entropy_off_steps=25))
     sae = sae.to(DEVICE)
     x = torch.randn(128, 16, generator=torch.Generator().manual_seed(1)).to(DEVICE)
 

@@ -33,15 +33,14 @@ def fair_bits(n: int = 1024, d: int = 12, r: int = 4, seed: int = 0) -> torch.Te
 
 
 def trained(x: torch.Tensor, **overrides) -> BAETrainingSAE:
-    cfg = bae_config(x.shape[-1], recipe="entropy", total_training_steps=40, **overrides)
+    cfg = bae_config(x.shape[-1], recipe="entropy", training_steps=40, **overrides)
     run = train_sae(x, cfg, training_samples=40 * 64, batch_size=64, lr=4e-3, seed=0)
     return run.sae
 
 
 def test_first_batch_sets_the_scale_and_later_batches_keep_it():
     torch.manual_seed(0)
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, input_variance=2.0,
-                                              entropy_off_fraction=0.0))  # fmt: skip
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, input_variance=2.0))
     assert bae.input_scale.item() == 0.0  # unset: reads inputs as given
     x = fair_bits()
     bae.training_forward_pass(_step(x[:64], 0))
@@ -53,8 +52,7 @@ def test_first_batch_sets_the_scale_and_later_batches_keep_it():
 
 
 def test_a_first_batch_without_variance_leaves_the_scale_unset():
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, input_variance=1.0,
-                                              entropy_off_fraction=0.0))  # fmt: skip
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, input_variance=1.0))
     bae.training_forward_pass(_step(torch.zeros(64, 12), 0))
     assert bae.input_scale.item() == 0.0
     bae.training_forward_pass(_step(torch.full((64, 12), 0.5), 1))  # far from 0, no spread
@@ -90,7 +88,7 @@ def test_a_moved_set_reads_the_same_entropy_through_the_registry():
     x = fair_bits(n=2048)
     move = 100.0 * torch.randn(12, generator=torch.Generator().manual_seed(5))
     for states in (x, x + move):
-        cfg = bae_config(12, recipe="entropy", total_training_steps=2000)
+        cfg = bae_config(12, recipe="entropy", training_steps=2000)
         run = train_sae(states, cfg, training_samples=2000 * 512, batch_size=512, lr=4e-3,
                         seed=0)  # fmt: skip
         estimate = code_entropy(run.sae.eval(), states)
@@ -236,11 +234,11 @@ def test_each_recipe_frames_at_its_own_variance(d_in):
     """The entropy recipes frame at the fair-bit sets' total variance whatever the width, a
     config that asks for it at its variance per dimension; the default, the paper's and the
     short-run recipe read states as given."""
-    x, steps = fair_bits(d=d_in), {"total_training_steps": 10}
+    x = fair_bits(d=d_in)
     for cfg, total in (
-        (bae_config(d_in, recipe="entropy", **steps), 0.5),
+        (bae_config(d_in, recipe="entropy", training_steps=10), 0.5),
         (EntropyRecipe.of().config(d_in), 0.5),
-        (BAETrainingSAEConfig(d_in=d_in, d_sae=2 * d_in, input_variance=1.0, **steps), d_in),
+        (BAETrainingSAEConfig(d_in=d_in, d_sae=2 * d_in, input_variance=1.0), d_in),
     ):
         bae = BAETrainingSAE(cfg)
         bae.training_forward_pass(_step(x[:64], 0))
@@ -255,7 +253,7 @@ def test_each_recipe_frames_at_its_own_variance(d_in):
 def _first_step(x: torch.Tensor) -> BAETrainingSAE:
     """A BAE of the entropy preset after one training step on the first 64 states."""
     torch.manual_seed(0)
-    bae = BAETrainingSAE(bae_config(12, recipe="entropy", total_training_steps=40))
+    bae = BAETrainingSAE(bae_config(12, recipe="entropy", training_steps=40))
     bae.training_forward_pass(_step(x[:64], 0))
     return bae
 
@@ -273,7 +271,7 @@ def test_a_bae_on_states_far_from_the_coefficients_scale_says_so_once(norm_over_
     scale log nothing."""
     x = torch.randn(256, 16)
     x = x / x.norm(dim=-1).mean() * 4.0 * norm_over_sqrt_d  # mean norm: the factor x sqrt(16)
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=16, d_sae=32, total_training_steps=10))
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=16, d_sae=32))
     with caplog.at_level("WARNING", logger="sae_lens_bae.saes.input_frame"):
         for n in range(3):
             bae.training_forward_pass(_step(x, n))

@@ -66,7 +66,7 @@ def test_the_rule_is_the_norm_against_the_median_norm():
 
 
 def _bae(steps: int = 20) -> BAETrainingSAE:
-    return BAETrainingSAE(bae_config(D, 16, total_training_steps=steps))
+    return BAETrainingSAE(bae_config(D, 16, training_steps=steps))
 
 
 def _step_input(sae: BAETrainingSAE, batch: torch.Tensor, logging: bool = False):
@@ -116,7 +116,7 @@ def test_a_saelens_runner_configs_bae_screens_at_its_configs_ratio():
     screened = {}
     for ratio in (NORM_RATIO, None):
         runner_cfg = LanguageModelSAERunnerConfig(
-            sae=bae_config(D, 16, total_training_steps=20, extreme_norm_ratio=ratio),
+            sae=bae_config(D, 16, training_steps=1, extreme_norm_ratio=ratio),
             hook_name="blocks.0.hook_resid_post", dataset_path="", is_dataset_tokenized=True,
             context_size=8, training_tokens=64, train_batch_size_tokens=64, device="cpu",
         )  # fmt: skip

@@ -333,11 +333,13 @@ def test_the_bae_default_meets_the_feature_target_on_validation_rows_only():
 
 def test_family_config_takes_bae_fields_for_the_bae_family_only():
     """``bae_fields`` replace the BAE's config fields and leave the rest as the family builds
-    them; another family given one is refused by name."""
+    them (the recipe's phase in the run's steps); another family given one is refused by
+    name."""
     plain = family_config("bae", 64, 128, 0.5, 1600)
     variant = family_config("bae", 64, 128, 0.5, 1600, input_variance=1.0)
     assert plain.input_variance is None
     assert variant.input_variance == 1.0
+    assert plain.entropy_off_steps == variant.entropy_off_steps == 400  # a quarter of the steps
     replaced = {"input_variance", "metadata"}  # metadata repeats the fields
     assert {k: v for k, v in vars(variant).items() if k not in replaced} == {
         k: v for k, v in vars(plain).items() if k not in replaced

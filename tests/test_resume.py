@@ -25,7 +25,7 @@ from sae_lens_bae.saes.bae import BAETrainingSAEConfig
 def setup():
     activations = torch.randn(700, 16, generator=torch.Generator().manual_seed(0))
     activations[:, :4] *= 3.0
-    cfg = BAETrainingSAEConfig(d_in=16, d_sae=64, entropy_off_fraction=0.25)
+    cfg = BAETrainingSAEConfig(d_in=16, d_sae=64, entropy_off_steps=10)
     return activations, cfg
 """
 

@@ -25,11 +25,11 @@ from sae_lens.training.activation_scaler import ActivationScaler
 from sae_lens.training.activations_store import ActivationsStore
 from sae_lens.training.sae_trainer import SAETrainer
 
-from sae_lens_bae import load_model, load_sae, train_sae
+from sae_lens_bae import bae_config, load_model, load_sae, train_sae
 from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.saes.bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.input_frame import in_input_units, module_frame
-from sae_lens_bae.training import activation_batches, fill_training_schedule
+from sae_lens_bae.training import activation_batches
 from sae_lens_bae.training.checkpoints import latest_checkpoint
 
 HOOK = "blocks.1.hook_resid_post"
@@ -104,42 +104,55 @@ def test_saelens_run_evals_reads_a_bae(model, tiny_corpus):
     assert len(per_feature["feature_density"]) == 48
 
 
-def test_saelens_runner_trains_a_registry_bae_told_its_length(
-    tiny_llama, token_dataset, runner_kwargs
+@pytest.mark.parametrize(
+    ("sae", "entropy_off", "covariance_off"),
+    [
+        (BAETrainingSAEConfig(d_in=32, d_sae=128), 0, None),
+        (
+            BAETrainingSAEConfig(
+                d_in=32, d_sae=128, entropy_off_steps=4, covariance_off_from_step=9
+            ),
+            4,
+            9,
+        ),  # fmt: skip
+        (bae_config(32, training_steps=12), 3, None),  # the default recipe: a quarter of 12
+    ],
+    ids=["bare", "steps", "recipe"],
+)
+def test_saelens_runner_trains_a_bae_config_with_no_call_of_ours(
+    tiny_llama, token_dataset, runner_kwargs, phases_applied, sae, entropy_off, covariance_off
 ):
-    """SAELens' own runner never tells an SAE how long it trains: without
-    ``fill_training_schedule`` the BAE refuses when the trainer is built, before any step, with
-    one line saying what to call; with it, the schedule is resolved from the runner's length."""
+    """SAELens' own runner trains a BAE config as it is, as it trains a BatchTopK one: nothing
+    else is called, the config is not changed, and each term is off exactly in its steps (the
+    coefficients SAELens' trainer logs as applied)."""
+    given = replace(sae)
+    cfg = LanguageModelSAERunnerConfig(
+        sae=sae, hook_name="blocks.0.hook_resid_post", is_dataset_tokenized=True,
+        output_path=None, **runner_kwargs(batch=256, steps=12),
+    )  # fmt: skip
+    trained = LanguageModelSAETrainingRunner(
+        cfg, override_dataset=token_dataset, override_model=tiny_llama
+    ).run()
+    assert isinstance(trained, BAETrainingSAE)
+    assert (trained.cfg.entropy_off_steps, trained.cfg.covariance_off_from_step) == (
+        given.entropy_off_steps,
+        given.covariance_off_from_step,
+    )
+    expected = [(n, n >= entropy_off, covariance_off is None or n < covariance_off)
+                for n in range(12)]  # fmt: skip
+    assert phases_applied.phases() == expected
 
-    def runner(cfg):
-        return LanguageModelSAETrainingRunner(
-            cfg, override_dataset=token_dataset, override_model=tiny_llama
-        )
 
-    def config():
-        return LanguageModelSAERunnerConfig(
-            sae=BAETrainingSAEConfig(d_in=32, d_sae=128), hook_name="blocks.0.hook_resid_post",
-            is_dataset_tokenized=True, output_path=None, **runner_kwargs(batch=256, steps=12),
-        )  # fmt: skip
-
-    with pytest.raises(ValueError, match="fill_training_schedule"):
-        runner(config()).run()
-    sae = runner(fill_training_schedule(config())).run()
-    assert isinstance(sae, BAETrainingSAE)
-    assert sae.cfg.total_training_steps == 12 and sae.schedule.entropy_on_from == 3
-
-
-def test_saelens_trainer_trains_a_bae_whose_config_knows_its_length():
+def test_saelens_trainer_trains_a_bare_bae_config():
+    """SAELens' ``SAETrainer`` alone: a bare config needs no length."""
     x = torch.randn(1024, 8, generator=torch.Generator().manual_seed(0))
     trainer_cfg = SAETrainerConfig(total_training_samples=20 * 64, train_batch_size_samples=64,
                                    lr=1e-3, lr_end=1e-3, device="cpu", n_checkpoints=0,
                                    checkpoint_path=None)  # fmt: skip
-    bare = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16))
-    with pytest.raises(ValueError, match="total_training_steps"):
-        SAETrainer(cfg=trainer_cfg, sae=bare, data_provider=activation_batches(x, 64))
-    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, total_training_steps=20))
-    SAETrainer(cfg=trainer_cfg, sae=sae, data_provider=activation_batches(x, 64)).fit()
-    assert sae.schedule is not None and sae.schedule.entropy_on_from == 5
+    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16))
+    trainer = SAETrainer(cfg=trainer_cfg, sae=sae, data_provider=activation_batches(x, 64))
+    trainer.fit()
+    assert trainer.n_training_steps == 20 and sae.code_mean_count.item() == 20
 
 
 def test_saelens_log_dict_keeps_saelens_names_and_logs_the_coefficients_applied():
@@ -152,7 +165,7 @@ def test_saelens_log_dict_keeps_saelens_names_and_logs_the_coefficients_applied(
     trainer_cfg = SAETrainerConfig(total_training_samples=20 * 64, train_batch_size_samples=64,
                                    lr=1e-3, lr_end=1e-3, device="cpu", n_checkpoints=0,
                                    checkpoint_path=None)  # fmt: skip
-    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, total_training_steps=20))
+    sae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=16, entropy_off_steps=5))
     trainer = SAETrainer(cfg=trainer_cfg, sae=sae, data_provider=activation_batches(x, 64))
     step = TrainStepInput(
         sae_in=x,
@@ -163,7 +176,7 @@ def test_saelens_log_dict_keeps_saelens_names_and_logs_the_coefficients_applied(
     )
     log = trainer.build_train_step_log_dict(sae.training_forward_pass(step), 64)
     assert log["details/entropy_coefficient"] == sae.cfg.coefficients()["entropy"] > 0
-    assert log["metrics/entropy_coefficient_applied"] == 0.0  # the first quarter: off
+    assert log["metrics/entropy_coefficient_applied"] == 0.0  # its first steps: off
     assert log["metrics/covariance_coefficient_applied"] == log["details/covariance_coefficient"]
     framed = BAETrainingSAE(replace(sae.cfg, input_variance=1.0))
     framed_log = trainer.build_train_step_log_dict(framed.training_forward_pass(step), 64)
@@ -196,7 +209,7 @@ def _folders(tmp_path) -> dict[str, tuple[Path, BAETrainingSAE]]:
                     checkpoint_dir=tmp_path / "run", n_checkpoints=1)  # fmt: skip
     run.sae.save_inference_model(tmp_path / "inference")
     checkpoint = latest_checkpoint(tmp_path / "run")
-    assert "entropy_off_fraction" in json.loads((checkpoint / "cfg.json").read_text())
+    assert "entropy_off_steps" in json.loads((checkpoint / "cfg.json").read_text())
     return {
         "inference": (tmp_path / "inference", in_input_units(run.sae)),
         "checkpoint": (checkpoint, in_input_units(TrainingSAE.load_from_disk(checkpoint))),

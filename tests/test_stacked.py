@@ -32,7 +32,7 @@ OPTIONS = {
                                 "lr_end": 2e-4}),
     "adam beta2": ({}, {"adam_beta2": 0.9}),
     # the codes of these sets decorrelate by step 20: off for the last 30 of 40 steps
-    "covariance off at the end": ({"covariance_off_final_fraction": 0.75}, {}),
+    "covariance off at the end": ({"covariance_off_from_step": 10}, {}),
 }  # fmt: skip
 
 
@@ -55,7 +55,7 @@ def test_stacked_training_equals_separate_trainings(bits_per_feature, dtype, opt
         d_sae=12,
         bits_per_feature=bits_per_feature,
         dtype=dtype,
-        entropy_off_fraction=0.25,  # 10 of the 40 steps
+        entropy_off_steps=10,  # 10 of the 40 steps
         entropy_coefficient=1e-2,
         covariance_coefficient=1e-3,
         input_variance=None,  # a stack frames from the whole set, a BAE alone from its first batch
@@ -89,7 +89,7 @@ def test_each_bae_of_a_stack_reads_its_set_in_its_own_input_frame():
     x = binary_mixtures(1, dtype=torch.float64)[0]
     cfg = BAETrainingSAEConfig(coefficient_width=None, 
         d_in=8, d_sae=12, dtype="float64", input_variance=0.5 / 8,
-        entropy_off_fraction=0.25, entropy_coefficient=1e-2, covariance_coefficient=1e-3,
+        entropy_off_steps=10, entropy_coefficient=1e-2, covariance_coefficient=1e-3,
     )  # fmt: skip
     near, far = train_stacked_baes(
         [x, 10 * x + 3], cfg, seeds=[5, 5], training_samples=40 * 64, batch_size=64,
@@ -110,7 +110,7 @@ def test_a_stack_that_frames_its_sets_trains_as_on_the_sets_framed_beforehand():
     mixtures = binary_mixtures(2, dtype=torch.float64)
     sets = [mixtures[0] * 3.0 + 1.0, mixtures[1] * 0.2 - 5.0]
     fields = {"d_in": 8, "d_sae": 12, "dtype": "float64",
-              "entropy_off_fraction": 0.25, "entropy_coefficient": 1e-2, "coefficient_width": None,
+              "entropy_off_steps": 10, "entropy_coefficient": 1e-2, "coefficient_width": None,
               "covariance_coefficient": 1e-3}  # fmt: skip
     run = {"seeds": [5, 6], "training_samples": 40 * 64, "batch_size": 64, "progress": False}
     framed = train_stacked_baes(sets, BAETrainingSAEConfig(**fields, input_variance=0.5), **run)
@@ -130,16 +130,15 @@ def test_a_stack_that_frames_its_sets_trains_as_on_the_sets_framed_beforehand():
     assert framed_error == pytest.approx(plain.histories[0]["reconstruction_loss"], rel=1e-2)
 
 
-def test_the_stacked_trainer_drops_the_covariance_term_for_the_last_fraction():
-    """40 steps with ``covariance_off_final_fraction = 0.25``: the term is paid on the first 30
-    and is exactly zero on the last 10, for every BAE of the stack."""
+def test_the_stacked_trainer_drops_the_covariance_term_from_its_step():
+    """40 steps with ``covariance_off_from_step = 30``: the term is paid on the first 30 and is
+    exactly zero on the last 10, for every BAE of the stack."""
     cfg = BAETrainingSAEConfig(
         coefficient_width=None,
         d_in=8,
         d_sae=12,
-        entropy_off_fraction=0.0,
         covariance_coefficient=1e-3,
-        covariance_off_final_fraction=0.25,
+        covariance_off_from_step=30,
     )
     _, histories, _ = train_stacked_baes(binary_mixtures(2), cfg, training_samples=40 * 64,
                                          batch_size=64, progress=False)  # fmt: skip
@@ -149,7 +148,7 @@ def test_the_stacked_trainer_drops_the_covariance_term_for_the_last_fraction():
 
 
 def test_stacked_rejects_bad_shapes_and_normalisation():
-    model = StackedBAE(BAETrainingSAEConfig(d_in=8, d_sae=32, entropy_off_fraction=0.0), [0, 1])
+    model = StackedBAE(BAETrainingSAEConfig(d_in=8, d_sae=32), [0, 1])
     with pytest.raises(ValueError, match=r"\[2, batch, 8\]"):
         model.losses(torch.randn(3, 16, 8), 0)
     with pytest.raises(ValueError, match="normalise them beforehand"):
@@ -171,21 +170,21 @@ def test_stacked_rejects_bad_shapes_and_normalisation():
         )
 
 
-@pytest.mark.parametrize("final", [0.0, 0.25])
+@pytest.mark.parametrize("final", [None, 60])
 def test_converged_baes_drop_out_and_the_others_train_as_if_alone(final):
     """Members that converge leave the stacked matmuls; every member, early or late, ends with
     the weights, code means and step count it gets when trained alone under the same rule. With
-    ``covariance_off_final_fraction``, a member in its final phase (the term off) trains beside
-    members that still pay it, each as it would alone."""
+    ``covariance_off_from_step`` (the last quarter of 80 steps), a member in its final phase (the
+    term off) trains beside members that still pay it, each as it would alone."""
     from sae_lens_bae.training import Convergence
 
     g = torch.Generator().manual_seed(1)
     sets = [binary_mixtures(1, rank=rank)[0] for rank in (1, 3)]
     sets.append(torch.randn(1024, 8, generator=g, dtype=torch.float64))  # never flat early
     cfg = BAETrainingSAEConfig(coefficient_width=None, 
-        d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.125, entropy_coefficient=1e-2,
+        d_in=8, d_sae=12, dtype="float64", entropy_off_steps=10, entropy_coefficient=1e-2,
         covariance_coefficient=1e-3,
-        covariance_off_final_fraction=final, input_variance=None,  # frames differ: see above
+        covariance_off_from_step=final, input_variance=None,  # frames differ: see above
     )  # fmt: skip
     rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2,
                        horizon=0.0)  # fmt: skip
@@ -198,7 +197,7 @@ def test_converged_baes_drop_out_and_the_others_train_as_if_alone(final):
     if final:  # the Gaussian set's BAE (whose code never decorrelates on its own: the binary
         # sets' do) trained its last quarter without the term, beside a member still paying it
         covariance = stacked.histories[2]["covariance_loss"]
-        paid = covariance.index(0.0)  # converged there: f / (1 - f) = 1/3 of that more, unpaid
+        paid = covariance.index(0.0)  # converged there: (80 - 60) / 60 = 1/3 of that more, unpaid
         assert all(value > 0 for value in covariance[:paid])
         assert covariance[paid:] == [0.0] * math.ceil(paid / 3)
         assert stacked.steps[2] < max(stacked.steps)
@@ -220,7 +219,7 @@ def test_the_convergence_rule_waits_out_the_learning_rate_warm_up():
     from sae_lens_bae.training import Convergence
 
     x = binary_mixtures(1, rank=1)[0]
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.0)
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64")
     rule = Convergence(check_every=5, window=2, rtol=1e6, atol_bits=1e6, atol_error=1e6,
                        horizon=0.0)  # fmt: skip
     kwargs = dict(training_samples=200 * 64, batch_size=64, lr=2e-3, progress=False,
@@ -230,9 +229,10 @@ def test_the_convergence_rule_waits_out_the_learning_rate_warm_up():
 
 
 def test_a_converged_bae_trains_its_last_fraction_without_the_covariance_term():
-    """Under a rule that stops at step 20, ``covariance_off_final_fraction = 0.2`` adds
-    ceil(0.25 * 20) = 5 steps without the term (the last fifth of 25), after the same first 20
-    steps, and none when the rule stops the BAE where the budget's own last fifth has begun."""
+    """Under a rule that stops at step 20, ``covariance_off_from_step = 160`` of 200 steps (the
+    last fifth) adds ceil(40 / 160 * 20) = 5 steps without the term (the last fifth of 25),
+    after the same first 20 steps, and none when the rule stops the BAE where the budget's own
+    final phase has begun."""
     from sae_lens_bae.training import Convergence
 
     x = binary_mixtures(1)[0]
@@ -240,22 +240,24 @@ def test_a_converged_bae_trains_its_last_fraction_without_the_covariance_term():
                        horizon=0.0)  # fmt: skip
     kwargs = dict(batch_size=64, lr=2e-3, progress=False, convergence=rule, seeds=[5])
 
-    def train(final, steps, **extra):
-        cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.0,
-                                   covariance_coefficient=1e-3, coefficient_width=None,
-                                   covariance_off_final_fraction=final)  # fmt: skip
+    def train(off_from, steps, **extra):
+        cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", covariance_coefficient=1e-3,
+                                   coefficient_width=None,
+                                   covariance_off_from_step=off_from)  # fmt: skip
         return train_stacked_baes([x], cfg, training_samples=steps * 64, **kwargs, **extra)
 
-    plain, final = train(0.0, 200), train(0.2, 200)
+    plain, final = train(None, 200), train(160, 200)
     assert plain.steps == [20] and final.steps == [25]
     covariance = final.histories[0]["covariance_loss"]
     assert covariance[:20] == plain.histories[0]["covariance_loss"]
     assert all(value > 0 for value in covariance[:20]) and covariance[20:] == [0.0] * 5
-    assert train(0.2, 26).steps == [25]  # the budget's last fifth starts at round(20.8) = 21
+    assert train(21, 26).steps == [25]  # 20 + ceil(5 / 21 * 20)
     # with a 50-step warm-up the rule stops at 70 (test above); 70 + ceil(17.5) = 88
-    assert train(0.2, 200, lr_warm_up_steps=50).steps == [88]
-    # converged at 20 of a 24-step budget whose last fifth is off from step round(19.2) = 19
-    assert train(0.2, 24).steps == [20]
+    assert train(160, 200, lr_warm_up_steps=50).steps == [88]
+    # converged at 20 of a 24-step budget whose final phase is off from step 19
+    assert train(19, 24).steps == [20]
+    # a final phase that starts at or after the budget's end never begins
+    assert train(200, 200).steps == [20] == train(300, 200).steps
 
 
 def test_a_drain_hold_reads_a_fall_of_more_than_its_bits_between_two_windows():
@@ -272,9 +274,9 @@ def test_a_drain_hold_reads_a_fall_of_more_than_its_bits_between_two_windows():
 
 def _drain_run(drain_hold, **config):
     x = binary_mixtures(1)[0]
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.0,
-                               covariance_coefficient=1e-3, covariance_off_final_fraction=0.2,
-                               coefficient_width=None, **config)  # fmt: skip
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, dtype="float64", covariance_coefficient=1e-3,
+                               covariance_off_from_step=32, coefficient_width=None,
+                               **config)  # fmt: skip
     return train_stacked_baes([x], cfg, training_samples=40 * 64, batch_size=64, lr=2e-3,
                               lr_scheduler_name="cosineannealing", lr_end=2e-4, seeds=[5],
                               progress=False, drain_hold=drain_hold)  # fmt: skip
@@ -319,7 +321,7 @@ def test_a_drain_hold_shows_the_held_steps_and_the_code_bits_as_it_trains(capsys
     """What a run stopped by a time limit leaves in its log: the held steps and the check
     states' bits at the last check."""
     x = binary_mixtures(1)[0]
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, entropy_off_fraction=0.0)
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12)
     hold = _AlwaysDraining(extra=0.5, check_every=5)
     train_stacked_baes(
         [x], cfg, training_samples=20 * 64, batch_size=64, seeds=[5], progress=True, drain_hold=hold
@@ -364,8 +366,8 @@ def test_a_killed_stacked_run_goes_on_to_the_uninterrupted_weights(
     sets = [binary_mixtures(1, rank=rank)[0] for rank in (1, 3)]
     sets.append(torch.randn(1024, 8, generator=g, dtype=torch.float64))
     cfg = BAETrainingSAEConfig(
-        d_in=8, d_sae=12, dtype="float64", entropy_off_fraction=0.125, entropy_coefficient=1e-2,
-        covariance_coefficient=1e-3, covariance_off_final_fraction=0.25, coefficient_width=None,
+        d_in=8, d_sae=12, dtype="float64", entropy_off_steps=8, entropy_coefficient=1e-2,
+        covariance_coefficient=1e-3, covariance_off_from_step=45, coefficient_width=None,
         input_variance=1.0,  # the entropy recipe's frame, so the members converge apart
     )  # fmt: skip
     rule = Convergence(check_every=5, window=2, rtol=0.05, atol_bits=0.1, atol_error=1e-2,
@@ -409,7 +411,7 @@ def test_a_stack_step_is_each_bae_s_own_step_input_frame_included(bits_per_featu
     d, members, rows = 8, 3, 64
     cfg = bae_config(
         d, 12, recipe="entropy", dtype="float64", bits_per_feature=bits_per_feature,
-        entropy_off_fraction=0.0, total_training_steps=10,
+        entropy_off_steps=0,
     )  # fmt: skip
     assert cfg.input_variance is not None
     alone = []

@@ -18,7 +18,7 @@ from sae_lens.synthetic import (
     eval_sae_on_synthetic_data,
 )
 
-from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
+from sae_lens_bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig, bae_config
 from sae_lens_bae.entropy import TRACING_RECIPE
 from sae_lens_bae.experiments import synth_sae
 from sae_lens_bae.experiments.synth_entropy import cell_model, entropy_rows, within_tolerance
@@ -31,7 +31,6 @@ from sae_lens_bae.experiments.synth_sae_score import (
     score,
     target_l0,
 )
-from sae_lens_bae.training import fill_training_schedule
 
 
 def _tiny_model(features: int = 4, hidden: int = 4, seed: int = 0) -> SyntheticModel:
@@ -48,30 +47,28 @@ def _runner_config(sae_cfg, model: SyntheticModel, tmp_path) -> SyntheticSAERunn
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("family", ["bae", "batchtopk"])
-def test_synthetic_runner_trains_the_bae_as_it_trains_batchtopk(family, tmp_path):
-    """SAELens' SyntheticSAERunner: the BAE refuses, before any step, until
-    ``fill_training_schedule`` tells it the runner's length; then it trains and is scored by
-    the runner's own evaluation, as a BatchTopK config is with or without the call."""
+@pytest.mark.parametrize("family", ["bae", "bae recipe", "batchtopk"])
+def test_synthetic_runner_trains_the_bae_as_it_trains_batchtopk(family, tmp_path, phases_applied):
+    """SAELens' SyntheticSAERunner trains a BAE config with nothing else called and scores it by
+    its own evaluation, as it does a BatchTopK config: a bare config with both terms on from the
+    first step, the default recipe's with the entropy term off for its first quarter (3 of the
+    runner's 12 steps)."""
     model = _tiny_model(features=16, hidden=8)
-    make = {
+    sae_cfg = {
         "bae": lambda: BAETrainingSAEConfig(d_in=8, d_sae=16),
+        "bae recipe": lambda: bae_config(8, 16, training_steps=12),
         "batchtopk": lambda: BatchTopKTrainingSAEConfig(d_in=8, d_sae=16, k=2),
-    }[family]
-    if family == "bae":
-        with pytest.raises(ValueError, match="fill_training_schedule"):
-            SyntheticSAERunner(_runner_config(make(), model, tmp_path), model).run()
-    config = fill_training_schedule(_runner_config(make(), model, tmp_path))
+    }[family]()
+    config = _runner_config(sae_cfg, model, tmp_path)
     result = SyntheticSAERunner(config, override_synthetic_model=model).run()
     assert result.final_eval is not None and 0 <= result.final_eval.mcc <= 1
-    if family == "bae":
-        assert result.sae.cfg.total_training_steps == 12 == config.total_training_steps
-        assert result.sae.schedule.entropy_on_from == 3  # 25% of the runner's 12 steps
-
-
-def test_fill_training_schedule_refuses_what_is_no_runner_config():
-    with pytest.raises(TypeError, match="SyntheticSAERunnerConfig"):
-        fill_training_schedule(BAETrainingSAEConfig(d_in=8, d_sae=16))  # type: ignore[type-var]
+    entropy_off = {"bae": 0, "bae recipe": 3, "batchtopk": None}[family]
+    if entropy_off is None:
+        assert phases_applied == []
+    else:
+        assert config.total_training_steps == 12
+        assert result.sae.cfg.entropy_off_steps == entropy_off
+        assert phases_applied.phases() == [(n, n >= entropy_off, True) for n in range(12)]
 
 
 def _hand_made_bae(p0: float, p1: float) -> BAE:
@@ -262,7 +259,7 @@ def test_training_bae_scores_like_its_inference_form():
     model = _tiny_model(features=8, hidden=4)
     data = EvalSet.draw(model, 1024, seed=3)
     torch.manual_seed(0)
-    training = BAETrainingSAE(BAETrainingSAEConfig(d_in=4, d_sae=8, total_training_steps=10))
+    training = BAETrainingSAE(BAETrainingSAEConfig(d_in=4, d_sae=8))
     inference = BAE(BAEConfig(d_in=4, d_sae=8))
     inference.load_state_dict(
         {k: v for k, v in training.state_dict().items() if not k.startswith("window_")}

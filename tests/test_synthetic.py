@@ -254,10 +254,10 @@ def test_the_long_run_recipe_for_any_dimension_is_the_gpu_grids_with_its_lr_rule
     assert recipe.changed(lr=proxy.optimiser.lr, lr_end=proxy.optimiser.lr_end) == proxy
     # its phases in order: lr warm-up, then the entropy term, then the final covariance-off
     # tenth, within a fixed budget the drain hold may extend (no convergence stop)
-    schedule = recipe.config(d_in).schedule()
+    cfg = recipe.config(d_in)
     warm_up = recipe.optimiser.lr_warm_up_steps
-    assert warm_up < schedule.entropy_on_from < schedule.covariance_off_from
-    assert schedule.covariance_off_from < recipe.steps and not recipe.converge
+    assert warm_up < cfg.entropy_off_steps < cfg.covariance_off_from_step
+    assert cfg.covariance_off_from_step < recipe.steps and not recipe.converge
     assert isinstance(recipe.drain_rule(), DrainHold)
     assert EntropyRecipe.long_run(2048, restarts=3) == GRIDS["gpu"].recipe
     with pytest.raises(ValueError, match=r"^not EntropyRecipe fields: \['rate'\]$"):
@@ -309,9 +309,11 @@ def test_the_gpu_grid_trains_its_last_tenth_without_the_covariance_term():
     holds thresholds at the firing class's edge); off for the last 10% they read r at
     0.002-0.02% (docs/research/synthetic-entropy.md). The preset's BAEs pay it up to step 40500 of
     45000."""
-    cfg = GRIDS["gpu"].recipe.config(2048)
-    assert cfg.total_training_steps == 45000
-    assert cfg.schedule().covariance_on(40499) and not cfg.schedule().covariance_on(40500)
+    recipe = GRIDS["gpu"].recipe
+    cfg = recipe.config(2048)
+    assert recipe.steps == 45000 and cfg.covariance_off_from_step == 40500
+    assert cfg.covariance_on(40499) and not cfg.covariance_on(40500)
+    assert cfg.entropy_off_steps == 2250  # the first 5% without the entropy term
 
 
 def test_a_grid_gives_each_rank_at_least_its_share_of_r_squared_states(monkeypatch):

@@ -1,3 +1,4 @@
+import copy
 import json
 
 import pytest
@@ -15,8 +16,9 @@ from sae_lens_bae import (
     BAE,
     BAETrainingSAE,
     BAETrainingSAEConfig,
-    fill_training_schedule,
+    bae_config,
     train_bae,
+    train_sae,
 )
 from sae_lens_bae.saes.objective import reconstruction_loss
 from sae_lens_bae.training import activation_batches
@@ -47,7 +49,7 @@ def test_activation_batches_cover_every_sample_each_epoch():
 
 def test_sae_trainer_over_plain_iterator_learns():
     x = low_rank_data()
-    cfg = BAETrainingSAEConfig(d_in=16, d_sae=32, total_training_steps=200)
+    cfg = BAETrainingSAEConfig(d_in=16, d_sae=32, entropy_off_steps=50)
     torch.manual_seed(0)
     sae = BAETrainingSAE(cfg)
     before = held_out_loss(sae, x[:512])
@@ -64,13 +66,36 @@ def test_sae_trainer_over_plain_iterator_learns():
     assert after < 0.25 * before, (before, after)
 
 
-def test_train_bae_helper_fills_schedule_and_learns():
+def test_train_bae_helper_resolves_the_default_recipe_in_its_steps_and_learns(phases_applied):
+    """``train_bae`` without a config: the default recipe, its phase resolved into the run's
+    400 steps (entropy off for the first 100), as ``bae_config(d, training_steps=400)``."""
     x = low_rank_data(seed=1)
-    sae = train_bae(x, BAETrainingSAEConfig(d_in=16, d_sae=32), epochs=25, batch_size=256, lr=2e-3)
-    assert sae.cfg.total_training_steps == 25 * 4096 // 256
-    assert sae.schedule is not None and sae.schedule.entropy_on_from == 100
+    sae = train_bae(x, epochs=25, batch_size=256, lr=2e-3)
+    recipe = bae_config(16, training_steps=25 * 4096 // 256)
+    assert sae.cfg.entropy_off_steps == recipe.entropy_off_steps == 100
+    assert sae.cfg.coefficients() == recipe.coefficients()
+    assert phases_applied.phases() == [(n, n >= 100, True) for n in range(400)]
     assert held_out_loss(sae, x[:512]) < 0.25 * x[:512].pow(2).mean().item()
     assert sae.code_mean_count.item() == 400
+
+
+def test_train_sae_trains_a_recipe_config_as_it_is(phases_applied):
+    """``train_sae(x, bae_config(d, training_steps=N))`` turns the entropy term on at step
+    round(0.25 N), where the phase a run of N steps always had lands, and leaves the config as
+    it is; a config without a length keeps the term on from the first step."""
+    x = low_rank_data(n=1024, seed=4)
+    cfg = bae_config(16, 32, training_steps=30)
+    given = copy.deepcopy(cfg)
+    run = train_sae(x, cfg, training_samples=30 * 128, batch_size=128, record_every=1)
+    assert cfg == given  # not edited
+    assert run.sae.cfg.entropy_off_steps == cfg.entropy_off_steps == round(0.25 * 30) == 8
+    assert phases_applied.phases() == [(n, n >= 8, True) for n in range(30)]
+    applied = [row["entropy_coefficient_applied"] for row in run.history]
+    assert [row["step"] for row in run.history] == list(range(30))
+    assert applied == [0.0] * 8 + [cfg.coefficients()["entropy"]] * 22
+    phases_applied.clear()
+    train_sae(x, bae_config(16, 32), training_samples=4 * 128, batch_size=128)
+    assert phases_applied.phases() == [(n, True, True) for n in range(4)]
 
 
 def test_train_bae_rejects_missing_length():
@@ -115,8 +140,6 @@ def test_language_model_runner_trains_from_live_hooks(
         output_path=str(tmp_path),
         **runner_kwargs(batch=256, steps=12),
     )
-    fill_training_schedule(cfg)
-    assert cfg.sae.total_training_steps == 12
     sae, hook_calls = _count_hook_calls(
         tiny_llama,
         HOOK,
@@ -137,8 +160,11 @@ def test_language_model_runner_trains_from_live_hooks(
 
 
 def test_multi_runner_trains_bae_and_topk_from_same_forward(
-    tiny_llama, token_dataset, runner_kwargs, tmp_path
+    tiny_llama, token_dataset, runner_kwargs, tmp_path, phases_applied
 ):
+    """SAELens' multi-SAE runner trains a BAE config beside a TopK one with no call of ours,
+    the BAE's phase in its steps (entropy off for round(0.25 * 10) = 2)."""
+
     def run_multi(saes, out):
         cfg = MultiSAETrainingRunnerConfig(
             saes=saes,
@@ -147,7 +173,6 @@ def test_multi_runner_trains_bae_and_topk_from_same_forward(
             lr=5e-4,
             **runner_kwargs(batch=256, steps=10),
         )
-        fill_training_schedule(cfg)
         runner = MultiSAETrainingRunner(
             cfg, override_dataset=token_dataset, override_model=tiny_llama
         )
@@ -155,13 +180,14 @@ def test_multi_runner_trains_bae_and_topk_from_same_forward(
 
     saes, passes_both = run_multi(
         {
-            "bae": BAETrainingSAEConfig(d_in=32, d_sae=128),
+            "bae": bae_config(32, training_steps=10),
             "topk": TopKTrainingSAEConfig(d_in=32, d_sae=128, k=8),
         },
         tmp_path,
     )
     assert isinstance(saes["bae"], BAETrainingSAE)
-    assert saes["bae"].cfg.total_training_steps == 10
+    assert saes["bae"].cfg.entropy_off_steps == 2
+    assert phases_applied.phases() == [(n, n >= 2, True) for n in range(10)]
     assert saes["topk"].cfg.architecture() == "topk"
     assert isinstance(SAE.load_from_disk(tmp_path / "bae"), BAE)
     assert SAE.load_from_disk(tmp_path / "topk").cfg.architecture() == "topk"
@@ -189,7 +215,7 @@ def _trainer(sae, total_steps, checkpoint_path=None, data=None):
 
 def test_checkpoint_resume_equals_uninterrupted_training(tmp_path):
     x = low_rank_data(n=2048, seed=2)
-    cfg = BAETrainingSAEConfig(d_in=16, d_sae=32, total_training_steps=40)
+    cfg = BAETrainingSAEConfig(d_in=16, d_sae=32, entropy_off_steps=10)
 
     def fresh():
         torch.manual_seed(0)

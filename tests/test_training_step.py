@@ -16,7 +16,7 @@ from sae_lens_bae.stacks.training import StackedBAE
 
 def _bae(d_in: int = 16, seed: int = 0) -> BAETrainingSAE:
     torch.manual_seed(seed)
-    return BAETrainingSAE(BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in, total_training_steps=100))
+    return BAETrainingSAE(BAETrainingSAEConfig(d_in=d_in, d_sae=4 * d_in, entropy_off_steps=25))
 
 
 def _step_input(sae: BAETrainingSAE, x: torch.Tensor, step: int) -> TrainStepInput:

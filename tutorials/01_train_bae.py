@@ -35,8 +35,7 @@ from sae_lens import (
 import sae_lens_bae  # noqa: F401  (registers the "bae" architecture with SAELens)
 from sae_lens_bae import (
     DEFAULT_LR,
-    BAETrainingSAEConfig,
-    fill_training_schedule,
+    bae_config,
     harvest_activations,
     load_model,
     train_sae,
@@ -54,21 +53,22 @@ print(f"{len(tokens)} sequences of 64 tokens; d_model = {model.cfg.d_model}")
 
 # %% [markdown]
 # ## Live: SAELens' runner
-# A registry BAE config (`BAETrainingSAEConfig(d_in=576, d_sae=2304)`: the default recipe, its
-# coefficients weighed by 2048 / 576) in SAELens' own runner config. The runner tells the BAE
-# how long training is, so its entropy term switches on after 25% of the steps without any call
-# of ours.
+# A registry BAE config (`bae_config(576)`: the default recipe, d_sae = 2304, its coefficients
+# weighed by 2048 / 576) in SAELens' own runner config. Its phases are steps, as SAELens' own
+# (`lr_warm_up_steps`): `training_steps` resolves the recipe's into them, so the entropy term
+# switches on after 25% of the 60 steps, and the runner needs no call of ours.
 
 # %%
+STEPS = 60
 cfg = LanguageModelSAERunnerConfig(
-    sae=BAETrainingSAEConfig(d_in=model.cfg.d_model, d_sae=4 * model.cfg.d_model),
+    sae=bae_config(model.cfg.d_model, training_steps=STEPS),
     model_name="smollm2-135m",
     hook_name=HOOK,
     dataset_path="",
     is_dataset_tokenized=True,
     context_size=64,
     prepend_bos=False,  # the rows already start with BOS
-    training_tokens=60 * 256,
+    training_tokens=STEPS * 256,
     train_batch_size_tokens=256,
     store_batch_size_prompts=8,
     n_batches_in_buffer=8,
@@ -78,7 +78,6 @@ cfg = LanguageModelSAERunnerConfig(
     output_path=str(OUT / "live"),
     checkpoint_path=None,
 )
-fill_training_schedule(cfg)  # the BAE's phases need the length, which SAELens keeps to itself
 live = LanguageModelSAETrainingRunner(cfg, override_dataset=tokens, override_model=model).run()
 bae = SAE.load_from_disk(OUT / "live")
 print(
@@ -86,8 +85,8 @@ print(
     bae.cfg.d_in,
     "->",
     bae.cfg.d_sae,
-    "bits; entropy on after step",
-    live.cfg.schedule().entropy_on_from,
+    "bits; entropy on from step",
+    live.cfg.entropy_off_steps,
 )
 
 # %% [markdown]
@@ -101,7 +100,7 @@ states, dropped = drop_outliers(cache.activations(HOOK))  # attention sinks' mas
 scale = norm_scale(states)  # one scale for training and reading (entropy does not care)
 run = train_sae(
     states * scale,
-    BAETrainingSAEConfig(d_in=states.shape[1], d_sae=4 * states.shape[1]),
+    bae_config(states.shape[1], training_steps=300),
     lr=DEFAULT_LR,
     training_samples=300 * 256,
     batch_size=256,

@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import HTML, display
 
-from sae_lens_bae import DEFAULT_LR, BAETrainingSAEConfig, load_model, train_sae
+from sae_lens_bae import DEFAULT_LR, bae_config, load_model, train_sae
 from sae_lens_bae.activations import norm_scale, outlier_mask
 from sae_lens_bae.comsem import ClientConfig, ComSemConfig, comsem
 from sae_lens_bae.comsem.loopback import LoopbackServer
@@ -54,7 +54,7 @@ print(f"{int((~keep).sum())} of {keep.numel()} states dropped as outliers")
 scale = norm_scale(states)
 bae = train_sae(
     states * scale,
-    BAETrainingSAEConfig(d_in=states.shape[1], d_sae=4 * states.shape[1]),
+    bae_config(states.shape[1], training_steps=400),
     lr=DEFAULT_LR,
     training_samples=400 * 256,
     batch_size=256,

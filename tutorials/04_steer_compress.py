@@ -22,7 +22,7 @@
 import matplotlib.pyplot as plt
 import torch
 
-from sae_lens_bae import DEFAULT_LR, BAETrainingSAEConfig, load_model, steer, task_vector, train_sae
+from sae_lens_bae import DEFAULT_LR, bae_config, load_model, steer, task_vector, train_sae
 from sae_lens_bae.activations import drop_outliers, norm_scale, prompt_states
 from sae_lens_bae.compression import compression_report
 from sae_lens_bae.prompts import build_icl_prompts, encode_prompts
@@ -56,7 +56,7 @@ train, dropped = drop_outliers(torch.cat(list(states.values())))  # attention si
 scale = norm_scale(train)
 bae = train_sae(
     train * scale,
-    BAETrainingSAEConfig(d_in=train.shape[1], d_sae=4 * train.shape[1]),
+    bae_config(train.shape[1], training_steps=300),
     lr=DEFAULT_LR,
     training_samples=300 * 256,
     batch_size=256,

@@ -10,7 +10,7 @@ from typing import Any
 
 from sae_lens_bae.checks import check_ranges, ranged
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
-from sae_lens_bae.saes.bae_recipes import BAE_RECIPES
+from sae_lens_bae.saes.bae_recipes import BAE_RECIPES, phase_steps
 from sae_lens_bae.training.convergence import Convergence, DrainHold
 
 __all__ = [
@@ -93,12 +93,15 @@ class Optimiser:
 class Phases:
     """When each term of the objective is on, and when the schedule stands still."""
 
-    entropy_off_fraction: float = ranged(_PRESET["entropy_off_fraction"], low=0.0, high=1.0)
-    """Fraction of the step budget trained without the entropy term."""
+    entropy_off_fraction: float = ranged(
+        BAE_RECIPES["entropy"].entropy_off_fraction, low=0.0, high=1.0
+    )
+    """Fraction of the step budget trained without the entropy term (the config's
+    ``entropy_off_steps``: this of ``steps``)."""
     covariance_off_final_fraction: float = ranged(0.0, low=0.0, below=1.0)
-    """The last fraction of each BAE's training without the covariance term (with a stop rule,
-    a BAE that converges at step s with the term on trains f / (1 - f) s more steps without
-    it)."""
+    """The last fraction of each BAE's training without the covariance term (the config's
+    ``covariance_off_from_step``: after 1 - f of ``steps``; with a stop rule, a BAE that
+    converges at step s with the term on trains f / (1 - f) s more steps without it)."""
     drain_hold: float = ranged(0.0, low=0.0)
     """While the code's entropy on the check states still falls, hold the learning rate and the
     phases where they stand, for at most this fraction of the steps more (0: never;
@@ -260,7 +263,8 @@ class EntropyRecipe:
     def config(self, d_in: int, framed: bool = True) -> BAETrainingSAEConfig:
         """The training config of each BAE of this recipe on states of dimension ``d_in``;
         ``framed``: each BAE brings its states to where the recipe was calibrated (the registry
-        ``entropy`` recipe's input frame, ``saes.input_frame``), else reads them as given."""
+        ``entropy`` recipe's input frame, ``saes.input_frame``), else reads them as given. Its
+        ``Phases`` are resolved into steps of a run of ``steps``."""
         scale = 1.0 if self.loss.objective else 0.0
         return BAETrainingSAEConfig(
             d_in=d_in,
@@ -271,9 +275,11 @@ class EntropyRecipe:
             entropy_coefficient=self.loss.entropy_coefficient_2048 * scale,
             covariance_coefficient=self.loss.covariance_coefficient_2048 * scale,
             coefficient_width=2048,
-            entropy_off_fraction=self.phases.entropy_off_fraction,
-            covariance_off_final_fraction=self.phases.covariance_off_final_fraction,
-            total_training_steps=self.steps,
+            **phase_steps(
+                self.steps,
+                self.phases.entropy_off_fraction,
+                self.phases.covariance_off_final_fraction,
+            ),
         )
 
     def convergence(self) -> Convergence | None:

@@ -26,6 +26,7 @@ from torch import Tensor
 from sae_lens_bae.entropy.recipe import EntropyRecipe
 from sae_lens_bae.evaluation import held_out_objective, unexplained_variance
 from sae_lens_bae.saes.bae import BAETrainingSAE
+from sae_lens_bae.saes.bae_recipes import phase_steps
 from sae_lens_bae.saes.decoder_refit import refit_decoder
 from sae_lens_bae.saes.objective import binary_entropy
 from sae_lens_bae.stacks.training import train_stacked_baes
@@ -261,7 +262,9 @@ def repair_baes(
             continue
         budget = max(recipe.steps // 4, 1)
         first = next(iter(starts.values()))  # every BAE of the grid has one config
-        cfg = replace(first.cfg, entropy_off_fraction=0.0, total_training_steps=budget)
+        # the recipe's final phase over the budget, the entropy term on from the start
+        phases = phase_steps(budget, 0.0, recipe.phases.covariance_off_final_fraction)
+        cfg = replace(first.cfg, metadata=copy.deepcopy(first.cfg.metadata), **phases)
         lr = recipe.optimiser.lr if recipe.optimiser.lr_end is None else recipe.optimiser.lr_end
         training = train_stacked_baes(
             [sets[g] for g in starts],

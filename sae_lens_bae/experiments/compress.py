@@ -13,8 +13,7 @@ from sae_lens_bae.compression import compression_report, decoder_bytes
 from sae_lens_bae.experiments.common import LayerData
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, markdown_table, write_json, write_text
-from sae_lens_bae.saes.bae import BAETrainingSAEConfig
-from sae_lens_bae.saes.bae_recipes import DEFAULT_LR
+from sae_lens_bae.saes.bae_recipes import DEFAULT_LR, bae_config
 from sae_lens_bae.training import train_sae
 
 __all__ = ["REPORT", "CompressionConfig", "plot_compression", "run"]
@@ -56,7 +55,7 @@ def run(cfg: CompressionConfig, progress: bool = True) -> dict[str, Any]:
     d_in = train.shape[1]
     bae = train_sae(
         train,
-        BAETrainingSAEConfig(d_in=d_in, d_sae=cfg.expansion * d_in),
+        bae_config(d_in, cfg.expansion * d_in, training_steps=cfg.steps),
         training_samples=cfg.steps * cfg.batch_size,
         batch_size=cfg.batch_size,
         lr=DEFAULT_LR,

@@ -25,7 +25,7 @@ from sae_lens_bae.features.records import Magnitude
 from sae_lens_bae.plots import save_figure, subplots
 from sae_lens_bae.reports import Stopwatch, cell, markdown_table, write_json, write_text
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
-from sae_lens_bae.saes.bae_recipes import DEFAULT_LR
+from sae_lens_bae.saes.bae_recipes import DEFAULT_LR, bae_config
 from sae_lens_bae.training import train_sae
 
 __all__ = ["REPORT", "MoreBitsConfig", "penalties_per_feature", "plot_more_bits", "run"]
@@ -89,9 +89,10 @@ def run(cfg: MoreBitsConfig, progress: bool = True) -> dict[str, Any]:
     rows = []
     records = {}
     for c in cfg.bits_per_feature:
-        bae_cfg = BAETrainingSAEConfig(
-            d_in=d_in,
-            d_sae=cfg.expansion * d_in,
+        bae_cfg = bae_config(
+            d_in,
+            cfg.expansion * d_in,
+            training_steps=cfg.steps,
             bits_per_feature=c,
             **penalties_per_feature(d_in, c),
         )

@@ -87,7 +87,7 @@ def run(cfg: QuickstartConfig, progress: bool = True) -> dict[str, Any]:
     )
     runs: dict[str, TrainingRun] = {}
     # both configs before any training, so a k above d_sae is refused before the BAE trains
-    bae_cfg = bae_config(d_in, d_sae, recipe=cfg.recipe, **cfg.bae_kwargs)
+    bae_cfg = bae_config(d_in, d_sae, recipe=cfg.recipe, training_steps=cfg.steps, **cfg.bae_kwargs)
     topk_cfg = family_config("topk", d_in, d_sae, cfg.topk_k, cfg.steps)
     bae_lr = cfg.bae_lr or BAE_RECIPES[cfg.recipe].lr
     # one schedule for both, as in ``bae compare``: warm-up, decay and TopK's AuxK window

@@ -270,7 +270,7 @@ def family_config(
     if family == "bae":
         recipe = BAERecipe(lr=preset.lr, fields=bae_fields)
         return bae_config(
-            d_in, width, recipe=recipe, coefficient_scale=setting, total_training_steps=steps
+            d_in, width, recipe=recipe, coefficient_scale=setting, training_steps=steps
         )
     common: dict[str, Any] = {"d_in": d_in, "d_sae": width}
     if family in ("batchtopk", "matryoshka_batchtopk"):

@@ -70,7 +70,6 @@ from sae_lens_bae.saes.objective import (
     covariance_penalty,
     frame_weight,
 )
-from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = [
     "ARCHITECTURE",
@@ -132,8 +131,10 @@ class BAEConfig(StrictLoading, SAEConfig):
 @dataclass
 class BAETrainingSAEConfig(TrainingSAEConfig):
     """Training configuration of a BAE: the inference fields of :class:`BAEConfig`, the objective,
-    and its phases as fractions of training (resolved into steps once: :meth:`schedule`). The
-    defaults are the ``default`` recipe (``saes.bae_recipes``, which says how it was chosen)."""
+    and its phases in training steps, as SAELens gives its own (``lr_warm_up_steps``). The
+    objective's defaults are the ``default`` recipe's (``saes.bae_recipes``, which says how it was
+    chosen); its phase, entropy off for the first quarter of training, is a fraction that
+    ``bae_config(..., training_steps=N)`` resolves into ``entropy_off_steps``."""
 
     bits_per_feature: int = 1
     """Code bits per feature (more-bit decoding): the encoder emits ``n_bits =
@@ -157,13 +158,10 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     coefficient_width: int | None = 2048
     """d_in the coefficients are given at: at d_in they weigh a * coefficient_width / d_in
     against the squared error per element (the penalties are sums over bits). None: as given."""
-    entropy_off_fraction: float = 0.25
-    """First fraction of training with the entropy term off."""
-    covariance_off_final_fraction: float = 0.0
-    """Last fraction of training with the covariance term off."""
-    total_training_steps: int | None = None
-    """Length of training, which resolves the fractions; set by ``train_sae`` and
-    ``fill_training_schedule`` (SAELens never tells an SAE)."""
+    entropy_off_steps: int = 0
+    """First training steps with the entropy term off (0: on from the first step)."""
+    covariance_off_from_step: int | None = None
+    """First training step without the covariance term; None: on to the end."""
     extreme_norm_ratio: float | None = NORM_RATIO
     """A training state whose norm is above this many times its minibatch's median norm is
     replaced by the median-norm state (``sae_lens_bae.outliers``); None keeps every state."""
@@ -177,9 +175,8 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
         _check_inference_fields(self)
         target = self.input_variance
         positive = not isinstance(target, bool) and target is not None and target > 0
-        steps, width = self.total_training_steps, self.coefficient_width
-        ratio = self.extreme_norm_ratio
-        fraction = "in [0, 1]"
+        width, ratio = self.coefficient_width, self.extreme_norm_ratio
+        covariance_off = self.covariance_off_from_step
         refuse_fields(
             self,
             {
@@ -194,12 +191,11 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
                 "covariance_coefficient": (self.covariance_coefficient >= 0, "at least 0"),
                 "coefficient_width": (width is None or is_count(width, 1), "a width or None"),
                 "extreme_norm_ratio": (ratio is None or _above_one(ratio), "above 1 or None"),
-                "entropy_off_fraction": (0 <= self.entropy_off_fraction <= 1, fraction),
-                "covariance_off_final_fraction": (
-                    0 <= self.covariance_off_final_fraction <= 1,
-                    fraction,
+                "entropy_off_steps": (is_count(self.entropy_off_steps, 0), "steps, at least 0"),
+                "covariance_off_from_step": (
+                    covariance_off is None or is_count(covariance_off, 0),
+                    "a step, at least 0, or None",
                 ),
-                "total_training_steps": (steps is None or is_count(steps, 0), "steps or None"),
             },
         )
         super().__post_init__()
@@ -221,24 +217,13 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
             "covariance": self.covariance_coefficient * scale,
         }
 
-    def schedule(self, total_steps: int | None = None) -> Schedule:
-        """The phases in steps for a run of ``total_steps`` (``total_training_steps`` wins when
-        set); raises where a phase needs a length that is unknown."""
-        total = self.total_training_steps if self.total_training_steps is not None else total_steps
-        for name in ("entropy_off_fraction", "covariance_off_final_fraction"):
-            if total is None and getattr(self, name) > 0:
-                raise ValueError(
-                    f"The BAE's {name}={getattr(self, name)} needs the length of training, "
-                    "which SAELens never tells an SAE: set BAETrainingSAEConfig("
-                    "total_training_steps=...), or call fill_training_schedule(runner_config) "
-                    "before SAELens' runner"
-                )
-        final = self.covariance_off_final_fraction
-        return Schedule(
-            total_steps=total,
-            entropy_on_from=0 if total is None else round(self.entropy_off_fraction * total),
-            covariance_off_from=None if total is None or final == 0 else round((1 - final) * total),
-        )
+    def entropy_on(self, step: int) -> bool:
+        """Whether the entropy term counts at training step ``step`` (0-based)."""
+        return step >= self.entropy_off_steps
+
+    def covariance_on(self, step: int) -> bool:
+        """Whether the covariance term counts at training step ``step`` (0-based)."""
+        return self.covariance_off_from_step is None or step < self.covariance_off_from_step
 
 
 # ----------------------------------------------------------------------------- the model
@@ -389,7 +374,6 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     batch: Any = LOCAL_BATCH
     covariance_penalty = staticmethod(covariance_penalty)  # the plain maths (see the seams)
-    schedule: Schedule | None = None
     _framed = False  # whether the input frame is known to be set
     _scale_checked = False  # whether the inputs' scale was checked (without a frame)
 
@@ -417,18 +401,9 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         for name in (INPUT_SCALE_BUFFER, INPUT_SHIFT_BUFFER, "code_mean_count"):
             state_dict.pop(name, None)
 
-    def resolve_schedule(self, total_steps: int | None = None) -> Schedule:
-        """Fix the phases in steps for a run of ``total_steps`` (the config's
-        ``total_training_steps`` wins): how a trainer tells the BAE how long it trains."""
-        self.schedule = self.cfg.schedule(total_steps)
-        return self.schedule
-
     @override
     def get_coefficients(self) -> dict[str, float | TrainCoefficientConfig]:
-        """a_e and a_c. SAETrainer asks once, when built: the schedule is resolved then, so a
-        length that is needed and unknown is refused before any data is read."""
-        if self.schedule is None:
-            self.resolve_schedule()
+        """a_e and a_c (the config's, read without changing anything)."""
         return dict(self.cfg.coefficients())
 
     @override
@@ -442,7 +417,8 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         self, step_input: TrainStepInput, feature_acts: Tensor, hidden_pre: Tensor, sae_out: Tensor
     ) -> dict[str, Tensor]:
         """The entropy and covariance terms (``bae_step.step_penalties``) of the step's code,
-        each off in its phase of the schedule, divided by the frame's k^2."""
+        each off in its phase (the config's ``entropy_on``/``covariance_on``), divided by the
+        frame's k^2."""
         del sae_out  # SAELens' signature; the penalties read the code only
         n = step_input.n_training_steps
         if self.cfg.bits_per_feature == 1:  # the code itself, with its surrogate gradient
@@ -451,7 +427,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             bits = step(hidden_pre, self.cfg.surrogate_temperature)
         return step_penalties(
             bits.reshape(-1, bits.shape[-1]),
-            phase_coefficients(self, step_input.coefficients, n),
+            phase_coefficients(self.cfg, step_input.coefficients, n),
             module_frame(self),  # type: ignore[arg-type]
             batch=self.batch,
             covariance=self.covariance_penalty,
@@ -478,7 +454,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
             coefficient (logged as ``details/<name>_coefficient``) as its phase has it and times
             the frame's 1/k^2."""
             weight = frame_weight(module_frame(self))  # type: ignore[arg-type]
-            coefficient = phase_coefficients(self, step_input.coefficients, n)[name]
+            coefficient = phase_coefficients(self.cfg, step_input.coefficients, n)[name]
             return coefficient * (1.0 if weight is None else weight.item())
 
         output.metrics.update(

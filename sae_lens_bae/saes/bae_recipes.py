@@ -1,8 +1,10 @@
 """Named BAE training recipes, as data: the config fields each sets beyond
-:class:`BAETrainingSAEConfig`'s defaults (which are the ``default`` recipe) and the Adam learning
-rate it trains with. ``bae_config(d_in, recipe=name)`` builds a config from one. How ``default``
-was chosen, every piece against the paper's bare equations, is in ``docs/research/ablation.md``;
-the ``entropy`` recipe's evidence in ``docs/research/entropy-recipe.md``.
+:class:`BAETrainingSAEConfig`'s defaults (which are the ``default`` recipe's objective), its
+phases as fractions of training and the Adam learning rate it trains with. ``bae_config(d_in,
+recipe=name, training_steps=N)`` builds a config from one, its phases resolved into steps of a
+run of N. How ``default`` was chosen, every piece against the paper's bare equations, is in
+``docs/research/ablation.md``; the ``entropy`` recipe's evidence in
+``docs/research/entropy-recipe.md``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
+from sae_lens_bae.saes.loading import is_count
 
 __all__ = [
     "BAE_RECIPES",
@@ -19,6 +22,7 @@ __all__ = [
     "BAERecipe",
     "RecipeName",
     "bae_config",
+    "phase_steps",
 ]
 
 RecipeName = Literal["default", "short_run", "entropy", "paper"]
@@ -30,7 +34,8 @@ DEFAULT_BATCH_SIZE = 512
 
 @dataclass(frozen=True)
 class BAERecipe:
-    """One recipe: the trainer's Adam learning rate and the config fields it sets."""
+    """One recipe: the trainer's Adam learning rate, the config fields it sets and its phases as
+    fractions of training (``bae_config`` resolves them into steps)."""
 
     lr: float
     """Adam learning rate it trains with."""
@@ -39,12 +44,22 @@ class BAERecipe:
     input_total_variance: float | None = None
     """Total variance its input frame brings states of any width to (``input_variance`` is
     this / d_in); None: ``fields``' or the default's variance per dimension."""
+    entropy_off_fraction: float = 0.25
+    """First fraction of training with the entropy term off (``entropy_off_steps`` of a run)."""
+    covariance_off_final_fraction: float = 0.0
+    """Last fraction of training with the covariance term off (``covariance_off_from_step``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("entropy_off_fraction", "covariance_off_final_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"BAERecipe {name} must be in [0, 1], got {getattr(self, name)}")
 
 
 BAE_RECIPES: dict[RecipeName, BAERecipe] = {
-    # the config's defaults: the paper's equations with the entropy term off for the first
-    # quarter, the short-run entropy coefficient and a covariance coefficient 16x it, the
-    # paper's surrogate temperature, inputs as given (at mean norm sqrt(d_in))
+    # the config's defaults with the entropy term off for the first quarter of training (every
+    # recipe's phase unless it says otherwise): the paper's equations, the short-run entropy
+    # coefficient and a covariance coefficient 16x it, the paper's surrogate temperature, inputs
+    # as given (at mean norm sqrt(d_in))
     "default": BAERecipe(lr=2e-3),
     # the short-run rule, tuned on the synthetic benchmark at d = 64 and 128 on states as given
     "short_run": BAERecipe(
@@ -78,22 +93,48 @@ DEFAULT_LR = BAE_RECIPES["default"].lr
 """Adam learning rate of the default recipe (a trainer setting, not part of the config)."""
 
 
+def phase_steps(
+    training_steps: int, entropy_off_fraction: float, covariance_off_final_fraction: float = 0.0
+) -> dict[str, int | None]:
+    """Phases given as fractions of a run of ``training_steps`` steps, in the config's steps:
+    ``entropy_off_steps`` (``round(entropy_off_fraction * training_steps)``) and
+    ``covariance_off_from_step`` (``round((1 - covariance_off_final_fraction) *
+    training_steps)``; None for a fraction of 0)."""
+    if not is_count(training_steps, 0):
+        raise ValueError(f"training_steps must be an integer of at least 0, got {training_steps!r}")
+    final = covariance_off_final_fraction
+    return {
+        "entropy_off_steps": round(entropy_off_fraction * training_steps),
+        "covariance_off_from_step": None if final == 0 else round((1 - final) * training_steps),
+    }
+
+
 def bae_config(
     d_in: int,
     d_sae: int | None = None,
     *,
     recipe: str | BAERecipe = "default",
     coefficient_scale: float = 1.0,
+    training_steps: int | None = None,
     **overrides: Any,
 ) -> BAETrainingSAEConfig:
     """A training config from a named recipe of ``BAE_RECIPES`` or a ``BAERecipe`` of one's own
     (train it with the recipe's ``lr``): ``d_sae`` 4 * d_in unless given (the paper's),
-    ``coefficient_scale`` multiplies a_e and a_c, and ``overrides`` replace any config field."""
+    ``coefficient_scale`` multiplies a_e and a_c, and ``overrides`` replace any config field.
+
+    ``training_steps``, the length of the run, resolves the recipe's phases (fractions of
+    training) into the config's ``entropy_off_steps`` and ``covariance_off_from_step``
+    (:func:`phase_steps`; the default recipe: entropy off for ``round(0.25 * training_steps)``
+    steps). Without it they are not applied: the config keeps its defaults (both terms on from
+    the first step to the last), or the steps ``overrides`` give."""
     if not isinstance(recipe, BAERecipe):
         if recipe not in BAE_RECIPES:
             raise ValueError(f"unknown BAE recipe {recipe!r}; choose from {sorted(BAE_RECIPES)}")
         recipe = BAE_RECIPES[recipe]  # type: ignore[index]
     settings = {"d_in": d_in, "d_sae": 4 * d_in if d_sae is None else d_sae, **recipe.fields}
+    if training_steps is not None:
+        fractions = (recipe.entropy_off_fraction, recipe.covariance_off_final_fraction)
+        settings.update(phase_steps(training_steps, *fractions))
     if recipe.input_total_variance is not None:
         settings["input_variance"] = recipe.input_total_variance / d_in
     defaults = BAETrainingSAEConfig.__dataclass_fields__

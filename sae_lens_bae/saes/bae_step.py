@@ -22,7 +22,6 @@ from torch import Tensor
 from sae_lens_bae.saes.binary import update_running_mean
 from sae_lens_bae.saes.input_frame import Frame, fix_frame, frame, unframe
 from sae_lens_bae.saes.objective import CovariancePenalty, code_counts, code_penalties, frame_weight
-from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = [
     "affine",
@@ -105,33 +104,21 @@ def fix_unset_frame(
 
 
 class _Phases(Protocol):
-    """A BAE's training config: its phases in steps (``BAETrainingSAEConfig.schedule``)."""
+    """A BAE's training config: whether each term counts at a step
+    (``BAETrainingSAEConfig.entropy_on``, ``covariance_on``)."""
 
-    def schedule(self, total_steps: int | None = None) -> Schedule: ...
+    def entropy_on(self, step: int) -> bool: ...
 
-
-class _Phased(Protocol):
-    """A BAE or a stack: its config and the schedule a trainer resolved (None: not yet)."""
-
-    schedule: Schedule | None
-
-    @property
-    def cfg(self) -> _Phases: ...
+    def covariance_on(self, step: int) -> bool: ...
 
 
-def phase_coefficients(
-    model: _Phased, coefficients: Mapping[str, float], n: int
-) -> dict[str, float]:
+def phase_coefficients(cfg: _Phases, coefficients: Mapping[str, float], n: int) -> dict[str, float]:
     """a_e and a_c (``coefficients`` by SAELens' names, as ``cfg.coefficients()``) as step ``n``
-    applies them: each 0 in the phase of training that has its term off. The schedule is the one
-    a trainer resolved, else the config's, resolved here once. Every phase a step reads is read
-    here."""
-    if model.schedule is None:
-        model.schedule = model.cfg.schedule()
-    schedule = model.schedule
+    applies them: each 0 in the phase of training that has its term off. Every phase a step
+    reads is read here."""
     return {
-        "entropy": coefficients["entropy"] * schedule.entropy_on(n),
-        "covariance": coefficients["covariance"] * schedule.covariance_on(n),
+        "entropy": coefficients["entropy"] * cfg.entropy_on(n),
+        "covariance": coefficients["covariance"] * cfg.covariance_on(n),
     }
 
 

@@ -39,7 +39,6 @@ from sae_lens_bae.saes.input_frame import (
     module_frame,
 )
 from sae_lens_bae.saes.objective import LOCAL_BATCH, binary_entropy, squared_error, with_loss
-from sae_lens_bae.saes.schedule import Schedule
 
 __all__ = ["StackedBAE"]
 
@@ -77,7 +76,6 @@ class StackedBAE(nn.Module):
                 f"(got normalize_activations={cfg.normalize_activations!r})"
             )
         self.cfg = cfg
-        self.schedule: Schedule | None = None  # resolved by the trainer, else on the first step
         members = self._members(cfg, seeds, init)
         for name in _PARAMS:
             setattr(
@@ -160,7 +158,7 @@ class StackedBAE(nn.Module):
         covariance_off: Sequence[bool] | None = None,
     ) -> dict[str, Tensor]:
         """One step of every BAE (or of the stack rows ``members``, ``x`` holding their
-        minibatches: the others cost nothing and get no gradient) at schedule step
+        minibatches: the others cost nothing and get no gradient) at training step
         ``n_training_steps``: a single BAE's step (``saes.bae_step``) with the stack dimension
         leading: the frame, then each member's ``mse_loss`` (``squared_error``), penalties
         (``step_penalties``) and ``loss``, each of shape [G], and ``batch_entropy_bits``, then
@@ -181,7 +179,7 @@ class StackedBAE(nn.Module):
         bits = step(self._pre(rows, x), self.cfg.surrogate_temperature)
         values = bits_to_values(bits, self.cfg.bits_per_feature)
         output = reconstruct(values, rows.W_dec, rows.b_dec, rows.frame)
-        coefficients = phase_coefficients(self, self.cfg.coefficients(), n)
+        coefficients = phase_coefficients(self.cfg, self.cfg.coefficients(), n)
         off = None
         if covariance_off is not None:
             if all(covariance_off):  # no member pays: not computed

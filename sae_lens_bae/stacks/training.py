@@ -171,16 +171,13 @@ class StackedTrainer:
         self.sets, self.seeds, self.options = sets, seeds, options
         batch_size, device = options["batch_size"], options["device"]
         self.n_steps = options["training_samples"] // batch_size
-        if cfg.total_training_steps is None:
-            cfg = replace(cfg, total_training_steps=self.n_steps)
         self.cfg, self.device = cfg, device
         self.model = StackedBAE(cfg, seeds, options["init"]).to(device)
         self._frame_sets()
         self._build_optimiser()
         self.history = LossHistory(len(sets))
-        self.schedule = self.model.schedule = cfg.schedule()
         # neither the objective's nor the learning rate's ramp is evidence of a plateau or a drain
-        self.ramp_end = max(options["lr_warm_up_steps"], self.schedule.entropy_on_from)
+        self.ramp_end = max(options["lr_warm_up_steps"], cfg.entropy_off_steps)
         self.monitor, self.checks = self._build_rules()
         hold = options["drain_hold"]
         self.limit = self.n_steps + (hold.extra_steps(self.n_steps) if hold is not None else 0)
@@ -358,7 +355,7 @@ class StackedTrainer:
             # that the rest of the schedule would not fit in the steps left
             room = self.limit - (n + 1) - hold.check_every >= self.n_steps - run.clock
             falling = any(hold.draining(run.drain_entropies[g]) for g in run.active)
-            whole = run.clock >= self.ramp_end and self.schedule.covariance_on(run.clock)
+            whole = run.clock >= self.ramp_end and self.cfg.covariance_on(run.clock)
             run.holding = room and falling and whole
             shown = progress_bits([entropies[g] for g in run.active])  # read at the check
             self.bar.set_postfix(held=n + 1 - run.clock, bits=shown, refresh=False)
@@ -366,17 +363,19 @@ class StackedTrainer:
 
     def _stop(self, n: int, checked: tuple[list[float], list[float]] | None) -> None:
         """Freeze the BAEs that converged (or reached the end of their final phase)."""
-        run, final = self.run, self.cfg.covariance_off_final_fraction
+        run, off = self.run, self.cfg.covariance_off_from_step
         stopping = [g for g in run.active if run.ends.get(g) == run.clock]
         if checked is not None and self.monitor is not None:
             for g in self.monitor.update(run.clock - 1, *checked):
                 if (
-                    final > 0
+                    off is not None
+                    and off < self.n_steps
                     and run.clock < self.n_steps
-                    and self.schedule.covariance_on(run.clock)
+                    and self.cfg.covariance_on(run.clock)
                 ):
-                    # the last fraction of its training without the term, as without the rule
-                    more = math.ceil(final / (1 - final) * run.clock)
+                    # the final phase's share of its training without the term, as without the
+                    # rule: (n - off) / off of the steps it trained with it
+                    more = math.ceil((self.n_steps - off) / off * run.clock)
                     run.ends[g] = min(self.n_steps, run.clock + more)
                 else:
                     stopping.append(g)
@@ -412,19 +411,20 @@ def train_stacked_baes(
     per-BAE histories and the steps each trained.
 
     BAE ``g`` trains on ``activations[g]`` in reshuffled epochs with seed ``seeds[g]`` (default
-    ``g``), as ``train_sae(activations[g], cfg, seed=seeds[g], ...)`` would (its input frame
-    fixed from the whole set rather than the first minibatch), for
-    ``training_samples`` at most. With ``convergence``, each BAE is checked on ``check_sets[g]``
-    (default: its own set; the first rows, as many for every BAE) and stops updating once it has
-    converged; training ends when all have (``sae_lens_bae.training.convergence``). A converged
-    BAE drops out of the stacked matmuls. With ``cfg.covariance_off_final_fraction`` f > 0, a BAE
-    that converges at step s with the covariance term still on trains f / (1 - f) s more steps
-    without it (within the budget). ``lr_warm_up_steps``, ``lr_scheduler_name``, ``lr_end``:
-    SAELens' learning-rate schedule; ``adam_beta2``: Adam's second-moment decay. ``drain_hold``:
-    while the code entropy of any training BAE on its check states still falls, the schedule
-    stands still, for at most ``drain_hold.extra`` times the budget in held steps (``steps``
-    counts them). ``init``: BAEs to train on from, one per set; ``seeds`` then only order the
-    minibatches. ``checkpoint``: a folder the run saves itself to and goes on from.
+    ``g``), as ``train_sae(activations[g], cfg, seed=seeds[g], ...)`` would (its input frame fixed
+    from the whole set rather than the first minibatch), for ``training_samples`` at most. With
+    ``convergence``, each BAE is checked on ``check_sets[g]`` (default: its own set; the first rows,
+    as many for every BAE) and stops updating once it has converged; training ends when all have
+    (``sae_lens_bae.training.convergence``). A converged BAE drops out of the stacked matmuls. With
+    ``cfg.covariance_off_from_step`` c before the budget's n steps, a BAE that converges at step s
+    with the covariance term still on trains (n - c) / c s more steps without it (within the
+    budget), as long a final phase for its length as the config gives a run of n steps.
+    ``lr_warm_up_steps``, ``lr_scheduler_name``, ``lr_end``: SAELens' learning-rate schedule;
+    ``adam_beta2``: Adam's second-moment decay. ``drain_hold``: while the code entropy of any
+    training BAE on its check states still falls, the schedule stands still, for at most
+    ``drain_hold.extra`` times the budget in held steps (``steps`` counts them). ``init``: BAEs to
+    train on from, one per set; ``seeds`` then only order the minibatches. ``checkpoint``: a folder
+    the run saves itself to and goes on from.
     """
     sets = list(activations)
     seeds = list(range(len(sets))) if seeds is None else list(seeds)

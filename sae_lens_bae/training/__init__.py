@@ -13,7 +13,6 @@ from sae_lens_bae.training.trainer import (
     RecordingTrainer,
     TrainingRun,
     activation_batches,
-    fill_training_schedule,
     train_bae,
     train_sae,
 )
@@ -31,7 +30,6 @@ __all__ = [
     "baseline_configs",
     "family_config",
     "shared_schedule",
-    "fill_training_schedule",
     "train_bae",
     "train_sae",
     "train_transcoder",

@@ -74,8 +74,9 @@ def family_config(
         taken = sorted(owned & set(bae_fields))
         if taken:
             raise ValueError(f"{family} sets {', '.join(taken)} from its setting, not as fields")
-        fields = {"total_training_steps": steps, **bae_fields}
-        return bae_config(d_in, d_sae, coefficient_scale=setting, **fields)
+        return bae_config(
+            d_in, d_sae, coefficient_scale=setting, training_steps=steps, **bae_fields
+        )
     if bae_fields:
         raise ValueError(f"{family} takes no BAE fields, got {', '.join(sorted(bae_fields))}")
     common: dict[str, Any] = {"d_in": d_in, "d_sae": d_sae, "normalize_activations": "none"}

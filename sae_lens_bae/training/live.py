@@ -41,7 +41,7 @@ from sae_lens_bae.training.checkpoints import (
     mark_complete,
     read_marker,
 )
-from sae_lens_bae.training.trainer import NORM_ESTIMATE_BATCHES, fill_training_schedule
+from sae_lens_bae.training.trainer import NORM_ESTIMATE_BATCHES
 
 __all__ = ["BAETrainingRunner", "LiveTrainingConfig", "train_live"]
 
@@ -147,7 +147,6 @@ class BAETrainingRunner(LanguageModelSAETrainingRunner):
                 "prefetch_llm_batches reads ahead of the checkpoints: turn it off "
                 "to train with BAETrainingRunner"
             )
-        fill_training_schedule(cfg)  # the BAE's phases need the length SAELens keeps to itself
         super().__init__(cfg, **overrides)
         self.rank, self.world = rank_world() if distributed else (0, 1)
         self.activations_store = ResumableActivationsStore.for_runner(
@@ -280,7 +279,8 @@ def _train_live(cfg: LiveTrainingConfig, device: str) -> Path:
 
 
 def _sae_config(cfg: LiveTrainingConfig, d_in: int) -> BAETrainingSAEConfig:
-    """The BAE ``cfg`` trains: its recipe with the options given on purpose; SAELens'
+    """The BAE ``cfg`` trains: its recipe with the options given on purpose, its phases in steps
+    of the run (SAELens' ``training_tokens // train_batch_size_tokens``); SAELens'
     normalisation, when asked for, in place of the BAE's input frame (one scaling of the inputs)."""
     chosen = {
         name: getattr(cfg, name)
@@ -293,6 +293,7 @@ def _sae_config(cfg: LiveTrainingConfig, d_in: int) -> BAETrainingSAEConfig:
         d_in,
         cfg.expansion * d_in,
         recipe=cfg.recipe,
+        training_steps=cfg.training_tokens // cfg.batch_size,
         bits_per_feature=cfg.bits_per_feature,
         normalize_activations=cfg.normalize_activations,
         extreme_norm_ratio=cfg.outlier_norm_ratio,  # the ratio the BAE's step screens with

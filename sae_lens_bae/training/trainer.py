@@ -1,27 +1,25 @@
 """Training a BAE through SAELens' own ``SAETrainer`` and runners.
 
 ``train_bae`` / ``train_sae`` train on activations you already have (a tensor or an iterator of
-batches, e.g. from an ``ActivationCache``);
-``fill_training_schedule`` prepares a SAELens runner config so that the BAE knows when to switch
-its entropy term on (after 25% of training by default). With ``checkpoint_dir`` a run writes
+batches, e.g. from an ``ActivationCache``), with the config as given: a BAE's phases are steps
+of its config (``bae_config(..., training_steps=N)`` resolves a recipe's), so SAELens' runners
+train one with no extra call. With ``checkpoint_dir`` a run writes
 checkpoints, and ``resume=True`` continues from the newest complete one on exactly the same
 minibatches: a killed and resumed run ends with the weights of an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from jaxtyping import Float
-from sae_lens import LanguageModelSAERunnerConfig
 from sae_lens.config import SAETrainerConfig
-from sae_lens.multi_sae_training_runner import MultiSAETrainingRunnerConfig
 from sae_lens.saes.sae import TrainingSAE, TrainingSAEConfig, TrainStepOutput
-from sae_lens.synthetic import SyntheticSAERunnerConfig
 from sae_lens.training.sae_trainer import SAETrainer
 from torch import Tensor
 
@@ -29,6 +27,7 @@ from sae_lens_bae.activations.cache import ActivationCache
 from sae_lens_bae.outliers import (
     NORM_RATIO,
     drop_outliers,
+    outlier_mask,
     outliers_set_aside,
     report_outliers,
 )
@@ -59,47 +58,12 @@ __all__ = [
     "RecordingTrainer",
     "TrainingRun",
     "activation_batches",
-    "fill_training_schedule",
     "train_bae",
     "train_sae",
 ]
 
-RunnerConfig = TypeVar(
-    "RunnerConfig",
-    LanguageModelSAERunnerConfig[Any],
-    MultiSAETrainingRunnerConfig,
-    SyntheticSAERunnerConfig[Any],
-)
-"""The SAELens runner configs that hold SAE training configs."""
-
 HISTORY_FILE = "history.json"
 """The loss history so far, in a ``RecordingTrainer`` checkpoint."""
-
-
-def fill_training_schedule(config: RunnerConfig) -> RunnerConfig:
-    """Set ``total_training_steps`` on every BAE config inside a SAELens runner config (a
-    ``LanguageModelSAERunnerConfig``, ``MultiSAETrainingRunnerConfig`` or
-    ``SyntheticSAERunnerConfig``), and return it.
-
-    A BAE keeps its entropy term off for ``entropy_off_fraction`` of training, but SAELens does not
-    tell an SAE how long training is. Call this once on the runner config; BAE configs with an
-    explicit ``total_training_steps`` are left as they are.
-    """
-    if isinstance(config, MultiSAETrainingRunnerConfig):
-        sae_cfgs = list(config.saes.values())
-    elif isinstance(config, (LanguageModelSAERunnerConfig, SyntheticSAERunnerConfig)):
-        sae_cfgs = [config.sae]
-    else:
-        raise TypeError(
-            "fill_training_schedule takes a SAELens runner config (LanguageModelSAERunnerConfig, "
-            "MultiSAETrainingRunnerConfig or SyntheticSAERunnerConfig), "
-            f"got {type(config).__name__}"
-        )
-    for sae_cfg in sae_cfgs:
-        if isinstance(sae_cfg, BAETrainingSAEConfig) and sae_cfg.total_training_steps is None:
-            sae_cfg.total_training_steps = config.total_training_steps
-            sae_cfg.add_training_info_to_metadata()
-    return config
 
 
 def activation_batches(
@@ -332,8 +296,9 @@ def train_sae(
     )
     # a set screened whole is not screened again by minibatch: one rule, applied once
     streamed = not isinstance(activations, Tensor | ActivationCache) or distributed and cached
-    if isinstance(cfg, BAETrainingSAEConfig):  # the ratio its step screens with
-        cfg = replace(cfg, extreme_norm_ratio=outlier_norm_ratio if streamed else None)
+    if isinstance(cfg, BAETrainingSAEConfig):  # the ratio its step screens with, in a copy
+        ratio = outlier_norm_ratio if streamed else None  # (a config's metadata is shared)
+        cfg = replace(cfg, extreme_norm_ratio=ratio, metadata=copy.deepcopy(cfg.metadata))
     trainer = _trainer(cfg, trainer_cfg, data, hook, seed, record_every)
     trainer.marker_info = info
     if rows is not None:  # an input frame from the set (a resumed run loads its own below)
@@ -412,10 +377,7 @@ def _trainer(
     seed: int,
     record_every: int,
 ) -> RecordingTrainer:
-    """The SAE, initialised from ``seed``, and SAELens' trainer of it; a BAE is told how long
-    training is."""
-    if isinstance(cfg, BAETrainingSAEConfig) and cfg.total_training_steps is None:
-        cfg = replace(cfg, total_training_steps=trainer_cfg.total_training_steps)
+    """The SAE of ``cfg``, initialised from ``seed``, and SAELens' trainer of it."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         sae = TrainingSAE.from_dict(cfg.to_dict())
@@ -430,9 +392,22 @@ def train_bae(
     **kwargs: Any,
 ) -> BAETrainingSAE:
     """Train a BAE on activations that are already computed (see :func:`train_sae` for the
-    arguments); ``cfg`` defaults to the default recipe at the activations' width."""
+    arguments); ``cfg`` defaults to the default recipe at the activations' width, its phases
+    resolved into the steps of this run (``bae_config(..., training_steps=...)``)."""
     if cfg is None:
         if not isinstance(activations, Tensor):
-            raise ValueError("Pass cfg=bae_config(d_in) when streaming batches")
-        cfg = bae_config(activations.shape[-1])
+            raise ValueError("Pass cfg=bae_config(d_in, training_steps=...) when streaming batches")
+        cfg = bae_config(activations.shape[-1], training_steps=_steps_of(activations, kwargs))
     return train_sae(activations, cfg, **kwargs).sae
+
+
+def _steps_of(activations: Tensor, kwargs: dict[str, Any]) -> int | None:
+    """The steps ``train_sae(activations, **kwargs)`` trains for (None without a length): its
+    samples (``epochs`` over the states it keeps) over its global minibatch."""
+    samples, epochs = kwargs.get("training_samples"), kwargs.get("epochs")
+    if epochs is not None:
+        kept = outlier_mask(activations, kwargs.get("outlier_norm_ratio", NORM_RATIO))
+        samples = int(epochs * int(kept.sum()))
+    world = rank_world()[1] if kwargs.get("distributed") else 1
+    batch = kwargs.get("batch_size", DEFAULT_BATCH_SIZE) * world
+    return None if samples is None else samples // batch
