@@ -261,9 +261,9 @@ def test_training_bae_scores_like_its_inference_form():
     torch.manual_seed(0)
     training = BAETrainingSAE(BAETrainingSAEConfig(d_in=4, d_sae=8))
     inference = BAE(BAEConfig(d_in=4, d_sae=8))
-    inference.load_state_dict(
-        {k: v for k, v in training.state_dict().items() if not k.startswith("window_")}
-    )
+    state = training.state_dict()
+    training.process_state_dict_for_saving_inference(state)  # what save_inference_model writes
+    inference.load_state_dict({k: v for k, v in state.items() if not k.startswith("window_")})
     assert score(training, data) == score(inference, data)
 
 
