@@ -352,8 +352,7 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
         shift = state_dict.pop(INPUT_SHIFT_BUFFER, None)
         state_dict.pop("code_mean_count", None)
         if scale is not None and shift is not None:
-            frame_of = (scale, shift)
-            state_dict.update(fold_frame(state_dict, frame_of, self.cfg.apply_b_dec_to_input))
+            state_dict.update(fold_frame(state_dict, (scale, shift), self.cfg.apply_b_dec_to_input))
 
     @override
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
