@@ -193,7 +193,7 @@ def bae_at_density(
         **config,
     )
     sae = BAETrainingSAE(cfg).to(batch.device)
-    if cfg.input_variance is not None:  # framed as its first step would: quantiles in the frame
+    if cfg.input_variance is not None:  # framed before training, as train_sae frames it
         fix_frame(module_frame(sae), batch, cfg.input_variance)  # type: ignore[arg-type]
     if density is not None:
         with torch.no_grad():

@@ -21,7 +21,7 @@ from sae_lens_bae.saes.bae_recipes import (
 )
 from sae_lens_bae.saes.binary import bits_to_values, step
 from sae_lens_bae.saes.canonical import canonicalise
-from sae_lens_bae.saes.input_frame import frame_factor
+from sae_lens_bae.saes.input_frame import fix_frame_from_set, frame_factor
 from sae_lens_bae.saes.objective import covariance_penalty, minibatch_entropy
 
 
@@ -265,6 +265,7 @@ def test_the_logged_coefficients_are_the_ones_the_penalties_were_applied_with():
     bae = make_bae(d_in=8, d_sae=16, input_variance=1.0, entropy_off_steps=5,
                    covariance_off_from_step=7)  # fmt: skip
     x = 3.0 * torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+    fix_frame_from_set(bae, x, max_rows=64, seed=0)  # as train_sae fixes it before training
     for n in (0, 4, 5, 6, 7, 8, 10**6):
         entropy_on, covariance_on = n >= 5, n < 7
         out = bae.training_forward_pass(step_input(x, n, entropy=0.1, covariance=0.2))
@@ -734,14 +735,15 @@ def test_the_covariance_term_is_off_from_its_step():
 def test_a_step_reads_its_batch_through_the_input_hook_once_and_logs_saelens_mse(
     input_variance,
 ):
-    """``hook_sae_input`` fires once per training step: on step 0 (which fixes the input frame)
-    and on the plain steps after it. The logged ``mse_loss`` is SAELens': the squared error
-    summed over d_in and averaged over the batch, in the inputs' own units (not the frame's), on
-    step 0 with the frame on."""
+    """``hook_sae_input`` fires once per training step: on step 0 (which checks the inputs'
+    scale or frame, reading them without the hook) and on the steps after it. The logged
+    ``mse_loss`` is SAELens': the squared error summed over d_in and averaged over the batch, in
+    the inputs' own units (not the frame's)."""
     bae = make_bae(input_variance=input_variance)
     calls = []
     bae.hook_sae_input.add_hook(lambda acts, hook: calls.append(acts.shape))  # noqa: ARG005
     x = 3.0 * torch.randn(32, 8) + 1.0
+    fix_frame_from_set(bae, x, max_rows=32, seed=0)  # a frame, when configured, set beforehand
     for n in range(3):
         out = bae.training_forward_pass(step_input(x, n_training_steps=n))
         assert len(calls) == n + 1, n

@@ -163,15 +163,17 @@ def test_a_recipe_with_a_bad_schedule_says_so(fields, message):
 def test_held_out_objective_is_the_loss_the_bae_trains_on():
     """On one minibatch, with the coefficients at their final values and the entropy term on,
     the held-out objective is the loss ``training_forward_pass`` reports, in the units of the
-    BAE's input frame (set by its first training batch, as a registry ``entropy`` BAE's is)."""
+    BAE's input frame (set on its training set, as a registry ``entropy`` BAE's is)."""
     from sae_lens.saes.sae import TrainStepInput
 
     from sae_lens_bae.evaluation import held_out_objective
     from sae_lens_bae.saes.bae import BAETrainingSAE
+    from sae_lens_bae.saes.input_frame import fix_frame_from_set
 
     cfg = EntropyRecipe.of(expansion=2).config(8)
     bae = BAETrainingSAE(cfg)
     x = 3 * torch.randn(64, 8, generator=torch.Generator().manual_seed(0)) + 1.0
+    fix_frame_from_set(bae, x, max_rows=64, seed=0)
     step = TrainStepInput(sae_in=x, coefficients=cfg.coefficients(), dead_neuron_mask=None,
                           n_training_steps=10**6, is_logging_step=False)  # fmt: skip
     expected = float(bae.training_forward_pass(step).loss.detach())

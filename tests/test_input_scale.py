@@ -16,12 +16,14 @@ from sae_lens_bae.entropy.recipe import EntropyRecipe
 from sae_lens_bae.features.statistics import decoder_covariance_norm, feature_statistics
 from sae_lens_bae.saes.bae_recipes import bae_config
 from sae_lens_bae.saes.input_frame import (
+    fix_frame_from_set,
     frame,
     in_input_units,
     module_frame,
     weights_in_input_units,
 )
 from sae_lens_bae.saes.saebench import SAEBenchBAE
+from sae_lens_bae.stacks import StackedBAE
 from sae_lens_bae.training import train_sae
 
 
@@ -38,28 +40,47 @@ def trained(x: torch.Tensor, **overrides) -> BAETrainingSAE:
     return run.sae
 
 
-def test_first_batch_sets_the_scale_and_later_batches_keep_it():
+def _fix(bae: BAETrainingSAE, x: torch.Tensor) -> BAETrainingSAE:
+    """The frame fixed on every row of ``x``, as ``train_sae`` fixes it before the first step."""
+    fix_frame_from_set(bae, x, max_rows=x.shape[0], seed=0)
+    return bae
+
+
+def test_the_training_set_sets_the_frame_and_steps_keep_it():
     torch.manual_seed(0)
     bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, input_variance=2.0))
-    assert bae.input_scale.item() == 0.0  # unset: reads inputs as given
+    assert bae.input_scale.item() == 0.0  # unset
     x = fair_bits()
-    bae.training_forward_pass(_step(x[:64], 0))
+    _fix(bae, x)
     # to variance 2 per dimension, 24 in all
-    expected = (2.0 * 12 / (x[:64] - x[:64].mean(0)).pow(2).sum(-1).mean()).sqrt()
+    expected = (2.0 * 12 / (x - x.mean(0)).pow(2).sum(-1).mean()).sqrt()
     assert bae.input_scale.item() == pytest.approx(expected.item(), rel=1e-6)
-    bae.training_forward_pass(_step(10 * x[64:128], 1))
+    bae.training_forward_pass(_step(10 * x[:64], 0))
+    _fix(bae, 10 * x)  # a set frame is kept
     assert bae.input_scale.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
-def test_a_first_batch_without_variance_leaves_the_scale_unset():
+def test_a_step_refuses_an_unset_frame_in_one_line():
+    """A frame is estimated on the training set before the first step, never on one minibatch
+    inside the step: a step with an unset frame (a SAELens runner, a stream) says what to do."""
     bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, input_variance=1.0))
-    bae.training_forward_pass(_step(torch.zeros(64, 12), 0))
-    assert bae.input_scale.item() == 0.0
-    bae.training_forward_pass(_step(torch.full((64, 12), 0.5), 1))  # far from 0, no spread
-    assert bae.input_scale.item() == 0.0
+    with pytest.raises(ValueError, match="input frame .* is unset") as error:
+        bae.training_forward_pass(_step(fair_bits()[:64], 0))
+    assert "\n" not in str(error.value) and "input_variance=None" in str(error.value)
+    stack = StackedBAE(bae.cfg, seeds=[0, 1])
+    with pytest.raises(ValueError, match="input frame .* is unset"):
+        stack.losses(fair_bits()[:64].expand(2, -1, -1), 0)
+
+
+def test_a_set_without_variance_gets_the_identity_frame():
+    for flat in (torch.zeros(64, 12), torch.full((64, 12), 0.5)):  # no spread, near 0 or far
+        bae = _fix(BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, input_variance=1.0)),
+                   flat)  # fmt: skip
+        assert bae.input_scale.item() == 1.0 and not bae.input_shift.any()
     corners = torch.zeros(64, 12)
     corners[::2] = 1.0  # half the states at 0, half at 1: variance 12 * 0.25, to 12 * 1
-    bae.training_forward_pass(_step(corners + 7.0, 2))
+    bae = _fix(BAETrainingSAE(BAETrainingSAEConfig(d_in=12, d_sae=48, input_variance=1.0)),
+               corners + 7.0)  # fmt: skip
     assert bae.input_scale.item() == pytest.approx(2.0)
 
 
@@ -240,8 +261,7 @@ def test_each_recipe_frames_at_its_own_variance(d_in):
         (EntropyRecipe.of().config(d_in), 0.5),
         (BAETrainingSAEConfig(d_in=d_in, d_sae=2 * d_in, input_variance=1.0), d_in),
     ):
-        bae = BAETrainingSAE(cfg)
-        bae.training_forward_pass(_step(x[:64], 0))
+        bae = _fix(BAETrainingSAE(cfg), x[:64])
         framed = (x[:64] + bae.input_shift) * bae.input_scale
         variance = (framed - framed.mean(0)).pow(2).sum(-1).mean().item()
         assert variance == pytest.approx(total, rel=1e-5)
@@ -251,9 +271,9 @@ def test_each_recipe_frames_at_its_own_variance(d_in):
 
 
 def _first_step(x: torch.Tensor) -> BAETrainingSAE:
-    """A BAE of the entropy preset after one training step on the first 64 states."""
+    """A BAE of the entropy preset framed on the first 64 states, after one step on them."""
     torch.manual_seed(0)
-    bae = BAETrainingSAE(bae_config(12, recipe="entropy", training_steps=40))
+    bae = _fix(BAETrainingSAE(bae_config(12, recipe="entropy", training_steps=40)), x[:64])
     bae.training_forward_pass(_step(x[:64], 0))
     return bae
 

@@ -28,7 +28,7 @@ from sae_lens.training.sae_trainer import SAETrainer
 from sae_lens_bae import bae_config, load_model, load_sae, train_sae
 from sae_lens_bae.data import load_token_dataset
 from sae_lens_bae.saes.bae import BAE, BAEConfig, BAETrainingSAE, BAETrainingSAEConfig
-from sae_lens_bae.saes.input_frame import in_input_units, module_frame
+from sae_lens_bae.saes.input_frame import fix_frame_from_set, in_input_units, module_frame
 from sae_lens_bae.training import activation_batches
 from sae_lens_bae.training.checkpoints import latest_checkpoint
 
@@ -179,8 +179,9 @@ def test_saelens_log_dict_keeps_saelens_names_and_logs_the_coefficients_applied(
     assert log["metrics/entropy_coefficient_applied"] == 0.0  # its first steps: off
     assert log["metrics/covariance_coefficient_applied"] == log["details/covariance_coefficient"]
     framed = BAETrainingSAE(replace(sae.cfg, input_variance=1.0))
+    fix_frame_from_set(framed, x, max_rows=64, seed=0)  # as train_sae does before training
     framed_log = trainer.build_train_step_log_dict(framed.training_forward_pass(step), 64)
-    k = float(framed.input_scale)  # an input frame, fixed on this batch, divides by k^2
+    k = float(framed.input_scale)  # an input frame divides the penalties by k^2
     assert framed_log["metrics/covariance_coefficient_applied"] == pytest.approx(
         log["details/covariance_coefficient"] / k**2, rel=1e-6
     )

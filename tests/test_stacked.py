@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sae_lens_bae import BAETrainingSAEConfig, train_sae
-from sae_lens_bae.saes.input_frame import placement
+from sae_lens_bae.saes.input_frame import fix_frame_from_set, placement
 from sae_lens_bae.stacks import StackedBAE, train_stacked_baes
 from sae_lens_bae.training import DrainHold
 
@@ -418,12 +418,17 @@ def test_a_stack_step_is_each_bae_s_own_step_input_frame_included(bits_per_featu
     for seed in (5, 6, 7):
         torch.manual_seed(seed)
         alone.append(BAETrainingSAE(cfg))
-    stack = StackedBAE(cfg, [5, 6, 7], init=[copy.deepcopy(sae) for sae in alone])
-    assert not (stack.input_scale > 0).any()  # unset until the first step
     g = torch.Generator().manual_seed(0)
     scales = torch.tensor([1.0, 10.0, 0.1], dtype=torch.float64)[:, None, None]
-    for n in range(2):
-        x = scales * (torch.randn(members, rows, d, generator=g, dtype=torch.float64) + 3)
+    batches = [scales * (torch.randn(members, rows, d, generator=g, dtype=torch.float64) + 3)
+               for _ in range(2)]  # fmt: skip
+    for member, sae in enumerate(
+        alone
+    ):  # each frame fixed on its member's rows, as before training
+        fix_frame_from_set(sae, torch.cat([x[member] for x in batches]), 10**6, seed=0)
+    stack = StackedBAE(cfg, [5, 6, 7], init=[copy.deepcopy(sae) for sae in alone])
+    assert (stack.input_scale > 0).all()
+    for n, x in enumerate(batches):
         stack.zero_grad()
         terms = stack.losses(x, n)
         terms["loss"].sum().backward()

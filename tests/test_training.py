@@ -116,17 +116,23 @@ def _count_hook_calls(model, hook_name, run):
 @pytest.mark.parametrize("recipe", ["default", "entropy", "paper"])
 def test_bae_train_reads_saelens_normalisation_in_place_of_its_frame(recipe, tmp_path):
     """``bae train`` trains with SAELens' normalisation (the scale the coefficients assume) and
-    no input frame, whatever the recipe's frame, unless ``--normalize-activations none``: then
-    the recipe's frame stays."""
+    no input frame, whatever the recipe's frame; with ``--normalize-activations none`` the states
+    are read as given, and a recipe with a frame, which needs the training set before the first
+    step, is refused in one line."""
     from sae_lens_bae.training.live import LiveTrainingConfig, _sae_config
 
     common = {"out": tmp_path, "dataset": "unused", "recipe": recipe}
     normalised = _sae_config(LiveTrainingConfig(**common), 16)
     assert normalised.input_variance is None
     assert normalised.normalize_activations == "expected_average_only_in"
-    own = _sae_config(LiveTrainingConfig(**common, normalize_activations="none"), 16)
-    expected = {"default": None, "entropy": 0.5 / 16, "paper": None}[recipe]
-    assert own.input_variance == expected and own.normalize_activations == "none"
+    given = LiveTrainingConfig(**common, normalize_activations="none")
+    if recipe == "entropy":
+        with pytest.raises(ValueError, match="frames its inputs on the training set") as error:
+            _sae_config(given, 16)
+        assert "\n" not in str(error.value)
+        return
+    own = _sae_config(given, 16)
+    assert own.input_variance is None and own.normalize_activations == "none"
 
 
 def test_language_model_runner_trains_from_live_hooks(

@@ -234,7 +234,7 @@ def estimate_entropies(
     Estimates and reconstruction are measured on ``eval_sets`` when given (held-out samples of the
     same distributions), else on the training sets themselves: the entropy *of that set* is the
     question there; convergence is checked on the same states. ``normalise``: each BAE reads its
-    set in an input frame fixed on its first minibatch (``EntropyRecipe.config``), scaled to the
+    set in an input frame fixed on the whole set (``EntropyRecipe.config``), scaled to the
     variance the recipe was calibrated at and placed where it was (``saes.input_frame``), so a
     scaled or translated set gives the same estimate. ``seeds``: a
     base seed per set (default its index); seed s of a set is

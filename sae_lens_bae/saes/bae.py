@@ -37,8 +37,8 @@ from typing_extensions import override
 
 from sae_lens_bae.outliers import NORM_RATIO, register_screen_count, screen_step
 from sae_lens_bae.saes.bae_step import (
+    check_frame_set,
     encoder_inputs,
-    fix_unset_frame,
     phase_coefficients,
     pre_activations,
     reconstruct,
@@ -143,9 +143,10 @@ class BAETrainingSAEConfig(TrainingSAEConfig):
     """SAELens' input centring; off, as in the paper."""
     input_variance: float | None = None
     """Variance per input dimension an input frame ``k (x + t)`` brings the inputs to while
-    training, fixed on the first training batch and undone on the outputs (``saes.input_frame``;
-    the ``entropy`` recipe's), folded into the weights of the saved BAE; None: inputs as given,
-    at the scale the coefficients assume (mean norm sqrt(d_in))."""
+    training (the ``entropy`` recipe's; ``saes.input_frame``), fixed on the training set before
+    the first step by ``train_sae`` or a stack, undone on the outputs and folded into the saved
+    BAE's weights; None: inputs as given, at the scale the coefficients assume (mean norm
+    sqrt(d_in)), as SAELens' runners need."""
     surrogate_temperature: float = 1.0
     """T of the step's surrogate derivative d/dx sigmoid(x / T) (1.0 is the paper's
     definition)."""
@@ -373,8 +374,7 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     batch: Any = LOCAL_BATCH
     covariance_penalty = staticmethod(covariance_penalty)  # the plain maths (see the seams)
-    _framed = False  # whether the input frame is known to be set
-    _scale_checked = False  # whether the inputs' scale was checked (without a frame)
+    _inputs_checked = False  # whether the first step checked the frame or the inputs' scale
 
     code_mean_count: Tensor
 
@@ -434,10 +434,10 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     @override
     def training_forward_pass(self, step_input: TrainStepInput) -> TrainStepOutput:
-        """SAELens' step, after the input frame; then the code's record."""
+        """SAELens' step on the screened minibatch; then the code's record."""
         n = step_input.n_training_steps
         step_input = screen_step(self, step_input)  # extreme states (sae_lens_bae.outliers)
-        self._before_step(step_input.sae_in, n)
+        self._check_inputs_once(step_input.sae_in)
         output = super().training_forward_pass(step_input)
         code = output.feature_acts if self.cfg.bits_per_feature == 1 else (output.hidden_pre >= 0)
         mean = record_code(
@@ -468,23 +468,18 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         return output
 
     @torch.no_grad()
-    def _before_step(self, sae_in: Tensor, n: int) -> None:
-        """Fix an unset input frame on the (global) minibatch (``bae_step.fix_unset_frame``,
-        reading the batch without the input hook: the step calls it); without a frame, check the
-        first minibatch's scale."""
+    def _check_inputs_once(self, sae_in: Tensor) -> None:
+        """On the first step taken: an input frame must be set (``bae_step.check_frame_set``);
+        without one, the scale of the minibatch (read without the input hook: the step calls it)
+        is checked against the one the coefficients assume. A compiled step leaves it out (a host
+        read in a graph)."""
+        if self._inputs_checked or torch.compiler.is_compiling():
+            return
         input_frame = module_frame(self)  # type: ignore[arg-type]
-        # once, on the first step taken; a compiled step leaves it out (a host read in a graph)
-        if input_frame is None and not self._scale_checked and not torch.compiler.is_compiling():
+        check_frame_set(input_frame)
+        if input_frame is None:
             check_scale(self.read_inputs(sae_in, hooked=False).reshape(-1, self.cfg.d_in))
-            self._scale_checked = True
-        self._framed = fix_unset_frame(
-            input_frame,
-            self.cfg.input_variance,
-            lambda: self.read_inputs(sae_in, hooked=False).reshape(-1, self.cfg.d_in),
-            n=n,
-            batch=self.batch,
-            framed=self._framed,
-        )
+        self._inputs_checked = True
 
     def log_histograms(self) -> dict[str, NDArray[Any]]:
         return {**super().log_histograms(), **self._bae_histograms()}

@@ -1,6 +1,6 @@
 """The maths of a BAE's training step as functions of tensors, for one BAE or a stack of them:
-what the encoder reads, its pre-activations, the reconstruction, the input frame fixed on the
-first minibatch, the coefficients of the step's phase, the code's penalties and the record of the
+what the encoder reads, its pre-activations, the reconstruction, the check that an input frame
+is set, the coefficients of the step's phase, the code's penalties and the record of the
 running mean code.
 
 One BAE's weights are ``W [d, n]`` and ``b [n]``, its inputs ``[..., batch, d_in]`` and its frame
@@ -12,7 +12,7 @@ dimension on each: ``W [G, d, n]``, ``b [G, n]``, inputs ``[G, batch, d_in]``, f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import torch
@@ -20,13 +20,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sae_lens_bae.saes.binary import update_running_mean
-from sae_lens_bae.saes.input_frame import Frame, fix_frame, frame, unframe
+from sae_lens_bae.saes.input_frame import Frame, frame, unframe
 from sae_lens_bae.saes.objective import CovariancePenalty, code_counts, code_penalties, frame_weight
 
 __all__ = [
     "affine",
     "encoder_inputs",
-    "fix_unset_frame",
+    "check_frame_set",
     "phase_coefficients",
     "pre_activations",
     "reconstruct",
@@ -71,36 +71,17 @@ def reconstruct(values: Tensor, W_dec: Tensor, b_dec: Tensor, input_frame: Frame
     return unframe(affine(values, W_dec, b_dec), input_frame)
 
 
-@torch.no_grad()
-def fix_unset_frame(
-    input_frame: Frame | None,
-    input_variance: float | None,
-    inputs: Callable[[], Tensor],
-    *,
-    n: int,
-    batch: Any,
-    framed: bool,
-    members: Tensor | None = None,
-) -> bool:
-    """Fix each unset input frame (``input_frame.fix_frame``) on the (global) minibatch
-    ``inputs()`` [..., batch, d_in], read only when a frame is fixed: on step ``n`` 0, and on
-    later steps while one process trains and a frame is still unset (a minibatch without
-    variance leaves it so). Every rank of a data-parallel group frames from the first global
-    minibatch; a later one would need the ranks to agree on whether to gather. ``framed``: whether
-    every frame was known to be set; ``members``: the stack rows ``inputs()`` holds. Returns
-    whether every frame is set now (one wait for the device, on a step that fixed a frame)."""
-    if input_frame is None or input_variance is None:
-        return framed
-    if not (n == 0 or batch.world == 1 and not framed):
-        return framed
-    x = batch.gather(inputs())
-    if members is None:
-        fix_frame(input_frame, x, input_variance)
-    else:  # indexed copies of the rows, written back
-        rows = (input_frame[0][members], input_frame[1][members])
-        fix_frame(rows, x, input_variance)
-        input_frame[0][members], input_frame[1][members] = rows
-    return bool((input_frame[0] > 0).all())
+def check_frame_set(input_frame: Frame | None) -> None:
+    """Refuse a step with an unset input frame (k 0): a frame is estimated on the training set
+    before the first step (``input_frame.fix_frame_from_set``, a stack's sets), as SAELens
+    estimates its own scale, never on one minibatch inside the step. One wait for the device."""
+    if input_frame is not None and not bool((input_frame[0] > 0).all()):
+        raise ValueError(
+            "This BAE's input frame (input_variance) is unset: it is estimated on the training "
+            "set before the first step, which train_sae on a tensor or cache and a stack of BAEs "
+            "do; in SAELens' runners or on a stream set input_variance=None and "
+            "normalize_activations='expected_average_only_in'"
+        )
 
 
 class _Phases(Protocol):

@@ -1,7 +1,8 @@
-"""A training BAE's input frame: a constant factor k and shift t, fixed on its first training
-batch, that bring its inputs to the variance per dimension its recipe was calibrated at
-(``input_variance``) and put their mean at ``sqrt(variance)`` along the unit diagonal: the
-encoder reads ``k (x + t)`` and the decoder's output is divided by k and has t subtracted.
+"""A training BAE's input frame: a constant factor k and shift t, fixed on the training set
+before the first step (``fix_frame_from_set``; a stack on each of its sets), that bring its
+inputs to the variance per dimension its recipe was calibrated at (``input_variance``) and put
+their mean at ``sqrt(variance)`` along the unit diagonal: the encoder reads ``k (x + t)`` and the
+decoder's output is divided by k and has t subtracted.
 
 Why: the BAE's penalties weigh against a squared error that grows with the states' scale, and
 its initial hyperplanes pass through the origin, so training depends on where the states sit and
@@ -45,9 +46,9 @@ __all__ = [
 ]
 
 INPUT_SCALE_BUFFER = "input_scale"
-"""The buffer holding k (fp32 scalar; 0 until the first training batch sets it)."""
+"""The buffer holding k (fp32 scalar; 0 until the training set fixes it)."""
 INPUT_SHIFT_BUFFER = "input_shift"
-"""The buffer holding t (fp32, d_in; 0 until the first training batch sets it)."""
+"""The buffer holding t (fp32, d_in; 0 until the training set fixes it)."""
 
 Frame = tuple[Tensor, Tensor]
 """(k, t) of a BAE, or of each BAE of a stack: k of shape [...] (0 while unset), t of shape
@@ -166,15 +167,17 @@ def placement(rows: Float[Tensor, "... n d_in"]) -> tuple[Tensor, Tensor]:
 def fix_frame(frame: Frame, x: Float[Tensor, "... batch d_in"], variance_per_dim: float) -> None:
     """Set each unset k so that ``k x`` has variance ``variance_per_dim`` per dimension (total
     ``variance_per_dim * d_in``), and in the same call its shift t (``placement``); a set frame
-    is kept (a resumed or continued run keeps the frame its weights were learnt for), and a
-    batch without variance leaves it unset. On the device, without a host sync."""
+    is kept (a resumed or continued run keeps the frame its weights were learnt for), and a set
+    without variance gets the identity (k 1, t 0: nothing to scale or place). On the device,
+    without a host sync."""
     scale, shift = frame
     rows = x.detach().float()
     variance, fresh_shift = placement(rows)
     flat = variance <= 1e-12 * rows.pow(2).sum(-1).mean(-1)
     target = variance_per_dim * rows.shape[-1]
-    fresh = torch.sqrt(target / variance.clamp_min(torch.finfo(torch.float32).tiny))
-    setting = (scale <= 0) & ~flat
+    fresh = torch.where(flat, 1.0, torch.sqrt(target / variance.clamp_min(1e-30)))
+    fresh_shift = torch.where(flat.unsqueeze(-1), 0.0, fresh_shift)
+    setting = scale <= 0
     scale.copy_(torch.where(setting, fresh, scale))
     shift.copy_(torch.where(setting.unsqueeze(-1), fresh_shift, shift))
 
@@ -182,8 +185,8 @@ def fix_frame(frame: Frame, x: Float[Tensor, "... batch d_in"], variance_per_dim
 @torch.no_grad()
 def fix_frame_from_set(bae: Any, rows: Float[Tensor, "n d_in"], max_rows: int, seed: int) -> None:
     """Fix an unset input frame of ``bae`` on a seeded sample of up to ``max_rows`` of a whole
-    (screened) training set, as SAELens estimates its own scale over many minibatches, instead of
-    on the first minibatch its step sees; a BAE without a frame, or with one set, is left."""
+    (screened) training set before the first step, as SAELens estimates its own scale over many
+    minibatches; a BAE without a frame, or with one set, is left."""
     input_frame = module_frame(bae)
     if input_frame is not None:
         rows = frame_sample(rows, max_rows, seed).to(input_frame[0].device)

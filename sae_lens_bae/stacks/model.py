@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_step import (
+    check_frame_set,
     encoder_inputs,
-    fix_unset_frame,
     phase_coefficients,
     pre_activations,
     reconstruct,
@@ -61,7 +61,7 @@ class StackedBAE(nn.Module):
     ``batch``: the data-parallel seam, as ``BAETrainingSAE.batch``."""
 
     batch: Any = LOCAL_BATCH
-    _framed = False  # whether every input frame is known to be set
+    _frame_checked = False  # whether the first step checked that every input frame is set
 
     def __init__(
         self,
@@ -160,21 +160,15 @@ class StackedBAE(nn.Module):
         """One step of every BAE (or of the stack rows ``members``, ``x`` holding their
         minibatches: the others cost nothing and get no gradient) at training step
         ``n_training_steps``: a single BAE's step (``saes.bae_step``) with the stack dimension
-        leading: the frame, then each member's ``mse_loss`` (``squared_error``), penalties
+        leading: each member's ``mse_loss`` (``squared_error``), penalties
         (``step_penalties``) and ``loss``, each of shape [G], and ``batch_entropy_bits``, then
         the running mean codes. ``covariance_off``: per row of ``x``, True where that BAE trains
         without the covariance term (its final phase after it converged)."""
         n, batch = n_training_steps, self.batch
         x = self._check_shape(x, members)
-        self._framed = fix_unset_frame(
-            module_frame(self),
-            self.cfg.input_variance,
-            lambda: x,
-            n=n,
-            batch=batch,
-            framed=self._framed,
-            members=members,
-        )
+        if not self._frame_checked:  # set before the first step (a stack's trainer frames its sets)
+            check_frame_set(module_frame(self))
+            self._frame_checked = True
         rows = self._rows(members)
         bits = step(self._pre(rows, x), self.cfg.surrogate_temperature)
         values = bits_to_values(bits, self.cfg.bits_per_feature)

@@ -3,10 +3,10 @@
 The result equals G separate ``train_sae`` runs with the same seeds and data order: each BAE is
 initialised as ``train_sae`` initialises it, sees its own minibatches and minibatch statistics,
 and has its gradient clipped to norm 1 on its own, as SAELens' ``SAETrainer`` does (Adam is
-elementwise, so one optimiser over stacked weights updates each BAE as its own would). One
-difference: a framed BAE (``input_variance`` set, the ``entropy`` recipe's) fixes its input
-frame from its whole set here and from its first minibatch alone; on inputs as given they are
-equal.
+elementwise, so one optimiser over stacked weights updates each BAE as its own would). A framed
+BAE (``input_variance`` set, the ``entropy`` recipe's) fixes its input frame from its whole set
+before the first step, as ``train_sae`` does from a sample of up to 100 minibatches' rows: on a
+set of at most that many they are equal.
 
 With a ``checkpoint`` folder the run saves everything it would need to go on (weights, Adam, the
 learning-rate schedule, the loop's ``_Progress``, the stop rule's checks and the loss histories)
@@ -185,7 +185,7 @@ class StackedTrainer:
         self.saver = self._restore() if options["checkpoint"] is not None else None
 
     def _frame_sets(self) -> None:
-        """Each BAE's frame from its whole set, not its first minibatch: a set in memory is read
+        """Each BAE's frame from its whole set, before the first step: a set in memory is read
         in one frame whatever its minibatches' order (a frame already set is kept)."""
         input_frame = module_frame(self.model)
         if input_frame is None or self.cfg.input_variance is None:
@@ -412,7 +412,7 @@ def train_stacked_baes(
 
     BAE ``g`` trains on ``activations[g]`` in reshuffled epochs with seed ``seeds[g]`` (default
     ``g``), as ``train_sae(activations[g], cfg, seed=seeds[g], ...)`` would (its input frame fixed
-    from the whole set rather than the first minibatch), for ``training_samples`` at most. With
+    from the whole set before the first step), for ``training_samples`` at most. With
     ``convergence``, each BAE is checked on ``check_sets[g]`` (default: its own set; the first rows,
     as many for every BAE) and stops updating once it has converged; training ends when all have
     (``sae_lens_bae.training.convergence``). A converged BAE drops out of the stacked matmuls. With

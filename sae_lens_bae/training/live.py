@@ -289,6 +289,12 @@ def _sae_config(cfg: LiveTrainingConfig, d_in: int) -> BAETrainingSAEConfig:
     }
     if cfg.normalize_activations != "none":
         chosen["input_variance"] = None
+    elif BAE_RECIPES[cfg.recipe].input_total_variance is not None:
+        raise ValueError(
+            f"The {cfg.recipe} recipe frames its inputs on the training set before the first step, "
+            "which a stream from the model does not give: keep --normalize-activations "
+            "expected_average_only_in, or harvest the states and train them with train_sae"
+        )
     return bae_config(
         d_in,
         cfg.expansion * d_in,
