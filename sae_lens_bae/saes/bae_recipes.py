@@ -61,7 +61,8 @@ BAE_RECIPES: dict[RecipeName, BAERecipe] = {
     # coefficient and a covariance coefficient 16x it, the paper's surrogate temperature, inputs
     # as given (at mean norm sqrt(d_in))
     "default": BAERecipe(lr=2e-3),
-    # the short-run rule, tuned on the synthetic benchmark at d = 64 and 128 on states as given
+    # short runs on small d, on states as given (docs/training.md's recipe table says where
+    # each recipe comes from)
     "short_run": BAERecipe(
         lr=2e-3,
         fields={
