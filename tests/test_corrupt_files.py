@@ -97,7 +97,7 @@ def _comsem_cache(folder: Path) -> tuple[Path, Callable[[], object]]:
     cache = ReplyCache(folder / "replies.sqlite")
     cache.put("k", {"model": "m"}, {"text": "a reply"})
     cache.close()
-    return folder / "replies.sqlite", lambda: ReplyCache(folder / "replies.sqlite")
+    return folder / "replies.sqlite", lambda: len(ReplyCache(folder / "replies.sqlite"))
 
 
 def _comsem_features(folder: Path) -> tuple[Path, Callable[[], object]]:
@@ -282,9 +282,10 @@ CORRUPTIONS = {"empty": _empty, "cut short": _cut, "random bytes": _noise,
                "another format": _other_format, "another version": _other_version}  # fmt: skip
 
 
-LEGITIMATE = {("ComSem features (dashboard)", "empty"): {}}
+LEGITIMATE = {("ComSem features (dashboard)", "empty"): {}, ("ComSem reply cache", "empty"): 0}
 """Corruptions that leave a file this package writes itself: an empty features.jsonl is a ComSem
-run that judged no feature."""
+run that judged no feature; an empty reply cache is one a run killed right after creating it left
+(SQLite's empty database), read as a cache without replies."""
 
 
 @pytest.mark.parametrize("corruption", list(CORRUPTIONS))

@@ -31,6 +31,8 @@ def _check_cache(path: Path) -> None:
     """Refuse, in one line and without writing to it, a file that is not a reply cache: not an
     SQLite database, a damaged one, or one without this cache's tables."""
     fix = "delete it to start a new cache (or give another --out)"
+    if path.stat().st_size == 0:  # created, then killed before its first write: SQLite's empty
+        return
     with path.open("rb") as file:
         if file.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
             raise ValueError(f"{path} is not a ComSem reply cache (not an SQLite file); {fix}")
