@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["check_ranges", "existing", "ranged"]
+__all__ = ["check_ranges", "existing", "is_count", "ranged", "refuse_fields"]
 
 
 def ranged(
@@ -84,3 +84,18 @@ def _describe(
     if left:
         return f"at least {low}" if low is not None else f"above {above}"
     return f"at most {high}" if high is not None else f"below {below}"
+
+
+def refuse_fields(cfg: Any, rules: dict[str, tuple[bool, str]]) -> None:
+    """Refuse a config in one line naming every field that breaks its rule (name -> (ok, what
+    the field must be))."""
+    bad = [
+        f"{name}={getattr(cfg, name)!r} ({must})" for name, (ok, must) in rules.items() if not ok
+    ]
+    if bad:
+        raise ValueError(f"Invalid {cfg.architecture()} config: {'; '.join(bad)}")
+
+
+def is_count(value: Any, low: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``low``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low

@@ -35,6 +35,7 @@ from sae_lens.saes.sae import (
 from torch import Tensor, nn
 from typing_extensions import override
 
+from sae_lens_bae.checks import is_count, refuse_fields
 from sae_lens_bae.outliers import NORM_RATIO, register_screen_count, screen_step
 from sae_lens_bae.saes.bae_step import (
     check_frame_set,
@@ -63,7 +64,7 @@ from sae_lens_bae.saes.input_frame import (
     register_input_frame,
     weights_in_input_units,
 )
-from sae_lens_bae.saes.loading import StrictLoading, is_count, refuse_fields
+from sae_lens_bae.saes.loading import StrictLoading
 from sae_lens_bae.saes.objective import (
     LOCAL_BATCH,
     binary_entropy,

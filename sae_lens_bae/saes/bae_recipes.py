@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sae_lens_bae.checks import is_count
 from sae_lens_bae.saes.bae import BAETrainingSAEConfig
-from sae_lens_bae.saes.loading import is_count
 
 __all__ = [
     "BAE_RECIPES",

@@ -1,5 +1,4 @@
-"""Loading a saved SAE (a BAE or any SAELens architecture) with errors that say what to do, and the
-checks of a config's fields that refuse a bad one in one line.
+"""Loading a saved SAE (a BAE or any SAELens architecture) with errors that say what to do.
 
 ``SAE.load_from_disk`` reports a foreign or truncated folder as a ``KeyError`` or a safetensors
 header error from deep inside SAELens; ``load_sae`` checks the folder first, then loads it with
@@ -24,14 +23,7 @@ from sae_lens.registry import SAE_CLASS_REGISTRY, SAE_TRAINING_CLASS_REGISTRY
 from sae_lens.saes.sae import SAEConfig, SAEMetadata, TrainingSAEConfig
 from safetensors import SafetensorError
 
-__all__ = [
-    "StrictLoading",
-    "is_count",
-    "load_sae",
-    "read_cfg_json",
-    "refuse_fields",
-    "strict_config",
-]
+__all__ = ["StrictLoading", "load_sae", "read_cfg_json", "strict_config"]
 
 
 def read_cfg_json(folder: str | Path) -> dict[str, Any]:
@@ -53,21 +45,6 @@ def read_cfg_json(folder: str | Path) -> dict[str, Any]:
 
 
 Config = TypeVar("Config", bound=SAEConfig)
-
-
-def refuse_fields(cfg: SAEConfig, rules: dict[str, tuple[bool, str]]) -> None:
-    """Refuse a config in one line naming every field that breaks its rule (name -> (ok, what
-    the field must be))."""
-    bad = [
-        f"{name}={getattr(cfg, name)!r} ({must})" for name, (ok, must) in rules.items() if not ok
-    ]
-    if bad:
-        raise ValueError(f"Invalid {cfg.architecture()} config: {'; '.join(bad)}")
-
-
-def is_count(value: Any, low: int) -> bool:
-    """Whether ``value`` is an integer (not a bool) of at least ``low``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 READER_ADDED = {"finetuning_scaling_factor": False}
