@@ -36,6 +36,7 @@ __all__ = [
     "outliers_set_aside",
     "register_screen_count",
     "report_outliers",
+    "screen_rows",
     "screen_step",
 ]
 
@@ -69,15 +70,16 @@ def _extreme(
     reference: Tensor | None = None,
     gather: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The rule, once for every path: (extreme, reference norms, median) of ``states`` [n, d]
-    against the median norm of ``reference`` (default: themselves), whose norms ``gather`` makes
-    those of the global minibatch where ``states`` are one rank's share. Extreme: norm above
+    """The rule, once for every path: (extreme, reference norms, median) of ``states`` [..., n,
+    d] (a stack: one set or minibatch per leading index) against the median norm of its
+    ``reference`` (default: themselves), whose norms ``gather`` makes those of the global
+    minibatch where ``states`` are one rank's share; the median is [..., 1]. Extreme: norm above
     ``max_norm_ratio`` times the median, when that is not 0; a NaN or infinite norm is never
     extreme (the checks that refuse such states see it)."""
     norms = states.float().norm(dim=-1)
     against = norms if reference is None else reference.float().norm(dim=-1)
     against = against if gather is None else gather(against)
-    median = against.nanmedian()
+    median = against.nanmedian(dim=-1, keepdim=True).values
     extreme = (norms > max_norm_ratio * median) & (median > 0) & norms.isfinite()
     return extreme, against, median
 
@@ -122,21 +124,13 @@ def _count_off_meta(sae: torch.nn.Module, _: Any) -> None:
 
 def screen_step(sae: Any, step_input: TrainStepInput) -> TrainStepInput:
     """The step's input of a training BAE (``saes.bae.BAETrainingSAE``, which imports this) with
-    each extreme row of its minibatch (at ``sae.cfg.extreme_norm_ratio``, against the median norm
-    of the global minibatch of ``sae.batch``) replaced by the global minibatch's state of median
-    norm. The count of the global minibatch's rows (the same on every rank) adds up on the device;
-    it is logged on SAELens' logging steps and read by ``outliers_set_aside``."""
+    its minibatch screened (``screen_rows`` at ``sae.cfg.extreme_norm_ratio``, through its
+    ``batch`` seam); it logs the count on SAELens' logging steps."""
     ratio = sae.cfg.extreme_norm_ratio
     x = step_input.sae_in
     if ratio is None or x.numel() == 0:
         return step_input
-    rows = x.reshape(-1, x.shape[-1])
-    batch = sae.batch  # the ranks' norms, gathered in rank order: one median for all
-    extreme, norms, median = _extreme(rows, ratio, gather=lambda n: batch.gather(n, 0))
-    typical = _typical_row(batch, rows, (norms - median).abs().argmin())
-    screened = torch.where(extreme[:, None], typical, rows).reshape(x.shape)
-    counted = extreme.sum()
-    getattr(sae, _COUNT_BUFFER).add_(counted if batch.world == 1 else batch.sum(counted))
+    screened = screen_rows(sae, x.reshape(-1, x.shape[-1]), ratio).reshape(x.shape)
     if step_input.is_logging_step and outliers_set_aside(sae):
         logger.warning(
             "%d minibatch rows set aside as extreme so far (norm above %g x the minibatch's "
@@ -145,15 +139,31 @@ def screen_step(sae: Any, step_input: TrainStepInput) -> TrainStepInput:
     return replace(step_input, sae_in=screened)
 
 
+def screen_rows(model: Any, x: Float[Tensor, "... n d"], ratio: float) -> Tensor:
+    """Minibatch rows ``x`` of a training BAE (``[n, d]``) or of a stack of them (``[G, n, d]``,
+    ``stacks.StackedBAE``) with each extreme row (against the median norm of its own global
+    minibatch, through ``model.batch``) replaced by that minibatch's state of median norm. The
+    count of the global minibatches' rows (the same on every rank) adds up in ``model``'s buffer
+    on the device; ``outliers_set_aside`` reads it."""
+    batch = model.batch  # the ranks' norms, gathered in rank order: one median for all
+    extreme, norms, median = _extreme(x, ratio, gather=lambda n: batch.gather(n, -1))
+    typical = _typical_row(batch, x, (norms - median).abs().argmin(dim=-1))
+    counted = extreme.sum()
+    getattr(model, _COUNT_BUFFER).add_(counted if batch.world == 1 else batch.sum(counted))
+    return torch.where(extreme[..., None], typical, x)
+
+
 def _typical_row(batch: Any, rows: Tensor, index: Tensor) -> Tensor:
-    """Row ``index`` (a 0-dim tensor, no host wait) of the global minibatch, as [1, d] on every
-    rank: the rank holding it sends it, the others add zeros."""
+    """Row ``index`` ([...], no host wait) of each global minibatch of ``rows`` [..., n, d], as
+    [..., 1, d] on every rank: the rank holding it sends it, the others add zeros."""
+    at = lambda i: rows.take_along_dim(i[..., None, None], dim=-2)  # noqa: E731
     if batch.world == 1:
-        return rows.index_select(0, index.reshape(1))
-    n = rows.shape[0]
+        return at(index)
+    n = rows.shape[-2]
     local = index - batch.rank * n
-    mine = rows.index_select(0, local.clamp(0, n - 1).reshape(1))
-    return batch.sum(torch.where((local >= 0) & (local < n), mine, torch.zeros_like(mine)))
+    mine = at(local.clamp(0, n - 1))
+    held = ((local >= 0) & (local < n))[..., None, None]
+    return batch.sum(torch.where(held, mine, torch.zeros_like(mine)))
 
 
 def outliers_set_aside(sae: torch.nn.Module) -> int:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from sae_lens_bae import BAETrainingSAEConfig, train_sae
+from sae_lens_bae.outliers import outliers_set_aside
 from sae_lens_bae.saes.input_frame import fix_frame_from_set, placement
 from sae_lens_bae.stacks import StackedBAE, train_stacked_baes
 from sae_lens_bae.training import DrainHold
@@ -422,10 +423,10 @@ def test_a_stack_step_is_each_bae_s_own_step_input_frame_included(bits_per_featu
     scales = torch.tensor([1.0, 10.0, 0.1], dtype=torch.float64)[:, None, None]
     batches = [scales * (torch.randn(members, rows, d, generator=g, dtype=torch.float64) + 3)
                for _ in range(2)]  # fmt: skip
-    for member, sae in enumerate(
-        alone
-    ):  # each frame fixed on its member's rows, as before training
+    # each frame fixed on its member's rows, as before training
+    for member, sae in enumerate(alone):
         fix_frame_from_set(sae, torch.cat([x[member] for x in batches]), 10**6, seed=0)
+    batches[0][1, 5] *= 50  # an extreme row in one member's minibatch, after a clean set's frame
     stack = StackedBAE(cfg, [5, 6, 7], init=[copy.deepcopy(sae) for sae in alone])
     assert (stack.input_scale > 0).all()
     for n, x in enumerate(batches):
@@ -452,3 +453,4 @@ def test_a_stack_step_is_each_bae_s_own_step_input_frame_included(bits_per_featu
                 torch.testing.assert_close(grad, getattr(sae, name).grad, msg=name)
             torch.testing.assert_close(stack.code_mean[member], sae.code_mean)
             assert stack.code_mean_count == sae.code_mean_count == n + 1
+        assert outliers_set_aside(stack) == sum(outliers_set_aside(sae) for sae in alone) == 1

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from sae_lens_bae.outliers import register_screen_count, screen_rows
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_step import (
     check_frame_set,
@@ -83,6 +84,7 @@ class StackedBAE(nn.Module):
             )
         self.register_buffer("code_mean", torch.stack([m.code_mean for m in members]))
         self.register_buffer("code_mean_count", torch.zeros(()))
+        register_screen_count(self, self.W_enc.device)  # the rows its steps set aside
         self.n_models = len(members)
         if cfg.input_variance is not None:  # each member's frame (unset: zeros), stacked
             self.register_buffer(INPUT_SCALE_BUFFER, torch.stack([m.input_scale for m in members]))
@@ -160,12 +162,15 @@ class StackedBAE(nn.Module):
         """One step of every BAE (or of the stack rows ``members``, ``x`` holding their
         minibatches: the others cost nothing and get no gradient) at training step
         ``n_training_steps``: a single BAE's step (``saes.bae_step``) with the stack dimension
-        leading: each member's ``mse_loss`` (``squared_error``), penalties
+        leading: each member's minibatch screened for extreme rows (``outliers.screen_rows``, at
+        the config's ``extreme_norm_ratio``), its ``mse_loss`` (``squared_error``), penalties
         (``step_penalties``) and ``loss``, each of shape [G], and ``batch_entropy_bits``, then
         the running mean codes. ``covariance_off``: per row of ``x``, True where that BAE trains
         without the covariance term (its final phase after it converged)."""
         n, batch = n_training_steps, self.batch
         x = self._check_shape(x, members)
+        if self.cfg.extreme_norm_ratio is not None:  # each member's minibatch, as a BAE's step
+            x = screen_rows(self, x, self.cfg.extreme_norm_ratio)
         if not self._frame_checked:  # set before the first step (a stack's trainer frames its sets)
             check_frame_set(module_frame(self))
             self._frame_checked = True
