@@ -8,8 +8,11 @@ States: 32 dimensions, a 12-dimensional standard Gaussian in a random subspace p
 offset of 5 on every coordinate; ``--n`` training states and a quarter as many held-out ones,
 all ordinary. In the training set a share of the states (``--shares``) is put at ``--factors``
 times the clean set's median norm, each keeping its direction. Every cell trains
-``train_sae(x, bae_config(32, 64), training_samples=--steps * 512)`` once with the policy
-(the default: states above 10x the median norm dropped) and once keeping every state
+``train_sae(x, bae_config(32, 64, normalize_activations="expected_average_only_in"),
+training_samples=--steps * 512)``, as a user trains the default BAE (it reads inputs as given;
+SAELens scales them to mean norm sqrt(d_in) by a factor estimated over its default
+``n_batches_for_norm_estimate`` minibatches and folds it into the weights at the end), once with
+the policy (the default: states above 10x the median norm dropped) and once keeping every state
 (``outlier_norm_ratio=None``), for each of ``--seeds`` (the seed of the data, the injection and
 the training), and reads on the held-out ordinary states: explained variance, the fraction of
 constant bits (``saes.binary.constant_bits``) and of dense bits (rare state on more than
@@ -21,7 +24,8 @@ its seed) and ``outliers.png``.
 
 reads the hooks of an activation cache (``harvest_activations``) instead, each as it was
 harvested (its own attention sinks in) and with the injected share: the last 10% of its
-sequences held out, their ordinary states (``outlier_mask``) read, ``bae_config(d, 2 d)``.
+sequences held out, their ordinary states (``outlier_mask``) read, ``bae_config(d, 2 d)``
+(normalised the same way).
 Every change is against the run of the same source and seed trained without any extreme state
 (no share injected, the rule on).
 """
@@ -49,6 +53,7 @@ from sae_lens_bae.training.trainer import train_sae
 
 D, STRUCTURE, OFFSET, WIDTH, BATCH = 32, 12, 5.0, 64, 512
 POLICIES = {"drop": 10.0, "keep": None}
+NORMALISATION = "expected_average_only_in"  # the default BAE reads states as given
 
 
 def synthetic_states(n: int, seed: int) -> torch.Tensor:
@@ -117,7 +122,11 @@ def cell_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
             start = time.perf_counter()
             run = train_sae(
                 train,
-                bae_config(d, WIDTH if name == "synthetic" else 2 * d),
+                bae_config(
+                    d,
+                    WIDTH if name == "synthetic" else 2 * d,
+                    normalize_activations=NORMALISATION,
+                ),
                 training_samples=args.steps * BATCH,
                 batch_size=BATCH,
                 seed=seed,
@@ -254,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "info": {
             "d": D, "structure": STRUCTURE, "offset": OFFSET, "d_sae": WIDTH, "batch": BATCH,
             "n": args.n, "cache": str(args.cache), "steps": args.steps, "seeds": args.seeds,
-            "device": args.device,
+            "device": args.device, "normalize_activations": NORMALISATION,
             "torch": torch.__version__, "machine": platform.platform(),
         },
         "runs": rows,
