@@ -62,7 +62,6 @@ from sae_lens_bae.saes.input_frame import (
     fold_frame,
     module_frame,
     register_input_frame,
-    weights_in_input_units,
 )
 from sae_lens_bae.saes.loading import StrictLoading
 from sae_lens_bae.saes.objective import (
@@ -332,6 +331,18 @@ class _BAEMixin(InputFrameFolds):
         }
 
 
+def _to_inference_state(state_dict: dict[str, Any], apply_b_dec_to_input: bool) -> None:
+    """A training BAE's state dict made the inference BAE's, in place: its input frame folded
+    into the weights (``saes.input_frame.fold_frame``, exact up to rounding), the frame buffers
+    and the running mean's count dropped. What saving an inference BAE and reading a training
+    checkpoint as one both do."""
+    scale = state_dict.pop(INPUT_SCALE_BUFFER, None)
+    shift = state_dict.pop(INPUT_SHIFT_BUFFER, None)
+    state_dict.pop("code_mean_count", None)
+    if scale is not None and shift is not None:
+        state_dict.update(fold_frame(state_dict, (scale, shift), apply_b_dec_to_input))
+
+
 class BAE(_BAEMixin, SAE[BAEConfig]):
     """Inference BAE. ``encode`` returns the decoder inputs h_R (the binary code when
     ``bits_per_feature = 1``); :meth:`encode_bits` the full binary code."""
@@ -348,13 +359,9 @@ class BAE(_BAEMixin, SAE[BAEConfig]):
 
     @override
     def process_state_dict_for_loading(self, state_dict: dict[str, Any]) -> None:
-        """A training checkpoint's state read as the inference BAE saves it: its input frame
-        folded into the weights, the training counters dropped."""
-        scale = state_dict.pop(INPUT_SCALE_BUFFER, None)
-        shift = state_dict.pop(INPUT_SHIFT_BUFFER, None)
-        state_dict.pop("code_mean_count", None)
-        if scale is not None and shift is not None:
-            state_dict.update(fold_frame(state_dict, (scale, shift), self.cfg.apply_b_dec_to_input))
+        """A training checkpoint's state read as the inference BAE saves it
+        (:func:`_to_inference_state`)."""
+        _to_inference_state(state_dict, self.cfg.apply_b_dec_to_input)
 
     @override
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
@@ -392,14 +399,10 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     @override
     def process_state_dict_for_saving_inference(self, state_dict: dict[str, Any]) -> None:
-        """The inference BAE's state: the input frame folded into the weights (exact up to
-        rounding: ``saes.input_frame.weights_in_input_units``), its buffers and the training
-        counters dropped, so the saved BAE is ``step(x W_enc + b_enc) W_dec + b_dec`` on raw
-        inputs with its prior ``code_mean``."""
+        """The inference BAE's state (:func:`_to_inference_state`), so the saved BAE is
+        ``step(x W_enc + b_enc) W_dec + b_dec`` on raw inputs with its prior ``code_mean``."""
         super().process_state_dict_for_saving_inference(state_dict)
-        state_dict.update(weights_in_input_units(self))
-        for name in (INPUT_SCALE_BUFFER, INPUT_SHIFT_BUFFER, "code_mean_count"):
-            state_dict.pop(name, None)
+        _to_inference_state(state_dict, self.cfg.apply_b_dec_to_input)
 
     @override
     def get_coefficients(self) -> dict[str, float | TrainCoefficientConfig]:
