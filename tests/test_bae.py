@@ -36,10 +36,11 @@ def make_bae(**kwargs) -> BAETrainingSAE:
     return BAETrainingSAE(BAETrainingSAEConfig(**kwargs))
 
 
-def step_input(x, n_training_steps=0, entropy=1e-3, covariance=1e-3, dead=None):
+def step_input(x, n_training_steps=0, dead=None):
+    """SAETrainer's step input for a BAE: no scheduled coefficients (``get_coefficients``)."""
     return TrainStepInput(
         sae_in=x,
-        coefficients={"entropy": entropy, "covariance": covariance},
+        coefficients={},
         dead_neuron_mask=dead,
         n_training_steps=n_training_steps,
         is_logging_step=False,
@@ -219,9 +220,15 @@ def test_saelens_parameter_names():
 
 
 def test_training_forward_pass_losses_and_metrics():
-    bae = make_bae(d_in=8, d_sae=16, entropy_off_steps=5)
+    bae = make_bae(
+        d_in=8,
+        d_sae=16,
+        entropy_off_steps=5,
+        entropy_coefficient=0.1 / 8,
+        covariance_coefficient=0.2 / 8,
+    )  # fmt: skip  (0.1 and 0.2 against mse_loss)
     x = torch.randn(64, 8)
-    out = bae.training_forward_pass(step_input(x, n_training_steps=0, entropy=0.1, covariance=0.2))
+    out = bae.training_forward_pass(step_input(x, n_training_steps=0))
     assert set(out.losses) == {"mse_loss", "entropy_loss", "covariance_loss"}  # SAELens' step's
     # SAELens' meaning: summed over d_in, averaged over the batch
     expected = ((out.sae_out - x) ** 2).sum(-1).mean().item()
@@ -242,10 +249,10 @@ def test_training_forward_pass_losses_and_metrics():
     constant = out.metrics["constant_bits_in_minibatch_fraction"]()
     assert constant == pytest.approx((rare == 0).float().mean().item())
     assert not {"dead_fraction", "dense_fraction", "dead_features"} & set(out.metrics)
-    # the coefficients applied: the entropy's is 0 while its term is off, SAELens' is not
+    # the coefficients applied: the entropy's is 0 while its term is off
     assert out.metrics["entropy_coefficient_applied"]() == 0.0
     assert out.metrics["covariance_coefficient_applied"]() == pytest.approx(0.2)
-    out = bae.training_forward_pass(step_input(x, n_training_steps=5, entropy=0.1))
+    out = bae.training_forward_pass(step_input(x, n_training_steps=5))
     assert out.losses["entropy_loss"].item() == pytest.approx(
         0.1 * minibatch_entropy(bits).item(), rel=1e-5
     )
@@ -262,13 +269,20 @@ def test_the_logged_coefficients_are_the_ones_the_penalties_were_applied_with():
     the steps before ``entropy_off_steps`` and the covariance term exactly from
     ``covariance_off_from_step``: each term equals its logged applied coefficient times its
     penalty."""
-    bae = make_bae(d_in=8, d_sae=16, input_variance=1.0, entropy_off_steps=5,
-                   covariance_off_from_step=7)  # fmt: skip
+    bae = make_bae(
+        d_in=8,
+        d_sae=16,
+        input_variance=1.0,
+        entropy_off_steps=5,
+        covariance_off_from_step=7,
+        entropy_coefficient=0.1 / 8,
+        covariance_coefficient=0.2 / 8,
+    )  # fmt: skip  (0.1 and 0.2 against mse_loss)
     x = 3.0 * torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
     fix_frame_from_set(bae, x, max_rows=64, seed=0)  # as train_sae fixes it before training
     for n in (0, 4, 5, 6, 7, 8, 10**6):
         entropy_on, covariance_on = n >= 5, n < 7
-        out = bae.training_forward_pass(step_input(x, n, entropy=0.1, covariance=0.2))
+        out = bae.training_forward_pass(step_input(x, n))
         k = frame_factor(bae.input_scale).item()
         bits = bae.encode_bits(x)
         entropy = out.metrics["entropy_coefficient_applied"]()
@@ -292,25 +306,27 @@ def test_gradients_reach_encoder_through_surrogate():
     assert bae.b_enc.grad.abs().sum() > 0
 
 
-def test_a_bare_config_trains_with_no_length_and_get_coefficients_changes_nothing():
+def test_a_bare_config_trains_with_no_length_and_hands_saelens_no_scheduler():
     """The phases are steps of the config, as SAELens' own: a bare config's step runs with both
-    terms on, and ``get_coefficients`` (what SAETrainer asks when built) answers the same twice
-    and changes no attribute of the BAE or its config."""
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=32, input_variance=None))
+    terms on at the config's coefficients, and ``get_coefficients`` (what SAETrainer asks when
+    built) gives SAELens no scheduler to log, as a TopK SAE's, and changes nothing."""
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=32, input_variance=None,
+                                              entropy_coefficient=0.1 / 8,
+                                              covariance_coefficient=0.2 / 8,
+                                              coefficient_width=None))  # fmt: skip
     attributes = {name: id(value) for name, value in vars(bae).items()}
     cfg = copy.deepcopy(bae.cfg)
-    first, second = bae.get_coefficients(), bae.get_coefficients()
-    assert first == second == bae.cfg.coefficients()
+    assert bae.get_coefficients() == {}
     assert {name: id(value) for name, value in vars(bae).items()} == attributes
     assert bae.cfg == cfg
-    out = bae.training_forward_pass(step_input(torch.randn(16, 8), entropy=0.1, covariance=0.2))
+    out = bae.training_forward_pass(step_input(torch.randn(16, 8)))
     assert out.metrics["entropy_coefficient_applied"]() == 0.1
     assert out.metrics["covariance_coefficient_applied"]() == 0.2
     assert out.losses["entropy_loss"].item() > 0 and out.losses["covariance_loss"].item() > 0
 
 
 def test_code_mean_is_running_mean_then_ema():
-    from sae_lens_bae.saes import binary
+    from sae_lens_bae.saes import code_mean
 
     bae = make_bae(d_in=8, d_sae=16)
     xs = [torch.randn(32, 8) for _ in range(3)]
@@ -319,7 +335,7 @@ def test_code_mean_is_running_mean_then_ema():
         bae.training_forward_pass(step_input(x))
     assert torch.allclose(bae.code_mean, (means[0] + means[1]) / 2)  # exact mean at first
     mean, count = bae.code_mean.clone(), bae.code_mean_count.clone()
-    binary.update_running_mean(mean, count, means[2], decay=0.5)  # rate max(0.5, 1/3) = 0.5
+    code_mean.update_running_mean(mean, count, means[2], decay=0.5)  # rate max(0.5, 1/3) = 0.5
     assert torch.allclose(mean, 0.5 * (means[0] + means[1]) / 2 + 0.5 * means[2])
     prior = bae.prior
     prior += 1
@@ -640,13 +656,6 @@ def test_new_training_options_round_trip_through_save_and_load(tmp_path):
         assert isinstance(inference, BAE)
         x = torch.randn(6, 8)
         assert torch.equal(inference(x), bae(x))
-
-
-def test_saelens_hands_the_bae_its_configured_coefficients():
-    cfg = BAETrainingSAEConfig(d_in=8, d_sae=32, entropy_coefficient=0.4,
-                               covariance_coefficient=0.2, coefficient_width=None)  # fmt: skip
-    coefficients = BAETrainingSAE(cfg).get_coefficients()
-    assert coefficients == {"entropy": 0.4 * 8, "covariance": 0.2 * 8}  # against mse_loss
 
 
 def test_constant_bits_are_those_whose_rare_state_is_below_the_rarity():

@@ -156,9 +156,11 @@ def test_saelens_trainer_trains_a_bare_bae_config():
 
 
 def test_saelens_log_dict_keeps_saelens_names_and_logs_the_coefficients_applied():
-    """SAETrainer's log of a BAE step in the entropy-off phase: ``details/entropy_coefficient``
-    is SAELens' scheduler's value, the weight applied is 0 and logged as such; the BAE's counts
-    over the minibatch come under their own names beside SAELens' ``sparsity/dead_features``."""
+    """SAETrainer's log of a BAE step in the entropy-off phase: SAELens schedules no coefficient
+    of a BAE, so it logs no ``details/*_coefficient`` that could read non-zero while a term is
+    off; the weights applied are logged (0 while off; the config's times 1/k^2 under a frame),
+    and the BAE's counts over the minibatch come under their own names beside SAELens'
+    ``sparsity/dead_features``."""
     from sae_lens.saes.sae import TrainStepInput
 
     x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
@@ -175,15 +177,16 @@ def test_saelens_log_dict_keeps_saelens_names_and_logs_the_coefficients_applied(
         is_logging_step=True,
     )
     log = trainer.build_train_step_log_dict(sae.training_forward_pass(step), 64)
-    assert log["details/entropy_coefficient"] == sae.cfg.coefficients()["entropy"] > 0
+    assert not [name for name in log if name.endswith("_coefficient")]
     assert log["metrics/entropy_coefficient_applied"] == 0.0  # its first steps: off
-    assert log["metrics/covariance_coefficient_applied"] == log["details/covariance_coefficient"]
+    covariance = sae.cfg.coefficients()["covariance"]
+    assert covariance > 0 and log["metrics/covariance_coefficient_applied"] == covariance
     framed = BAETrainingSAE(replace(sae.cfg, input_variance=1.0))
     fix_frame_from_set(framed, x, max_rows=64, seed=0)  # as train_sae does before training
     framed_log = trainer.build_train_step_log_dict(framed.training_forward_pass(step), 64)
     k = float(framed.input_scale)  # an input frame divides the penalties by k^2
     assert framed_log["metrics/covariance_coefficient_applied"] == pytest.approx(
-        log["details/covariance_coefficient"] / k**2, rel=1e-6
+        covariance / k**2, rel=1e-6
     )
     assert {"sparsity/dead_features", "metrics/constant_bits_in_minibatch_fraction",
             "metrics/dense_bits_in_minibatch_fraction"} <= set(log)  # fmt: skip

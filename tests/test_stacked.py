@@ -335,8 +335,8 @@ def test_a_stacks_record_of_codes_moves_only_its_trained_rows_as_each_bae_alone(
     """A stack's trained rows move their running means exactly as each BAE alone would
     (``update_running_mean``); the rows that did not train keep theirs."""
     from sae_lens_bae.saes.bae_step import record_code
-    from sae_lens_bae.saes.binary import update_running_mean
-    from sae_lens_bae.saes.objective import LOCAL_BATCH
+    from sae_lens_bae.saes.code_mean import update_running_mean
+    from sae_lens_bae.saes.minibatch import LOCAL_BATCH
 
     torch.manual_seed(0)
     cfg = BAETrainingSAEConfig(d_in=4, d_sae=6)

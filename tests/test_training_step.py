@@ -9,7 +9,7 @@ import torch
 from sae_lens.saes.sae import TrainStepInput
 
 from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig
-from sae_lens_bae.saes.binary import update_running_mean
+from sae_lens_bae.saes.code_mean import update_running_mean
 from sae_lens_bae.saes.objective import bae_objective
 from sae_lens_bae.stacks.training import StackedBAE
 

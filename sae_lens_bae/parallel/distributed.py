@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from sae_lens_bae.activations.cache import ActivationCache
 from sae_lens_bae.parallel.global_batch import GlobalBatch, is_distributed
 from sae_lens_bae.saes.bae import BAETrainingSAE
-from sae_lens_bae.saes.objective import LOCAL_BATCH
+from sae_lens_bae.saes.minibatch import LOCAL_BATCH
 
 __all__ = [
     "batch_indices",

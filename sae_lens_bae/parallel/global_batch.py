@@ -1,5 +1,5 @@
 """The minibatch of a data-parallel step, spread over the ranks of a ``torch.distributed`` group:
-what a data-parallel trainer sets as a BAE's ``batch`` seam (``saes.objective.LocalBatch``, the
+what a data-parallel trainer sets as a BAE's ``batch`` seam (``saes.minibatch.LocalBatch``, the
 identity, by default).
 
 A BAE's entropy and covariance terms are properties of the *minibatch*: with plain DDP every rank

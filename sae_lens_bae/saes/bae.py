@@ -46,13 +46,8 @@ from sae_lens_bae.saes.bae_step import (
     record_code,
     step_penalties,
 )
-from sae_lens_bae.saes.binary import (
-    DENSE_FREQUENCY,
-    RUNNING_MEAN_BUFFERS,
-    apply_keeping_dtypes,
-    bits_to_values,
-    step,
-)
+from sae_lens_bae.saes.binary import DENSE_FREQUENCY, bits_to_values, step
+from sae_lens_bae.saes.code_mean import RUNNING_MEAN_BUFFERS, apply_keeping_dtypes
 from sae_lens_bae.saes.input_frame import (
     INPUT_SCALE_BUFFER,
     INPUT_SHIFT_BUFFER,
@@ -64,12 +59,8 @@ from sae_lens_bae.saes.input_frame import (
     register_input_frame,
 )
 from sae_lens_bae.saes.loading import StrictLoading
-from sae_lens_bae.saes.objective import (
-    LOCAL_BATCH,
-    binary_entropy,
-    covariance_penalty,
-    frame_weight,
-)
+from sae_lens_bae.saes.minibatch import LOCAL_BATCH
+from sae_lens_bae.saes.objective import binary_entropy, covariance_penalty, frame_weight
 
 __all__ = [
     "ARCHITECTURE",
@@ -406,8 +397,11 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
 
     @override
     def get_coefficients(self) -> dict[str, float | TrainCoefficientConfig]:
-        """a_e and a_c (the config's, read without changing anything)."""
-        return dict(self.cfg.coefficients())
+        """None for SAELens' schedulers, as a TopK SAE has none: a_e and a_c are the config's,
+        each off in its phase (``entropy_off_steps``, ``covariance_off_from_step``), which a
+        linear warm-up cannot give. The step logs the weights it applied
+        (``metrics/<name>_coefficient_applied``)."""
+        return {}
 
     @override
     def encode_with_hidden_pre(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -423,14 +417,14 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         each off in its phase (the config's ``entropy_on``/``covariance_on``), divided by the
         frame's k^2."""
         del sae_out  # SAELens' signature; the penalties read the code only
-        n = step_input.n_training_steps
         if self.cfg.bits_per_feature == 1:  # the code itself, with its surrogate gradient
             bits = feature_acts
         else:
             bits = step(hidden_pre, self.cfg.surrogate_temperature)
         return step_penalties(
+            self.cfg,
             bits.reshape(-1, bits.shape[-1]),
-            phase_coefficients(self.cfg, step_input.coefficients, n),
+            step_input.n_training_steps,
             module_frame(self),  # type: ignore[arg-type]
             batch=self.batch,
             covariance=self.covariance_penalty,
@@ -453,11 +447,10 @@ class BAETrainingSAE(_BAEMixin, TrainingSAE[BAETrainingSAEConfig]):
         rare = lambda: torch.minimum(mean, 1.0 - mean)  # noqa: E731  (each bit's, when logged)
 
         def applied(name: str) -> float:
-            """The weight a penalty was applied with (:meth:`calculate_aux_loss`): SAELens'
-            coefficient (logged as ``details/<name>_coefficient``) as its phase has it and times
-            the frame's 1/k^2."""
+            """The weight a penalty was applied with (:meth:`calculate_aux_loss`): the config's
+            coefficient as its phase has it, times the frame's 1/k^2."""
             weight = frame_weight(module_frame(self))  # type: ignore[arg-type]
-            coefficient = phase_coefficients(self.cfg, step_input.coefficients, n)[name]
+            coefficient = phase_coefficients(self.cfg, n)[name]
             return coefficient * (1.0 if weight is None else weight.item())
 
         output.metrics.update(

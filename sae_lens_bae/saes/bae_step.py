@@ -12,14 +12,14 @@ dimension on each: ``W [G, d, n]``, ``b [G, n]``, inputs ``[G, batch, d_in]``, f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sae_lens_bae.saes.binary import update_running_mean
+from sae_lens_bae.saes.code_mean import update_running_mean
 from sae_lens_bae.saes.input_frame import Frame, frame, unframe
 from sae_lens_bae.saes.objective import CovariancePenalty, code_counts, code_penalties, frame_weight
 
@@ -84,19 +84,21 @@ def check_frame_set(input_frame: Frame | None) -> None:
         )
 
 
-class _Phases(Protocol):
-    """A BAE's training config: whether each term counts at a step
-    (``BAETrainingSAEConfig.entropy_on``, ``covariance_on``)."""
+class _StepConfig(Protocol):
+    """A BAE's training config as a step reads it: its coefficients and whether each term counts
+    at a step (``BAETrainingSAEConfig.coefficients``, ``entropy_on``, ``covariance_on``)."""
+
+    def coefficients(self) -> dict[str, float]: ...
 
     def entropy_on(self, step: int) -> bool: ...
 
     def covariance_on(self, step: int) -> bool: ...
 
 
-def phase_coefficients(cfg: _Phases, coefficients: Mapping[str, float], n: int) -> dict[str, float]:
-    """a_e and a_c (``coefficients`` by SAELens' names, as ``cfg.coefficients()``) as step ``n``
-    applies them: each 0 in the phase of training that has its term off. Every phase a step
-    reads is read here."""
+def phase_coefficients(cfg: _StepConfig, n: int) -> dict[str, float]:
+    """a_e and a_c (``cfg.coefficients()``, by SAELens' names) as step ``n`` applies them: each 0
+    in the phase of training that has its term off. Every phase a step reads is read here."""
+    coefficients = cfg.coefficients()
     return {
         "entropy": coefficients["entropy"] * cfg.entropy_on(n),
         "covariance": coefficients["covariance"] * cfg.covariance_on(n),
@@ -104,25 +106,33 @@ def phase_coefficients(cfg: _Phases, coefficients: Mapping[str, float], n: int) 
 
 
 def step_penalties(
+    cfg: _StepConfig,
     bits: Tensor,
-    coefficients: Mapping[str, float],
+    n: int,
     input_frame: Frame | None,
     *,
     batch: Any,
     covariance: CovariancePenalty,
-    covariance_off: Tensor | None = None,
+    covariance_off: Sequence[bool] | None = None,
 ) -> dict[str, Tensor]:
-    """The code's terms of a step (``objective.code_penalties``: the entropy of the (global)
+    """The code's terms of step ``n`` (``objective.code_penalties``: the entropy of the (global)
     minibatch's mean code and the summed |off-diagonal covariance|) for codes
-    ``[..., batch, n_bits]`` at the ``coefficients`` of :func:`phase_coefficients`, each divided
-    by its frame's k^2 (``objective.frame_weight``: the coefficients weigh the penalties against
-    the squared error in the frame's units, ``mse_loss`` is in the inputs')."""
+    ``[..., batch, n_bits]``, at :func:`phase_coefficients`, each divided by its frame's k^2
+    (``objective.frame_weight``: the coefficients weigh the penalties against the squared error
+    in the frame's units, ``mse_loss`` is in the inputs'). ``covariance_off``: per leading index
+    of a stack, True where that BAE trains without the covariance term."""
+    coefficients = phase_coefficients(cfg, n)
+    off = None
+    if covariance_off is not None:
+        if all(covariance_off):  # no member pays: not computed
+            coefficients["covariance"] = 0.0
+        off = torch.tensor(list(covariance_off), device=bits.device)
     return code_penalties(
         bits,
         entropy_coefficient=coefficients["entropy"],
         covariance_coefficient=coefficients["covariance"],
         weight=frame_weight(input_frame),
-        covariance_off=covariance_off,
+        covariance_off=off,
         batch=batch,
         covariance=covariance,
     )
@@ -137,7 +147,7 @@ def record_code(
     members: Tensor | None = None,
 ) -> Tensor:
     """The (global) minibatch's mean code ``[..., n_bits]`` of codes ``[..., batch, n_bits]``,
-    after moving the running mean code towards it (``binary.update_running_mean``); a stack's
+    after moving the running mean code towards it (``code_mean.update_running_mean``); a stack's
     ``members``: the rows that trained (the others keep theirs; the shared count advances
     once)."""
     mean = code_counts(code, batch) / (batch.world * code.shape[-2])

@@ -1,10 +1,7 @@
 """The binary code's primitives: the Heaviside step with its surrogate gradient, more-bit grouping
-of code bits into values, the running mean code (the prior of burstiness), and the firing
-thresholds that call a bit constant or dense."""
+of code bits into values, and the firing thresholds that call a bit constant or dense."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import einops
 import torch
@@ -14,12 +11,9 @@ from torch import Tensor
 __all__ = [
     "CONSTANT_RARITY",
     "DENSE_FREQUENCY",
-    "RUNNING_MEAN_BUFFERS",
     "bits_to_values",
-    "apply_keeping_dtypes",
     "constant_bits",
     "step",
-    "update_running_mean",
 ]
 
 
@@ -109,36 +103,3 @@ def bits_to_values(
     # integer sums are exact, then one rounding: all ones is exactly 1 (1/7 + 2/7 + 4/7 in
     # fp32 is 1.0000001 on some CPUs' matmul kernels)
     return (grouped @ weights) / (2**bits_per_feature - 1)
-
-
-CODE_MEAN_DECAY = 0.999
-"""The mean code (the burstiness prior) is the exact mean of the first 1 / (1 - decay) training
-minibatches, then an exponential average over about that many."""
-
-
-@torch.no_grad()
-def update_running_mean(
-    mean: Tensor, count: Tensor, batch_mean: Tensor, decay: float = CODE_MEAN_DECAY
-) -> None:
-    """In place: the exact running mean for the first 1/(1-decay) updates, then an exponential
-    average with weight 1 - decay. Tensor arithmetic only: a GPU step never waits for the host."""
-    count += 1
-    mean.lerp_(batch_mean, torch.clamp(count.reciprocal(), min=1.0 - decay))
-
-
-RUNNING_MEAN_BUFFERS = ("code_mean", "code_mean_count")
-"""A BAE's running mean-code buffers: never cast with its parameters (in bf16 the update count
-stalls at 256 and small updates round away)."""
-
-
-def apply_keeping_dtypes(
-    apply: Callable[[], object], buffers: dict[str, Tensor | None], names: tuple[str, ...]
-) -> None:
-    """Run a module's ``_apply`` (``.to(dtype)``, ``.half()``, a device move) so that the named
-    buffers follow device moves but keep their dtype and exact values."""
-    before = {name: buffers[name] for name in names if buffers.get(name) is not None}
-    apply()
-    for name, old in before.items():
-        new = buffers[name]
-        if new is not None and new.dtype != old.dtype:
-            buffers[name] = old.to(new.device)

@@ -9,10 +9,8 @@ dimensions (codes [..., batch, n_bits], one objective each): :func:`bae_objectiv
 * :func:`covariance_penalty`: the plain maths, exact. A faster exact path of the same signature
   (``sae_lens_bae.kernels.covariance_penalty``: tiles, int8 and sparse products, fused Triton
   kernels) plugs in where the objective is called (``code_penalties(covariance=...)``).
-* :class:`LocalBatch`: the data-parallel seam. Every term is a property of the minibatch; a
-  data-parallel trainer gives the BAE a batch object over its ranks
-  (``sae_lens_bae.parallel.GlobalBatch``) whose ``gather`` and ``sum`` make each term the one
-  of the global minibatch. This process alone is the identity.
+* ``batch``: every term is a property of the minibatch, reduced over ``saes.minibatch``'s
+  ``LOCAL_BATCH`` (this process) or a data-parallel trainer's ``parallel.GlobalBatch``.
 """
 
 from __future__ import annotations
@@ -28,12 +26,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sae_lens_bae.saes.input_frame import frame_factor
+from sae_lens_bae.saes.minibatch import LOCAL_BATCH
 
 __all__ = [
     "EXACT_FP32_BATCH",
-    "LOCAL_BATCH",
     "CovariancePenalty",
-    "LocalBatch",
     "autocast_off",
     "bae_objective",
     "binary_entropy",
@@ -59,23 +56,6 @@ def autocast_off(device_type: str) -> contextlib.AbstractContextManager[object]:
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
 
-
-class LocalBatch:
-    """The minibatch of this process alone: the data-parallel seam's default, the identity."""
-
-    world = 1
-    rank = 0
-
-    def gather(self, x: Tensor, dim: int = -2, *, codes: bool = False) -> Tensor:  # noqa: ARG002
-        """The ranks' ``x`` concatenated along ``dim``: here ``x`` itself."""
-        return x
-
-    def sum(self, x: Tensor) -> Tensor:
-        """``x`` added over the ranks: here ``x`` itself."""
-        return x
-
-
-LOCAL_BATCH = LocalBatch()
 
 CovariancePenalty = Callable[..., Tensor]
 """A covariance penalty as :func:`covariance_penalty` computes it: ``(codes [..., batch, n], *,

@@ -21,25 +21,21 @@ from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_step import (
     check_frame_set,
     encoder_inputs,
-    phase_coefficients,
     pre_activations,
     reconstruct,
     record_code,
     step_penalties,
 )
-from sae_lens_bae.saes.binary import (
-    RUNNING_MEAN_BUFFERS,
-    apply_keeping_dtypes,
-    bits_to_values,
-    step,
-)
+from sae_lens_bae.saes.binary import bits_to_values, step
+from sae_lens_bae.saes.code_mean import RUNNING_MEAN_BUFFERS, apply_keeping_dtypes
 from sae_lens_bae.saes.input_frame import (
     INPUT_SCALE_BUFFER,
     INPUT_SHIFT_BUFFER,
     Frame,
     module_frame,
 )
-from sae_lens_bae.saes.objective import LOCAL_BATCH, binary_entropy, squared_error, with_loss
+from sae_lens_bae.saes.minibatch import LOCAL_BATCH
+from sae_lens_bae.saes.objective import binary_entropy, squared_error, with_loss
 
 __all__ = ["StackedBAE"]
 
@@ -178,19 +174,14 @@ class StackedBAE(nn.Module):
         bits = step(self._pre(rows, x), self.cfg.surrogate_temperature)
         values = bits_to_values(bits, self.cfg.bits_per_feature)
         output = reconstruct(values, rows.W_dec, rows.b_dec, rows.frame)
-        coefficients = phase_coefficients(self.cfg, self.cfg.coefficients(), n)
-        off = None
-        if covariance_off is not None:
-            if all(covariance_off):  # no member pays: not computed
-                coefficients["covariance"] = 0.0
-            off = torch.tensor(covariance_off, device=x.device)
         penalties = step_penalties(
+            self.cfg,
             bits,
-            coefficients,
+            n,
             rows.frame,
             batch=batch,
             covariance=BAETrainingSAE.covariance_penalty,
-            covariance_off=off,
+            covariance_off=covariance_off,
         )
         terms = with_loss({"mse_loss": squared_error(output, x, batch), **penalties})
         mean = record_code(self.code_mean, self.code_mean_count, bits, batch, members)
