@@ -160,7 +160,7 @@ def code_penalties(
     bits of the mean code) and ``covariance_loss`` (a_c times the summed |off-diagonal
     covariance|, through ``covariance``: :func:`covariance_penalty` unless a faster exact path
     is given), each times ``weight`` (per leading index: :func:`frame_weight`). A coefficient of
-    0 turns its term off (a zero, no kernel); ``covariance_off``: per leading index, True where
+    0 turns its term off (a zero, not computed); ``covariance_off``: per leading index, True where
     the covariance term is off."""
     rows = batch.world * bits.shape[-2]
     if entropy_coefficient != 0:  # a_e applied inside: no kernel of its own
@@ -169,7 +169,7 @@ def code_penalties(
         )
         entropy = binary_entropy(mean_code, min(0.5 / rows, 0.25), scale=entropy_coefficient)
     else:
-        entropy = _zero_like(bits[..., 0, 0])
+        entropy = bits.new_zeros(bits.shape[:-2], dtype=torch.float32)
     if covariance_coefficient > 0:  # every rank computes its share; the shares add up
         penalty = (covariance or covariance_penalty)(
             batch.gather(bits, codes=True),
@@ -181,30 +181,10 @@ def code_penalties(
             penalty = penalty.masked_fill(covariance_off, 0.0)
         covariance_loss = batch.sum(penalty)
     else:
-        covariance_loss = _zero_like(entropy)
+        covariance_loss = torch.zeros_like(entropy)
     if weight is not None:
         entropy, covariance_loss = entropy * weight, covariance_loss * weight
     return {"entropy_loss": entropy, "covariance_loss": covariance_loss}
-
-
-_ZEROS: dict[tuple[torch.device, torch.dtype], Tensor] = {}
-"""One zero per device and dtype: the terms that are off are views of it."""
-
-
-def is_off(term: Tensor) -> bool:
-    """Whether ``term`` is a term that is off: a view of the zero :func:`_zero_like` keeps."""
-    return term._base is not None and term._base is _ZEROS.get((term.device, torch.float32))
-
-
-def _zero_like(like: Tensor) -> Tensor:
-    """A term that is off: outside a compiled graph a view of a zero made once, which costs no
-    kernel (a small BAE's GPU step costs its launches)."""
-    if torch.compiler.is_compiling():  # a compiled graph fuses it anyway
-        return torch.zeros_like(like, dtype=torch.float32)
-    key = (like.device, torch.float32)
-    if key not in _ZEROS:
-        _ZEROS[key] = torch.zeros((), dtype=torch.float32, device=like.device)
-    return _ZEROS[key].expand(like.shape)
 
 
 def bae_objective(
@@ -231,10 +211,7 @@ def bae_objective(
 
 def with_loss(terms: dict[str, Tensor]) -> dict[str, Tensor]:
     """``terms`` (``mse_loss`` and :func:`code_penalties`' terms) with their sum as ``loss``."""
-    terms["loss"] = terms["mse_loss"]
-    for name in ("entropy_loss", "covariance_loss"):
-        if not is_off(terms[name]):  # adding a term that is off would cost a kernel
-            terms["loss"] = terms["loss"] + terms[name]
+    terms["loss"] = terms["mse_loss"] + terms["entropy_loss"] + terms["covariance_loss"]
     return terms
 
 
