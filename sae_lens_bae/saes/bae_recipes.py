@@ -70,8 +70,9 @@ BAE_RECIPES: dict[RecipeName, BAERecipe] = {
             "covariance_coefficient": 1e-6,
         },
     ),
-    # entropy estimation: the short-run coefficients at EntropyRecipe's lr, inputs framed at the
-    # total variance of the fair-bit sets it was calibrated on, whatever their width
+    # entropy estimation: the short-run coefficients at EntropyRecipe's lr, the paper's surrogate
+    # temperature, inputs framed at the total variance of the fair-bit sets it was calibrated
+    # on, whatever their width
     "entropy": BAERecipe(
         lr=4e-3,
         fields={"covariance_coefficient": 1e-6},
