@@ -246,14 +246,12 @@ def compression_report(
     states: Float[Tensor, "n d_in"],
     thresholds: Sequence[float] = (-1.0, -0.75, -0.5, -0.25, 0.0),
     *,
-    input_scale: float = 1.0,
     prior: Float[Tensor, " n_bits"] | None = None,
     work_dir: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """Per threshold: stored flips per vector, bytes on disk (alone and with the decoder) against
     the float32 and float16 originals, and MSE / cosine similarity of the decompressed states to
-    the originals (in the original units: ``input_scale`` is what the BAE's inputs were
-    multiplied by)."""
+    the originals."""
     states = states.float()
     original32 = states.numel() * 4
     model_bytes = decoder_bytes(bae)
@@ -262,10 +260,10 @@ def compression_report(
         folder = Path(work_dir or scratch)
         folder.mkdir(parents=True, exist_ok=True)
         for threshold in thresholds:
-            packed = compress(bae, states * input_scale, threshold, prior=prior)
+            packed = compress(bae, states, threshold, prior=prior)
             size = packed.save(folder / f"states_{threshold:+.2f}.safetensors")
             reloaded = CompressedStates.load(folder / f"states_{threshold:+.2f}.safetensors")
-            restored = decompress(bae, reloaded, prior=prior) / input_scale
+            restored = decompress(bae, reloaded, prior=prior)
             rows.append(
                 {
                     "threshold": threshold,

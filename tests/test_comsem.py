@@ -401,7 +401,7 @@ def test_interpret_a_saved_sae_on_text(compare_out, tiny_hf_llama_dir, tiny_corp
             [
                 "interpret", "--sae", str(compare_out / "models" / "bae"),
                 "--dataset", str(tiny_corpus), "--model", str(tiny_hf_llama_dir),
-                "--hook", compare["hook"], "--input-scale", str(compare["activation_scale"]),
+                "--hook", compare["hook"],  # compare's models read the states as harvested
                 "--sentences", "40", "--context-size", "32", "--k", "4",
                 "--base-url", server.base_url, "--llm", "rules", "--max-features", "3",
                 "--out", str(tmp_path),

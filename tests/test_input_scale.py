@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from sae_lens import SAE
+from sae_lens import SAE, TrainingSAE
 from sae_lens.saes.sae import TrainStepInput
 from safetensors.torch import load_file
 
@@ -25,6 +25,7 @@ from sae_lens_bae.saes.input_frame import (
 from sae_lens_bae.saes.saebench import SAEBenchBAE
 from sae_lens_bae.stacks import StackedBAE
 from sae_lens_bae.training import train_sae
+from sae_lens_bae.training.checkpoints import latest_checkpoint
 
 
 def fair_bits(n: int = 1024, d: int = 12, r: int = 4, seed: int = 0) -> torch.Tensor:
@@ -35,9 +36,19 @@ def fair_bits(n: int = 1024, d: int = 12, r: int = 4, seed: int = 0) -> torch.Te
 
 
 def trained(x: torch.Tensor, **overrides) -> BAETrainingSAE:
+    """The entropy recipe's BAE after 40 steps, as ``train_sae`` returns it: its frame folded."""
     cfg = bae_config(x.shape[-1], recipe="entropy", training_steps=40, **overrides)
     run = train_sae(x, cfg, training_samples=40 * 64, batch_size=64, lr=4e-3, seed=0)
     return run.sae
+
+
+def in_training(x: torch.Tensor, folder) -> BAETrainingSAE:
+    """The same training read from its final checkpoint (written when the 40 steps end, before
+    ``train_sae`` folds the frame): a training BAE with its frame on, as a run resumes it."""
+    cfg = bae_config(x.shape[-1], recipe="entropy", training_steps=40)
+    train_sae(x, cfg, training_samples=40 * 64, batch_size=64, lr=4e-3, seed=0,
+              checkpoint_dir=folder, n_checkpoints=0, save_final_checkpoint=True)  # fmt: skip
+    return TrainingSAE.load_from_disk(latest_checkpoint(folder))
 
 
 def _fix(bae: BAETrainingSAE, x: torch.Tensor) -> BAETrainingSAE:
@@ -117,18 +128,21 @@ def test_a_moved_set_reads_the_same_entropy_through_the_registry():
 
 
 def test_training_on_scaled_states_is_the_same_training():
-    """With the scale fixed by the first batch, s * x trains as x: SAELens' ``mse_loss`` is in
-    the inputs' units, so the whole loss (penalties weighed by 1 / k^2) is s^2 times larger, which
+    """With the frame fixed on the set, s * x trains as x: SAELens' ``mse_loss`` is in the
+    inputs' units, so the whole loss (penalties weighed by 1 / k^2) is s^2 times larger, which
     Adam's steps do not see but through its eps (nor SAELens' clipping at gradient norm 1, which
-    these gradients stay below): the same codes, the weights equal up to float rounding."""
+    these gradients stay below): the same codes, and in input units (the frame folded when
+    training ends) the weights of s * x those of x with the encoder's divided by s and the
+    decoder's times s, up to float rounding."""
     x = fair_bits()
     small, large = trained(x), trained(64.0 * x)
     assert torch.equal(small.encode_bits(x), large.encode_bits(64.0 * x))
-    for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
-        torch.testing.assert_close(getattr(large, name), getattr(small, name), rtol=0, atol=1e-6)
-    # outputs 64 times larger carry the weights' 1e-6 rounding 64 times larger
-    torch.testing.assert_close(large(64.0 * x), 64.0 * small(x), rtol=0, atol=64 * 1e-6)
-    assert large.input_scale.item() == small.input_scale.item() / 64.0
+    scales = {"W_enc": 1 / 64.0, "b_enc": 1.0, "W_dec": 64.0, "b_dec": 64.0}
+    for name, scale in scales.items():
+        expected = getattr(small, name) * scale
+        tolerance = 1e-5 * expected.abs().max().item()
+        torch.testing.assert_close(getattr(large, name), expected, rtol=0, atol=tolerance)
+    torch.testing.assert_close(large(64.0 * x), 64.0 * small(x), rtol=1e-5, atol=64 * 1e-5)
 
 
 def test_without_the_scale_the_states_scale_changes_what_is_learnt():
@@ -148,7 +162,7 @@ def test_the_saved_bae_is_in_input_units(tmp_path):
     """The saved BAE holds SAELens' weights and its prior only, the frame folded into the
     weights: the same codes and outputs on raw states, no frame or training counter."""
     x = fair_bits()
-    bae = trained(x)
+    bae = in_training(x, tmp_path / "run")
     assert bool(bae.input_shift.any()) and bae.input_scale.item() != 1.0
     bae.save_inference_model(tmp_path)
     saved = set(load_file(tmp_path / "sae_weights.safetensors"))
@@ -318,14 +332,30 @@ def test_saelens_normalisation_brings_states_to_the_scale_and_folds_it(caplog):
     assert explained > 0.3  # in the states' units: unfolded, it would be off by 100x
 
 
-def test_train_sae_fixes_the_frame_on_the_training_set_not_its_first_minibatch():
+def test_train_sae_fixes_the_frame_on_the_training_set_not_its_first_minibatch(tmp_path):
     """On a tensor, the frame is estimated on the screened set (up to 100 minibatches' rows, as
     SAELens estimates its scale), so a first minibatch unlike the rest does not set it."""
     x = fair_bits(n=1024)
     x[:64] *= 5.0  # a first minibatch (in the tensor's order) five times wider than the rest
-    bae = trained(x)
+    bae = in_training(x, tmp_path)
     target = bae.cfg.input_variance * x.shape[-1]
     variance = (x - x.mean(0)).pow(2).sum(-1).mean()
     assert bae.input_scale.item() == pytest.approx((target / variance).sqrt().item(), rel=1e-5)
     first = (x[:64] - x[:64].mean(0)).pow(2).sum(-1).mean()
     assert abs(bae.input_scale.item() / (target / first).sqrt().item() - 1) > 0.5
+
+
+def test_train_sae_returns_the_bae_in_input_units(tmp_path):
+    """When training ends ``train_sae`` folds the frame into the weights (k 1, t 0), as SAELens
+    folds its own scaling at the end of ``fit``: the weights of the same training's final
+    checkpoint, frame on, folded; the same codes and outputs."""
+    x = fair_bits()
+    ended = trained(x)
+    frame_on = in_training(x, tmp_path)
+    assert ended.input_scale.item() == 1.0 and not ended.input_shift.any()
+    assert frame_on.input_scale.item() != 1.0 and frame_on.input_shift.any()
+    for name, folded in weights_in_input_units(frame_on).items():
+        assert not torch.equal(folded, getattr(frame_on, name)), name  # folding moved it
+        torch.testing.assert_close(getattr(ended, name), folded, rtol=0, atol=1e-6)
+    _codes_agree(ended.encode_bits(x), frame_on.encode_bits(x), frame_on.hidden_pre(x))
+    torch.testing.assert_close(ended(x), frame_on(x), rtol=1e-5, atol=1e-5)

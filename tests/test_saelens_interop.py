@@ -277,6 +277,44 @@ def test_a_saelens_field_an_older_saelens_did_not_write_takes_saelens_default(lo
             LOADERS[loader](_edited(folder, lambda cfg: cfg.pop("apply_b_dec_to_input")))
 
 
+TRAINING_LOADERS = {
+    "TrainingSAE.load_from_disk": TrainingSAE.load_from_disk,
+    "BAETrainingSAE.load_from_disk": BAETrainingSAE.load_from_disk,
+}
+"""SAELens' training loaders: each builds the registered training config, the BAE's own."""
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+@pytest.mark.parametrize("loader", list(TRAINING_LOADERS))
+def test_the_training_loaders_refuse_a_checkpoint_with_an_unknown_or_missing_field(
+    loader, edit, tmp_path
+):
+    """A training checkpoint read to go on training is read as strictly as an inference folder:
+    ``BAETrainingSAEConfig.from_dict`` refuses what SAELens' lenient ``from_dict`` would drop or
+    default (a missing ``bits_per_feature`` would train 1 bit per feature)."""
+    change, message = EDITS[edit]
+    if edit == "no SAELens version":  # SAELens reads the rest as a pre-6.0 file: more is missing
+        message = r"missing field\(s\) \[.*'metadata.sae_lens_version'\]"
+    folder, trained = _folders(tmp_path)["checkpoint"]
+    x = torch.randn(16, 8)
+    assert torch.equal(in_input_units(TRAINING_LOADERS[loader](folder))(x), trained(x))
+    with pytest.raises(ValueError, match=message) as error:
+        TRAINING_LOADERS[loader](_edited(folder, change))
+    assert "\n" not in str(error.value) and "BAETrainingSAEConfig" in str(error.value)
+
+
+def test_saelens_runner_configs_carry_a_bae_config_through_their_dicts():
+    """SAELens' runner configs rebuild their SAE config from its ``to_dict``: strict reading
+    takes a BAE config's own dict back whole, phases included."""
+    from sae_lens.synthetic import SyntheticSAERunnerConfig
+
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=16, entropy_off_steps=3, covariance_off_from_step=9)
+    runner = LanguageModelSAERunnerConfig(sae=cfg)
+    assert LanguageModelSAERunnerConfig.from_dict(runner.to_dict()).sae == cfg
+    synthetic = SyntheticSAERunnerConfig(synthetic_model="a/hub-name", sae=cfg)
+    assert SyntheticSAERunnerConfig.from_dict(synthetic.to_dict()).sae == cfg
+
+
 def test_saelens_sae_reads_a_bae_folder_as_it_reads_every_architecture(tmp_path):
     """``SAE.load_from_disk`` is SAELens' own, unchanged by the package: it drops a field it does
     not know, where the BAE's loaders refuse it."""

@@ -6,7 +6,7 @@ import torch
 
 from sae_lens_bae import BAETrainingSAEConfig, train_sae
 from sae_lens_bae.outliers import outliers_set_aside
-from sae_lens_bae.saes.input_frame import fix_frame_from_set, placement
+from sae_lens_bae.saes.input_frame import fix_frame_from_set, in_input_units, placement
 from sae_lens_bae.stacks import StackedBAE, train_stacked_baes
 from sae_lens_bae.training import DrainHold
 
@@ -59,7 +59,7 @@ def test_stacked_training_equals_separate_trainings(bits_per_feature, dtype, opt
         entropy_off_steps=10,  # 10 of the 40 steps
         entropy_coefficient=1e-2,
         covariance_coefficient=1e-3,
-        input_variance=None,  # a stack frames from the whole set, a BAE alone from its first batch
+        input_variance=1.0,  # each frame fixed on its set before the first step, on both sides
         **OPTIONS[options][0],
     )
     seeds, steps = [5, 6, 7], 40
@@ -68,9 +68,9 @@ def test_stacked_training_equals_separate_trainings(bits_per_feature, dtype, opt
                                                    **trainer)  # fmt: skip
     assert len(histories[0]["reconstruction_loss"]) == steps and taken == [steps] * 3
     for g, (x, seed) in enumerate(zip(sets, seeds, strict=True)):
-        alone = train_sae(x, cfg, seed=seed, **trainer).sae
+        alone = train_sae(x, cfg, seed=seed, **trainer).sae  # its frame folded when it ended
         for name, value in alone.state_dict().items():
-            mine = stacked[g].state_dict()[name]
+            mine = in_input_units(stacked[g]).state_dict()[name]
             if not value.is_floating_point():
                 assert torch.equal(mine, value), (g, name)
                 continue

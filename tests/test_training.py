@@ -246,3 +246,33 @@ def test_checkpoint_resume_equals_uninterrupted_training(tmp_path):
     assert trainer.n_training_steps == 40
     for name, value in full.state_dict().items():
         assert torch.allclose(resumed.state_dict()[name], value, atol=1e-6), name
+
+
+@pytest.mark.parametrize("family", ["bae", "framed bae", "topk"])
+def test_a_model_trained_on_scaled_states_is_saved_to_read_the_states_as_harvested(
+    family, tmp_path
+):
+    """``save_in_input_units``: an SAE trained on states times a scale (every command's harvest)
+    saves as one that reads the unscaled states: the same code and the reconstruction divided
+    by the scale; the model in memory is untouched. ``train_sae`` returns a BAE already in its
+    inputs' units (its frame folded: k 1, t 0)."""
+    from sae_lens_bae.training import save_in_input_units
+
+    states = torch.randn(512, 8, generator=torch.Generator().manual_seed(0)) + 2.0
+    scale = 7.0
+    cfg = {
+        "bae": BAETrainingSAEConfig(d_in=8, d_sae=16),
+        "framed bae": BAETrainingSAEConfig(d_in=8, d_sae=16, input_variance=1.0),
+        "topk": TopKTrainingSAEConfig(d_in=8, d_sae=16, k=3),
+    }[family]
+    sae = train_sae(states * scale, cfg, training_samples=8 * 64, batch_size=64).sae.eval()
+    if family == "framed bae":
+        assert sae.input_scale.item() == 1.0 and not sae.input_shift.any()
+    before = {name: p.clone() for name, p in sae.named_parameters()}
+    save_in_input_units(sae, tmp_path / "saved", scale)
+    assert all(torch.equal(p, before[name]) for name, p in sae.named_parameters())
+    loaded = SAE.load_from_disk(tmp_path / "saved")
+    x = states[:64]
+    with torch.no_grad():
+        assert torch.equal(loaded.encode(x) > 0, sae.encode(x * scale) > 0)
+        assert torch.allclose(loaded(x), sae(x * scale) / scale, atol=1e-4)

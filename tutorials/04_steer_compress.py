@@ -61,6 +61,7 @@ bae = train_sae(
     training_samples=300 * 256,
     batch_size=256,
 ).sae.eval()
+bae.fold_activation_norm_scaling_factor(scale)  # from here on it reads the states as harvested
 print(f"a BAE on {train.shape[0]} token states ({dropped} outliers dropped)")
 
 # %% [markdown]
@@ -70,7 +71,7 @@ print(f"a BAE on {train.shape[0]} token states ({dropped} outliers dropped)")
 # The raw mean difference of the states is the baseline a BAE vector has to match.
 
 # %%
-vector = task_vector(bae, last_states["4-shot"], last_states["0-shot"], top=256, input_scale=scale)
+vector = task_vector(bae, last_states["4-shot"], last_states["0-shot"], top=256)
 raw = mean_difference(last_states["4-shot"], last_states["0-shot"])
 label_ids = [model.to_single_token(" positive"), model.to_single_token(" negative")]
 held_out = ["a beautiful, moving story told with great care", "a boring film with no ideas",
@@ -127,7 +128,7 @@ with steer(model, hook, vector, strength=best):
 # ## Compression: bytes against fidelity as the threshold on burstiness rises
 
 # %%
-rows = compression_report(bae, train, (-1.0, -0.75, -0.5, -0.25, 0.0), input_scale=scale)
+rows = compression_report(bae, train, (-1.0, -0.75, -0.5, -0.25, 0.0))
 fig, ax = plt.subplots(figsize=(6, 3.5))
 ax.plot([r["ratio_float32"] for r in rows], [r["cosine"] for r in rows], "o-")
 for r in rows:

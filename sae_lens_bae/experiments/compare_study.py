@@ -29,7 +29,7 @@ from sae_lens_bae.experiments.protocol import SPLITS, bracket_learning_rate
 from sae_lens_bae.models import load_model
 from sae_lens_bae.plots import plot_comsem_scores, plot_training_curves
 from sae_lens_bae.reports import Stopwatch, write_json, write_text
-from sae_lens_bae.training import family_config, shared_schedule, train_sae
+from sae_lens_bae.training import family_config, save_in_input_units, shared_schedule, train_sae
 from sae_lens_bae.training.checkpoints import COMPLETE_MARKER
 
 __all__ = ["Study", "task_name"]
@@ -252,13 +252,14 @@ class Study:
         write_json(out / "compare.json", summary)  # the results are safe before anything else
         write_text(out / "compare.md", report(summary))
         (out / "records").mkdir(exist_ok=True)
+        scale = self.data.scales[self.data.hook]  # saved to read the states as harvested
         for name in final:
-            self.models[name].save_model(out / "models" / name)
+            save_in_input_units(self.models[name], out / "models" / name, scale)
             self.records[name].save(out / "records" / f"{name}.safetensors")
         if summary["bae_default"] is not None:  # the chosen BAE (first seed) for other commands
             lr, seed = summary["chosen_lr"]["bae"], cfg.seeds[0]
             chosen = f"bae-{summary['bae_default']:g}-lr{lr:g}-seed{seed}"
-            self.models[chosen].save_model(out / "models" / "bae")
+            save_in_input_units(self.models[chosen], out / "models" / "bae", scale)
             self.records[chosen].save(out / "records" / "bae.safetensors")
         first = {n: h for n, h in self.histories.items() if n.endswith(f"seed{cfg.seeds[0]}")}
         plot_training_curves(first, out / "training_curves.png")

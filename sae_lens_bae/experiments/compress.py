@@ -63,11 +63,10 @@ def run(cfg: CompressionConfig, progress: bool = True) -> dict[str, Any]:
         seed=cfg.seed,
         outlier_norm_ratio=cfg.outlier_norm_ratio,
     ).sae.eval()
+    bae.fold_activation_norm_scaling_factor(scale)  # from here on: the states as harvested
     bae.save_inference_model(out / "bae")
     watch.lap("train")
-    rows = compression_report(
-        bae, test / scale, cfg.thresholds, input_scale=scale, work_dir=out / "compressed"
-    )
+    rows = compression_report(bae, test / scale, cfg.thresholds, work_dir=out / "compressed")
     watch.lap("compress")
     summary = {
         "config": asdict(cfg),

@@ -120,7 +120,7 @@ class BAEConfig(StrictLoading, SAEConfig):
 
 
 @dataclass
-class BAETrainingSAEConfig(TrainingSAEConfig):
+class BAETrainingSAEConfig(StrictLoading, TrainingSAEConfig):
     """Training configuration of a BAE: the inference fields of :class:`BAEConfig`, the objective,
     and its phases in training steps, as SAELens gives its own (``lr_warm_up_steps``). The
     objective's defaults are the ``default`` recipe's (``saes.bae_recipes``, which says how it was

@@ -70,12 +70,11 @@ BAE_RECIPES: dict[RecipeName, BAERecipe] = {
             "covariance_coefficient": 1e-6,
         },
     ),
-    # entropy estimation: the short-run coefficients at EntropyRecipe's lr, the paper's surrogate
-    # temperature, inputs framed at the total variance of the fair-bit sets it was calibrated
-    # on, whatever their width
+    # entropy estimation: the short-run coefficients at EntropyRecipe's lr, inputs framed at the
+    # total variance of the fair-bit sets it was calibrated on, whatever their width
     "entropy": BAERecipe(
         lr=4e-3,
-        fields={"covariance_coefficient": 1e-6},
+        fields={"surrogate_temperature": 0.3, "covariance_coefficient": 1e-6},
         input_total_variance=0.5,
     ),
     # the paper: a_e = a_c = 1e-7 whatever d, sigmoid surrogate at T = 1, states as given, Adam

@@ -3,10 +3,11 @@
 ``SAE.load_from_disk`` reports a foreign or truncated folder as a ``KeyError`` or a safetensors
 header error from deep inside SAELens; ``load_sae`` checks the folder first, then loads it with
 the architecture's own class. A BAE's cfg.json is read strictly (an unknown or missing field
-refused in one line) by its own config class: ``StrictLoading.from_dict``, which the BAE's
-classes reach (``BAE.load_from_disk``, ``BAE.from_dict``, ``load_sae``). SAELens' ``SAE`` builds
-every architecture's config with its own lenient ``SAEConfig.from_dict``, which this package
-leaves as it is.
+refused in one line) by its own config classes: ``StrictLoading.from_dict``, which the BAE's
+classes reach (``BAE.load_from_disk``, ``BAE.from_dict``, ``load_sae``) and SAELens' training
+loaders and runner configs reach through the registered ``BAETrainingSAEConfig``. SAELens'
+``SAE`` builds every architecture's config with its own lenient ``SAEConfig.from_dict``, which
+this package leaves as it is.
 """
 
 from __future__ import annotations
@@ -136,10 +137,11 @@ def _newer_saelens(metadata: Any) -> str | None:
 
 
 class StrictLoading:
-    """Mixin of an inference config class whose saved cfg.json is read by :func:`strict_config`:
-    its ``from_dict``, which the architecture's own SAE class reaches when it names this class in
+    """Mixin of a config class whose saved cfg.json is read by :func:`strict_config`: its
+    ``from_dict``, which the architecture's own SAE class reaches when it names this class in
     ``get_sae_config_class_for_architecture`` (SAELens' hook for it), so ``BAE.load_from_disk``
-    and :func:`load_sae` read strictly."""
+    and :func:`load_sae` read strictly; a registered training config's is what SAELens' training
+    loaders and runner configs call."""
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any]) -> Any:

@@ -34,7 +34,7 @@ from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import DEFAULT_BATCH_SIZE, DEFAULT_LR
 from sae_lens_bae.saes.bae_step import reconstruct
 from sae_lens_bae.saes.binary import bits_to_values, step
-from sae_lens_bae.saes.input_frame import fix_frame, frame, module_frame
+from sae_lens_bae.saes.input_frame import fix_frame, frame, frame_sample, module_frame
 from sae_lens_bae.saes.objective import binary_entropy
 from sae_lens_bae.stacks.model import StackedBAE
 from sae_lens_bae.training.checkpoints import (
@@ -45,7 +45,7 @@ from sae_lens_bae.training.checkpoints import (
 )
 from sae_lens_bae.training.convergence import Convergence, ConvergenceMonitor, DrainHold
 from sae_lens_bae.training.deferred import LossHistory, progress_bits, sets_on_device
-from sae_lens_bae.training.trainer import activation_batches
+from sae_lens_bae.training.trainer import NORM_ESTIMATE_BATCHES, activation_batches
 
 __all__ = [
     "CHECKPOINT_SECONDS",
@@ -185,14 +185,18 @@ class StackedTrainer:
         self.saver = self._restore() if options["checkpoint"] is not None else None
 
     def _frame_sets(self) -> None:
-        """Each BAE's frame from its whole set, before the first step: a set in memory is read
-        in one frame whatever its minibatches' order (a frame already set is kept)."""
+        """Each BAE's frame before the first step, on the rows ``train_sae`` fixes a BAE's on
+        (``frame_sample``: its whole set, or a seeded sample of ``NORM_ESTIMATE_BATCHES``
+        minibatches' rows), so a stack member and a BAE alone train in one frame (a frame
+        already set is kept)."""
         input_frame = module_frame(self.model)
         if input_frame is None or self.cfg.input_variance is None:
             return
-        for g, x in enumerate(self.sets):
-            rows = (input_frame[0][g : g + 1], input_frame[1][g : g + 1])
-            fix_frame(rows, x.to(self.device)[None], self.cfg.input_variance)
+        max_rows = NORM_ESTIMATE_BATCHES * self.options["batch_size"]
+        for g, (x, seed) in enumerate(zip(self.sets, self.seeds, strict=True)):
+            rows = frame_sample(x, max_rows, seed).to(self.device)
+            frame_rows = (input_frame[0][g : g + 1], input_frame[1][g : g + 1])
+            fix_frame(frame_rows, rows[None], self.cfg.input_variance)
 
     def _build_optimiser(self) -> None:
         lr, options = self.options["lr"], self.options
@@ -412,7 +416,7 @@ def train_stacked_baes(
 
     BAE ``g`` trains on ``activations[g]`` in reshuffled epochs with seed ``seeds[g]`` (default
     ``g``), as ``train_sae(activations[g], cfg, seed=seeds[g], ...)`` would (its input frame fixed
-    from the whole set before the first step), for ``training_samples`` at most. With
+    on the same rows before the first step), for ``training_samples`` at most. With
     ``convergence``, each BAE is checked on ``check_sets[g]`` (default: its own set; the first rows,
     as many for every BAE) and stops updating once it has converged; training ends when all have
     (``sae_lens_bae.training.convergence``). A converged BAE drops out of the stacked matmuls. With

@@ -13,6 +13,7 @@ from sae_lens_bae.training.trainer import (
     RecordingTrainer,
     TrainingRun,
     activation_batches,
+    save_in_input_units,
     train_bae,
     train_sae,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "activation_batches",
     "baseline_configs",
     "family_config",
+    "save_in_input_units",
     "shared_schedule",
     "train_bae",
     "train_sae",

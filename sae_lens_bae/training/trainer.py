@@ -58,6 +58,7 @@ __all__ = [
     "RecordingTrainer",
     "TrainingRun",
     "activation_batches",
+    "save_in_input_units",
     "train_bae",
     "train_sae",
 ]
@@ -308,10 +309,21 @@ def train_sae(
     if distributed:
         data_parallel(trainer)
     sae = trainer.fit()
+    if isinstance(sae, BAETrainingSAE):  # in input units when training ends, as SAELens folds
+        sae.fold_input_scale()  # its own scaling at the end of fit (the checkpoints keep the frame)
     in_steps = outliers_set_aside(sae)
     trained = trainer.n_training_samples  # every rank's (the count is the global minibatches')
     report_outliers(in_steps, trained, "training steps", outlier_norm_ratio)
     return TrainingRun(sae, trainer.history, dropped + in_steps)
+
+
+def save_in_input_units(sae: TrainingSAE[Any], folder: str | Path, scale: float) -> None:
+    """Save ``sae``, trained on states multiplied by ``scale``, as an inference SAE that reads
+    the states as they were before (SAELens' ``fold_activation_norm_scaling_factor`` on a copy):
+    what a user loads and hooks into the model. ``sae`` itself is left as it is."""
+    folded = copy.deepcopy(sae)
+    folded.fold_activation_norm_scaling_factor(scale)
+    folded.save_inference_model(str(folder))
 
 
 NORM_ESTIMATE_BATCHES = 100
