@@ -201,7 +201,7 @@ def test_folds_keep_outputs_with_a_scale(apply_b_dec_to_input):
     whitened = (x - mean) @ matrix
     codes, expected = bae.encode_bits(whitened), bae.decode(bae.encode(whitened)) @ inverse + mean
     bae.fold_activation_whitening(mean, matrix, inverse)
-    assert bae.input_scale.item() == 1.0 and not bae.input_shift.any()  # into the weights first
+    assert module_frame(bae) is None and bae.cfg.input_variance is None  # into the weights first
     assert torch.equal(bae.encode_bits(x), codes)
     assert torch.allclose(bae.decode(bae.encode(x)), expected)
 
@@ -346,13 +346,13 @@ def test_train_sae_fixes_the_frame_on_the_training_set_not_its_first_minibatch(t
 
 
 def test_train_sae_returns_the_bae_in_input_units(tmp_path):
-    """When training ends ``train_sae`` folds the frame into the weights (k 1, t 0), as SAELens
+    """When training ends ``train_sae`` folds the frame into the weights and drops it, as SAELens
     folds its own scaling at the end of ``fit``: the weights of the same training's final
     checkpoint, frame on, folded; the same codes and outputs."""
     x = fair_bits()
     ended = trained(x)
     frame_on = in_training(x, tmp_path)
-    assert ended.input_scale.item() == 1.0 and not ended.input_shift.any()
+    assert module_frame(ended) is None and ended.cfg.input_variance is None  # reads x as given
     assert frame_on.input_scale.item() != 1.0 and frame_on.input_shift.any()
     for name, folded in weights_in_input_units(frame_on).items():
         assert not torch.equal(folded, getattr(frame_on, name)), name  # folding moved it

@@ -4,7 +4,7 @@ import re
 import pytest
 import torch
 
-from sae_lens_bae import BAETrainingSAEConfig, train_sae
+from sae_lens_bae import BAETrainingSAE, BAETrainingSAEConfig, train_sae
 from sae_lens_bae.outliers import outliers_set_aside
 from sae_lens_bae.saes.input_frame import fix_frame_from_set, in_input_units, placement
 from sae_lens_bae.stacks import StackedBAE, train_stacked_baes
@@ -454,3 +454,26 @@ def test_a_stack_step_is_each_bae_s_own_step_input_frame_included(bits_per_featu
             torch.testing.assert_close(stack.code_mean[member], sae.code_mean)
             assert stack.code_mean_count == sae.code_mean_count == n + 1
         assert outliers_set_aside(stack) == sum(outliers_set_aside(sae) for sae in alone) == 1
+
+
+def test_a_stack_frames_a_set_with_extreme_rows_as_train_sae_does(tmp_path):
+    """A set with a few states far out: ``train_sae`` sets them aside before fixing the frame,
+    and a stack fixes each member's on the same rows (an extreme row's square would otherwise
+    set k): one frame for the same set and seed on both paths."""
+    from sae_lens import TrainingSAE
+
+    from sae_lens_bae.training.checkpoints import latest_checkpoint
+
+    x = torch.randn(2048, 8, generator=torch.Generator().manual_seed(0)) + 1.0
+    x[::400] *= 200.0  # 6 rows at about 200 times the median norm
+    cfg = BAETrainingSAEConfig(d_in=8, d_sae=12, input_variance=1.0)
+    run = {"training_samples": 4 * 64, "batch_size": 64}
+    train_sae(x, cfg, seed=3, checkpoint_dir=tmp_path, n_checkpoints=0,
+              save_final_checkpoint=True, **run)  # fmt: skip
+    alone = TrainingSAE.load_from_disk(latest_checkpoint(tmp_path))
+    stacked = train_stacked_baes([x], cfg, seeds=[3], progress=False, **run).baes[0]
+    assert stacked.input_scale.item() == pytest.approx(alone.input_scale.item(), rel=1e-6)
+    torch.testing.assert_close(stacked.input_shift, alone.input_shift, rtol=1e-6, atol=1e-6)
+    whole = BAETrainingSAE(cfg)  # the frame the extreme rows would have set
+    fix_frame_from_set(whole, x, max_rows=x.shape[0], seed=3)
+    assert whole.input_scale.item() < stacked.input_scale.item() / 10

@@ -20,6 +20,7 @@ from sae_lens_bae import (
     train_bae,
     train_sae,
 )
+from sae_lens_bae.saes.input_frame import module_frame
 from sae_lens_bae.saes.objective import reconstruction_loss
 from sae_lens_bae.training import activation_batches
 
@@ -255,7 +256,7 @@ def test_a_model_trained_on_scaled_states_is_saved_to_read_the_states_as_harvest
     """``save_in_input_units``: an SAE trained on states times a scale (every command's harvest)
     saves as one that reads the unscaled states: the same code and the reconstruction divided
     by the scale; the model in memory is untouched. ``train_sae`` returns a BAE already in its
-    inputs' units (its frame folded: k 1, t 0)."""
+    inputs' units (its frame folded and dropped)."""
     from sae_lens_bae.training import save_in_input_units
 
     states = torch.randn(512, 8, generator=torch.Generator().manual_seed(0)) + 2.0
@@ -267,7 +268,7 @@ def test_a_model_trained_on_scaled_states_is_saved_to_read_the_states_as_harvest
     }[family]
     sae = train_sae(states * scale, cfg, training_samples=8 * 64, batch_size=64).sae.eval()
     if family == "framed bae":
-        assert sae.input_scale.item() == 1.0 and not sae.input_shift.any()
+        assert module_frame(sae) is None and sae.cfg.input_variance is None
     before = {name: p.clone() for name, p in sae.named_parameters()}
     save_in_input_units(sae, tmp_path / "saved", scale)
     assert all(torch.equal(p, before[name]) for name, p in sae.named_parameters())

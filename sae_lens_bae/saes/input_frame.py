@@ -15,6 +15,7 @@ folded into its weights (``fold_frame``); readers of a training BAE's weights us
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from typing import Any, NoReturn
 
@@ -243,7 +244,7 @@ def weights_in_input_units(bae: Any) -> dict[str, Tensor]:
 
 def in_input_units(bae: Any) -> Any:
     """The BAE itself when it has no input frame; else a copy with the frame folded into its
-    weights (k 1, t 0): what a reader of weights (decoder statistics, a logit lens, SAEBench)
+    weights and dropped: what a reader of weights (decoder statistics, a logit lens, SAEBench)
     needs, in the units of the states it reads."""
     if current_input_scale(bae) is None:
         return bae
@@ -277,14 +278,17 @@ class InputFrameFolds:
 
     @torch.no_grad()
     def fold_input_scale(self) -> None:
-        """Move the input frame into the weights in place (``weights_in_input_units``; k becomes
-        1, t 0): SAELens' folds assume an encoder that reads its input as given."""
+        """Move the input frame into the weights in place (``weights_in_input_units``) and drop
+        it: the BAE is then one that reads its inputs as given (``input_variance`` None), as
+        SAELens sets ``normalize_activations`` to "none" when it folds its scaling. SAELens'
+        folds assume an encoder that reads its input as given."""
         if current_input_scale(self) is None:  # type: ignore[arg-type]
             return
         for name, value in weights_in_input_units(self).items():
             getattr(self, name).data = value
-        getattr(self, INPUT_SCALE_BUFFER).fill_(1.0)
-        getattr(self, INPUT_SHIFT_BUFFER).zero_()
+        for name in (INPUT_SCALE_BUFFER, INPUT_SHIFT_BUFFER):
+            delattr(self, name)
+        self.cfg = dataclasses.replace(self.cfg, input_variance=None)
 
     def fold_W_dec_norm(self) -> None:
         _refuse_decoder_norm_folding()

@@ -4,9 +4,10 @@ The result equals G separate ``train_sae`` runs with the same seeds and data ord
 initialised as ``train_sae`` initialises it, sees its own minibatches and minibatch statistics,
 and has its gradient clipped to norm 1 on its own, as SAELens' ``SAETrainer`` does (Adam is
 elementwise, so one optimiser over stacked weights updates each BAE as its own would). A framed
-BAE (``input_variance`` set, the ``entropy`` recipe's) fixes its input frame from its whole set
-before the first step, as ``train_sae`` does from a sample of up to 100 minibatches' rows: on a
-set of at most that many they are equal.
+BAE (``input_variance`` set, the ``entropy`` recipe's) fixes its input frame before the first step
+on the rows ``train_sae`` fixes it on: its set less the rows the outlier rule sets aside, sampled
+to at most 100 minibatches' rows. The BAEs come back with their frames on (the entropy recipe
+trains them further); saving one folds it.
 
 With a ``checkpoint`` folder the run saves everything it would need to go on (weights, Adam, the
 learning-rate schedule, the loop's ``_Progress``, the stop rule's checks and the loss histories)
@@ -29,6 +30,7 @@ from sae_lens.training.optim import get_lr_scheduler
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from sae_lens_bae.outliers import outlier_mask
 from sae_lens_bae.reports import read_torch, write_torch
 from sae_lens_bae.saes.bae import BAETrainingSAE, BAETrainingSAEConfig
 from sae_lens_bae.saes.bae_recipes import DEFAULT_BATCH_SIZE, DEFAULT_LR
@@ -186,7 +188,8 @@ class StackedTrainer:
 
     def _frame_sets(self) -> None:
         """Each BAE's frame before the first step, on the rows ``train_sae`` fixes a BAE's on
-        (``frame_sample``: its whole set, or a seeded sample of ``NORM_ESTIMATE_BATCHES``
+        (its set less the rows ``outlier_mask`` sets aside at the config's ratio, then
+        ``frame_sample``: all of them or a seeded sample of ``NORM_ESTIMATE_BATCHES``
         minibatches' rows), so a stack member and a BAE alone train in one frame (a frame
         already set is kept)."""
         input_frame = module_frame(self.model)
@@ -194,7 +197,8 @@ class StackedTrainer:
             return
         max_rows = NORM_ESTIMATE_BATCHES * self.options["batch_size"]
         for g, (x, seed) in enumerate(zip(self.sets, self.seeds, strict=True)):
-            rows = frame_sample(x, max_rows, seed).to(self.device)
+            kept = x[outlier_mask(x, self.cfg.extreme_norm_ratio)]
+            rows = frame_sample(kept, max_rows, seed).to(self.device)
             frame_rows = (input_frame[0][g : g + 1], input_frame[1][g : g + 1])
             fix_frame(frame_rows, rows[None], self.cfg.input_variance)
 

@@ -310,7 +310,7 @@ def train_sae(
         data_parallel(trainer)
     sae = trainer.fit()
     if isinstance(sae, BAETrainingSAE):  # in input units when training ends, as SAELens folds
-        sae.fold_input_scale()  # its own scaling at the end of fit (the checkpoints keep the frame)
+        sae.fold_input_scale()  # its own scaling at the end of fit (its checkpoints keep the frame)
     in_steps = outliers_set_aside(sae)
     trained = trainer.n_training_samples  # every rank's (the count is the global minibatches')
     report_outliers(in_steps, trained, "training steps", outlier_norm_ratio)
