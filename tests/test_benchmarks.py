@@ -328,24 +328,24 @@ def test_the_op_counter_counts_work_not_views():
     assert counter.count == 2
 
 
-def test_terms_that_are_off_cost_no_kernel_and_add_nothing():
+def test_a_term_that_is_off_is_a_zero_and_adds_nothing():
     """With the covariance term off, the objective and its total are SAELens' ``mse_loss`` (the
     squared error, its sum over d_in and its mean over the batch: three kernels), the mean code
     (one reduction, shared with the running mean), the entropy (its sum in the same kernel, then
-    a_e: one product) and one add: seven kernels (ATen ops as the step benchmark counts them);
-    the covariance term that is off makes no kernel and is not added."""
+    a_e: one product), the covariance term that is off as one zero (not computed) and the two
+    adds of the total: nine kernels (ATen ops as the step benchmark counts them)."""
     from sae_lens_bae.saes.objective import bae_objective
 
     generator = torch.Generator().manual_seed(0)
     sae_in, sae_out = torch.randn(2, 64, 8, generator=generator).unbind()
     bits = (torch.rand(64, 24, generator=generator) < 0.3).float()
-    bae_objective(sae_in, sae_out, bits, entropy_coefficient=1e-2, covariance_coefficient=0.0)
     counter_class = _load_benchmark("train_step")._OpCounter
-    with counter_class() as kernels:  # the second call: the zero the off terms view is made once
+    with counter_class() as kernels:
         terms = bae_objective(sae_in, sae_out, bits, entropy_coefficient=1e-2,
                               covariance_coefficient=0.0)  # fmt: skip
     total = terms["loss"]
-    assert kernels.ops == ["mse_loss", "sum", "mean", "mean", "binary_cross_entropy", "mul", "add"]
+    assert kernels.ops == ["mse_loss", "sum", "mean", "mean", "binary_cross_entropy", "mul",
+                           "zeros_like", "add", "add"]  # fmt: skip
     assert terms["covariance_loss"].item() == 0.0 and terms["covariance_loss"].shape == ()
     expected = terms["mse_loss"] + terms["entropy_loss"]
     assert torch.equal(total, expected)

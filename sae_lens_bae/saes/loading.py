@@ -59,7 +59,9 @@ def strict_config(config_dict: dict[str, Any], config_class: type[Config]) -> Co
     another model; here both raise. An inference config also reads a training checkpoint's
     cfg.json (every field of the architecture's registered training config), keeping its own
     fields. ``metadata.sae_lens_version`` is required too: without it SAELens reads the file as a
-    pre-6.0 config, dropping unknown fields before any check."""
+    pre-6.0 config, dropping unknown fields before any check. A training config is a recipe that
+    SAELens' runners also build from partial dicts (a YAML's few fields, defaults for the rest):
+    for it only unknown fields are refused, missing ones take the config's defaults."""
     architecture = config_class.architecture()
     if config_dict.get("architecture", architecture) != architecture:
         raise ValueError(
@@ -87,6 +89,8 @@ def strict_config(config_dict: dict[str, Any], config_class: type[Config]) -> Co
     metadata = config_dict.get("metadata")
     if not (isinstance(metadata, dict) and "sae_lens_version" in metadata):
         missing.append("metadata.sae_lens_version")
+    if issubclass(config_class, TrainingSAEConfig):  # a recipe: defaults for what it leaves out
+        missing = []
     problems = [f"unknown field(s) {extra}"] * bool(extra) + [f"missing field(s) {missing}"] * bool(
         missing
     )
@@ -104,7 +108,8 @@ def strict_config(config_dict: dict[str, Any], config_class: type[Config]) -> Co
             f"holds exactly the fields of {kinds}, 'architecture' and 'metadata': {what}."
         )
     cfg = config_class(**{k: config_dict[k] for k in own if k in config_dict})
-    cfg.metadata = SAEMetadata(**metadata)  # type: ignore[arg-type]
+    if isinstance(metadata, dict):
+        cfg.metadata = SAEMetadata(**metadata)
     return cfg
 
 
