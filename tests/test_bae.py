@@ -36,6 +36,11 @@ def make_bae(**kwargs) -> BAETrainingSAE:
     return BAETrainingSAE(BAETrainingSAEConfig(**kwargs))
 
 
+APPLIED = {"entropy_coefficient": 0.1 / 8, "covariance_coefficient": 0.2 / 8}
+"""Coefficients that weigh 0.1 and 0.2 against ``mse_loss`` at d_in 8 (``coefficient_width``
+None: the fields times d_in)."""
+
+
 def step_input(x, n_training_steps=0, dead=None):
     """SAETrainer's step input for a BAE: no scheduled coefficients (``get_coefficients``)."""
     return TrainStepInput(
@@ -220,13 +225,7 @@ def test_saelens_parameter_names():
 
 
 def test_training_forward_pass_losses_and_metrics():
-    bae = make_bae(
-        d_in=8,
-        d_sae=16,
-        entropy_off_steps=5,
-        entropy_coefficient=0.1 / 8,
-        covariance_coefficient=0.2 / 8,
-    )  # fmt: skip  (0.1 and 0.2 against mse_loss)
+    bae = make_bae(d_in=8, d_sae=16, entropy_off_steps=5, **APPLIED)
     x = torch.randn(64, 8)
     out = bae.training_forward_pass(step_input(x, n_training_steps=0))
     assert set(out.losses) == {"mse_loss", "entropy_loss", "covariance_loss"}  # SAELens' step's
@@ -269,15 +268,8 @@ def test_the_logged_coefficients_are_the_ones_the_penalties_were_applied_with():
     the steps before ``entropy_off_steps`` and the covariance term exactly from
     ``covariance_off_from_step``: each term equals its logged applied coefficient times its
     penalty."""
-    bae = make_bae(
-        d_in=8,
-        d_sae=16,
-        input_variance=1.0,
-        entropy_off_steps=5,
-        covariance_off_from_step=7,
-        entropy_coefficient=0.1 / 8,
-        covariance_coefficient=0.2 / 8,
-    )  # fmt: skip  (0.1 and 0.2 against mse_loss)
+    bae = make_bae(d_in=8, d_sae=16, input_variance=1.0, entropy_off_steps=5,
+                   covariance_off_from_step=7, **APPLIED)  # fmt: skip
     x = 3.0 * torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
     fix_frame_from_set(bae, x, max_rows=64, seed=0)  # as train_sae fixes it before training
     for n in (0, 4, 5, 6, 7, 8, 10**6):
@@ -310,10 +302,7 @@ def test_a_bare_config_trains_with_no_length_and_hands_saelens_no_scheduler():
     """The phases are steps of the config, as SAELens' own: a bare config's step runs with both
     terms on at the config's coefficients, and ``get_coefficients`` (what SAETrainer asks when
     built) gives SAELens no scheduler to log, as a TopK SAE's, and changes nothing."""
-    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=32, input_variance=None,
-                                              entropy_coefficient=0.1 / 8,
-                                              covariance_coefficient=0.2 / 8,
-                                              coefficient_width=None))  # fmt: skip
+    bae = BAETrainingSAE(BAETrainingSAEConfig(d_in=8, d_sae=32, coefficient_width=None, **APPLIED))
     attributes = {name: id(value) for name, value in vars(bae).items()}
     cfg = copy.deepcopy(bae.cfg)
     assert bae.get_coefficients() == {}
