@@ -209,8 +209,8 @@ class EntropyRecipe:
         their flat names (e.g. ``restarts``). An ``lr`` given without ``lr_end`` keeps the
         cosine's ratio: it ends at a tenth of it.
 
-        Where the default's shorter constant-lr run settles in a redundant code, this one finds
-        planted bits, at 2-10 times the cost (docs/research/entropy-recipe.md)."""
+        For codes the default's shorter constant-lr run leaves redundant, at a higher cost
+        (docs/research/entropy-recipe.md measures both)."""
         lr_scale = (512 / d_in) ** 0.5  # Adam's step against a bit's margin grows as sqrt(d)
         recipe = cls(
             expansion=2,
